@@ -1,0 +1,212 @@
+//! The driver contract as plain host types: what a driver is asked to do and
+//! what it answers. WIT-generated types never leave `plugin::bindings`; the rest
+//! of berth speaks these.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// Tags on a cloud resource. A map because berth treats tag keys as unique; a
+/// driver that reports a key twice has its last value win.
+pub type Tags = BTreeMap<String, String>;
+
+/// Tag key holding the pool id; every resource berth owns carries it.
+pub const POOL_TAG: &str = "berth-pool";
+/// Tag key holding berth's node id.
+pub const NODE_TAG: &str = "berth-node";
+/// Tag key holding the node's label.
+pub const LABEL_TAG: &str = "berth-label";
+/// Prefix of every tag key berth manages.
+pub const BERTH_TAG_PREFIX: &str = "berth-";
+
+/// Lifecycle state of an instance as the cloud reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InstanceState {
+    Pending,
+    Running,
+    Stopping,
+    Terminated,
+    Unknown,
+}
+
+impl fmt::Display for InstanceState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            InstanceState::Pending => "pending",
+            InstanceState::Running => "running",
+            InstanceState::Stopping => "stopping",
+            InstanceState::Terminated => "terminated",
+            InstanceState::Unknown => "unknown",
+        })
+    }
+}
+
+/// Network addresses of an instance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Addresses {
+    pub public_ipv4: Option<String>,
+    pub private_ipv4: Option<String>,
+    pub ipv6: Option<String>,
+    pub hostname: Option<String>,
+}
+
+/// How a client logs in to an instance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Connection {
+    pub username: Option<String>,
+    pub port: Option<u16>,
+    pub host_keys: Vec<String>,
+}
+
+/// One cloud machine as a driver reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instance {
+    pub id: String,
+    pub state: InstanceState,
+    pub instance_type: String,
+    pub tags: Tags,
+    pub addresses: Addresses,
+    pub created_at_ms: Option<u64>,
+    pub connection: Connection,
+}
+
+/// What to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateSpec {
+    pub node_id: String,
+    pub instance_type: String,
+    pub image: String,
+    pub tags: Tags,
+    pub user_data: Option<String>,
+    pub ssh_public_key: Option<String>,
+    /// Label-level driver options, JSON text.
+    pub options: String,
+}
+
+/// What a capacity error applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CapacityScope {
+    InstanceType(String),
+    General,
+}
+
+/// A typed error value returned by a driver. The host acts on the variant;
+/// the message is for people.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    #[error("rate limited, retry after {}ms: {message}", retry_after.as_millis())]
+    RateLimited { retry_after: Duration, message: String },
+    #[error("quota exceeded: {0}")]
+    QuotaExceeded(String),
+    #[error("no capacity ({}): {message}", match scope { CapacityScope::InstanceType(t) => t.as_str(), CapacityScope::General => "general" })]
+    Capacity { scope: CapacityScope, message: String },
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    #[error("invalid config: {0}")]
+    InvalidConfig(String),
+    #[error("transient error: {0}")]
+    Transient(String),
+    #[error("permanent error: {0}")]
+    Permanent(String),
+}
+
+/// The type of a config field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldType {
+    String,
+    Integer,
+    Number,
+    Boolean,
+    StringList,
+    Object,
+}
+
+impl fmt::Display for FieldType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FieldType::String => "string",
+            FieldType::Integer => "integer",
+            FieldType::Number => "number",
+            FieldType::Boolean => "boolean",
+            FieldType::StringList => "string list",
+            FieldType::Object => "object",
+        })
+    }
+}
+
+/// One documented field of a driver's config or label options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigField {
+    pub name: String,
+    pub field_type: FieldType,
+    pub required: bool,
+    /// Default as JSON text.
+    pub default: Option<String>,
+    pub doc: String,
+}
+
+/// Optional features a driver declares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    pub account_limits: bool,
+    pub user_data: bool,
+    pub ssh_keys: bool,
+    pub idempotent_create: bool,
+}
+
+/// What a driver says about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverInfo {
+    pub name: String,
+    pub version: String,
+    pub description: String,
+    pub config: Vec<ConfigField>,
+    pub label_options: Vec<ConfigField>,
+    pub capabilities: Capabilities,
+}
+
+/// The account's own quota and usage; `None` is unknown or unlimited.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AccountLimits {
+    pub max_instances: Option<u32>,
+    pub max_cores: Option<u32>,
+    pub max_ram_mib: Option<u64>,
+    pub used_instances: Option<u32>,
+    pub used_cores: Option<u32>,
+    pub used_ram_mib: Option<u64>,
+}
+
+/// The calls of the contract, for errors, traces and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Call {
+    Describe,
+    Configure,
+    Create,
+    List,
+    Delete,
+    SetTags,
+    Limits,
+}
+
+impl Call {
+    /// The call's name as the WIT spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Call::Describe => "describe",
+            Call::Configure => "configure",
+            Call::Create => "create",
+            Call::List => "list",
+            Call::Delete => "delete",
+            Call::SetTags => "set-tags",
+            Call::Limits => "limits",
+        }
+    }
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,144 @@
+//! The `berth` command: the conformance kit for driver authors and the
+//! simulated cloud. Thin by design: the work is in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use berth::plugin::{Runtime, RuntimeConfig};
+
+#[derive(Parser)]
+#[command(name = "berth", version, about = "Keeps pools of cloud machines ready; drivers are sandboxed WebAssembly components")]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value = "human")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Work with driver components.
+    #[command(subcommand)]
+    Driver(DriverCommand),
+    /// Run the simulated cloud.
+    Sim(berth::sim::SimArgs),
+}
+
+#[derive(Subcommand)]
+enum DriverCommand {
+    /// Check a driver against the contract without running it.
+    Check {
+        /// Driver files (.wasm).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Run a driver against its real endpoint through the sandbox.
+    Test {
+        /// The driver file (.wasm).
+        file: PathBuf,
+        /// Test config (JSON): {"config": {..}, "allow_hosts": [..], "create": {..}}.
+        #[arg(long)]
+        config: PathBuf,
+        /// Where compiled drivers are cached.
+        #[arg(long, env = "BERTH_CACHE_DIR")]
+        cache_dir: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => return exit(Err(e.into())),
+    };
+    exit(runtime.block_on(run(cli.command)))
+}
+
+/// The one place outcomes become exit codes: 0 success, 1 a check or test
+/// failed, 2 berth itself could not run.
+fn exit(outcome: anyhow::Result<bool>) -> ExitCode {
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("berth: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<bool> {
+    match command {
+        Command::Driver(DriverCommand::Check { files }) => {
+            let runtime = Runtime::new(RuntimeConfig::default())?;
+            let mut all_ok = true;
+            for file in files {
+                let report = berth::conformance::check(&runtime, &file).await;
+                println!("{}", file.display());
+                print!("{report}");
+                all_ok &= report.passed();
+            }
+            Ok(all_ok)
+        }
+        Command::Driver(DriverCommand::Test { file, config, cache_dir }) => {
+            let config = berth::conformance::TestConfig::from_file(&config)?;
+            let runtime = Runtime::new(RuntimeConfig { cache_dir: cache_dir.or_else(default_cache_dir), ..RuntimeConfig::default() })?;
+            let report = berth::conformance::test(&runtime, &file, &config).await;
+            println!("{}", file.display());
+            print!("{report}");
+            Ok(report.passed())
+        }
+        Command::Sim(args) => {
+            berth::sim::run(args, shutdown_signal()).await?;
+            Ok(true)
+        }
+    }
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("berth").join("compiled"))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,161 @@
+//! Host bindings for `berth:driver@0.1.0` and the conversions between WIT
+//! types and `crate::driver` types. WIT types never leave this module.
+
+use crate::driver as d;
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "berth:driver/driver-plugin",
+    imports: { default: async | trappable },
+    exports: { default: async },
+    with: {
+        "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+        "wasi:io": wasmtime_wasi::p2::bindings::io,
+        "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+        "wasi:random": wasmtime_wasi::p2::bindings::random,
+    },
+});
+
+pub(crate) use berth::driver::types as wit;
+
+/// The contract version this binding implements.
+pub(crate) const CONTRACT: &str = "berth:driver@0.1.0";
+/// The interface a driver must export.
+pub(crate) const DRIVER_EXPORT: &str = "berth:driver/driver@0.1.0";
+
+pub(crate) fn tags_to_wit(tags: &d::Tags) -> Vec<(String, String)> {
+    tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+pub(crate) fn tags_from_wit(tags: Vec<(String, String)>) -> d::Tags {
+    tags.into_iter().collect()
+}
+
+impl From<&d::CreateSpec> for wit::CreateSpec {
+    fn from(s: &d::CreateSpec) -> Self {
+        wit::CreateSpec {
+            node_id: s.node_id.clone(),
+            instance_type: s.instance_type.clone(),
+            image: s.image.clone(),
+            tags: tags_to_wit(&s.tags),
+            user_data: s.user_data.clone(),
+            ssh_public_key: s.ssh_public_key.clone(),
+            options: s.options.clone(),
+        }
+    }
+}
+
+impl From<wit::InstanceState> for d::InstanceState {
+    fn from(s: wit::InstanceState) -> Self {
+        match s {
+            wit::InstanceState::Pending => d::InstanceState::Pending,
+            wit::InstanceState::Running => d::InstanceState::Running,
+            wit::InstanceState::Stopping => d::InstanceState::Stopping,
+            wit::InstanceState::Terminated => d::InstanceState::Terminated,
+            wit::InstanceState::Unknown => d::InstanceState::Unknown,
+        }
+    }
+}
+
+impl From<wit::Instance> for d::Instance {
+    fn from(i: wit::Instance) -> Self {
+        d::Instance {
+            id: i.id,
+            state: i.state.into(),
+            instance_type: i.instance_type,
+            tags: tags_from_wit(i.tags),
+            addresses: d::Addresses {
+                public_ipv4: i.addresses.public_ipv4,
+                private_ipv4: i.addresses.private_ipv4,
+                ipv6: i.addresses.ipv6,
+                hostname: i.addresses.hostname,
+            },
+            created_at_ms: i.created_at_ms,
+            connection: d::Connection {
+                username: i.connection.username,
+                port: i.connection.port,
+                host_keys: i.connection.host_keys,
+            },
+        }
+    }
+}
+
+impl From<wit::Error> for d::DriverError {
+    fn from(e: wit::Error) -> Self {
+        match e {
+            wit::Error::RateLimited(r) => d::DriverError::RateLimited {
+                retry_after: std::time::Duration::from_millis(r.retry_after_ms),
+                message: r.message,
+            },
+            wit::Error::QuotaExceeded(m) => d::DriverError::QuotaExceeded(m),
+            wit::Error::Capacity(c) => d::DriverError::Capacity {
+                scope: match c.scope {
+                    wit::CapacityScope::InstanceType(t) => d::CapacityScope::InstanceType(t),
+                    wit::CapacityScope::General => d::CapacityScope::General,
+                },
+                message: c.message,
+            },
+            wit::Error::NotFound(m) => d::DriverError::NotFound(m),
+            wit::Error::Unauthorized(m) => d::DriverError::Unauthorized(m),
+            wit::Error::InvalidConfig(m) => d::DriverError::InvalidConfig(m),
+            wit::Error::Transient(m) => d::DriverError::Transient(m),
+            wit::Error::Permanent(m) => d::DriverError::Permanent(m),
+        }
+    }
+}
+
+impl From<wit::FieldType> for d::FieldType {
+    fn from(t: wit::FieldType) -> Self {
+        match t {
+            wit::FieldType::String => d::FieldType::String,
+            wit::FieldType::Integer => d::FieldType::Integer,
+            wit::FieldType::Number => d::FieldType::Number,
+            wit::FieldType::Boolean => d::FieldType::Boolean,
+            wit::FieldType::StringList => d::FieldType::StringList,
+            wit::FieldType::Object => d::FieldType::Object,
+        }
+    }
+}
+
+impl From<wit::ConfigField> for d::ConfigField {
+    fn from(f: wit::ConfigField) -> Self {
+        d::ConfigField {
+            name: f.name,
+            field_type: f.field_type.into(),
+            required: f.required,
+            default: f.default,
+            doc: f.doc,
+        }
+    }
+}
+
+impl From<wit::DriverInfo> for d::DriverInfo {
+    fn from(i: wit::DriverInfo) -> Self {
+        d::DriverInfo {
+            name: i.name,
+            version: i.version,
+            description: i.description,
+            config: i.config.into_iter().map(Into::into).collect(),
+            label_options: i.label_options.into_iter().map(Into::into).collect(),
+            capabilities: d::Capabilities {
+                account_limits: i.capabilities.contains(wit::Capabilities::ACCOUNT_LIMITS),
+                user_data: i.capabilities.contains(wit::Capabilities::USER_DATA),
+                ssh_keys: i.capabilities.contains(wit::Capabilities::SSH_KEYS),
+                idempotent_create: i.capabilities.contains(wit::Capabilities::IDEMPOTENT_CREATE),
+            },
+        }
+    }
+}
+
+impl From<wit::AccountLimits> for d::AccountLimits {
+    fn from(l: wit::AccountLimits) -> Self {
+        d::AccountLimits {
+            max_instances: l.max_instances,
+            max_cores: l.max_cores,
+            max_ram_mib: l.max_ram_mib,
+            used_instances: l.used_instances,
+            used_cores: l.used_cores,
+            used_ram_mib: l.used_ram_mib,
+        }
+    }
+}

@@ -1,0 +1,536 @@
+//! One configured provider running on a driver: a bounded set of driver
+//! instances, each owned by one task that takes calls from a shared queue.
+//! A trap discards the instance that trapped; the next call on that task
+//! instantiates and configures a fresh one. Other tasks and other providers
+//! are untouched.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+use wasmtime::Store;
+
+use super::Driver;
+use super::bindings::{self, DriverPlugin, DriverPluginPre, tags_to_wit};
+use super::sandbox::{AllowedHost, DeadlineExceeded, HttpPolicy, MemoryCapExceeded, SandboxLimits, StoreState};
+use crate::driver::{AccountLimits, Call, CreateSpec, DriverError, DriverInfo, Instance, Tags};
+
+/// How one provider runs its driver.
+#[derive(Clone, Debug)]
+pub struct ProviderConfig {
+    /// The provider's name, used in logs and errors.
+    pub name: String,
+    /// The pool id passed to `configure`; the driver tags everything with it.
+    pub pool_id: String,
+    /// Provider-level driver config, JSON text.
+    pub driver_config: String,
+    /// Hosts the driver may send HTTP requests to.
+    pub allowed_hosts: Vec<AllowedHost>,
+    /// Resource limits.
+    pub limits: SandboxLimits,
+}
+
+/// A failed call: which provider, which call, what went wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("provider {provider}: {call}: {kind}")]
+pub struct CallError {
+    pub provider: Arc<str>,
+    pub call: Call,
+    pub kind: CallErrorKind,
+}
+
+/// What went wrong in a call.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallErrorKind {
+    /// The driver returned a typed error value.
+    #[error("{0}")]
+    Driver(DriverError),
+    /// The driver instance trapped and was discarded.
+    #[error("driver trapped: {0}")]
+    Trap(Trap),
+    /// A fresh instance could not be started or configured.
+    #[error("driver could not start: {0}")]
+    Start(Box<CallErrorKind>),
+    /// The provider has shut down.
+    #[error("provider stopped")]
+    Stopped,
+}
+
+impl CallErrorKind {
+    /// The driver's error value, if this is one.
+    pub fn driver_error(&self) -> Option<&DriverError> {
+        match self {
+            CallErrorKind::Driver(e) => Some(e),
+            CallErrorKind::Start(inner) => inner.driver_error(),
+            _ => None,
+        }
+    }
+
+    /// The trap, if the instance trapped.
+    pub fn trap(&self) -> Option<&Trap> {
+        match self {
+            CallErrorKind::Trap(t) => Some(t),
+            CallErrorKind::Start(inner) => inner.trap(),
+            _ => None,
+        }
+    }
+}
+
+/// Why a driver instance was discarded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Trap {
+    /// The call ran past its deadline (in a CPU loop or waiting) and was stopped.
+    #[error("call ran past its deadline of {}ms and was stopped", .0.as_millis())]
+    Deadline(Duration),
+    /// The driver tried to grow its memory past the cap.
+    #[error("exceeded the memory cap of {0} bytes")]
+    OutOfMemory(u64),
+    /// The driver panicked (Rust panics abort with `unreachable`); the last
+    /// line it wrote to stderr, if any, says why.
+    #[error("panicked: {0}")]
+    Panic(String),
+    /// Any other trap.
+    #[error("{0}")]
+    Crashed(String),
+}
+
+/// Result of a delete: gone now, or already gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deletion {
+    Deleted,
+    AlreadyGone,
+}
+
+/// Calls made so far, by call and outcome.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallStats {
+    /// `(call, outcome)` → (count, total microseconds). Outcomes: `ok`,
+    /// `error`, `trap`, `start-failed`.
+    pub calls: BTreeMap<(Call, &'static str), (u64, u64)>,
+    /// Driver instances started (the first, and one after each trap).
+    pub instances_started: u64,
+    /// Traps by kind: `deadline`, `out-of-memory`, `panic`, `crashed`.
+    pub traps: BTreeMap<&'static str, u64>,
+}
+
+enum Request {
+    /// Start and configure an instance if the task has none.
+    Warm,
+    Create(CreateSpec),
+    List(Tags),
+    Delete(String),
+    SetTags(String, Tags),
+    Limits,
+}
+
+impl Request {
+    fn call(&self) -> Call {
+        match self {
+            Request::Warm => Call::Configure,
+            Request::Create(_) => Call::Create,
+            Request::List(_) => Call::List,
+            Request::Delete(_) => Call::Delete,
+            Request::SetTags(..) => Call::SetTags,
+            Request::Limits => Call::Limits,
+        }
+    }
+}
+
+enum Response {
+    Instance(Instance),
+    Instances(Vec<Instance>),
+    Unit,
+    Limits(AccountLimits),
+}
+
+struct Job {
+    request: Request,
+    reply: oneshot::Sender<Result<Response, CallErrorKind>>,
+}
+
+struct Shared {
+    name: Arc<str>,
+    pool_id: String,
+    driver_config: String,
+    limits: SandboxLimits,
+    policy: Arc<HttpPolicy>,
+    pre: DriverPluginPre<StoreState>,
+    /// Plain mutex: held only to bump counters, never across an await.
+    stats: Mutex<CallStats>,
+}
+
+/// A running provider. Cheap to clone; the instances stop when the last
+/// clone is dropped.
+#[derive(Clone)]
+pub struct Provider {
+    shared: Arc<Shared>,
+    driver: Driver,
+    queue: mpsc::Sender<Job>,
+}
+
+struct Live {
+    store: Store<StoreState>,
+    plugin: DriverPlugin,
+}
+
+impl Provider {
+    /// Starts a provider on `driver`. Instances are created lazily, on the
+    /// first call each task takes.
+    pub fn start(driver: &Driver, config: ProviderConfig) -> Provider {
+        let name: Arc<str> = config.name.into();
+        let mut limits = config.limits;
+        if limits.memory_bytes > driver.inner.max_memory_bytes {
+            tracing::warn!(provider = %name, cap = limits.memory_bytes, max = driver.inner.max_memory_bytes, "memory cap above the runtime's maximum; using the maximum");
+            limits.memory_bytes = driver.inner.max_memory_bytes;
+        }
+        let shared = Arc::new(Shared {
+            policy: Arc::new(HttpPolicy::new(name.clone(), config.allowed_hosts)),
+            name,
+            pool_id: config.pool_id,
+            driver_config: config.driver_config,
+            limits,
+            pre: driver.inner.pre.clone(),
+            stats: Mutex::new(CallStats::default()),
+        });
+        let workers = shared.limits.max_instances.max(1);
+        let (tx, rx) = mpsc::channel::<Job>(workers * 4);
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        for _ in 0..workers {
+            tokio::spawn(worker(DriverInstance { shared: shared.clone(), live: None }, rx.clone()));
+        }
+        Provider { shared, driver: driver.clone(), queue: tx }
+    }
+
+    /// The provider's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The driver it runs.
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    /// A snapshot of the calls made so far.
+    pub fn stats(&self) -> CallStats {
+        self.shared.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Outbound HTTP requests the sandbox refused so far.
+    pub fn denied_requests(&self) -> u64 {
+        self.shared.policy.denied_count()
+    }
+
+    async fn call(&self, request: Request) -> Result<Response, CallError> {
+        let call = request.call();
+        let (reply, rx) = oneshot::channel();
+        let err = |kind| CallError { provider: self.shared.name.clone(), call, kind };
+        self.queue.send(Job { request, reply }).await.map_err(|_| err(CallErrorKind::Stopped))?;
+        rx.await.map_err(|_| err(CallErrorKind::Stopped))?.map_err(err)
+    }
+
+    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
+    pub async fn delete(&self, instance_id: &str) -> Result<Deletion, CallError> {
+        deletion(self.delete_raw(instance_id).await)
+    }
+
+    /// A driver instance of this provider (same config, limits and
+    /// allow-list) owned by the caller, outside the provider's worker set.
+    pub fn instance(&self) -> DriverInstance {
+        DriverInstance { shared: self.shared.clone(), live: None }
+    }
+}
+
+/// Calls `describe` on a throwaway instance with no network access.
+pub(super) async fn describe(pre: &DriverPluginPre<StoreState>, name: &str, memory_bytes: u64) -> Result<DriverInfo, CallError> {
+    let name: Arc<str> = name.into();
+    let limits = SandboxLimits { memory_bytes: memory_bytes.min(SandboxLimits::default().memory_bytes), ..SandboxLimits::default() };
+    let policy = Arc::new(HttpPolicy::new(name.clone(), Vec::new()));
+    let err = |kind| CallError { provider: name.clone(), call: Call::Describe, kind };
+    let mut live = instantiate(pre, name.clone(), &limits, policy).await.map_err(|e| err(classify(e, None)))?;
+    let deadline = limits.call_deadline;
+    arm(&mut live.store, deadline);
+    let result = tokio::time::timeout(deadline, live.plugin.berth_driver_driver().call_describe(&mut live.store)).await;
+    match result {
+        Err(_) => Err(err(CallErrorKind::Trap(Trap::Deadline(deadline)))),
+        Ok(Err(e)) => Err(err(classify(e, Some(&live.store)))),
+        Ok(Ok(info)) => Ok(info.into()),
+    }
+}
+
+async fn instantiate(
+    pre: &DriverPluginPre<StoreState>,
+    name: Arc<str>,
+    limits: &SandboxLimits,
+    policy: Arc<HttpPolicy>,
+) -> wasmtime::Result<Live> {
+    let mut store = Store::new(pre.engine(), StoreState::new(name, limits, policy));
+    store.limiter(|s| &mut s.limiter);
+    // Instantiation runs guest start code, so it gets a deadline too.
+    arm(&mut store, limits.call_deadline);
+    let plugin = pre.instantiate_async(&mut store).await?;
+    Ok(Live { store, plugin })
+}
+
+/// Sets the deadline of the next call. The epoch callback yields to the
+/// executor every tick (so a busy guest never starves other tasks) and traps
+/// once the deadline has passed.
+fn arm(store: &mut Store<StoreState>, budget: Duration) {
+    store.data_mut().deadline = Instant::now() + budget;
+    store.data_mut().log_records = 0;
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|ctx| {
+        if Instant::now() >= ctx.data().deadline {
+            Err(wasmtime::Error::new(DeadlineExceeded))
+        } else {
+            Ok(wasmtime::UpdateDeadline::Yield(1))
+        }
+    });
+}
+
+fn classify(e: wasmtime::Error, store: Option<&Store<StoreState>>) -> CallErrorKind {
+    let budget = store.map(|s| s.data().budget()).unwrap_or_default();
+    let trap = if e.downcast_ref::<DeadlineExceeded>().is_some() {
+        Trap::Deadline(budget)
+    } else if let Some(m) = e.downcast_ref::<MemoryCapExceeded>() {
+        Trap::OutOfMemory(m.cap)
+    } else {
+        match e.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::Interrupt) => Trap::Deadline(budget),
+            Some(wasmtime::Trap::UnreachableCodeReached) => {
+                let last = store.map(|s| s.data().stderr_tail()).unwrap_or_default();
+                Trap::Panic(if last.is_empty() { "unreachable executed".into() } else { last })
+            }
+            Some(t) => Trap::Crashed(t.to_string()),
+            None => Trap::Crashed(format!("{e:#}")),
+        }
+    };
+    CallErrorKind::Trap(trap)
+}
+
+fn trap_kind(t: &Trap) -> &'static str {
+    match t {
+        Trap::Deadline(_) => "deadline",
+        Trap::OutOfMemory(_) => "out-of-memory",
+        Trap::Panic(_) => "panic",
+        Trap::Crashed(_) => "crashed",
+    }
+}
+
+/// One driver instance owned by its holder: calls run on the caller's task,
+/// one at a time. A trap discards the underlying instance; the next call
+/// starts a fresh one. `Provider` runs a bounded set of these on worker tasks;
+/// an embedder that wants a single instance on its own task can hold one
+/// directly ([`Provider::instance`]).
+pub struct DriverInstance {
+    shared: Arc<Shared>,
+    live: Option<Live>,
+}
+
+impl DriverInstance {
+    async fn dispatch(&mut self, request: Request) -> Result<Response, CallErrorKind> {
+        let call = request.call();
+        let span = tracing::info_span!("driver_call", provider = %self.shared.name, call = %call);
+        let started = Instant::now();
+        let result = self.run(request).instrument(span.clone()).await;
+        let micros = started.elapsed().as_micros() as u64;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(CallErrorKind::Driver(_)) => "error",
+            Err(CallErrorKind::Start(_)) => "start-failed",
+            Err(_) => "trap",
+        };
+        span.in_scope(|| match &result {
+            Ok(_) => tracing::debug!(duration_us = micros, outcome, "driver call"),
+            Err(e) => tracing::warn!(duration_us = micros, outcome, error = %e, "driver call failed"),
+        });
+        if let Ok(mut s) = self.shared.stats.lock() {
+            let entry = s.calls.entry((call, outcome)).or_default();
+            entry.0 += 1;
+            entry.1 += micros;
+            if let Some(t) = result.as_ref().err().and_then(|e| e.trap()) {
+                *s.traps.entry(trap_kind(t)).or_default() += 1;
+            }
+        }
+        result
+    }
+
+    async fn call(&mut self, request: Request) -> Result<Response, CallError> {
+        let call = request.call();
+        self.dispatch(request).await.map_err(|kind| CallError { provider: self.shared.name.clone(), call, kind })
+    }
+
+    async fn run(&mut self, request: Request) -> Result<Response, CallErrorKind> {
+        let shared = &*self.shared;
+        if self.live.is_none() {
+            let warming = matches!(request, Request::Warm);
+            self.live = Some(start(shared).await.map_err(|k| if warming { k } else { CallErrorKind::Start(Box::new(k)) })?);
+        }
+        let Some(live) = self.live.as_mut() else { unreachable!("instance started above") };
+        let budget = shared.limits.call_deadline;
+        arm(&mut live.store, budget);
+        let guest = live.plugin.berth_driver_driver();
+        let store = &mut live.store;
+        // The tokio timeout covers time the guest spends waiting on the host
+        // (HTTP, sleeps), which epoch interruption cannot see; a small grace
+        // lets the epoch trap win for CPU-bound guests so the trap kind is
+        // precise.
+        let grace = Duration::from_millis(50);
+        let outcome = tokio::time::timeout(budget + grace, async {
+            Ok::<_, wasmtime::Error>(match request {
+                Request::Warm => Ok(Response::Unit),
+                Request::Create(spec) => guest.call_create(&mut *store, &(&spec).into()).await?.map(|i| Response::Instance(i.into())),
+                Request::List(filter) => guest
+                    .call_list(&mut *store, &tags_to_wit(&filter))
+                    .await?
+                    .map(|v| Response::Instances(v.into_iter().map(Into::into).collect())),
+                Request::Delete(id) => guest.call_delete(&mut *store, &id).await?.map(|()| Response::Unit),
+                Request::SetTags(id, tags) => guest.call_set_tags(&mut *store, &id, &tags_to_wit(&tags)).await?.map(|()| Response::Unit),
+                Request::Limits => guest.call_limits(&mut *store).await?.map(|l| Response::Limits(l.into())),
+            })
+        })
+        .await;
+        match outcome {
+            Ok(Ok(Ok(response))) => Ok(response),
+            Ok(Ok(Err(driver_error))) => Err(CallErrorKind::Driver(driver_error.into())),
+            Ok(Err(trap)) => {
+                let kind = classify(trap, Some(&live.store));
+                self.live = None;
+                Err(kind)
+            }
+            Err(_elapsed) => {
+                self.live = None;
+                Err(CallErrorKind::Trap(Trap::Deadline(budget)))
+            }
+        }
+    }
+}
+
+macro_rules! typed_calls {
+    ($($(#[$doc:meta])* $vis:vis async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty = $req:expr, $resp:pat => $val:expr;)*) => {
+        impl Provider {
+            $($(#[$doc])* $vis async fn $name(&self $(, $arg: $ty)*) -> Result<$ret, CallError> {
+                match self.call($req).await? {
+                    $resp => Ok($val),
+                    #[allow(unreachable_patterns)]
+                    _ => unreachable!("the answer matches the request"),
+                }
+            })*
+        }
+        impl DriverInstance {
+            $($(#[$doc])* $vis async fn $name(&mut self $(, $arg: $ty)*) -> Result<$ret, CallError> {
+                match self.call($req).await? {
+                    $resp => Ok($val),
+                    #[allow(unreachable_patterns)]
+                    _ => unreachable!("the answer matches the request"),
+                }
+            })*
+        }
+    };
+}
+
+typed_calls! {
+    /// Makes sure a driver instance is started and configured, so a bad
+    /// config surfaces now rather than on the first real call.
+    pub async fn warm(&self) -> () = Request::Warm, Response::Unit => ();
+    /// Creates an instance.
+    pub async fn create(&self, spec: CreateSpec) -> Instance = Request::Create(spec), Response::Instance(i) => i;
+    /// Lists instances carrying every tag of `filter`.
+    pub async fn list(&self, filter: Tags) -> Vec<Instance> = Request::List(filter), Response::Instances(v) => v;
+    /// Replaces the instance's berth tags.
+    pub async fn set_tags(&self, instance_id: &str, tags: Tags) -> () = Request::SetTags(instance_id.to_string(), tags), Response::Unit => ();
+    /// The account's limits, if the driver declares that capability.
+    pub async fn limits(&self) -> AccountLimits = Request::Limits, Response::Limits(l) => l;
+    /// Deletes an instance. Prefer `delete`, which treats `not-found` as success.
+    async fn delete_raw(&self, instance_id: &str) -> () = Request::Delete(instance_id.to_string()), Response::Unit => ();
+}
+
+fn deletion(result: Result<(), CallError>) -> Result<Deletion, CallError> {
+    match result {
+        Ok(()) => Ok(Deletion::Deleted),
+        Err(CallError { kind: CallErrorKind::Driver(DriverError::NotFound(_)), .. }) => Ok(Deletion::AlreadyGone),
+        Err(e) => Err(e),
+    }
+}
+
+impl DriverInstance {
+    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
+    pub async fn delete(&mut self, instance_id: &str) -> Result<Deletion, CallError> {
+        deletion(self.delete_raw(instance_id).await)
+    }
+}
+
+async fn worker(mut instance: DriverInstance, queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>) {
+    loop {
+        let job = {
+            let mut q = queue.lock().await;
+            q.recv().await
+        };
+        let Some(job) = job else { return };
+        let result = instance.dispatch(job.request).await;
+        // The caller may have given up waiting; the result is then dropped.
+        let _ = job.reply.send(result);
+    }
+}
+
+/// Instantiates and configures a fresh driver instance.
+async fn start(shared: &Shared) -> Result<Live, CallErrorKind> {
+    let budget = shared.limits.call_deadline;
+    let mut live = instantiate(&shared.pre, shared.name.clone(), &shared.limits, shared.policy.clone())
+        .await
+        .map_err(|e| classify(e, None))?;
+    if let Ok(mut s) = shared.stats.lock() {
+        s.instances_started += 1;
+    }
+    arm(&mut live.store, budget);
+    let configured = tokio::time::timeout(
+        budget,
+        live.plugin.berth_driver_driver().call_configure(&mut live.store, &shared.pool_id, &shared.driver_config),
+    )
+    .await;
+    match configured {
+        Err(_) => Err(CallErrorKind::Trap(Trap::Deadline(budget))),
+        Ok(Err(trap)) => Err(classify(trap, Some(&live.store))),
+        Ok(Ok(Err(e))) => Err(CallErrorKind::Driver(e.into())),
+        Ok(Ok(Ok(()))) => Ok(live),
+    }
+}
+
+impl bindings::berth::driver::log::Host for StoreState {
+    async fn log(
+        &mut self,
+        level: bindings::berth::driver::log::Level,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) -> wasmtime::Result<()> {
+        use bindings::berth::driver::log::Level;
+        /// Records per call past which a driver's log is dropped.
+        const MAX_RECORDS: u32 = 1000;
+        /// Longest message kept.
+        const MAX_LEN: usize = 4096;
+        self.log_records += 1;
+        if self.log_records > MAX_RECORDS {
+            return Ok(());
+        }
+        let mut message = message;
+        if message.len() > MAX_LEN {
+            let mut cut = MAX_LEN;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        let fields = fields.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
+        let p = &self.provider;
+        match level {
+            Level::Trace => tracing::trace!(provider = %p, %fields, "driver: {message}"),
+            Level::Debug => tracing::debug!(provider = %p, %fields, "driver: {message}"),
+            Level::Info => tracing::info!(provider = %p, %fields, "driver: {message}"),
+            Level::Warn => tracing::warn!(provider = %p, %fields, "driver: {message}"),
+            Level::Error => tracing::error!(provider = %p, %fields, "driver: {message}"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,276 @@
+//! A simulated cloud: an HTTP server that behaves like a provider's instance
+//! API, with knobs to make it slow, flaky, rate limited or out of capacity.
+//! `docs/sim-cloud.md` is its specification.
+//!
+//! - `state`: the bookkeeping, as plain data and functions of `now`.
+//! - `api`: the axum routes, and errors turned into statuses.
+//! - `store`: the optional state file.
+//! - `cli`: the `berth sim` subcommand.
+
+mod api;
+mod cli;
+mod state;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+pub use cli::{SimArgs, run};
+pub use state::{Call, Instance, InstanceState};
+
+use state::State;
+use store::Store;
+
+/// How unfriendly the simulated cloud is. JSON field names are the knob names
+/// of `docs/sim-cloud.md`; a partial object leaves the other knobs alone.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Knobs {
+    /// Time a create takes before it answers.
+    pub create_latency_ms: u64,
+    /// Time a new instance stays `pending` before it is `running`.
+    pub boot_delay_ms: u64,
+    /// Chance, 0.0 to 1.0, that a create fails with `500 internal_error`.
+    pub failure_rate: f64,
+    /// Most live (not terminated) instances; `None` for no quota.
+    pub quota: Option<u32>,
+    /// Cloud-API requests per second; `None` for no limit.
+    pub rate_limit: Option<f64>,
+    /// Instance types whose creates fail with `503 insufficient_capacity`.
+    pub out_of_capacity: Vec<String>,
+    /// Bearer token the cloud API requires; `None` for none.
+    pub token: Option<String>,
+    /// How long a terminated instance stays listed.
+    pub terminated_retention_ms: u64,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs {
+            create_latency_ms: 0,
+            boot_delay_ms: 0,
+            failure_rate: 0.0,
+            quota: None,
+            rate_limit: None,
+            out_of_capacity: Vec::new(),
+            token: None,
+            terminated_retention_ms: 60_000,
+        }
+    }
+}
+
+// Hand-written so the token never reaches a log line.
+impl fmt::Debug for Knobs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Knobs")
+            .field("create_latency_ms", &self.create_latency_ms)
+            .field("boot_delay_ms", &self.boot_delay_ms)
+            .field("failure_rate", &self.failure_rate)
+            .field("quota", &self.quota)
+            .field("rate_limit", &self.rate_limit)
+            .field("out_of_capacity", &self.out_of_capacity)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("terminated_retention_ms", &self.terminated_retention_ms)
+            .finish()
+    }
+}
+
+impl Knobs {
+    /// Reports every knob that is out of range at once.
+    pub fn validate(&self) -> Result<(), InvalidKnobs> {
+        let mut problems = Vec::new();
+        if !(0.0..=1.0).contains(&self.failure_rate) {
+            problems.push(format!(
+                "failure_rate must be between 0 and 1, got {}",
+                self.failure_rate
+            ));
+        }
+        if let Some(rate) = self.rate_limit
+            && !(rate.is_finite() && rate > 0.0)
+        {
+            problems.push(format!(
+                "rate_limit must be a positive number of requests per second, got {rate}"
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(InvalidKnobs { problems })
+        }
+    }
+}
+
+/// Knobs that were refused, with every problem found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid knobs: {}", problems.join("; "))]
+pub struct InvalidKnobs {
+    pub problems: Vec<String>,
+}
+
+/// Handle to one simulated cloud; clones share it.
+#[derive(Clone)]
+pub struct SimCloud {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    // A plain std mutex: every critical section is short bookkeeping and no
+    // `.await` ever happens while it is held (sleeps and file writes are done
+    // after the guard is dropped).
+    state: Mutex<State>,
+    clock: Clock,
+    store: Option<Store>,
+}
+
+/// Milliseconds since the Unix epoch, advanced by tokio's clock.
+///
+/// Timestamps on the wire are wall-clock milliseconds, but delays (boot,
+/// retention, rate refill) must follow tokio time so tests with paused time
+/// can step through them. Reading the wall clock once and adding tokio's
+/// elapsed time gives one timeline that does both.
+struct Clock {
+    epoch_ms: u64,
+    started: tokio::time::Instant,
+}
+
+impl Clock {
+    fn new() -> Self {
+        // A clock before 1970 is a broken host; counting from zero keeps the
+        // simulator running and ordering intact.
+        let epoch_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Clock {
+            epoch_ms,
+            started: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.epoch_ms.saturating_add(elapsed)
+    }
+}
+
+impl fmt::Debug for SimCloud {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimCloud")
+            .field("state_file", &self.shared.store.as_ref().map(Store::path))
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimCloud {
+    /// A simulated cloud with these knobs. With a state file, instances are
+    /// loaded from it if it exists and written to it after every change.
+    pub fn new(knobs: Knobs, state_file: Option<PathBuf>) -> anyhow::Result<Self> {
+        knobs.validate()?;
+        let store = state_file.map(Store::new);
+        let saved = match &store {
+            Some(store) => store.load()?,
+            None => Default::default(),
+        };
+        Ok(SimCloud {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::new(knobs, saved)),
+                clock: Clock::new(),
+                store,
+            }),
+        })
+    }
+
+    /// The HTTP API and the `/sim/*` control endpoints.
+    pub fn router(&self) -> axum::Router {
+        api::router(self.clone())
+    }
+
+    /// Serves the API on `listener` until `shutdown` completes.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+
+    pub fn knobs(&self) -> Knobs {
+        self.lock().knobs().clone()
+    }
+
+    /// Replaces all knobs; they apply to the next call.
+    pub fn set_knobs(&self, knobs: Knobs) -> Result<(), InvalidKnobs> {
+        knobs.validate()?;
+        self.lock().set_knobs(knobs);
+        Ok(())
+    }
+
+    /// Every cloud-API call so far, in the order they finished.
+    pub fn calls(&self) -> Vec<Call> {
+        self.lock().calls().to_vec()
+    }
+
+    /// Every instance still retained, terminated ones included, ordered by id.
+    pub fn instances(&self) -> Vec<Instance> {
+        let now = self.now_ms();
+        self.lock().all(now)
+    }
+
+    /// Forgets all instances and calls (and writes that to the state file).
+    pub fn reset(&self) -> std::io::Result<()> {
+        let snapshot = {
+            let mut state = self.lock();
+            state.reset();
+            self.snapshot(&state)
+        };
+        self.write(snapshot)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.shared.clock.now_ms()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves bookkeeping that is at worst
+        // one call stale; serving on beats taking the whole simulator down.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// What to persist after a change, taken under the lock so snapshots are
+    /// ordered by generation.
+    fn snapshot(&self, state: &State) -> Option<store::Snapshot> {
+        self.shared
+            .store
+            .as_ref()
+            .map(|_| store::Snapshot::of(state))
+    }
+
+    fn write(&self, snapshot: Option<store::Snapshot>) -> std::io::Result<()> {
+        match (&self.shared.store, snapshot) {
+            (Some(store), Some(snapshot)) => store.write(snapshot),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Self::write`] off the async threads: it does blocking file I/O.
+    async fn write_async(&self, snapshot: Option<store::Snapshot>) -> std::io::Result<()> {
+        if snapshot.is_none() {
+            return Ok(());
+        }
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.write(snapshot))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+}

@@ -1,0 +1,322 @@
+//! The simulated cloud's HTTP face: `/v1/*` is the cloud API (rate limited,
+//! token checked, logged), `/sim/*` the control endpoints (none of that).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use http::{HeaderValue, StatusCode, header};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tracing::{Instrument, debug, instrument, warn};
+
+use super::state::{
+    ApiError, Call, CreateRequest, Created, DEFAULT_PAGE_SIZE, ListQuery, MAX_PAGE_SIZE, parse_id,
+};
+use super::{Instance, Knobs, SimCloud};
+
+pub(super) fn router(cloud: SimCloud) -> Router {
+    let api = Router::new()
+        .route("/v1/instances", post(create).get(list))
+        .route("/v1/instances/{id}", get(get_instance).delete(delete))
+        .route("/v1/instances/{id}/tags", put(set_tags))
+        .route("/v1/limits", get(limits))
+        // Added after the routes so it wraps exactly the cloud API.
+        .layer(middleware::from_fn_with_state(cloud.clone(), gate));
+    let control = Router::new()
+        .route("/sim/knobs", get(get_knobs).put(put_knobs))
+        .route("/sim/calls", get(calls))
+        .route("/sim/instances", get(sim_instances))
+        .route("/sim/reset", post(reset));
+    api.merge(control)
+        .fallback(|| async { error_response(ApiError::NotFound("no such route".to_owned())) })
+        .with_state(cloud)
+}
+
+/// The one place an [`ApiError`] becomes a status, headers and body.
+fn error_response(error: ApiError) -> Response {
+    let (status, code) = match &error {
+        ApiError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+        ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+        ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+        ApiError::QuotaExceeded { .. } => (StatusCode::FORBIDDEN, "quota_exceeded"),
+        ApiError::InsufficientCapacity { .. } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "insufficient_capacity")
+        }
+        ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+        ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+    };
+    let mut body = json!({"error": {"code": code, "message": error.to_string()}});
+    // The spec says the body "also has" these fields; they go both at the top
+    // level and inside `error` so a client reading either place finds them.
+    let extra = match &error {
+        ApiError::InsufficientCapacity { instance_type } => {
+            Some(("instance_type", json!(instance_type)))
+        }
+        ApiError::RateLimited { retry_after_ms } => Some(("retry_after_ms", json!(retry_after_ms))),
+        _ => None,
+    };
+    if let Some((key, value)) = extra {
+        body["error"][key] = value.clone();
+        body[key] = value;
+    }
+    let mut response = (status, Json(body)).into_response();
+    let headers = response.headers_mut();
+    match &error {
+        ApiError::RateLimited { retry_after_ms } => {
+            // Whole seconds, rounded up and at least one, as `Retry-After` wants.
+            let seconds = retry_after_ms.div_ceil(1000).max(1);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        ApiError::Unauthorized => {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        _ => {}
+    }
+    response
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error_response(self)
+    }
+}
+
+/// Wraps every cloud-API call: rate limit, then token, then the handler; and
+/// logs the outcome. The rate limit comes first so that unauthorised calls
+/// also spend tokens, as they would against a real cloud's front door.
+async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Response {
+    let method = request.method().to_string();
+    let path = request.uri().path().to_owned();
+    let span = tracing::debug_span!("sim_call", %method, %path, status = tracing::field::Empty);
+    let at_ms = cloud.now_ms();
+    let admitted = {
+        let authorization = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let mut state = cloud.lock();
+        state
+            .admit(at_ms)
+            .and_then(|()| state.authorize(authorization))
+    };
+    let response = match admitted {
+        Ok(()) => next.run(request).instrument(span.clone()).await,
+        Err(e) => e.into_response(),
+    };
+    let status = response.status().as_u16();
+    span.record("status", status);
+    span.in_scope(|| debug!(status, "cloud api call"));
+    cloud.lock().record_call(Call {
+        at_ms,
+        method,
+        path,
+        status,
+    });
+    response
+}
+
+/// Parses a JSON body, turning any problem into `400 invalid_request` with our
+/// error body (axum's own extractor would answer 422 with plain text).
+fn parse_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::InvalidRequest(format!("malformed body: {e}")))
+}
+
+/// Persists a change; a failure is reported as the call's failure so the
+/// client does not believe in state that would not survive a restart.
+async fn persist(
+    cloud: &SimCloud,
+    snapshot: Option<super::store::Snapshot>,
+) -> Result<(), ApiError> {
+    cloud.write_async(snapshot).await.map_err(|e| {
+        warn!(error = %e, "writing sim state failed");
+        ApiError::Internal(format!("writing sim state failed: {e}"))
+    })
+}
+
+#[instrument(skip_all)]
+async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, ApiError> {
+    let request: CreateRequest = parse_body(&body)?;
+    let latency = cloud.lock().knobs().create_latency_ms;
+    if latency > 0 {
+        // Outside the lock: other calls carry on while this one is "slow".
+        tokio::time::sleep(Duration::from_millis(latency)).await;
+    }
+    let roll: f64 = rand::random();
+    let (created, snapshot) = {
+        let now = cloud.now_ms();
+        let mut state = cloud.lock();
+        let created = state.create(request, now, roll)?;
+        let snapshot = match created {
+            Created::New(_) => cloud.snapshot(&state),
+            Created::Existing(_) => None,
+        };
+        (created, snapshot)
+    };
+    persist(&cloud, snapshot).await?;
+    Ok(match created {
+        Created::New(instance) => {
+            debug!(id = %instance.id, instance_type = %instance.instance_type, "created instance");
+            (StatusCode::CREATED, Json(instance)).into_response()
+        }
+        Created::Existing(instance) => {
+            debug!(id = %instance.id, "create matched an existing client token");
+            (StatusCode::OK, Json(instance)).into_response()
+        }
+    })
+}
+
+fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
+    let mut query = ListQuery {
+        page_size: DEFAULT_PAGE_SIZE,
+        ..ListQuery::default()
+    };
+    for (key, value) in url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        if let Some(tag) = key.strip_prefix("tag:") {
+            query.tags.push((tag.to_owned(), value.into_owned()));
+            continue;
+        }
+        match &*key {
+            "page_size" => {
+                query.page_size = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_PAGE_SIZE).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::InvalidRequest(format!(
+                            "page_size must be between 1 and {MAX_PAGE_SIZE}, got {value:?}"
+                        ))
+                    })?;
+            }
+            "page_token" => {
+                let after = parse_id(&value)
+                    .ok_or_else(|| ApiError::InvalidRequest(format!("bad page_token {value:?}")))?;
+                query.after = Some(after);
+            }
+            other => {
+                return Err(ApiError::InvalidRequest(format!(
+                    "unknown query parameter {other:?}"
+                )));
+            }
+        }
+    }
+    Ok(query)
+}
+
+#[instrument(skip_all)]
+async fn list(
+    State(cloud): State<SimCloud>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let query = parse_list_query(raw.as_deref())?;
+    let now = cloud.now_ms();
+    let page = cloud.lock().list(&query, now);
+    Ok(Json(page).into_response())
+}
+
+#[instrument(skip(cloud))]
+async fn get_instance(
+    State(cloud): State<SimCloud>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let now = cloud.now_ms();
+    let instance = cloud.lock().get(&id, now)?;
+    Ok(Json(instance).into_response())
+}
+
+#[instrument(skip(cloud))]
+async fn delete(
+    State(cloud): State<SimCloud>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let snapshot = {
+        let now = cloud.now_ms();
+        let mut state = cloud.lock();
+        state.delete(&id, now)?;
+        cloud.snapshot(&state)
+    };
+    persist(&cloud, snapshot).await?;
+    debug!("terminated instance");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetTags {
+    tags: BTreeMap<String, String>,
+}
+
+#[instrument(skip(cloud, body))]
+async fn set_tags(
+    State(cloud): State<SimCloud>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let SetTags { tags } = parse_body(&body)?;
+    let snapshot = {
+        let now = cloud.now_ms();
+        let mut state = cloud.lock();
+        state.set_tags(&id, tags, now)?;
+        cloud.snapshot(&state)
+    };
+    persist(&cloud, snapshot).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn limits(State(cloud): State<SimCloud>) -> Json<Value> {
+    let now = cloud.now_ms();
+    let (max, used) = cloud.lock().limits(now);
+    Json(json!({"max_instances": max, "used_instances": used}))
+}
+
+async fn get_knobs(State(cloud): State<SimCloud>) -> Json<Knobs> {
+    Json(cloud.knobs())
+}
+
+/// Merges a partial knobs object into the current knobs. Done on JSON values
+/// so `"quota": null` (disarm) and an absent `quota` (leave alone) differ.
+#[instrument(skip_all)]
+async fn put_knobs(State(cloud): State<SimCloud>, body: Bytes) -> Result<Json<Knobs>, ApiError> {
+    let patch: serde_json::Map<String, Value> = parse_body(&body)?;
+    let mut state = cloud.lock();
+    let mut merged = serde_json::to_value(state.knobs())
+        .map_err(|e| ApiError::Internal(format!("encoding knobs: {e}")))?;
+    if let Value::Object(fields) = &mut merged {
+        fields.extend(patch);
+    }
+    let knobs: Knobs = serde_json::from_value(merged)
+        .map_err(|e| ApiError::InvalidRequest(format!("bad knobs: {e}")))?;
+    knobs
+        .validate()
+        .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    debug!(?knobs, "knobs changed");
+    state.set_knobs(knobs.clone());
+    Ok(Json(knobs))
+}
+
+async fn calls(State(cloud): State<SimCloud>) -> Json<Vec<Call>> {
+    Json(cloud.calls())
+}
+
+async fn sim_instances(State(cloud): State<SimCloud>) -> Json<Vec<Instance>> {
+    Json(cloud.instances())
+}
+
+#[instrument(skip_all)]
+async fn reset(State(cloud): State<SimCloud>) -> Result<StatusCode, ApiError> {
+    let snapshot = {
+        let mut state = cloud.lock();
+        state.reset();
+        cloud.snapshot(&state)
+    };
+    persist(&cloud, snapshot).await?;
+    debug!("reset");
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,433 @@
+//! The berth driver for the simulated cloud (`berth sim`, docs/sim-cloud.md).
+//!
+//! It talks to the sim's instance API over `wasi:http` exactly as a driver for
+//! a real cloud talks to its API, so it exercises the whole plugin path. It
+//! sends no credentials: when the sim requires a token, the host adds it.
+
+mod api;
+
+use berth_sdk::http::{Request, Response, Url, encode_component};
+use berth_sdk::tags::{self, POOL_TAG, is_berth_tag};
+use berth_sdk::types::{
+    AccountLimits, Capabilities, ConfigField, CreateSpec, DriverInfo, Error, FieldType, Instance,
+};
+use berth_sdk::{Driver, error};
+use serde::Deserialize;
+
+use api::{ApiInstance, CreateBody, InstancePage, LimitsBody, SetTagsBody};
+
+/// The sim's largest page.
+const MAX_PAGE_SIZE: u32 = 1000;
+
+/// The provider config as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    endpoint: String,
+    #[serde(default)]
+    page_size: Option<u32>,
+}
+
+/// The configured driver.
+struct Sim {
+    pool_id: String,
+    /// `http(s)://host:port[/base]` without a trailing `/`.
+    endpoint: String,
+    page_size: Option<u32>,
+}
+
+impl Sim {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.endpoint)
+    }
+
+    fn instance_url(&self, id: &str) -> String {
+        self.url(&format!("/v1/instances/{}", encode_component(id)))
+    }
+}
+
+impl Driver for Sim {
+    fn describe() -> DriverInfo {
+        DriverInfo {
+            name: "sim".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: "Machines on berth's simulated cloud (`berth sim`), for tests, \
+                          benchmarks and trying berth without a cloud account."
+                .into(),
+            config: vec![
+                ConfigField {
+                    name: "endpoint".into(),
+                    field_type: FieldType::String,
+                    required: true,
+                    default: None,
+                    doc: "Base URL of the sim, for example `http://127.0.0.1:8600`. Its host \
+                          must also be in the provider's allowed hosts."
+                        .into(),
+                },
+                ConfigField {
+                    name: "page_size".into(),
+                    field_type: FieldType::Integer,
+                    required: false,
+                    default: None,
+                    doc: "Instances per list page, 1 to 1000; absent uses the sim's default (100)."
+                        .into(),
+                },
+            ],
+            label_options: vec![],
+            capabilities: Capabilities::ACCOUNT_LIMITS
+                | Capabilities::IDEMPOTENT_CREATE
+                | Capabilities::USER_DATA
+                | Capabilities::SSH_KEYS,
+        }
+    }
+
+    fn configure(pool_id: &str, config: &str) -> Result<Self, Error> {
+        let raw: RawConfig = serde_json::from_str(config)
+            .map_err(|e| error::invalid_config(format!("provider config: {e}")))?;
+        let mut problems = Vec::new();
+        let endpoint = raw.endpoint.trim_end_matches('/').to_owned();
+        match Url::parse(&endpoint) {
+            Ok(url) if url.path_and_query().contains('?') => {
+                problems.push("endpoint: must not have a query".to_owned());
+            }
+            Ok(_) => {}
+            Err(e) => problems.push(format!("endpoint: {e}")),
+        }
+        if raw
+            .page_size
+            .is_some_and(|n| !(1..=MAX_PAGE_SIZE).contains(&n))
+        {
+            problems.push(format!("page_size: must be between 1 and {MAX_PAGE_SIZE}"));
+        }
+        if pool_id.is_empty() {
+            problems.push("pool id: must not be empty".to_owned());
+        }
+        if !problems.is_empty() {
+            return Err(error::invalid_config(problems.join("; ")));
+        }
+        Ok(Sim {
+            pool_id: pool_id.to_owned(),
+            endpoint,
+            page_size: raw.page_size,
+        })
+    }
+
+    fn create(&mut self, spec: CreateSpec) -> Result<Instance, Error> {
+        check_label_options(&spec.options)?;
+        let mut tags: Vec<(String, String)> = spec
+            .tags
+            .into_iter()
+            .filter(|(k, _)| k != POOL_TAG)
+            .collect();
+        // Never create outside this pool, whatever the spec says.
+        tags.push((POOL_TAG.to_owned(), self.pool_id.clone()));
+        let body = CreateBody {
+            instance_type: &spec.instance_type,
+            image: &spec.image,
+            tags: tags.into_iter().collect(),
+            client_token: &spec.node_id,
+            user_data: spec.user_data.as_deref(),
+            ssh_public_key: spec.ssh_public_key.as_deref(),
+        };
+        let resp = Request::post(&self.url("/v1/instances"))
+            .json(&body)
+            .send()?;
+        match resp.status {
+            200 | 201 => Ok(resp.json::<ApiInstance>()?.into()),
+            _ => Err(api_error(&resp, Some(&spec.instance_type))),
+        }
+    }
+
+    fn list(&mut self, filter: &[(String, String)]) -> Result<Vec<Instance>, Error> {
+        // A filter naming another pool matches nothing this driver may see.
+        if filter
+            .iter()
+            .any(|(k, v)| k == POOL_TAG && *v != self.pool_id)
+        {
+            return Ok(vec![]);
+        }
+        let mut query = format!("tag:{POOL_TAG}={}", encode_component(&self.pool_id));
+        for (k, v) in filter.iter().filter(|(k, _)| k != POOL_TAG) {
+            query.push_str(&format!(
+                "&tag:{}={}",
+                encode_component(k),
+                encode_component(v)
+            ));
+        }
+        if let Some(n) = self.page_size {
+            query.push_str(&format!("&page_size={n}"));
+        }
+        let mut instances = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut url = self.url(&format!("/v1/instances?{query}"));
+            if let Some(t) = &token {
+                url.push_str(&format!("&page_token={}", encode_component(t)));
+            }
+            let resp = Request::get(&url).send()?;
+            if resp.status != 200 {
+                return Err(api_error(&resp, None));
+            }
+            let page: InstancePage = resp.json()?;
+            instances.extend(page.instances.into_iter().map(Instance::from));
+            match page.next_page_token {
+                // A token that does not move would loop forever.
+                Some(next) if token.as_ref() != Some(&next) => token = Some(next),
+                Some(next) => {
+                    return Err(error::transient(format!(
+                        "sim repeated page token {next:?}"
+                    )));
+                }
+                None => break,
+            }
+        }
+        // The sim filters already; checking again costs nothing and keeps
+        // the rule that only this pool's instances are ever shown.
+        let mut wanted = filter.to_vec();
+        wanted.push((POOL_TAG.to_owned(), self.pool_id.clone()));
+        instances.retain(|i| tags::has_all(&i.tags, &wanted));
+        Ok(instances)
+    }
+
+    fn delete(&mut self, instance_id: &str) -> Result<(), Error> {
+        // The host only deletes ids it listed through this driver, so they
+        // carry the pool tag; the sim has no conditional delete to check it.
+        let resp = Request::delete(&self.instance_url(instance_id)).send()?;
+        match resp.status {
+            200 | 202 | 204 => Ok(()),
+            _ => Err(api_error(&resp, None)),
+        }
+    }
+
+    fn set_tags(&mut self, instance_id: &str, new: &[(String, String)]) -> Result<(), Error> {
+        if new.iter().any(|(k, v)| k == POOL_TAG && *v != self.pool_id) {
+            return Err(error::permanent(
+                "set-tags cannot move an instance to another pool",
+            ));
+        }
+        // Only berth tags are replaced; the pool tag always stays.
+        let mut tags: Vec<(String, String)> = new
+            .iter()
+            .filter(|(k, _)| is_berth_tag(k) && k != POOL_TAG)
+            .cloned()
+            .collect();
+        tags.push((POOL_TAG.to_owned(), self.pool_id.clone()));
+        let body = SetTagsBody {
+            tags: tags.into_iter().collect(),
+        };
+        let url = format!("{}/tags", self.instance_url(instance_id));
+        let resp = Request::put(&url).json(&body).send()?;
+        match resp.status {
+            200 | 204 => Ok(()),
+            _ => Err(api_error(&resp, None)),
+        }
+    }
+
+    fn limits(&mut self) -> Result<AccountLimits, Error> {
+        let resp = Request::get(&self.url("/v1/limits")).send()?;
+        if resp.status != 200 {
+            return Err(api_error(&resp, None));
+        }
+        let body: LimitsBody = resp.json()?;
+        Ok(AccountLimits {
+            max_instances: body.max_instances,
+            used_instances: body.used_instances,
+            max_cores: None,
+            used_cores: None,
+            max_ram_mib: None,
+            used_ram_mib: None,
+        })
+    }
+}
+
+/// The sim takes no label options: `{}` only, and any key is named back.
+fn check_label_options(options: &str) -> Result<(), Error> {
+    let value: serde_json::Value = serde_json::from_str(options)
+        .map_err(|e| error::invalid_config(format!("label options: {e}")))?;
+    match value {
+        serde_json::Value::Object(map) => match map.keys().next() {
+            None => Ok(()),
+            Some(key) => Err(error::invalid_config(format!(
+                "label options: unknown option {key:?}"
+            ))),
+        },
+        _ => Err(error::invalid_config(
+            "label options: must be a JSON object",
+        )),
+    }
+}
+
+/// Turns a failed sim response into the contract's error: the one place the
+/// sim's statuses and codes are mapped.
+fn api_error(resp: &Response, instance_type: Option<&str>) -> Error {
+    let body: api::ErrorBody = resp.json().unwrap_or_default();
+    let code = body.error.code.as_str();
+    let message = if body.error.message.is_empty() {
+        format!(
+            "sim answered {}: {}",
+            resp.status,
+            resp.text().chars().take(200).collect::<String>()
+        )
+    } else {
+        body.error.message.clone()
+    };
+    match (resp.status, code) {
+        (429, _) => {
+            let retry_after_ms = body
+                .retry_after_ms
+                .or_else(|| {
+                    let secs = resp.header("retry-after")?.trim().parse::<u64>().ok()?;
+                    Some(secs.saturating_mul(1000))
+                })
+                .unwrap_or(1000);
+            error::rate_limited(retry_after_ms, message)
+        }
+        (403, "quota_exceeded") => error::quota_exceeded(message),
+        (503, "insufficient_capacity") => match body.instance_type.as_deref().or(instance_type) {
+            Some(t) => error::capacity_for_type(t, message),
+            None => error::capacity_general(message),
+        },
+        (404, _) => error::not_found(message),
+        (401 | 403, _) => error::unauthorized(message),
+        (500..=599, _) => error::transient(message),
+        _ => error::permanent(message),
+    }
+}
+
+berth_sdk::export_driver!(Sim);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_sdk::types::{CapacityScope, RateLimit};
+
+    fn resp(status: u16, headers: &[(&str, &str)], body: &str) -> Response {
+        Response {
+            status,
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    fn err_body(code: &str, extra: &str) -> String {
+        format!(r#"{{"error": {{"code": "{code}", "message": "m"}}{extra}}}"#)
+    }
+
+    #[test]
+    fn maps_sim_errors() {
+        let e = api_error(
+            &resp(
+                429,
+                &[("retry-after", "3")],
+                &err_body("rate_limited", r#", "retry_after_ms": 2500"#),
+            ),
+            None,
+        );
+        assert!(
+            matches!(
+                e,
+                Error::RateLimited(RateLimit {
+                    retry_after_ms: 2500,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let e = api_error(
+            &resp(429, &[("retry-after", "3")], &err_body("rate_limited", "")),
+            None,
+        );
+        assert!(
+            matches!(
+                e,
+                Error::RateLimited(RateLimit {
+                    retry_after_ms: 3000,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let e = api_error(&resp(429, &[], "not json"), None);
+        assert!(
+            matches!(
+                e,
+                Error::RateLimited(RateLimit {
+                    retry_after_ms: 1000,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let e = api_error(&resp(403, &[], &err_body("quota_exceeded", "")), None);
+        assert!(
+            matches!(e, Error::QuotaExceeded(ref m) if m == "m"),
+            "{e:?}"
+        );
+        let e = api_error(
+            &resp(
+                503,
+                &[],
+                &err_body("insufficient_capacity", r#", "instance_type": "gpu""#),
+            ),
+            Some("small"),
+        );
+        assert!(
+            matches!(e, Error::Capacity(ref c) if matches!(c.scope, CapacityScope::InstanceType(ref t) if t == "gpu")),
+            "{e:?}"
+        );
+        let e = api_error(
+            &resp(503, &[], &err_body("insufficient_capacity", "")),
+            Some("small"),
+        );
+        assert!(
+            matches!(e, Error::Capacity(ref c) if matches!(c.scope, CapacityScope::InstanceType(ref t) if t == "small")),
+            "{e:?}"
+        );
+        let e = api_error(&resp(503, &[], "down"), None);
+        assert!(matches!(e, Error::Transient(_)), "{e:?}");
+        let e = api_error(&resp(404, &[], &err_body("not_found", "")), None);
+        assert!(matches!(e, Error::NotFound(_)), "{e:?}");
+        let e = api_error(&resp(401, &[], &err_body("unauthorized", "")), None);
+        assert!(matches!(e, Error::Unauthorized(_)), "{e:?}");
+        let e = api_error(&resp(400, &[], &err_body("invalid_request", "")), None);
+        assert!(matches!(e, Error::Permanent(_)), "{e:?}");
+        let e = api_error(&resp(500, &[], &err_body("internal_error", "")), None);
+        assert!(matches!(e, Error::Transient(_)), "{e:?}");
+    }
+
+    #[test]
+    fn configure_validates() {
+        assert!(
+            Sim::configure("p1", r#"{"endpoint": "http://127.0.0.1:8600/"}"#)
+                .is_ok_and(|s| s.endpoint == "http://127.0.0.1:8600")
+        );
+        for (config, needle) in [
+            (r#"{}"#, "endpoint"),
+            (r#"{"endpoint": "ftp://x"}"#, "endpoint"),
+            (r#"{"endpoint": "127.0.0.1:80"}"#, "endpoint"),
+            (r#"{"endpoint": "http://h", "page_size": 0}"#, "page_size"),
+            (r#"{"endpoint": "http://h", "colour": 1}"#, "colour"),
+        ] {
+            match Sim::configure("p1", config) {
+                Err(Error::InvalidConfig(m)) => assert!(m.contains(needle), "{config}: {m}"),
+                Err(e) => panic!("{config}: {e:?}"),
+                Ok(_) => panic!("{config}: accepted"),
+            }
+        }
+    }
+
+    #[test]
+    fn label_options() {
+        assert!(check_label_options("{}").is_ok());
+        assert!(
+            matches!(check_label_options(r#"{"zone": "a"}"#), Err(Error::InvalidConfig(m)) if m.contains("zone"))
+        );
+        assert!(matches!(
+            check_label_options("[]"),
+            Err(Error::InvalidConfig(_))
+        ));
+    }
+}

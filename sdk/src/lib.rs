@@ -1,0 +1,74 @@
+//! The Rust SDK for berth cloud drivers.
+//!
+//! A driver is a WebAssembly component (`wasm32-wasip2`, `crate-type =
+//! ["cdylib"]`) that implements the `berth:driver@0.1.0` contract in
+//! `wit/driver.wit`. With this crate a driver is one type implementing
+//! [`Driver`] and one [`export_driver!`] line:
+//!
+//! ```no_run
+//! use berth_sdk::types::{CreateSpec, DriverInfo, Error, Instance};
+//! use berth_sdk::{Driver, error};
+//!
+//! struct MyCloud {
+//!     pool_id: String,
+//! }
+//!
+//! impl Driver for MyCloud {
+//!     fn describe() -> DriverInfo {
+//!         DriverInfo {
+//!             name: "my-cloud".into(),
+//!             version: env!("CARGO_PKG_VERSION").into(),
+//!             description: "Machines on My Cloud.".into(),
+//!             config: vec![],
+//!             label_options: vec![],
+//!             capabilities: berth_sdk::types::Capabilities::empty(),
+//!         }
+//!     }
+//!     fn configure(pool_id: &str, _config: &str) -> Result<Self, Error> {
+//!         Ok(MyCloud { pool_id: pool_id.to_owned() })
+//!     }
+//!     fn create(&mut self, _spec: CreateSpec) -> Result<Instance, Error> {
+//!         Err(error::permanent("not written yet"))
+//!     }
+//!     fn list(&mut self, _filter: &[(String, String)]) -> Result<Vec<Instance>, Error> {
+//!         Ok(vec![])
+//!     }
+//!     fn delete(&mut self, id: &str) -> Result<(), Error> {
+//!         Err(error::not_found(id))
+//!     }
+//!     fn set_tags(&mut self, id: &str, _tags: &[(String, String)]) -> Result<(), Error> {
+//!         Err(error::not_found(id))
+//!     }
+//! }
+//!
+//! berth_sdk::export_driver!(MyCloud);
+//! # fn main() {}
+//! ```
+//!
+//! - [`types`]: the contract's records, variants and flags.
+//! - [`error`]: constructors for each error case.
+//! - [`http`]: a blocking HTTP client over `wasi:http`.
+//! - [`tags`]: berth's tag keys and the `list` / `set-tags` rules.
+//! - [`log`]: structured records into the host's log.
+//!
+//! `plugins/example` in the berth repository is a complete driver to copy,
+//! and `docs/writing-a-driver.md` walks through building and testing one.
+
+#![deny(missing_docs)]
+
+#[allow(missing_docs, clippy::all)]
+#[doc(hidden)]
+pub mod bindings;
+#[doc(hidden)]
+pub mod driver;
+pub mod error;
+pub mod http;
+pub mod log;
+pub mod tags;
+pub mod types;
+
+pub use driver::Driver;
+
+/// The raw WASI bindings of the imports the world allows (clocks, random,
+/// http), for what the SDK does not wrap, such as reading the clock.
+pub use bindings::wasi;

@@ -1,0 +1,123 @@
+//! Shared test fixtures: the plugins built for wasm32-wasip2, an in-process
+//! sim cloud on 127.0.0.1:0, and a log capture.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The workspace root (host/ is one below it).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+/// Builds every plugin once per test process and returns the path of the one
+/// named `name` (`sim`, `example`, `hostile`, `wrong-version`).
+pub fn plugin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| build_plugins().unwrap_or_else(|e| panic!("building plugins: {e}")));
+    let file = match name {
+        "sim" => "berth_driver_sim",
+        "example" => "berth_driver_example",
+        "hostile" => "berth_fixture_hostile",
+        "wrong-version" => "berth_fixture_wrong_version",
+        other => panic!("unknown plugin {other}"),
+    };
+    dir.join(format!("{file}.wasm"))
+}
+
+/// Runs `cargo build --target wasm32-wasip2` for the plugins into a target
+/// directory of their own, so it never waits on the lock of the build that
+/// is running these tests.
+pub fn build_plugins() -> Result<PathBuf, String> {
+    let root = workspace();
+    let target = root.join("target").join("plugins");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--quiet", "--target", "wasm32-wasip2", "--profile", "plugin"])
+        .args(["-p", "berth-driver-sim", "-p", "berth-driver-example", "-p", "berth-fixture-hostile", "-p", "berth-fixture-wrong-version"])
+        .env("CARGO_TARGET_DIR", &target)
+        .status()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo build of the plugins failed ({status}); is the wasm32-wasip2 target installed?"));
+    }
+    Ok(target.join("wasm32-wasip2").join("plugin"))
+}
+
+/// A sim cloud serving on 127.0.0.1:0 until dropped.
+pub struct SimServer {
+    pub cloud: berth::sim::SimCloud,
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl SimServer {
+    pub async fn start() -> SimServer {
+        Self::start_with(berth::sim::Knobs::default()).await
+    }
+
+    pub async fn start_with(knobs: berth::sim::Knobs) -> SimServer {
+        let cloud = berth::sim::SimCloud::new(knobs, None).expect("sim cloud");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(cloud.clone().serve(listener, async move {
+            let _ = stopped.await;
+        }));
+        SimServer { cloud, addr, stop: Some(stop) }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for SimServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Captures this thread's tracing output (use with a current-thread runtime,
+/// so the tasks under test log on this thread).
+pub struct LogCapture {
+    buffer: Arc<Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+impl LogCapture {
+    pub fn install() -> LogCapture {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("berth=debug")
+            .with_ansi(false)
+            .with_writer(move || BufWriter(writer.clone()))
+            .finish();
+        LogCapture { buffer, _guard: tracing::subscriber::set_default(subscriber) }
+    }
+
+    pub fn contents(&self) -> String {
+        String::from_utf8_lossy(&self.buffer.lock().unwrap()).into_owned()
+    }
+}
+
+struct BufWriter(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for BufWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
