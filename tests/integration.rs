@@ -61,6 +61,17 @@ async fn sim_driver_passes_the_conformance_kit() {
 }
 
 #[tokio::test]
+async fn the_conformance_kit_catches_a_driver_that_keeps_state_in_memory() {
+    // The example driver keeps its instances in its own memory: fine for one
+    // instance, wrong under a host that runs several side by side.
+    let config: TestConfig = serde_json::from_value(serde_json::json!({"config": {}})).unwrap();
+    let report = conformance::test(&runtime(), &plugin("example"), &config).await;
+    let failed: Vec<&str> = report.steps.iter().filter(|s| !s.passed).map(|s| s.name).collect();
+    assert_eq!(failed, ["seen by another instance"], "{report}");
+    assert!(!report.passed());
+}
+
+#[tokio::test]
 async fn the_binary_checks_and_tests_the_sim_driver() {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -88,7 +99,7 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
         .unwrap();
     let out = String::from_utf8_lossy(&test.stdout);
     assert!(test.status.success(), "{out}\n{}", String::from_utf8_lossy(&test.stderr));
-    for step in ["create with tags", "listed with tags", "set-tags visible", "foreign pool isolation", "gone after delete", "delete again"] {
+    for step in ["create with tags", "listed with tags", "seen by another instance", "set-tags visible", "foreign pool isolation", "gone after delete", "delete again"] {
         assert!(out.contains(&format!("PASS  {step}")), "{step} missing in\n{out}");
     }
 
@@ -215,7 +226,7 @@ async fn guest_stdio_goes_to_the_host_log() {
 #[tokio::test]
 async fn calls_run_concurrently_on_a_bounded_set_of_instances() {
     let sim = SimServer::start().await;
-    sim.cloud.set_knobs(berth::sim::Knobs { create_latency_ms: 200, ..Default::default() });
+    sim.cloud.set_knobs(berth::sim::Knobs { create_latency_ms: 200, ..Default::default() }).expect("knobs");
     let rt = runtime();
     let driver = rt.load_file(plugin("sim")).await.unwrap();
     let p = Provider::start(
@@ -237,10 +248,14 @@ async fn calls_run_concurrently_on_a_bounded_set_of_instances() {
     }
     let stats = p.stats();
     assert_eq!(stats.instances_started, 3, "{stats:?}");
-    // Proof of overlap from the sim cloud's own record: some create was
-    // received before an earlier one was answered.
-    let calls = sim.cloud.calls();
-    assert_eq!(calls.iter().filter(|c| c.method == "POST").count(), 9);
+    // Proof of overlap from the sim cloud's own record: each create takes
+    // 200ms to answer, so creates received less than 200ms apart were in
+    // flight at the same time.
+    let mut received: Vec<u64> = sim.cloud.calls().iter().filter(|c| c.method == "POST").map(|c| c.at_ms).collect();
+    assert_eq!(received.len(), 9);
+    received.sort();
+    let overlapping = received.windows(2).filter(|w| w[1] - w[0] < 150).count();
+    assert!(overlapping >= 3, "creates did not overlap: received at {received:?}");
     assert_eq!(sim.cloud.instances().len(), 9);
 }
 

@@ -168,7 +168,7 @@ fn has_all(have: &Tags, want: &Tags) -> Result<(), String> {
 }
 
 /// Runs the conformance test: describe → configure → create with tags →
-/// listed with those tags → set-tags visible → a foreign pool's list does not
+/// listed with those tags → seen by a second instance → set-tags visible → a foreign pool's list does not
 /// show it → delete → gone or terminated → delete again is not an error.
 pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report {
     let mut report = Report::default();
@@ -217,7 +217,9 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
             pool_id: pool_id.clone(),
             driver_config: config.config.to_string(),
             allowed_hosts: allowed,
-            limits,
+            // One instance runs the cycle, so each step sees the one before;
+            // the "seen by another instance" step checks the rest.
+            limits: SandboxLimits { max_instances: 1, ..limits },
         },
     );
     let started = Instant::now();
@@ -272,6 +274,19 @@ async fn run_cycle(provider: &Provider, pool_id: &str, config: &TestConfig, repo
         has_all(&found.tags, &tags).map(|()| format!("{id} listed with its tags ({} in pool)", all.len()))
     });
     report.record("listed with tags", started, listed);
+
+    // The host runs several instances of a driver side by side, so nothing
+    // that matters may live in one instance's memory.
+    let started = Instant::now();
+    let mut other = provider.instance();
+    let seen = other.list(pool_filter.clone()).await.map_err(|e| e.to_string()).and_then(|all| {
+        if all.iter().any(|i| i.id == id) {
+            Ok("a second driver instance lists it".to_string())
+        } else {
+            Err(format!("a second driver instance does not list {id}: the driver keeps state in memory, but the host runs several instances side by side"))
+        }
+    });
+    report.record("seen by another instance", started, seen);
 
     let mut new_tags = tags.clone();
     new_tags.remove("berth-conformance");
