@@ -27,8 +27,9 @@ fn spec(node: &str) -> CreateSpec {
     }
 }
 
-async fn hostile(runtime: &Runtime, name: &str, config: serde_json::Value, limits: SandboxLimits, allow: &[&str]) -> Provider {
-    let driver = runtime.load_file(plugin("hostile")).await.expect("hostile fixture loads");
+/// A provider named `name` on the plugin `plugin_name`.
+async fn provider(runtime: &Runtime, plugin_name: &str, name: &str, config: serde_json::Value, limits: SandboxLimits, allow: &[&str]) -> Provider {
+    let driver = runtime.load_file(plugin(plugin_name)).await.expect("plugin loads");
     Provider::start(
         &driver,
         ProviderConfig {
@@ -39,6 +40,10 @@ async fn hostile(runtime: &Runtime, name: &str, config: serde_json::Value, limit
             limits,
         },
     )
+}
+
+async fn hostile(runtime: &Runtime, name: &str, config: serde_json::Value, limits: SandboxLimits, allow: &[&str]) -> Provider {
+    provider(runtime, "hostile", name, config, limits, allow).await
 }
 
 fn one_instance(deadline: Duration) -> SandboxLimits {
@@ -227,18 +232,8 @@ async fn guest_stdio_goes_to_the_host_log() {
 async fn calls_run_concurrently_on_a_bounded_set_of_instances() {
     let sim = SimServer::start().await;
     sim.cloud.set_knobs(berth::sim::Knobs { create_latency_ms: 200, ..Default::default() }).expect("knobs");
-    let rt = runtime();
-    let driver = rt.load_file(plugin("sim")).await.unwrap();
-    let p = Provider::start(
-        &driver,
-        ProviderConfig {
-            name: "sim".into(),
-            pool_id: "pool".into(),
-            driver_config: serde_json::json!({"endpoint": sim.url()}).to_string(),
-            allowed_hosts: vec![AllowedHost::parse(&sim.addr().to_string()).unwrap()],
-            limits: SandboxLimits { max_instances: 3, ..SandboxLimits::default() },
-        },
-    );
+    let limits = SandboxLimits { max_instances: 3, ..SandboxLimits::default() };
+    let p = provider(&runtime(), "sim", "sim", serde_json::json!({"endpoint": sim.url()}), limits, &[&sim.addr().to_string()]).await;
     let creates: Vec<_> = (0..9).map(|i| {
         let p = p.clone();
         tokio::spawn(async move { p.create(spec(&format!("n{i}"))).await })
@@ -304,18 +299,7 @@ async fn a_second_start_loads_from_the_cache() {
 
 #[tokio::test]
 async fn a_bad_config_is_a_typed_error_naming_the_provider() {
-    let rt = runtime();
-    let driver = rt.load_file(plugin("sim")).await.unwrap();
-    let p = Provider::start(
-        &driver,
-        ProviderConfig {
-            name: "misconfigured".into(),
-            pool_id: "pool".into(),
-            driver_config: serde_json::json!({"endpoint": "ftp://nowhere"}).to_string(),
-            allowed_hosts: vec![],
-            limits: SandboxLimits::default(),
-        },
-    );
+    let p = provider(&runtime(), "sim", "misconfigured", serde_json::json!({"endpoint": "ftp://nowhere"}), SandboxLimits::default(), &[]).await;
     let err = p.warm().await.expect_err("bad endpoint");
     assert!(matches!(err.kind, CallErrorKind::Driver(DriverError::InvalidConfig(_))), "{err}");
     assert!(err.to_string().starts_with("provider misconfigured: configure: invalid config"), "{err}");

@@ -146,7 +146,7 @@ async fn run() {
     }
     let native_noop = per_call(t.elapsed(), n);
     rows.push(Row { what: format!("warm no-op call, WASM driver instance held by the caller (mean of {n})"), figure: fmt(wasm_noop) });
-    rows.push(Row { what: format!("warm no-op call through a Provider (queue + worker task, mean of {n})"), figure: fmt(queued_noop) });
+    rows.push(Row { what: format!("warm no-op call through a Provider (instance checkout, mean of {n})"), figure: fmt(queued_noop) });
     rows.push(Row { what: format!("the same no-op natively (mean of {n})"), figure: fmt(native_noop) });
 
     // `list` returning 1,000 instances: the example driver holds them in memory.
