@@ -218,6 +218,18 @@ async fn a_panic_is_a_typed_error_and_the_next_call_works() {
     assert!(logs.contents().contains("fixture panic"));
 }
 
+#[tokio::test]
+async fn a_driver_sees_no_environment_files_or_sockets() {
+    let p = hostile(&runtime(), "snoop", serde_json::json!({"mode": "snoop"}), one_instance(Duration::from_secs(30)), &[]).await;
+    let err = p.create(spec("n1")).await.expect_err("snoop reports what it saw as an error");
+    let seen = err.to_string();
+    assert!(seen.contains("env=[]"), "{seen}");
+    assert!(seen.contains("args=[]"), "{seen}");
+    assert!(seen.contains("root=Err("), "{seen}");
+    assert!(seen.contains("passwd=Err("), "{seen}");
+    assert!(seen.contains("tcp=Err("), "{seen}");
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn guest_stdio_goes_to_the_host_log() {
     let logs = LogCapture::install();
