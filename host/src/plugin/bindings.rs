@@ -16,7 +16,7 @@ wasmtime::component::bindgen!({
     },
 });
 
-pub(crate) use berth::driver::types as wit;
+pub(crate) use self::berth::driver::types as wit;
 
 /// The contract version this binding implements.
 pub(crate) const CONTRACT: &str = "berth:driver@0.1.0";
