@@ -267,8 +267,19 @@ impl Request {
             return Err(e);
         }
         let url = Url::parse(&self.url)?;
-        let entries: Vec<(String, Vec<u8>)> = self
-            .headers
+        let mut headers = self.headers;
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        {
+            // A declared length makes the request one complete message.
+            // Without it the host streams a chunked body, and a server that
+            // answers before the body's end (a 404 to a DELETE, say) may
+            // close the connection under the client mid-request.
+            let len = self.body.as_deref().map_or(0, <[u8]>::len);
+            headers.push(("content-length".to_owned(), len.to_string()));
+        }
+        let entries: Vec<(String, Vec<u8>)> = headers
             .into_iter()
             .map(|(k, v)| (k, v.into_bytes()))
             .collect();
