@@ -44,7 +44,7 @@ impl std::fmt::Display for Report {
         for s in &self.steps {
             writeln!(
                 f,
-                "{}  {:<22} {:>9.1}ms  {}",
+                "{}  {:<24} {:>9.1}ms  {}",
                 if s.passed { "PASS" } else { "FAIL" },
                 s.name,
                 s.duration.as_secs_f64() * 1e3,

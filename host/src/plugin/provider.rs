@@ -369,8 +369,11 @@ impl DriverInstance {
             Err(CallErrorKind::Start(_)) => "start-failed",
             Err(_) => "trap",
         };
+        // A driver's error value is an expected outcome (not-found on a
+        // repeated delete, a quota); traps and failed starts are not.
         span.in_scope(|| match &result {
             Ok(_) => tracing::debug!(duration_us = micros, outcome, "driver call"),
+            Err(e @ CallErrorKind::Driver(_)) => tracing::debug!(duration_us = micros, outcome, error = %e, "driver call returned an error"),
             Err(e) => tracing::warn!(duration_us = micros, outcome, error = %e, "driver call failed"),
         });
         if let Ok(mut s) = self.shared.stats.lock() {
