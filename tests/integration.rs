@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use berth::conformance::{self, TestConfig};
 use berth::driver::{CreateSpec, DriverError, POOL_TAG};
-use berth::plugin::{AllowedHost, CallErrorKind, LoadErrorKind, LoadSource, Provider, ProviderConfig, Rejection, Runtime, RuntimeConfig, SandboxLimits, Trap};
+use berth::plugin::{
+    AllowedHost, CallErrorKind, LoadErrorKind, LoadSource, Provider, ProviderConfig, Rejection,
+    Runtime, RuntimeConfig, SandboxLimits, Trap,
+};
 use support::{LogCapture, SimServer, plugin};
 
 fn runtime() -> Runtime {
@@ -28,26 +31,49 @@ fn spec(node: &str) -> CreateSpec {
 }
 
 /// A provider named `name` on the plugin `plugin_name`.
-async fn provider(runtime: &Runtime, plugin_name: &str, name: &str, config: serde_json::Value, limits: SandboxLimits, allow: &[&str]) -> Provider {
-    let driver = runtime.load_file(plugin(plugin_name)).await.expect("plugin loads");
+async fn provider(
+    runtime: &Runtime,
+    plugin_name: &str,
+    name: &str,
+    config: serde_json::Value,
+    limits: SandboxLimits,
+    allow: &[&str],
+) -> Provider {
+    let driver = runtime
+        .load_file(plugin(plugin_name))
+        .await
+        .expect("plugin loads");
     Provider::start(
         &driver,
         ProviderConfig {
             name: name.into(),
             pool_id: "pool".into(),
             driver_config: config.to_string(),
-            allowed_hosts: allow.iter().map(|h| AllowedHost::parse(h).expect("host")).collect(),
+            allowed_hosts: allow
+                .iter()
+                .map(|h| AllowedHost::parse(h).expect("host"))
+                .collect(),
             limits,
         },
     )
 }
 
-async fn hostile(runtime: &Runtime, name: &str, config: serde_json::Value, limits: SandboxLimits, allow: &[&str]) -> Provider {
+async fn hostile(
+    runtime: &Runtime,
+    name: &str,
+    config: serde_json::Value,
+    limits: SandboxLimits,
+    allow: &[&str],
+) -> Provider {
     provider(runtime, "hostile", name, config, limits, allow).await
 }
 
 fn one_instance(deadline: Duration) -> SandboxLimits {
-    SandboxLimits { max_instances: 1, call_deadline: deadline, ..SandboxLimits::default() }
+    SandboxLimits {
+        max_instances: 1,
+        call_deadline: deadline,
+        ..SandboxLimits::default()
+    }
 }
 
 #[tokio::test]
@@ -71,7 +97,12 @@ async fn the_conformance_kit_catches_a_driver_that_keeps_state_in_memory() {
     // instance, wrong under a host that runs several side by side.
     let config: TestConfig = serde_json::from_value(serde_json::json!({"config": {}})).unwrap();
     let report = conformance::test(&runtime(), &plugin("example"), &config).await;
-    let failed: Vec<&str> = report.steps.iter().filter(|s| !s.passed).map(|s| s.name).collect();
+    let failed: Vec<&str> = report
+        .steps
+        .iter()
+        .filter(|s| !s.passed)
+        .map(|s| s.name)
+        .collect();
     assert_eq!(failed, ["seen by another instance"], "{report}");
     assert!(!report.passed());
 }
@@ -87,7 +118,12 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
     )
     .unwrap();
     let bin = env!("CARGO_BIN_EXE_berth");
-    let check = tokio::process::Command::new(bin).args(["driver", "check"]).arg(plugin("sim")).output().await.unwrap();
+    let check = tokio::process::Command::new(bin)
+        .args(["driver", "check"])
+        .arg(plugin("sim"))
+        .output()
+        .await
+        .unwrap();
     let out = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success(), "{out}");
     assert!(out.contains("berth:driver/driver@0.1.0"), "{out}");
@@ -103,23 +139,68 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
         .await
         .unwrap();
     let out = String::from_utf8_lossy(&test.stdout);
-    assert!(test.status.success(), "{out}\n{}", String::from_utf8_lossy(&test.stderr));
-    for step in ["create with tags", "listed with tags", "seen by another instance", "set-tags visible", "foreign pool isolation", "gone after delete", "delete again"] {
-        assert!(out.contains(&format!("PASS  {step}")), "{step} missing in\n{out}");
+    assert!(
+        test.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&test.stderr)
+    );
+    for step in [
+        "create with tags",
+        "listed with tags",
+        "seen by another instance",
+        "set-tags visible",
+        "foreign pool isolation",
+        "gone after delete",
+        "delete again",
+    ] {
+        assert!(
+            out.contains(&format!("PASS  {step}")),
+            "{step} missing in\n{out}"
+        );
     }
 
     // A failing run exits non-zero: the driver cannot reach a host it is not allowed.
-    std::fs::write(&config, serde_json::json!({"config": {"endpoint": sim.url()}, "allow_hosts": []}).to_string()).unwrap();
-    let denied = tokio::process::Command::new(bin).args(["driver", "test"]).arg(plugin("sim")).arg("--config").arg(&config).output().await.unwrap();
-    assert_eq!(denied.status.code(), Some(1), "{}", String::from_utf8_lossy(&denied.stdout));
+    std::fs::write(
+        &config,
+        serde_json::json!({"config": {"endpoint": sim.url()}, "allow_hosts": []}).to_string(),
+    )
+    .unwrap();
+    let denied = tokio::process::Command::new(bin)
+        .args(["driver", "test"])
+        .arg(plugin("sim"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        denied.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&denied.stdout)
+    );
     assert!(String::from_utf8_lossy(&denied.stdout).contains("FAIL"));
 }
 
 #[tokio::test]
 async fn a_cpu_loop_is_stopped_at_its_deadline_and_others_keep_working() {
     let rt = runtime();
-    let looping = hostile(&rt, "looping", serde_json::json!({"mode": "loop"}), one_instance(Duration::from_millis(500)), &[]).await;
-    let healthy = hostile(&rt, "healthy", serde_json::json!({"mode": "ok"}), one_instance(Duration::from_secs(30)), &[]).await;
+    let looping = hostile(
+        &rt,
+        "looping",
+        serde_json::json!({"mode": "loop"}),
+        one_instance(Duration::from_millis(500)),
+        &[],
+    )
+    .await;
+    let healthy = hostile(
+        &rt,
+        "healthy",
+        serde_json::json!({"mode": "ok"}),
+        one_instance(Duration::from_secs(30)),
+        &[],
+    )
+    .await;
 
     let stuck = tokio::spawn({
         let looping = looping.clone();
@@ -128,18 +209,31 @@ async fn a_cpu_loop_is_stopped_at_its_deadline_and_others_keep_working() {
     // While the guest spins, another provider is served.
     let mut served = 0;
     while !stuck.is_finished() {
-        healthy.create(spec("other")).await.expect("healthy provider serves while another loops");
+        healthy
+            .create(spec("other"))
+            .await
+            .expect("healthy provider serves while another loops");
         served += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(served > 0);
     let err = stuck.await.unwrap().expect_err("loop must not return");
-    assert_eq!(err.kind.trap(), Some(&Trap::Deadline(Duration::from_millis(500))), "{err}");
+    assert_eq!(
+        err.kind.trap(),
+        Some(&Trap::Deadline(Duration::from_millis(500))),
+        "{err}"
+    );
     assert_eq!(err.provider.as_ref(), "looping");
-    assert!(err.to_string().contains("provider looping: create"), "{err}");
+    assert!(
+        err.to_string().contains("provider looping: create"),
+        "{err}"
+    );
 
     // The one instance slot is free again: the guest was stopped, not abandoned.
-    looping.list(Default::default()).await.expect("next call gets a fresh instance");
+    looping
+        .list(Default::default())
+        .await
+        .expect("next call gets a fresh instance");
     let stats = looping.stats();
     assert_eq!(stats.instances_started, 2, "{stats:?}");
     assert_eq!(stats.traps.get("deadline"), Some(&1));
@@ -148,20 +242,48 @@ async fn a_cpu_loop_is_stopped_at_its_deadline_and_others_keep_working() {
 #[tokio::test]
 async fn waiting_past_the_deadline_is_stopped_too() {
     let rt = runtime();
-    let sleeper = hostile(&rt, "sleeper", serde_json::json!({"mode": "sleep"}), one_instance(Duration::from_millis(300)), &[]).await;
-    let err = sleeper.create(spec("n1")).await.expect_err("sleep must not return");
+    let sleeper = hostile(
+        &rt,
+        "sleeper",
+        serde_json::json!({"mode": "sleep"}),
+        one_instance(Duration::from_millis(300)),
+        &[],
+    )
+    .await;
+    let err = sleeper
+        .create(spec("n1"))
+        .await
+        .expect_err("sleep must not return");
     assert!(matches!(err.kind.trap(), Some(Trap::Deadline(_))), "{err}");
-    sleeper.list(Default::default()).await.expect("fresh instance after the deadline");
+    sleeper
+        .list(Default::default())
+        .await
+        .expect("fresh instance after the deadline");
 }
 
 #[tokio::test]
 async fn allocating_past_the_cap_traps() {
     let rt = runtime();
-    let limits = SandboxLimits { memory_bytes: 32 << 20, ..one_instance(Duration::from_secs(30)) };
-    let hog = hostile(&rt, "hog", serde_json::json!({"mode": "alloc"}), limits, &[]).await;
-    let err = hog.create(spec("n1")).await.expect_err("alloc must not succeed");
+    let limits = SandboxLimits {
+        memory_bytes: 32 << 20,
+        ..one_instance(Duration::from_secs(30))
+    };
+    let hog = hostile(
+        &rt,
+        "hog",
+        serde_json::json!({"mode": "alloc"}),
+        limits,
+        &[],
+    )
+    .await;
+    let err = hog
+        .create(spec("n1"))
+        .await
+        .expect_err("alloc must not succeed");
     assert_eq!(err.kind.trap(), Some(&Trap::OutOfMemory(32 << 20)), "{err}");
-    hog.list(Default::default()).await.expect("fresh instance after out-of-memory");
+    hog.list(Default::default())
+        .await
+        .expect("fresh instance after out-of-memory");
     assert_eq!(hog.stats().traps.get("out-of-memory"), Some(&1));
 }
 
@@ -171,19 +293,53 @@ async fn a_host_outside_the_allow_list_is_denied_and_logged() {
     let sim = SimServer::start().await;
     let rt = runtime();
     // Allowed: nothing on this port. Asked for: the sim cloud.
-    let p = hostile(&rt, "nosy", serde_json::json!({"mode": "http", "url": format!("{}/v1/instances", sim.url())}), one_instance(Duration::from_secs(30)), &["127.0.0.1:1"]).await;
-    let err = p.create(spec("n1")).await.expect_err("http mode reports its outcome as an error");
+    let p = hostile(
+        &rt,
+        "nosy",
+        serde_json::json!({"mode": "http", "url": format!("{}/v1/instances", sim.url())}),
+        one_instance(Duration::from_secs(30)),
+        &["127.0.0.1:1"],
+    )
+    .await;
+    let err = p
+        .create(spec("n1"))
+        .await
+        .expect_err("http mode reports its outcome as an error");
     let msg = err.to_string();
-    assert!(matches!(err.kind, CallErrorKind::Driver(DriverError::Transient(_))), "{msg}");
-    assert!(msg.contains("http failed") && msg.contains("HttpRequestDenied"), "{msg}");
+    assert!(
+        matches!(err.kind, CallErrorKind::Driver(DriverError::Transient(_))),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("http failed") && msg.contains("HttpRequestDenied"),
+        "{msg}"
+    );
     assert_eq!(p.denied_requests(), 1);
-    assert!(sim.cloud.calls().is_empty(), "the request must never reach the sim cloud");
+    assert!(
+        sim.cloud.calls().is_empty(),
+        "the request must never reach the sim cloud"
+    );
     let logged = logs.contents();
-    assert!(logged.contains("outbound request denied") && logged.contains("nosy") && logged.contains("/v1/instances"), "{logged}");
+    assert!(
+        logged.contains("outbound request denied")
+            && logged.contains("nosy")
+            && logged.contains("/v1/instances"),
+        "{logged}"
+    );
 
     // The same request to an allowed host goes through (so the denial above is the policy, not a broken fixture).
-    let ok = hostile(&rt, "allowed", serde_json::json!({"mode": "http", "url": format!("{}/v1/limits", sim.url())}), one_instance(Duration::from_secs(30)), &[&sim.addr().to_string()]).await;
-    let err = ok.create(spec("n1")).await.expect_err("http mode reports its outcome as an error");
+    let ok = hostile(
+        &rt,
+        "allowed",
+        serde_json::json!({"mode": "http", "url": format!("{}/v1/limits", sim.url())}),
+        one_instance(Duration::from_secs(30)),
+        &[&sim.addr().to_string()],
+    )
+    .await;
+    let err = ok
+        .create(spec("n1"))
+        .await
+        .expect_err("http mode reports its outcome as an error");
     assert!(err.to_string().contains("http ok: 200"), "{err}");
 }
 
@@ -191,25 +347,50 @@ async fn a_host_outside_the_allow_list_is_denied_and_logged() {
 async fn cloud_metadata_is_denied_even_when_allow_listed() {
     let logs = LogCapture::install();
     let rt = runtime();
-    let p = hostile(&rt, "metadata", serde_json::json!({"mode": "metadata"}), one_instance(Duration::from_secs(30)), &["169.254.169.254", "169.254.169.254:80"]).await;
-    let err = p.create(spec("n1")).await.expect_err("metadata mode reports its outcome as an error");
+    let p = hostile(
+        &rt,
+        "metadata",
+        serde_json::json!({"mode": "metadata"}),
+        one_instance(Duration::from_secs(30)),
+        &["169.254.169.254", "169.254.169.254:80"],
+    )
+    .await;
+    let err = p
+        .create(spec("n1"))
+        .await
+        .expect_err("metadata mode reports its outcome as an error");
     assert!(err.to_string().contains("http failed"), "{err}");
     assert!(err.to_string().contains("DestinationIpProhibited"), "{err}");
     assert_eq!(p.denied_requests(), 1);
-    assert!(logs.contents().contains("link-local or cloud metadata"), "{}", logs.contents());
+    assert!(
+        logs.contents().contains("link-local or cloud metadata"),
+        "{}",
+        logs.contents()
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_panic_is_a_typed_error_and_the_next_call_works() {
     let logs = LogCapture::install();
     let rt = runtime();
-    let p = hostile(&rt, "panicky", serde_json::json!({"mode": "panic"}), one_instance(Duration::from_secs(30)), &[]).await;
+    let p = hostile(
+        &rt,
+        "panicky",
+        serde_json::json!({"mode": "panic"}),
+        one_instance(Duration::from_secs(30)),
+        &[],
+    )
+    .await;
     let err = p.create(spec("n1")).await.expect_err("panic");
     match err.kind.trap() {
         Some(Trap::Panic(message)) => assert!(message.contains("fixture panic"), "{message}"),
         other => panic!("expected a panic trap, got {other:?}: {err}"),
     }
-    assert!(err.to_string().starts_with("provider panicky: create: driver trapped: panicked"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("provider panicky: create: driver trapped: panicked"),
+        "{err}"
+    );
     p.list(Default::default()).await.expect("next call works");
     // And again: every panic costs only that instance.
     assert!(p.create(spec("n2")).await.is_err());
@@ -220,8 +401,18 @@ async fn a_panic_is_a_typed_error_and_the_next_call_works() {
 
 #[tokio::test]
 async fn a_driver_sees_no_environment_files_or_sockets() {
-    let p = hostile(&runtime(), "snoop", serde_json::json!({"mode": "snoop"}), one_instance(Duration::from_secs(30)), &[]).await;
-    let err = p.create(spec("n1")).await.expect_err("snoop reports what it saw as an error");
+    let p = hostile(
+        &runtime(),
+        "snoop",
+        serde_json::json!({"mode": "snoop"}),
+        one_instance(Duration::from_secs(30)),
+        &[],
+    )
+    .await;
+    let err = p
+        .create(spec("n1"))
+        .await
+        .expect_err("snoop reports what it saw as an error");
     let seen = err.to_string();
     assert!(seen.contains("env=[]"), "{seen}");
     assert!(seen.contains("args=[]"), "{seen}");
@@ -234,22 +425,50 @@ async fn a_driver_sees_no_environment_files_or_sockets() {
 async fn guest_stdio_goes_to_the_host_log() {
     let logs = LogCapture::install();
     let rt = runtime();
-    let p = hostile(&rt, "chatty", serde_json::json!({"mode": "stdout"}), one_instance(Duration::from_secs(30)), &[]).await;
+    let p = hostile(
+        &rt,
+        "chatty",
+        serde_json::json!({"mode": "stdout"}),
+        one_instance(Duration::from_secs(30)),
+        &[],
+    )
+    .await;
     p.create(spec("n1")).await.expect("stdout mode creates");
     let logged = logs.contents();
-    assert!(logged.contains("chatty") && logged.contains("stdout") && logged.contains("stderr"), "{logged}");
+    assert!(
+        logged.contains("chatty") && logged.contains("stdout") && logged.contains("stderr"),
+        "{logged}"
+    );
 }
 
 #[tokio::test]
 async fn calls_run_concurrently_on_a_bounded_set_of_instances() {
     let sim = SimServer::start().await;
-    sim.cloud.set_knobs(berth::sim::Knobs { create_latency_ms: 200, ..Default::default() }).expect("knobs");
-    let limits = SandboxLimits { max_instances: 3, ..SandboxLimits::default() };
-    let p = provider(&runtime(), "sim", "sim", serde_json::json!({"endpoint": sim.url()}), limits, &[&sim.addr().to_string()]).await;
-    let creates: Vec<_> = (0..9).map(|i| {
-        let p = p.clone();
-        tokio::spawn(async move { p.create(spec(&format!("n{i}"))).await })
-    }).collect();
+    sim.cloud
+        .set_knobs(berth::sim::Knobs {
+            create_latency_ms: 200,
+            ..Default::default()
+        })
+        .expect("knobs");
+    let limits = SandboxLimits {
+        max_instances: 3,
+        ..SandboxLimits::default()
+    };
+    let p = provider(
+        &runtime(),
+        "sim",
+        "sim",
+        serde_json::json!({"endpoint": sim.url()}),
+        limits,
+        &[&sim.addr().to_string()],
+    )
+    .await;
+    let creates: Vec<_> = (0..9)
+        .map(|i| {
+            let p = p.clone();
+            tokio::spawn(async move { p.create(spec(&format!("n{i}"))).await })
+        })
+        .collect();
     for c in creates {
         c.await.unwrap().expect("create");
     }
@@ -258,11 +477,20 @@ async fn calls_run_concurrently_on_a_bounded_set_of_instances() {
     // Proof of overlap from the sim cloud's own record: each create takes
     // 200ms to answer, so creates received less than 200ms apart were in
     // flight at the same time.
-    let mut received: Vec<u64> = sim.cloud.calls().iter().filter(|c| c.method == "POST").map(|c| c.at_ms).collect();
+    let mut received: Vec<u64> = sim
+        .cloud
+        .calls()
+        .iter()
+        .filter(|c| c.method == "POST")
+        .map(|c| c.at_ms)
+        .collect();
     assert_eq!(received.len(), 9);
     received.sort();
     let overlapping = received.windows(2).filter(|w| w[1] - w[0] < 150).count();
-    assert!(overlapping >= 3, "creates did not overlap: received at {received:?}");
+    assert!(
+        overlapping >= 3,
+        "creates did not overlap: received at {received:?}"
+    );
     assert_eq!(sim.cloud.instances().len(), 9);
 }
 
@@ -271,31 +499,76 @@ async fn bad_files_are_rejected_by_name_and_the_rest_load() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(plugin("sim"), dir.path().join("sim.wasm")).unwrap();
     std::fs::copy(plugin("wrong-version"), dir.path().join("old.wasm")).unwrap();
-    std::fs::write(dir.path().join("core.wasm"), wat::parse_str("(module)").unwrap()).unwrap();
-    std::fs::write(dir.path().join("garbage.wasm"), b"#!/bin/sh\necho not wasm\n").unwrap();
-    std::fs::write(dir.path().join("empty.wasm"), wat::parse_str("(component)").unwrap()).unwrap();
+    std::fs::write(
+        dir.path().join("core.wasm"),
+        wat::parse_str("(module)").unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("garbage.wasm"),
+        b"#!/bin/sh\necho not wasm\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("empty.wasm"),
+        wat::parse_str("(component)").unwrap(),
+    )
+    .unwrap();
     std::fs::write(dir.path().join("readme.txt"), b"ignored").unwrap();
 
     let (loaded, failed) = runtime().load_dir(dir.path()).await.unwrap();
     assert_eq!(loaded.len(), 1);
     assert_eq!(loaded[0].info().name, "sim");
-    let by_file = |name: &str| failed.iter().find(|e| e.path.ends_with(name)).unwrap_or_else(|| panic!("{name} not reported: {failed:?}"));
-    assert!(matches!(by_file("old.wasm").kind, LoadErrorKind::Rejected(Rejection::WrongContract { ref found }) if found == "berth:driver@0.0.9"));
-    assert!(matches!(by_file("core.wasm").kind, LoadErrorKind::Rejected(Rejection::CoreModule)));
-    assert!(matches!(by_file("garbage.wasm").kind, LoadErrorKind::Rejected(Rejection::NotWasm)));
-    assert!(matches!(by_file("empty.wasm").kind, LoadErrorKind::Rejected(Rejection::MissingExport { .. })));
+    let by_file = |name: &str| {
+        failed
+            .iter()
+            .find(|e| e.path.ends_with(name))
+            .unwrap_or_else(|| panic!("{name} not reported: {failed:?}"))
+    };
+    assert!(
+        matches!(by_file("old.wasm").kind, LoadErrorKind::Rejected(Rejection::WrongContract { ref found }) if found == "berth:driver@0.0.9")
+    );
+    assert!(matches!(
+        by_file("core.wasm").kind,
+        LoadErrorKind::Rejected(Rejection::CoreModule)
+    ));
+    assert!(matches!(
+        by_file("garbage.wasm").kind,
+        LoadErrorKind::Rejected(Rejection::NotWasm)
+    ));
+    assert!(matches!(
+        by_file("empty.wasm").kind,
+        LoadErrorKind::Rejected(Rejection::MissingExport { .. })
+    ));
     assert_eq!(failed.len(), 4);
     let text = by_file("old.wasm").to_string();
-    assert!(text.contains("old.wasm") && text.contains("targets contract berth:driver@0.0.9; this host supports berth:driver@0.1.0"), "{text}");
+    assert!(
+        text.contains("old.wasm")
+            && text.contains(
+                "targets contract berth:driver@0.0.9; this host supports berth:driver@0.1.0"
+            ),
+        "{text}"
+    );
 }
 
 #[tokio::test]
 async fn a_second_start_loads_from_the_cache() {
     let cache = tempfile::tempdir().unwrap();
-    let config = RuntimeConfig { cache_dir: Some(cache.path().to_path_buf()), ..RuntimeConfig::default() };
-    let first = Runtime::new(config.clone()).unwrap().load_file(plugin("sim")).await.unwrap();
+    let config = RuntimeConfig {
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..RuntimeConfig::default()
+    };
+    let first = Runtime::new(config.clone())
+        .unwrap()
+        .load_file(plugin("sim"))
+        .await
+        .unwrap();
     assert_eq!(first.source(), LoadSource::Compiled);
-    let second = Runtime::new(config.clone()).unwrap().load_file(plugin("sim")).await.unwrap();
+    let second = Runtime::new(config.clone())
+        .unwrap()
+        .load_file(plugin("sim"))
+        .await
+        .unwrap();
     assert_eq!(second.source(), LoadSource::Cache);
     assert_eq!(first.sha256(), second.sha256());
 
@@ -303,16 +576,42 @@ async fn a_second_start_loads_from_the_cache() {
     for entry in std::fs::read_dir(cache.path()).unwrap() {
         std::fs::write(entry.unwrap().path(), b"corrupt").unwrap();
     }
-    let third = Runtime::new(config.clone()).unwrap().load_file(plugin("sim")).await.unwrap();
+    let third = Runtime::new(config.clone())
+        .unwrap()
+        .load_file(plugin("sim"))
+        .await
+        .unwrap();
     assert_eq!(third.source(), LoadSource::Compiled);
-    let fourth = Runtime::new(config).unwrap().load_file(plugin("sim")).await.unwrap();
+    let fourth = Runtime::new(config)
+        .unwrap()
+        .load_file(plugin("sim"))
+        .await
+        .unwrap();
     assert_eq!(fourth.source(), LoadSource::Cache);
 }
 
 #[tokio::test]
 async fn a_bad_config_is_a_typed_error_naming_the_provider() {
-    let p = provider(&runtime(), "sim", "misconfigured", serde_json::json!({"endpoint": "ftp://nowhere"}), SandboxLimits::default(), &[]).await;
+    let p = provider(
+        &runtime(),
+        "sim",
+        "misconfigured",
+        serde_json::json!({"endpoint": "ftp://nowhere"}),
+        SandboxLimits::default(),
+        &[],
+    )
+    .await;
     let err = p.warm().await.expect_err("bad endpoint");
-    assert!(matches!(err.kind, CallErrorKind::Driver(DriverError::InvalidConfig(_))), "{err}");
-    assert!(err.to_string().starts_with("provider misconfigured: configure: invalid config"), "{err}");
+    assert!(
+        matches!(
+            err.kind,
+            CallErrorKind::Driver(DriverError::InvalidConfig(_))
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("provider misconfigured: configure: invalid config"),
+        "{err}"
+    );
 }

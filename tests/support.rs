@@ -8,14 +8,18 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The workspace root (host/ is one below it).
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 /// Builds every plugin once per test process and returns the path of the one
 /// named `name` (`sim`, `example`, `hostile`, `wrong-version`).
 pub fn plugin(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| build_plugins().unwrap_or_else(|e| panic!("building plugins: {e}")));
+    let dir =
+        BUILT.get_or_init(|| build_plugins().unwrap_or_else(|e| panic!("building plugins: {e}")));
     let file = match name {
         "sim" => "berth_driver_sim",
         "example" => "berth_driver_example",
@@ -35,13 +39,31 @@ pub fn build_plugins() -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(&root)
-        .args(["build", "--quiet", "--target", "wasm32-wasip2", "--profile", "plugin"])
-        .args(["-p", "berth-driver-sim", "-p", "berth-driver-example", "-p", "berth-fixture-hostile", "-p", "berth-fixture-wrong-version"])
+        .args([
+            "build",
+            "--quiet",
+            "--target",
+            "wasm32-wasip2",
+            "--profile",
+            "plugin",
+        ])
+        .args([
+            "-p",
+            "berth-driver-sim",
+            "-p",
+            "berth-driver-example",
+            "-p",
+            "berth-fixture-hostile",
+            "-p",
+            "berth-fixture-wrong-version",
+        ])
         .env("CARGO_TARGET_DIR", &target)
         .status()
         .map_err(|e| format!("running cargo: {e}"))?;
     if !status.success() {
-        return Err(format!("cargo build of the plugins failed ({status}); is the wasm32-wasip2 target installed?"));
+        return Err(format!(
+            "cargo build of the plugins failed ({status}); is the wasm32-wasip2 target installed?"
+        ));
     }
     Ok(target.join("wasm32-wasip2").join("plugin"))
 }
@@ -60,13 +82,19 @@ impl SimServer {
 
     pub async fn start_with(knobs: berth::sim::Knobs) -> SimServer {
         let cloud = berth::sim::SimCloud::new(knobs, None).expect("sim cloud");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(cloud.clone().serve(listener, async move {
             let _ = stopped.await;
         }));
-        SimServer { cloud, addr, stop: Some(stop) }
+        SimServer {
+            cloud,
+            addr,
+            stop: Some(stop),
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -102,7 +130,10 @@ impl LogCapture {
             .with_ansi(false)
             .with_writer(move || BufWriter(writer.clone()))
             .finish();
-        LogCapture { buffer, _guard: tracing::subscriber::set_default(subscriber) }
+        LogCapture {
+            buffer,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
     }
 
     pub fn contents(&self) -> String {

@@ -17,7 +17,11 @@ use berth::driver::{Addresses, Connection, CreateSpec, Instance, InstanceState, 
 use berth::plugin::{Provider, ProviderConfig, Runtime, RuntimeConfig, SandboxLimits};
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio");
     rt.block_on(run());
 }
 
@@ -32,7 +36,11 @@ fn per_call(total: Duration, n: u32) -> Duration {
 
 fn fmt(d: Duration) -> String {
     let us = d.as_secs_f64() * 1e6;
-    if us < 1000.0 { format!("{us:.2} µs") } else { format!("{:.2} ms", us / 1000.0) }
+    if us < 1000.0 {
+        format!("{us:.2} µs")
+    } else {
+        format!("{:.2} ms", us / 1000.0)
+    }
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -40,7 +48,11 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn provider(driver: &berth::plugin::Driver, config: serde_json::Value, instances: usize) -> Provider {
+fn provider(
+    driver: &berth::plugin::Driver,
+    config: serde_json::Value,
+    instances: usize,
+) -> Provider {
     Provider::start(
         driver,
         ProviderConfig {
@@ -48,7 +60,10 @@ fn provider(driver: &berth::plugin::Driver, config: serde_json::Value, instances
             pool_id: "bench".into(),
             driver_config: config.to_string(),
             allowed_hosts: vec![],
-            limits: SandboxLimits { max_instances: instances, ..SandboxLimits::default() },
+            limits: SandboxLimits {
+                max_instances: instances,
+                ..SandboxLimits::default()
+            },
         },
     )
 }
@@ -61,7 +76,11 @@ fn pool_tags() -> Tags {
 /// matches into host types. This is the work the WASM driver does, minus the
 /// component boundary.
 fn native_list(instances: &BTreeMap<String, Instance>, filter: &Tags) -> Vec<Instance> {
-    instances.values().filter(|i| filter.iter().all(|(k, v)| i.tags.get(k) == Some(v))).cloned().collect()
+    instances
+        .values()
+        .filter(|i| filter.iter().all(|(k, v)| i.tags.get(k) == Some(v)))
+        .cloned()
+        .collect()
 }
 
 fn native_instance(n: u64) -> Instance {
@@ -69,10 +88,21 @@ fn native_instance(n: u64) -> Instance {
         id: format!("mem-{n:04}"),
         state: InstanceState::Running,
         instance_type: "small".into(),
-        tags: [(POOL_TAG.to_string(), "bench".to_string()), ("berth-node".to_string(), format!("node-{n}"))].into(),
-        addresses: Addresses { private_ipv4: Some(format!("10.0.0.{}", n % 250 + 1)), ..Addresses::default() },
+        tags: [
+            (POOL_TAG.to_string(), "bench".to_string()),
+            ("berth-node".to_string(), format!("node-{n}")),
+        ]
+        .into(),
+        addresses: Addresses {
+            private_ipv4: Some(format!("10.0.0.{}", n % 250 + 1)),
+            ..Addresses::default()
+        },
         created_at_ms: Some(1_790_000_000_000),
-        connection: Connection { username: Some("berth".into()), port: Some(22), host_keys: vec![] },
+        connection: Connection {
+            username: Some("berth".into()),
+            port: Some(22),
+            host_keys: vec![],
+        },
     }
 }
 
@@ -90,7 +120,10 @@ async fn run() {
         let mut cached = Vec::new();
         for _ in 0..runs {
             let _ = std::fs::remove_dir_all(cache.path());
-            let config = RuntimeConfig { cache_dir: Some(cache.path().to_path_buf()), ..RuntimeConfig::default() };
+            let config = RuntimeConfig {
+                cache_dir: Some(cache.path().to_path_buf()),
+                ..RuntimeConfig::default()
+            };
             let runtime = Runtime::new(config.clone()).expect("runtime");
             let d = runtime.load_file(path).await.expect("load");
             assert_eq!(d.source(), berth::plugin::LoadSource::Compiled);
@@ -101,9 +134,24 @@ async fn run() {
             cached.push(d.load_time());
         }
         let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        rows.push(Row { what: format!("load {name} driver ({} KiB), cold: compile (median of {runs})", size / 1024), figure: fmt(median(cold.clone())) });
-        rows.push(Row { what: format!("load {name} driver, from the cache (median of {runs})"), figure: fmt(median(cached.clone())) });
-        rows.push(Row { what: format!("load {name} driver, cold / cached"), figure: format!("{:.1}×", median(cold).as_secs_f64() / median(cached).as_secs_f64()) });
+        rows.push(Row {
+            what: format!(
+                "load {name} driver ({} KiB), cold: compile (median of {runs})",
+                size / 1024
+            ),
+            figure: fmt(median(cold.clone())),
+        });
+        rows.push(Row {
+            what: format!("load {name} driver, from the cache (median of {runs})"),
+            figure: fmt(median(cached.clone())),
+        });
+        rows.push(Row {
+            what: format!("load {name} driver, cold / cached"),
+            figure: format!(
+                "{:.1}×",
+                median(cold).as_secs_f64() / median(cached).as_secs_f64()
+            ),
+        });
     }
 
     let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
@@ -120,7 +168,12 @@ async fn run() {
         instance.warm().await.expect("warm");
         times.push(t.elapsed());
     }
-    rows.push(Row { what: format!("instantiate + configure a driver instance (pooling allocator, median of {n})"), figure: fmt(median(times)) });
+    rows.push(Row {
+        what: format!(
+            "instantiate + configure a driver instance (pooling allocator, median of {n})"
+        ),
+        figure: fmt(median(times)),
+    });
 
     // Warm no-op call: the hostile fixture's `list` returns an empty list at once.
     let n: u32 = 50_000;
@@ -145,9 +198,18 @@ async fn run() {
         black_box(native_list(black_box(&empty), black_box(&Tags::new())));
     }
     let native_noop = per_call(t.elapsed(), n);
-    rows.push(Row { what: format!("warm no-op call, WASM driver instance held by the caller (mean of {n})"), figure: fmt(wasm_noop) });
-    rows.push(Row { what: format!("warm no-op call through a Provider (instance checkout, mean of {n})"), figure: fmt(queued_noop) });
-    rows.push(Row { what: format!("the same no-op natively (mean of {n})"), figure: fmt(native_noop) });
+    rows.push(Row {
+        what: format!("warm no-op call, WASM driver instance held by the caller (mean of {n})"),
+        figure: fmt(wasm_noop),
+    });
+    rows.push(Row {
+        what: format!("warm no-op call through a Provider (instance checkout, mean of {n})"),
+        figure: fmt(queued_noop),
+    });
+    rows.push(Row {
+        what: format!("the same no-op natively (mean of {n})"),
+        figure: fmt(native_noop),
+    });
 
     // `list` returning 1,000 instances: the example driver holds them in memory.
     let example_provider = provider(&example, serde_json::json!({}), 1);
@@ -157,14 +219,20 @@ async fn run() {
             node_id: format!("node-{i}"),
             instance_type: "small".into(),
             image: "img".into(),
-            tags: [(POOL_TAG.to_string(), "bench".to_string()), ("berth-node".to_string(), format!("node-{i}"))].into(),
+            tags: [
+                (POOL_TAG.to_string(), "bench".to_string()),
+                ("berth-node".to_string(), format!("node-{i}")),
+            ]
+            .into(),
             user_data: None,
             ssh_public_key: None,
             options: "{}".into(),
         };
         direct.create(spec).await.expect("create");
     }
-    let native: BTreeMap<String, Instance> = (1..=1000u64).map(|i| (format!("mem-{i:04}"), native_instance(i))).collect();
+    let native: BTreeMap<String, Instance> = (1..=1000u64)
+        .map(|i| (format!("mem-{i:04}"), native_instance(i)))
+        .collect();
     let n: u32 = 500;
     let filter = pool_tags();
     assert_eq!(direct.list(filter.clone()).await.expect("list").len(), 1000);
@@ -178,9 +246,21 @@ async fn run() {
         black_box(native_list(black_box(&native), black_box(&filter)));
     }
     let native_list_t = per_call(t.elapsed(), n);
-    rows.push(Row { what: format!("list returning 1,000 instances, WASM driver (mean of {n})"), figure: fmt(wasm_list) });
-    rows.push(Row { what: format!("the same list natively (mean of {n})"), figure: fmt(native_list_t) });
-    rows.push(Row { what: "list of 1,000: WASM / native".into(), figure: format!("{:.1}×", wasm_list.as_secs_f64() / native_list_t.as_secs_f64()) });
+    rows.push(Row {
+        what: format!("list returning 1,000 instances, WASM driver (mean of {n})"),
+        figure: fmt(wasm_list),
+    });
+    rows.push(Row {
+        what: format!("the same list natively (mean of {n})"),
+        figure: fmt(native_list_t),
+    });
+    rows.push(Row {
+        what: "list of 1,000: WASM / native".into(),
+        figure: format!(
+            "{:.1}×",
+            wasm_list.as_secs_f64() / native_list_t.as_secs_f64()
+        ),
+    });
 
     println!("| measurement | figure |");
     println!("| --- | --- |");

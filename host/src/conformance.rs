@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use crate::driver::{CreateSpec, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG, Tags};
-use crate::plugin::{AllowedHost, Deletion, Provider, ProviderConfig, Provision, Runtime, SandboxLimits, inspect};
+use crate::plugin::{
+    AllowedHost, Deletion, Provider, ProviderConfig, Provision, Runtime, SandboxLimits, inspect,
+};
 
 /// One line of a report.
 #[derive(Clone, Debug)]
@@ -31,10 +33,20 @@ impl Report {
         !self.steps.is_empty() && self.steps.iter().all(|s| s.passed)
     }
 
-    fn record(&mut self, name: &'static str, started: Instant, result: Result<String, String>) -> bool {
+    fn record(
+        &mut self,
+        name: &'static str,
+        started: Instant,
+        result: Result<String, String>,
+    ) -> bool {
         let passed = result.is_ok();
         let detail = result.unwrap_or_else(|e| e);
-        self.steps.push(Step { name, passed, duration: started.elapsed(), detail });
+        self.steps.push(Step {
+            name,
+            passed,
+            duration: started.elapsed(),
+            detail,
+        });
         passed
     }
 }
@@ -78,7 +90,11 @@ pub async fn check(runtime: &Runtime, path: &Path) -> Report {
             return report;
         }
     };
-    report.record("contract", started, Ok(format!("exports {}", inspection.exports.join(", "))));
+    report.record(
+        "contract",
+        started,
+        Ok(format!("exports {}", inspection.exports.join(", "))),
+    );
     for import in &inspection.imports {
         let what = match import.provided {
             Provision::Contract => "contract",
@@ -96,7 +112,11 @@ pub async fn check(runtime: &Runtime, path: &Path) -> Report {
     // the contract's types.
     let started = Instant::now();
     let engine_check = runtime.link_only(path).await;
-    report.record("compile and link", started, engine_check.map(|()| "exports match the contract".to_string()));
+    report.record(
+        "compile and link",
+        started,
+        engine_check.map(|()| "exports match the contract".to_string()),
+    );
     report
 }
 
@@ -134,7 +154,11 @@ pub struct CreateConfig {
 
 impl Default for CreateConfig {
     fn default() -> Self {
-        CreateConfig { instance_type: default_type(), image: default_image(), options: empty_object() }
+        CreateConfig {
+            instance_type: default_type(),
+            image: default_image(),
+            options: empty_object(),
+        }
     }
 }
 
@@ -151,7 +175,8 @@ fn default_image() -> String {
 impl TestConfig {
     /// Reads and parses a config file.
     pub fn from_file(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
 }
@@ -180,13 +205,27 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
             return report;
         }
     };
-    report.record("load", started, Ok(format!("{:?} in {:.1}ms", driver.source(), driver.load_time().as_secs_f64() * 1e3)));
+    report.record(
+        "load",
+        started,
+        Ok(format!(
+            "{:?} in {:.1}ms",
+            driver.source(),
+            driver.load_time().as_secs_f64() * 1e3
+        )),
+    );
     let info = driver.info();
     report.steps.push(Step {
         name: "describe",
         passed: !info.name.is_empty() && !info.version.is_empty(),
         duration: Duration::ZERO,
-        detail: format!("{} {} ({} config fields, {} label options)", info.name, info.version, info.config.len(), info.label_options.len()),
+        detail: format!(
+            "{} {} ({} config fields, {} label options)",
+            info.name,
+            info.version,
+            info.config.len(),
+            info.label_options.len()
+        ),
     });
 
     let mut allowed = Vec::new();
@@ -194,7 +233,11 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
         match AllowedHost::parse(h) {
             Ok(a) => allowed.push(a),
             Err(e) => {
-                report.record("configure", Instant::now(), Err(format!("allow_hosts: {e}")));
+                report.record(
+                    "configure",
+                    Instant::now(),
+                    Err(format!("allow_hosts: {e}")),
+                );
                 return report;
             }
         }
@@ -204,12 +247,19 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
         match crate::duration::parse(d) {
             Ok(d) => limits.call_deadline = d,
             Err(e) => {
-                report.record("configure", Instant::now(), Err(format!("call_deadline: {e}")));
+                report.record(
+                    "configure",
+                    Instant::now(),
+                    Err(format!("call_deadline: {e}")),
+                );
                 return report;
             }
         }
     }
-    let pool_id = config.pool_id.clone().unwrap_or_else(|| format!("conformance-{:08x}", rand::random::<u32>()));
+    let pool_id = config
+        .pool_id
+        .clone()
+        .unwrap_or_else(|| format!("conformance-{:08x}", rand::random::<u32>()));
     let provider = Provider::start(
         &driver,
         ProviderConfig {
@@ -219,11 +269,22 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
             allowed_hosts: allowed,
             // One instance runs the cycle, so each step sees the one before;
             // the "seen by another instance" step checks the rest.
-            limits: SandboxLimits { max_instances: 1, ..limits },
+            limits: SandboxLimits {
+                max_instances: 1,
+                ..limits
+            },
         },
     );
     let started = Instant::now();
-    let ok = report.record("configure", started, provider.warm().await.map(|()| format!("pool id {pool_id}")).map_err(|e| e.to_string()));
+    let ok = report.record(
+        "configure",
+        started,
+        provider
+            .warm()
+            .await
+            .map(|()| format!("pool id {pool_id}"))
+            .map_err(|e| e.to_string()),
+    );
     if !ok {
         return report;
     }
@@ -269,10 +330,18 @@ async fn run_cycle(provider: &Provider, pool_id: &str, config: &TestConfig, repo
     let id = instance.id.clone();
 
     let started = Instant::now();
-    let listed = provider.list(pool_filter.clone()).await.map_err(|e| e.to_string()).and_then(|all| {
-        let found = all.iter().find(|i| i.id == id).ok_or_else(|| format!("{id} not in a list of {} instances", all.len()))?;
-        has_all(&found.tags, &tags).map(|()| format!("{id} listed with its tags ({} in pool)", all.len()))
-    });
+    let listed = provider
+        .list(pool_filter.clone())
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|all| {
+            let found = all
+                .iter()
+                .find(|i| i.id == id)
+                .ok_or_else(|| format!("{id} not in a list of {} instances", all.len()))?;
+            has_all(&found.tags, &tags)
+                .map(|()| format!("{id} listed with its tags ({} in pool)", all.len()))
+        });
     report.record("listed with tags", started, listed);
 
     // The host runs several instances of a driver side by side, so nothing
@@ -294,44 +363,69 @@ async fn run_cycle(provider: &Provider, pool_id: &str, config: &TestConfig, repo
     let started = Instant::now();
     let set = match provider.set_tags(&id, new_tags.clone()).await {
         Err(e) => Err(e.to_string()),
-        Ok(()) => provider.list(pool_filter.clone()).await.map_err(|e| e.to_string()).and_then(|all| {
-            let found = all.iter().find(|i| i.id == id).ok_or_else(|| format!("{id} no longer listed"))?;
-            has_all(&found.tags, &new_tags)?;
-            if found.tags.contains_key("berth-conformance") {
-                return Err("removed tag berth-conformance still present".into());
-            }
-            Ok("replaced tags visible in list".to_string())
-        }),
+        Ok(()) => provider
+            .list(pool_filter.clone())
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|all| {
+                let found = all
+                    .iter()
+                    .find(|i| i.id == id)
+                    .ok_or_else(|| format!("{id} no longer listed"))?;
+                has_all(&found.tags, &new_tags)?;
+                if found.tags.contains_key("berth-conformance") {
+                    return Err("removed tag berth-conformance still present".into());
+                }
+                Ok("replaced tags visible in list".to_string())
+            }),
     };
     report.record("set-tags visible", started, set);
 
     let started = Instant::now();
     let foreign: Tags = [(POOL_TAG.to_string(), format!("{pool_id}-foreign"))].into();
-    let isolated = provider.list(foreign).await.map_err(|e| e.to_string()).and_then(|all| {
-        if all.iter().any(|i| i.id == id) {
-            Err(format!("{id} shown to a foreign pool id"))
-        } else {
-            Ok(format!("not shown ({} instances listed)", all.len()))
-        }
-    });
+    let isolated = provider
+        .list(foreign)
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|all| {
+            if all.iter().any(|i| i.id == id) {
+                Err(format!("{id} shown to a foreign pool id"))
+            } else {
+                Ok(format!("not shown ({} instances listed)", all.len()))
+            }
+        });
     report.record("foreign pool isolation", started, isolated);
 
     let started = Instant::now();
-    let deleted = provider.delete(&id).await.map_err(|e| e.to_string()).and_then(|d| match d {
-        Deletion::Deleted => Ok("deleted".to_string()),
-        Deletion::AlreadyGone => Err("first delete said not-found".to_string()),
-    });
+    let deleted = provider
+        .delete(&id)
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|d| match d {
+            Deletion::Deleted => Ok("deleted".to_string()),
+            Deletion::AlreadyGone => Err("first delete said not-found".to_string()),
+        });
     report.record("delete", started, deleted);
 
     let started = Instant::now();
-    let gone = provider.list(pool_filter).await.map_err(|e| e.to_string()).and_then(|all| match all.iter().find(|i| i.id == id) {
-        None => Ok("gone".to_string()),
-        Some(i) if matches!(i.state, InstanceState::Terminated | InstanceState::Stopping) => Ok(format!("listed as {}", i.state)),
-        Some(i) => Err(format!("still listed as {}", i.state)),
-    });
+    let gone = provider
+        .list(pool_filter)
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|all| match all.iter().find(|i| i.id == id) {
+            None => Ok("gone".to_string()),
+            Some(i) if matches!(i.state, InstanceState::Terminated | InstanceState::Stopping) => {
+                Ok(format!("listed as {}", i.state))
+            }
+            Some(i) => Err(format!("still listed as {}", i.state)),
+        });
     report.record("gone after delete", started, gone);
 
     let started = Instant::now();
-    let again = provider.delete(&id).await.map(|d| format!("{d:?}")).map_err(|e| e.to_string());
+    let again = provider
+        .delete(&id)
+        .await
+        .map(|d| format!("{d:?}"))
+        .map_err(|e| e.to_string());
     report.record("delete again", started, again);
 }

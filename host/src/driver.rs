@@ -95,11 +95,17 @@ pub enum CapacityScope {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DriverError {
     #[error("rate limited, retry after {}ms: {message}", retry_after.as_millis())]
-    RateLimited { retry_after: Duration, message: String },
+    RateLimited {
+        retry_after: Duration,
+        message: String,
+    },
     #[error("quota exceeded: {0}")]
     QuotaExceeded(String),
     #[error("no capacity ({}): {message}", match scope { CapacityScope::InstanceType(t) => t.as_str(), CapacityScope::General => "general" })]
-    Capacity { scope: CapacityScope, message: String },
+    Capacity {
+        scope: CapacityScope,
+        message: String,
+    },
     #[error("not found: {0}")]
     NotFound(String),
     #[error("unauthorized: {0}")]

@@ -7,8 +7,8 @@
 
 //! - [`sim`]: a simulated cloud for tests, benchmarks and the embedded default.
 
+pub mod conformance;
 pub mod driver;
+pub(crate) mod duration;
 pub mod plugin;
 pub mod sim;
-pub mod conformance;
-pub(crate) mod duration;

@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use berth::plugin::{Runtime, RuntimeConfig};
 
 #[derive(Parser)]
-#[command(name = "berth", version, about = "Keeps pools of cloud machines ready; drivers are sandboxed WebAssembly components")]
+#[command(
+    name = "berth",
+    version,
+    about = "Keeps pools of cloud machines ready; drivers are sandboxed WebAssembly components"
+)]
 struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value = "human")]
@@ -90,9 +94,16 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             }
             Ok(all_ok)
         }
-        Command::Driver(DriverCommand::Test { file, config, cache_dir }) => {
+        Command::Driver(DriverCommand::Test {
+            file,
+            config,
+            cache_dir,
+        }) => {
             let config = berth::conformance::TestConfig::from_file(&config)?;
-            let runtime = Runtime::new(RuntimeConfig { cache_dir: cache_dir.or_else(default_cache_dir), ..RuntimeConfig::default() })?;
+            let runtime = Runtime::new(RuntimeConfig {
+                cache_dir: cache_dir.or_else(default_cache_dir),
+                ..RuntimeConfig::default()
+            })?;
             let report = berth::conformance::test(&runtime, &file, &config).await;
             println!("{}", file.display());
             print!("{report}");
@@ -116,13 +127,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -135,8 +147,11 @@ async fn shutdown_signal() {
 }
 
 fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),

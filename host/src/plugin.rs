@@ -28,7 +28,9 @@ use sandbox::StoreState;
 
 pub use cache::LoadSource;
 pub use inspect::{Import, Inspection, Provision, Rejection, inspect};
-pub use provider::{CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Provider, ProviderConfig, Trap};
+pub use provider::{
+    CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Provider, ProviderConfig, Trap,
+};
 pub use sandbox::{AllowedHost, HttpPolicy, SandboxLimits, is_forbidden_ip};
 
 /// Engine-wide settings of the plugin runtime.
@@ -184,24 +186,41 @@ impl Runtime {
         // stdio, environment or filesystem by habit still load; the WasiCtx
         // built in `sandbox` makes those inert (see `inspect::Provision`).
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
-        bindings::berth::driver::log::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |s| s)
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
             .map_err(anyhow::Error::from)?;
+        bindings::berth::driver::log::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(anyhow::Error::from)?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
         {
             let engine = engine.clone();
             let stop = ticker_stop.clone();
             let tick = config.epoch_tick;
-            std::thread::Builder::new().name("berth-epoch".into()).spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(tick);
-                    engine.increment_epoch();
-                }
-            })?;
+            std::thread::Builder::new()
+                .name("berth-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(tick);
+                        engine.increment_epoch();
+                    }
+                })?;
         }
-        let cache = config.cache_dir.clone().map(|dir| cache::ArtifactCache::new(dir, &engine));
-        Ok(Runtime { inner: Arc::new(RuntimeInner { engine, linker, cache, config, ticker_stop }) })
+        let cache = config
+            .cache_dir
+            .clone()
+            .map(|dir| cache::ArtifactCache::new(dir, &engine));
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner {
+                engine,
+                linker,
+                cache,
+                config,
+                ticker_stop,
+            }),
+        })
     }
 
     /// The runtime's settings.
@@ -216,10 +235,16 @@ impl Runtime {
         let path = path.as_ref().to_path_buf();
         let started = Instant::now();
         let (pre, sha256, source) = self.compile_and_link(&path).await?;
-        let file_name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let file_name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let info = provider::describe(&pre, &file_name, self.inner.config.max_memory_bytes)
             .await
-            .map_err(|e| LoadError { path: path.clone(), kind: LoadErrorKind::Describe(e) })?;
+            .map_err(|e| LoadError {
+                path: path.clone(),
+                kind: LoadErrorKind::Describe(e),
+            })?;
         let load_time = started.elapsed();
         tracing::info!(driver = %info.name, version = %info.version, ?source, load_ms = load_time.as_secs_f64() * 1e3, "driver loaded");
         Ok(Driver {
@@ -239,11 +264,20 @@ impl Runtime {
     /// Checks, compiles and links a driver file without running any of its
     /// code (the static part of `berth driver check`).
     pub async fn link_only(&self, path: &Path) -> Result<(), String> {
-        self.compile_and_link(path).await.map(|_| ()).map_err(|e| e.kind.to_string())
+        self.compile_and_link(path)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.kind.to_string())
     }
 
-    async fn compile_and_link(&self, path: &Path) -> Result<(DriverPluginPre<StoreState>, String, LoadSource), LoadError> {
-        let err = |kind: LoadErrorKind| LoadError { path: path.to_path_buf(), kind };
+    async fn compile_and_link(
+        &self,
+        path: &Path,
+    ) -> Result<(DriverPluginPre<StoreState>, String, LoadSource), LoadError> {
+        let err = |kind: LoadErrorKind| LoadError {
+            path: path.to_path_buf(),
+            kind,
+        };
         let bytes = tokio::fs::read(path).await.map_err(|e| err(e.into()))?;
         inspect(&bytes).map_err(|e| err(e.into()))?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
@@ -252,19 +286,29 @@ impl Runtime {
         // Compiling takes from milliseconds to seconds: keep it off the executor.
         let compiled = tokio::task::spawn_blocking(move || match &this.inner.cache {
             Some(cache) => cache.load(&this.inner.engine, &sha, &bytes),
-            None => wasmtime::component::Component::new(&this.inner.engine, &bytes).map(|c| (c, LoadSource::Compiled)),
+            None => wasmtime::component::Component::new(&this.inner.engine, &bytes)
+                .map(|c| (c, LoadSource::Compiled)),
         })
         .await
         .map_err(|e| err(LoadErrorKind::Compile(e.to_string())))?;
-        let (component, source) = compiled.map_err(|e| err(LoadErrorKind::Compile(format!("{e:#}"))))?;
-        let instance_pre = self.inner.linker.instantiate_pre(&component).map_err(|e| err(LoadErrorKind::Link(format!("{e:#}"))))?;
-        let pre = DriverPluginPre::new(instance_pre).map_err(|e| err(LoadErrorKind::Link(format!("{e:#}"))))?;
+        let (component, source) =
+            compiled.map_err(|e| err(LoadErrorKind::Compile(format!("{e:#}"))))?;
+        let instance_pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| err(LoadErrorKind::Link(format!("{e:#}"))))?;
+        let pre = DriverPluginPre::new(instance_pre)
+            .map_err(|e| err(LoadErrorKind::Link(format!("{e:#}"))))?;
         Ok((pre, sha256, source))
     }
 
     /// Loads every `*.wasm` in `dir`. A file that fails to load is reported
     /// and skipped; the others still load. Files are loaded in name order.
-    pub async fn load_dir(&self, dir: impl AsRef<Path>) -> std::io::Result<(Vec<Driver>, Vec<LoadError>)> {
+    pub async fn load_dir(
+        &self,
+        dir: impl AsRef<Path>,
+    ) -> std::io::Result<(Vec<Driver>, Vec<LoadError>)> {
         let mut paths = Vec::new();
         let mut entries = tokio::fs::read_dir(dir.as_ref()).await?;
         while let Some(entry) = entries.next_entry().await? {

@@ -191,7 +191,7 @@ macro_rules! export_driver {
                     })
                 }
                 fn limits()
-        -> ::core::result::Result<$crate::types::AccountLimits, $crate::types::Error>
+                -> ::core::result::Result<$crate::types::AccountLimits, $crate::types::Error>
                 {
                     $crate::driver::__private::with(&__BERTH_DRIVER, |d| {
                         <$driver as $crate::Driver>::limits(d)
@@ -199,7 +199,7 @@ macro_rules! export_driver {
                 }
             }
 
-            $crate::bindings::export!(__BerthDriverExport with_types_in $crate::bindings);
+    $crate::bindings::export!(__BerthDriverExport with_types_in $crate::bindings);
         };
     };
 }

@@ -141,7 +141,9 @@ impl From<wit::DriverInfo> for d::DriverInfo {
                 account_limits: i.capabilities.contains(wit::Capabilities::ACCOUNT_LIMITS),
                 user_data: i.capabilities.contains(wit::Capabilities::USER_DATA),
                 ssh_keys: i.capabilities.contains(wit::Capabilities::SSH_KEYS),
-                idempotent_create: i.capabilities.contains(wit::Capabilities::IDEMPOTENT_CREATE),
+                idempotent_create: i
+                    .capabilities
+                    .contains(wit::Capabilities::IDEMPOTENT_CREATE),
             },
         }
     }

@@ -30,7 +30,10 @@ impl ArtifactCache {
         // differently only costs a recompile.
         let mut h = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut h);
-        ArtifactCache { dir, engine_key: format!("{:016x}", h.finish()) }
+        ArtifactCache {
+            dir,
+            engine_key: format!("{:016x}", h.finish()),
+        }
     }
 
     fn path_for(&self, sha256: &str) -> PathBuf {
@@ -39,7 +42,12 @@ impl ArtifactCache {
 
     /// Loads the compiled form of `wasm` from the cache, or compiles it and
     /// stores the result. A corrupt or unreadable entry is replaced.
-    pub fn load(&self, engine: &Engine, sha256: &str, wasm: &[u8]) -> wasmtime::Result<(Component, LoadSource)> {
+    pub fn load(
+        &self,
+        engine: &Engine,
+        sha256: &str,
+        wasm: &[u8],
+    ) -> wasmtime::Result<(Component, LoadSource)> {
         let path = self.path_for(sha256);
         if let Ok(bytes) = std::fs::read(&path) {
             // Read into memory rather than mapping the file: a cache file that
@@ -53,7 +61,9 @@ impl ArtifactCache {
             // header checks and is recompiled.
             match unsafe { Component::deserialize(engine, &bytes) } {
                 Ok(c) => return Ok((c, LoadSource::Cache)),
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "discarding unusable cache entry"),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "discarding unusable cache entry")
+                }
             }
         }
         let component = Component::new(engine, wasm)?;

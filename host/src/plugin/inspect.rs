@@ -35,7 +35,9 @@ pub enum Provision {
 pub enum Rejection {
     #[error("not a WebAssembly file")]
     NotWasm,
-    #[error("is a core WebAssembly module, not a component (build it for wasm32-wasip2, or wrap it with `wasm-tools component new`)")]
+    #[error(
+        "is a core WebAssembly module, not a component (build it for wasm32-wasip2, or wrap it with `wasm-tools component new`)"
+    )]
     CoreModule,
     #[error("is not a valid component: {0}")]
     Invalid(String),
@@ -48,7 +50,11 @@ pub enum Rejection {
 }
 
 fn list_or_none(items: &[String]) -> String {
-    if items.is_empty() { "nothing".into() } else { items.join(", ") }
+    if items.is_empty() {
+        "nothing".into()
+    } else {
+        items.join(", ")
+    }
 }
 
 /// WASI 0.2 packages whose interfaces a driver may import, and how.
@@ -58,7 +64,8 @@ fn provision(name: &str) -> Provision {
         None => (name, ""),
     };
     if name.starts_with("berth:driver/") {
-        return if version == "0.1.0" && (path == "berth:driver/log" || path == "berth:driver/types") {
+        return if version == "0.1.0" && (path == "berth:driver/log" || path == "berth:driver/types")
+        {
             Provision::Contract
         } else {
             Provision::Missing
@@ -68,8 +75,14 @@ fn provision(name: &str) -> Provision {
         return Provision::Missing;
     }
     match path {
-        "wasi:http/outgoing-handler" | "wasi:http/types" | "wasi:clocks/wall-clock" | "wasi:clocks/monotonic-clock"
-        | "wasi:random/random" | "wasi:io/error" | "wasi:io/poll" | "wasi:io/streams" => Provision::Contract,
+        "wasi:http/outgoing-handler"
+        | "wasi:http/types"
+        | "wasi:clocks/wall-clock"
+        | "wasi:clocks/monotonic-clock"
+        | "wasi:random/random"
+        | "wasi:io/error"
+        | "wasi:io/poll"
+        | "wasi:io/streams" => Provision::Contract,
         p if p.starts_with("wasi:cli/")
             || p.starts_with("wasi:filesystem/")
             || p.starts_with("wasi:sockets/")
@@ -101,7 +114,10 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, Rejection> {
                 for import in section {
                     let import = import.map_err(|e| Rejection::Invalid(e.to_string()))?;
                     let name = import.name.name.to_string();
-                    out.imports.push(Import { provided: provision(&name), name });
+                    out.imports.push(Import {
+                        provided: provision(&name),
+                        name,
+                    });
                 }
             }
             wasmparser::Payload::ComponentExportSection(section) if depth == 1 => {
@@ -114,17 +130,33 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, Rejection> {
         }
     }
     if !out.exports.iter().any(|e| e == DRIVER_EXPORT) {
-        if let Some(other) = out.exports.iter().find(|e| e.starts_with("berth:driver/driver@")) {
-            let found = format!("berth:driver@{}", other.rsplit_once('@').map(|(_, v)| v).unwrap_or("?"));
+        if let Some(other) = out
+            .exports
+            .iter()
+            .find(|e| e.starts_with("berth:driver/driver@"))
+        {
+            let found = format!(
+                "berth:driver@{}",
+                other.rsplit_once('@').map(|(_, v)| v).unwrap_or("?")
+            );
             return Err(Rejection::WrongContract { found });
         }
-        return Err(Rejection::MissingExport { exports: out.exports });
+        return Err(Rejection::MissingExport {
+            exports: out.exports,
+        });
     }
-    let missing: Vec<String> =
-        out.imports.iter().filter(|i| i.provided == Provision::Missing).map(|i| i.name.clone()).collect();
+    let missing: Vec<String> = out
+        .imports
+        .iter()
+        .filter(|i| i.provided == Provision::Missing)
+        .map(|i| i.name.clone())
+        .collect();
     if !missing.is_empty() {
         if let Some(other) = missing.iter().find(|m| m.starts_with("berth:driver/")) {
-            let found = format!("berth:driver@{}", other.rsplit_once('@').map(|(_, v)| v).unwrap_or("?"));
+            let found = format!(
+                "berth:driver@{}",
+                other.rsplit_once('@').map(|(_, v)| v).unwrap_or("?")
+            );
             return Err(Rejection::WrongContract { found });
         }
         return Err(Rejection::UnsupportedImports(missing));
@@ -161,6 +193,9 @@ mod tests {
         let core = wat::parse_str("(module)").unwrap();
         assert_eq!(inspect(&core), Err(Rejection::CoreModule));
         let empty = wat::parse_str("(component)").unwrap();
-        assert_eq!(inspect(&empty), Err(Rejection::MissingExport { exports: vec![] }));
+        assert_eq!(
+            inspect(&empty),
+            Err(Rejection::MissingExport { exports: vec![] })
+        );
     }
 }

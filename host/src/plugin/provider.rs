@@ -14,7 +14,9 @@ use wasmtime::Store;
 
 use super::Driver;
 use super::bindings::{self, DriverPlugin, DriverPluginPre, tags_to_wit};
-use super::sandbox::{AllowedHost, DeadlineExceeded, HttpPolicy, MemoryCapExceeded, SandboxLimits, StoreState};
+use super::sandbox::{
+    AllowedHost, DeadlineExceeded, HttpPolicy, MemoryCapExceeded, SandboxLimits, StoreState,
+};
 use crate::driver::{AccountLimits, Call, CreateSpec, DriverError, DriverInfo, Instance, Tags};
 
 /// How one provider runs its driver.
@@ -208,7 +210,11 @@ impl Provider {
             permits: Semaphore::new(shared.limits.max_instances.max(1)),
             instances: Mutex::new(Vec::new()),
         });
-        Provider { shared, driver: driver.clone(), idle }
+        Provider {
+            shared,
+            driver: driver.clone(),
+            idle,
+        }
     }
 
     /// The provider's name.
@@ -223,7 +229,11 @@ impl Provider {
 
     /// A snapshot of the calls made so far.
     pub fn stats(&self) -> CallStats {
-        self.shared.stats.lock().map(|s| s.clone()).unwrap_or_default()
+        self.shared
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
     }
 
     /// Outbound HTTP requests the sandbox refused so far.
@@ -239,8 +249,17 @@ impl Provider {
 
     async fn call(&self, request: Request) -> Result<Response, CallError> {
         let call = request.call();
-        let err = |kind| CallError { provider: self.shared.name.clone(), call, kind };
-        let _permit = self.idle.permits.acquire().await.map_err(|_| err(CallErrorKind::Stopped))?;
+        let err = |kind| CallError {
+            provider: self.shared.name.clone(),
+            call,
+            kind,
+        };
+        let _permit = self
+            .idle
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| err(CallErrorKind::Stopped))?;
         // Most recently used first, so a lightly loaded provider keeps few
         // instances warm.
         let mut instance = self
@@ -249,7 +268,10 @@ impl Provider {
             .lock()
             .ok()
             .and_then(|mut idle| idle.pop())
-            .unwrap_or_else(|| DriverInstance { shared: self.shared.clone(), live: None });
+            .unwrap_or_else(|| DriverInstance {
+                shared: self.shared.clone(),
+                live: None,
+            });
         // If the caller is cancelled mid-call, the instance is dropped with
         // this future and its permit freed: a later call starts a fresh one.
         let result = instance.dispatch(request).await;
@@ -267,20 +289,42 @@ impl Provider {
     /// A driver instance of this provider (same config, limits and
     /// allow-list) owned by the caller, outside the provider's bounded set.
     pub fn instance(&self) -> DriverInstance {
-        DriverInstance { shared: self.shared.clone(), live: None }
+        DriverInstance {
+            shared: self.shared.clone(),
+            live: None,
+        }
     }
 }
 
 /// Calls `describe` on a throwaway instance with no network access.
-pub(super) async fn describe(pre: &DriverPluginPre<StoreState>, name: &str, memory_bytes: u64) -> Result<DriverInfo, CallError> {
+pub(super) async fn describe(
+    pre: &DriverPluginPre<StoreState>,
+    name: &str,
+    memory_bytes: u64,
+) -> Result<DriverInfo, CallError> {
     let name: Arc<str> = name.into();
-    let limits = SandboxLimits { memory_bytes: memory_bytes.min(SandboxLimits::default().memory_bytes), ..SandboxLimits::default() };
+    let limits = SandboxLimits {
+        memory_bytes: memory_bytes.min(SandboxLimits::default().memory_bytes),
+        ..SandboxLimits::default()
+    };
     let policy = Arc::new(HttpPolicy::new(name.clone(), Vec::new()));
-    let err = |kind| CallError { provider: name.clone(), call: Call::Describe, kind };
-    let mut live = instantiate(pre, name.clone(), &limits, policy).await.map_err(|e| err(classify(e, None)))?;
+    let err = |kind| CallError {
+        provider: name.clone(),
+        call: Call::Describe,
+        kind,
+    };
+    let mut live = instantiate(pre, name.clone(), &limits, policy)
+        .await
+        .map_err(|e| err(classify(e, None)))?;
     let deadline = limits.call_deadline;
     arm(&mut live.store, deadline);
-    let result = tokio::time::timeout(deadline, live.plugin.berth_driver_driver().call_describe(&mut live.store)).await;
+    let result = tokio::time::timeout(
+        deadline,
+        live.plugin
+            .berth_driver_driver()
+            .call_describe(&mut live.store),
+    )
+    .await;
     match result {
         Err(_) => Err(err(CallErrorKind::Trap(Trap::Deadline(deadline)))),
         Ok(Err(e)) => Err(err(classify(e, Some(&live.store)))),
@@ -329,7 +373,11 @@ fn classify(e: wasmtime::Error, store: Option<&Store<StoreState>>) -> CallErrorK
             Some(wasmtime::Trap::Interrupt) => Trap::Deadline(budget),
             Some(wasmtime::Trap::UnreachableCodeReached) => {
                 let last = store.map(|s| s.data().stderr_tail()).unwrap_or_default();
-                Trap::Panic(if last.is_empty() { "unreachable executed".into() } else { last })
+                Trap::Panic(if last.is_empty() {
+                    "unreachable executed".into()
+                } else {
+                    last
+                })
             }
             Some(t) => Trap::Crashed(t.to_string()),
             None => Trap::Crashed(format!("{e:#}")),
@@ -389,16 +437,28 @@ impl DriverInstance {
 
     async fn call(&mut self, request: Request) -> Result<Response, CallError> {
         let call = request.call();
-        self.dispatch(request).await.map_err(|kind| CallError { provider: self.shared.name.clone(), call, kind })
+        self.dispatch(request).await.map_err(|kind| CallError {
+            provider: self.shared.name.clone(),
+            call,
+            kind,
+        })
     }
 
     async fn run(&mut self, request: Request) -> Result<Response, CallErrorKind> {
         let shared = &*self.shared;
         if self.live.is_none() {
             let warming = matches!(request, Request::Warm);
-            self.live = Some(start(shared).await.map_err(|k| if warming { k } else { CallErrorKind::Start(Box::new(k)) })?);
+            self.live = Some(start(shared).await.map_err(|k| {
+                if warming {
+                    k
+                } else {
+                    CallErrorKind::Start(Box::new(k))
+                }
+            })?);
         }
-        let Some(live) = self.live.as_mut() else { unreachable!("instance started above") };
+        let Some(live) = self.live.as_mut() else {
+            unreachable!("instance started above")
+        };
         let budget = shared.limits.call_deadline;
         arm(&mut live.store, budget);
         let guest = live.plugin.berth_driver_driver();
@@ -411,14 +471,26 @@ impl DriverInstance {
         let outcome = tokio::time::timeout(budget + grace, async {
             Ok::<_, wasmtime::Error>(match request {
                 Request::Warm => Ok(Response::Unit),
-                Request::Create(spec) => guest.call_create(&mut *store, &(&spec).into()).await?.map(|i| Response::Instance(i.into())),
+                Request::Create(spec) => guest
+                    .call_create(&mut *store, &(&spec).into())
+                    .await?
+                    .map(|i| Response::Instance(i.into())),
                 Request::List(filter) => guest
                     .call_list(&mut *store, &tags_to_wit(&filter))
                     .await?
                     .map(|v| Response::Instances(v.into_iter().map(Into::into).collect())),
-                Request::Delete(id) => guest.call_delete(&mut *store, &id).await?.map(|()| Response::Unit),
-                Request::SetTags(id, tags) => guest.call_set_tags(&mut *store, &id, &tags_to_wit(&tags)).await?.map(|()| Response::Unit),
-                Request::Limits => guest.call_limits(&mut *store).await?.map(|l| Response::Limits(l.into())),
+                Request::Delete(id) => guest
+                    .call_delete(&mut *store, &id)
+                    .await?
+                    .map(|()| Response::Unit),
+                Request::SetTags(id, tags) => guest
+                    .call_set_tags(&mut *store, &id, &tags_to_wit(&tags))
+                    .await?
+                    .map(|()| Response::Unit),
+                Request::Limits => guest
+                    .call_limits(&mut *store)
+                    .await?
+                    .map(|l| Response::Limits(l.into())),
             })
         })
         .await;
@@ -480,7 +552,10 @@ typed_calls! {
 fn deletion(result: Result<(), CallError>) -> Result<Deletion, CallError> {
     match result {
         Ok(()) => Ok(Deletion::Deleted),
-        Err(CallError { kind: CallErrorKind::Driver(DriverError::NotFound(_)), .. }) => Ok(Deletion::AlreadyGone),
+        Err(CallError {
+            kind: CallErrorKind::Driver(DriverError::NotFound(_)),
+            ..
+        }) => Ok(Deletion::AlreadyGone),
         Err(e) => Err(e),
     }
 }
@@ -495,16 +570,25 @@ impl DriverInstance {
 /// Instantiates and configures a fresh driver instance.
 async fn start(shared: &Shared) -> Result<Live, CallErrorKind> {
     let budget = shared.limits.call_deadline;
-    let mut live = instantiate(&shared.pre, shared.name.clone(), &shared.limits, shared.policy.clone())
-        .await
-        .map_err(|e| classify(e, None))?;
+    let mut live = instantiate(
+        &shared.pre,
+        shared.name.clone(),
+        &shared.limits,
+        shared.policy.clone(),
+    )
+    .await
+    .map_err(|e| classify(e, None))?;
     if let Ok(mut s) = shared.stats.lock() {
         s.instances_started += 1;
     }
     arm(&mut live.store, budget);
     let configured = tokio::time::timeout(
         budget,
-        live.plugin.berth_driver_driver().call_configure(&mut live.store, &shared.pool_id, &shared.driver_config),
+        live.plugin.berth_driver_driver().call_configure(
+            &mut live.store,
+            &shared.pool_id,
+            &shared.driver_config,
+        ),
     )
     .await;
     match configured {
@@ -539,7 +623,11 @@ impl bindings::berth::driver::log::Host for StoreState {
             }
             message.truncate(cut);
         }
-        let fields = fields.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
+        let fields = fields
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
         let p = &self.provider;
         match level {
             Level::Trace => tracing::trace!(provider = %p, %fields, "driver: {message}"),

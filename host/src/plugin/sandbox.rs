@@ -59,22 +59,34 @@ impl AllowedHost {
             return Err(format!("{text:?} must be a host or host:port, not a URL"));
         }
         let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-            let (h, after) = rest.split_once(']').ok_or_else(|| format!("{text:?}: unclosed ["))?;
+            let (h, after) = rest
+                .split_once(']')
+                .ok_or_else(|| format!("{text:?}: unclosed ["))?;
             let port = match after.strip_prefix(':') {
-                Some(p) => Some(p.parse::<u16>().map_err(|_| format!("{text:?}: bad port"))?),
+                Some(p) => Some(
+                    p.parse::<u16>()
+                        .map_err(|_| format!("{text:?}: bad port"))?,
+                ),
                 None if after.is_empty() => None,
                 None => return Err(format!("{text:?}: junk after ]")),
             };
             (h.to_string(), port)
         } else {
             match text.rsplit_once(':') {
-                Some((h, p)) if !h.contains(':') => {
-                    (h.to_string(), Some(p.parse::<u16>().map_err(|_| format!("{text:?}: bad port"))?))
-                }
+                Some((h, p)) if !h.contains(':') => (
+                    h.to_string(),
+                    Some(
+                        p.parse::<u16>()
+                            .map_err(|_| format!("{text:?}: bad port"))?,
+                    ),
+                ),
                 _ => (text.to_string(), None),
             }
         };
-        Ok(AllowedHost { host: host.to_ascii_lowercase(), port })
+        Ok(AllowedHost {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
     }
 
     fn matches(&self, host: &str, port: u16) -> bool {
@@ -82,7 +94,11 @@ impl AllowedHost {
             return false;
         }
         match self.host.strip_prefix("*.") {
-            Some(domain) => host.len() > domain.len() + 1 && host.ends_with(domain) && host[..host.len() - domain.len()].ends_with('.'),
+            Some(domain) => {
+                host.len() > domain.len() + 1
+                    && host.ends_with(domain)
+                    && host[..host.len() - domain.len()].ends_with('.')
+            }
             None => self.host == host,
         }
     }
@@ -124,7 +140,10 @@ impl std::fmt::Display for Denial {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Denial::NotAllowed => f.write_str("host is not in the provider's allowed hosts"),
-            Denial::ForbiddenAddress(ip) => write!(f, "address {ip} is link-local or cloud metadata, never reachable"),
+            Denial::ForbiddenAddress(ip) => write!(
+                f,
+                "address {ip} is link-local or cloud metadata, never reachable"
+            ),
             Denial::BadUri => f.write_str("request has no host"),
             Denial::Unresolvable => f.write_str("host name does not resolve"),
         }
@@ -133,7 +152,11 @@ impl std::fmt::Display for Denial {
 
 impl HttpPolicy {
     pub fn new(provider: Arc<str>, allowed: Vec<AllowedHost>) -> Self {
-        HttpPolicy { provider, allowed, denied: AtomicU64::new(0) }
+        HttpPolicy {
+            provider,
+            allowed,
+            denied: AtomicU64::new(0),
+        }
     }
 
     /// Outbound requests refused so far.
@@ -146,8 +169,17 @@ impl HttpPolicy {
     /// name that points at a metadata address is refused too.
     pub(crate) async fn authorize(&self, uri: &http::Uri) -> Result<SocketAddr, Denial> {
         let host = uri.host().ok_or(Denial::BadUri)?;
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
-        let port = uri.port_u16().unwrap_or(if uri.scheme() == Some(&http::uri::Scheme::HTTPS) { 443 } else { 80 });
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        let port = uri
+            .port_u16()
+            .unwrap_or(if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+                443
+            } else {
+                80
+            });
         let literal = host.parse::<IpAddr>().ok();
         if let Some(ip) = literal
             && is_forbidden_ip(ip)
@@ -159,7 +191,10 @@ impl HttpPolicy {
         }
         let addrs: Vec<SocketAddr> = match literal {
             Some(ip) => vec![SocketAddr::new(ip, port)],
-            None => tokio::net::lookup_host((host.as_str(), port)).await.map_err(|_| Denial::Unresolvable)?.collect(),
+            None => tokio::net::lookup_host((host.as_str(), port))
+                .await
+                .map_err(|_| Denial::Unresolvable)?
+                .collect(),
         };
         if let Some(bad) = addrs.iter().find(|a| is_forbidden_ip(a.ip())) {
             return Err(Denial::ForbiddenAddress(bad.ip()));
@@ -200,8 +235,12 @@ impl WasiHttpHooks for Hooks {
                     tracing::warn!(provider = %policy.provider, %url, reason = %denial, "outbound request denied");
                     return Err(match denial {
                         Denial::Unresolvable => wasmtime_wasi_http::Error::DestinationNotFound,
-                        Denial::ForbiddenAddress(_) => wasmtime_wasi_http::Error::DestinationIpProhibited,
-                        Denial::NotAllowed | Denial::BadUri => wasmtime_wasi_http::Error::HttpRequestDenied,
+                        Denial::ForbiddenAddress(_) => {
+                            wasmtime_wasi_http::Error::DestinationIpProhibited
+                        }
+                        Denial::NotAllowed | Denial::BadUri => {
+                            wasmtime_wasi_http::Error::HttpRequestDenied
+                        }
                     });
                 }
             };
@@ -222,7 +261,8 @@ impl WasiHttpHooks for Hooks {
             let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
             Ok((
                 response.map(BodyExt::boxed_unsync),
-                Box::new(io) as Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+                Box::new(io)
+                    as Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
             ))
         })
     }
@@ -247,14 +287,27 @@ pub(crate) struct Limiter {
 }
 
 impl wasmtime::ResourceLimiter for Limiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired as u64 > self.memory_bytes {
-            return Err(wasmtime::Error::new(MemoryCapExceeded { cap: self.memory_bytes, asked: desired as u64 }));
+            return Err(wasmtime::Error::new(MemoryCapExceeded {
+                cap: self.memory_bytes,
+                asked: desired as u64,
+            }));
         }
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         // Tables hold function references; a million is far beyond any real
         // driver and keeps a hostile one from growing host memory through them.
         Ok(desired <= 1_000_000)
@@ -287,8 +340,16 @@ impl StoreState {
         // the host log attributed to the provider.
         let stderr_tail = Arc::new(std::sync::Mutex::new(String::new()));
         let wasi = WasiCtx::builder()
-            .stdout(GuestOutput { provider: provider.clone(), stream: "stdout", last: None })
-            .stderr(GuestOutput { provider: provider.clone(), stream: "stderr", last: Some(stderr_tail.clone()) })
+            .stdout(GuestOutput {
+                provider: provider.clone(),
+                stream: "stdout",
+                last: None,
+            })
+            .stderr(GuestOutput {
+                provider: provider.clone(),
+                stream: "stderr",
+                last: Some(stderr_tail.clone()),
+            })
             .allow_ip_name_lookup(false)
             .allow_tcp(false)
             .allow_udp(false)
@@ -299,7 +360,9 @@ impl StoreState {
             http: WasiHttpCtx::new(),
             table: ResourceTable::new(),
             hooks: Hooks { policy },
-            limiter: Limiter { memory_bytes: limits.memory_bytes },
+            limiter: Limiter {
+                memory_bytes: limits.memory_bytes,
+            },
             deadline: Instant::now(),
             log_records: 0,
             budget: limits.call_deadline,
@@ -314,19 +377,29 @@ impl StoreState {
 
     /// The last complete line the guest wrote to stderr.
     pub fn stderr_tail(&self) -> String {
-        self.stderr_tail.lock().map(|s| s.clone()).unwrap_or_default()
+        self.stderr_tail
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
     }
 }
 
 impl WasiView for StoreState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
 impl WasiHttpView for StoreState {
     fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.hooks }
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
     }
 }
 
@@ -348,7 +421,10 @@ impl IsTerminal for GuestOutput {
 
 impl StdoutStream for GuestOutput {
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
-        Box::new(LineLogger { out: self.clone(), line: Vec::new() })
+        Box::new(LineLogger {
+            out: self.clone(),
+            line: Vec::new(),
+        })
     }
 }
 
@@ -376,7 +452,11 @@ impl LineLogger {
 }
 
 impl tokio::io::AsyncWrite for LineLogger {
-    fn poll_write(mut self: Pin<&mut Self>, _cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         for &b in buf {
             if b == b'\n' {
                 self.emit();
@@ -404,7 +484,13 @@ mod tests {
     use super::*;
 
     fn policy(allowed: &[&str]) -> HttpPolicy {
-        HttpPolicy::new("p".into(), allowed.iter().map(|a| AllowedHost::parse(a).unwrap()).collect())
+        HttpPolicy::new(
+            "p".into(),
+            allowed
+                .iter()
+                .map(|a| AllowedHost::parse(a).unwrap())
+                .collect(),
+        )
     }
 
     async fn check(allowed: &[&str], url: &str) -> Result<SocketAddr, Denial> {
@@ -413,23 +499,53 @@ mod tests {
 
     #[tokio::test]
     async fn allow_list_decides() {
-        assert_eq!(check(&["127.0.0.1:8080"], "http://127.0.0.1:8080/x").await, Ok("127.0.0.1:8080".parse().unwrap()));
-        assert_eq!(check(&["127.0.0.1:8080"], "http://127.0.0.1:8081/x").await, Err(Denial::NotAllowed));
-        assert_eq!(check(&["127.0.0.1"], "http://127.0.0.1:9/x").await, Ok("127.0.0.1:9".parse().unwrap()));
-        assert_eq!(check(&[], "http://127.0.0.1/").await, Err(Denial::NotAllowed));
-        assert_eq!(check(&["localhost:1"], "http://LOCALHOST:1/").await.map(|a| a.port()), Ok(1));
-        assert_eq!(check(&["[::1]:7"], "http://[::1]:7/").await, Ok("[::1]:7".parse().unwrap()));
+        assert_eq!(
+            check(&["127.0.0.1:8080"], "http://127.0.0.1:8080/x").await,
+            Ok("127.0.0.1:8080".parse().unwrap())
+        );
+        assert_eq!(
+            check(&["127.0.0.1:8080"], "http://127.0.0.1:8081/x").await,
+            Err(Denial::NotAllowed)
+        );
+        assert_eq!(
+            check(&["127.0.0.1"], "http://127.0.0.1:9/x").await,
+            Ok("127.0.0.1:9".parse().unwrap())
+        );
+        assert_eq!(
+            check(&[], "http://127.0.0.1/").await,
+            Err(Denial::NotAllowed)
+        );
+        assert_eq!(
+            check(&["localhost:1"], "http://LOCALHOST:1/")
+                .await
+                .map(|a| a.port()),
+            Ok(1)
+        );
+        assert_eq!(
+            check(&["[::1]:7"], "http://[::1]:7/").await,
+            Ok("[::1]:7".parse().unwrap())
+        );
     }
 
     #[tokio::test]
     async fn metadata_is_never_reachable() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(
-            check(&["169.254.169.254"], "http://169.254.169.254/latest/meta-data/").await,
+            check(
+                &["169.254.169.254"],
+                "http://169.254.169.254/latest/meta-data/"
+            )
+            .await,
             Err(Denial::ForbiddenAddress(ip("169.254.169.254")))
         );
-        assert_eq!(check(&["*"], "http://[fd00:ec2::254]/").await, Err(Denial::ForbiddenAddress(ip("fd00:ec2::254"))));
-        assert_eq!(check(&["[fe80::1]"], "http://[fe80::1]/").await, Err(Denial::ForbiddenAddress(ip("fe80::1"))));
+        assert_eq!(
+            check(&["*"], "http://[fd00:ec2::254]/").await,
+            Err(Denial::ForbiddenAddress(ip("fd00:ec2::254")))
+        );
+        assert_eq!(
+            check(&["[fe80::1]"], "http://[fe80::1]/").await,
+            Err(Denial::ForbiddenAddress(ip("fe80::1")))
+        );
         assert_eq!(
             check(&["[::ffff:169.254.1.1]"], "http://[::ffff:169.254.1.1]/").await,
             Err(Denial::ForbiddenAddress(ip("::ffff:169.254.1.1")))
