@@ -74,7 +74,7 @@ impl std::fmt::Display for Report {
 pub async fn check(runtime: &Runtime, path: &Path) -> Report {
     let mut report = Report::default();
     let started = Instant::now();
-    let bytes = match std::fs::read(path) {
+    let bytes = match tokio::fs::read(path).await {
         Ok(b) => b,
         Err(e) => {
             report.record("read", started, Err(format!("{}: {e}", path.display())));
@@ -111,7 +111,7 @@ pub async fn check(runtime: &Runtime, path: &Path) -> Report {
     // Compiling and linking run no guest code; they prove the exports have
     // the contract's types.
     let started = Instant::now();
-    let engine_check = runtime.link_only(path).await;
+    let engine_check = runtime.link_only(bytes).await;
     report.record(
         "compile and link",
         started,

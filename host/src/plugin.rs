@@ -261,13 +261,14 @@ impl Runtime {
         })
     }
 
-    /// Checks, compiles and links a driver file without running any of its
-    /// code (the static part of `berth driver check`).
-    pub async fn link_only(&self, path: &Path) -> Result<(), String> {
-        self.compile_and_link(path)
+    /// Compiles and links driver bytes that already passed [`inspect`],
+    /// without running any of their code (the last part of `berth driver
+    /// check`).
+    pub async fn link_only(&self, bytes: Vec<u8>) -> Result<(), String> {
+        self.link(bytes)
             .await
             .map(|_| ())
-            .map_err(|e| e.kind.to_string())
+            .map_err(|e| e.to_string())
     }
 
     async fn compile_and_link(
@@ -280,6 +281,14 @@ impl Runtime {
         };
         let bytes = tokio::fs::read(path).await.map_err(|e| err(e.into()))?;
         inspect(&bytes).map_err(|e| err(e.into()))?;
+        self.link(bytes).await.map_err(err)
+    }
+
+    /// Compiles (or loads from the cache) and links checked driver bytes.
+    async fn link(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<(DriverPluginPre<StoreState>, String, LoadSource), LoadErrorKind> {
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let this = self.clone();
         let sha = sha256.clone();
@@ -290,16 +299,15 @@ impl Runtime {
                 .map(|c| (c, LoadSource::Compiled)),
         })
         .await
-        .map_err(|e| err(LoadErrorKind::Compile(e.to_string())))?;
-        let (component, source) =
-            compiled.map_err(|e| err(LoadErrorKind::Compile(format!("{e:#}"))))?;
+        .map_err(|e| LoadErrorKind::Compile(e.to_string()))?;
+        let (component, source) = compiled.map_err(|e| LoadErrorKind::Compile(format!("{e:#}")))?;
         let instance_pre = self
             .inner
             .linker
             .instantiate_pre(&component)
-            .map_err(|e| err(LoadErrorKind::Link(format!("{e:#}"))))?;
+            .map_err(|e| LoadErrorKind::Link(format!("{e:#}")))?;
         let pre = DriverPluginPre::new(instance_pre)
-            .map_err(|e| err(LoadErrorKind::Link(format!("{e:#}"))))?;
+            .map_err(|e| LoadErrorKind::Link(format!("{e:#}")))?;
         Ok((pre, sha256, source))
     }
 

@@ -61,15 +61,6 @@ pub enum CallErrorKind {
 }
 
 impl CallErrorKind {
-    /// The driver's error value, if this is one.
-    pub fn driver_error(&self) -> Option<&DriverError> {
-        match self {
-            CallErrorKind::Driver(e) => Some(e),
-            CallErrorKind::Start(inner) => inner.driver_error(),
-            _ => None,
-        }
-    }
-
     /// The trap, if the instance trapped.
     pub fn trap(&self) -> Option<&Trap> {
         match self {
@@ -313,23 +304,19 @@ pub(super) async fn describe(
         call: Call::Describe,
         kind,
     };
+    let budget = limits.call_deadline;
     let mut live = instantiate(pre, name.clone(), &limits, policy)
         .await
-        .map_err(|e| err(classify(e, None)))?;
-    let deadline = limits.call_deadline;
-    arm(&mut live.store, deadline);
-    let result = tokio::time::timeout(
-        deadline,
+        .map_err(|e| err(CallErrorKind::Trap(classify(e, budget, None))))?;
+    guarded(&mut live, budget, async |live: &mut Live| {
         live.plugin
             .berth_driver_driver()
-            .call_describe(&mut live.store),
-    )
-    .await;
-    match result {
-        Err(_) => Err(err(CallErrorKind::Trap(Trap::Deadline(deadline)))),
-        Ok(Err(e)) => Err(err(classify(e, Some(&live.store)))),
-        Ok(Ok(info)) => Ok(info.into()),
-    }
+            .call_describe(&mut live.store)
+            .await
+    })
+    .await
+    .map(Into::into)
+    .map_err(|t| err(CallErrorKind::Trap(t)))
 }
 
 async fn instantiate(
@@ -340,19 +327,9 @@ async fn instantiate(
 ) -> wasmtime::Result<Live> {
     let mut store = Store::new(pre.engine(), StoreState::new(name, limits, policy));
     store.limiter(|s| &mut s.limiter);
-    // Instantiation runs guest start code, so it gets a deadline too.
-    arm(&mut store, limits.call_deadline);
-    let plugin = pre.instantiate_async(&mut store).await?;
-    Ok(Live { store, plugin })
-}
-
-/// Sets the deadline of the next call. The epoch callback yields to the
-/// executor every tick (so a busy guest never starves other tasks) and traps
-/// once the deadline has passed.
-fn arm(store: &mut Store<StoreState>, budget: Duration) {
-    store.data_mut().deadline = Instant::now() + budget;
-    store.data_mut().log_records = 0;
-    store.set_epoch_deadline(1);
+    // Installed once per store; each call only moves `deadline`. The
+    // callback yields to the executor every tick (so a busy guest never
+    // starves other tasks) and traps once the deadline has passed.
     store.epoch_deadline_callback(|ctx| {
         if Instant::now() >= ctx.data().deadline {
             Err(wasmtime::Error::new(DeadlineExceeded))
@@ -360,11 +337,42 @@ fn arm(store: &mut Store<StoreState>, budget: Duration) {
             Ok(wasmtime::UpdateDeadline::Yield(1))
         }
     });
+    // Instantiation runs guest start code, so it gets a deadline too.
+    arm(&mut store, limits.call_deadline);
+    let plugin = pre.instantiate_async(&mut store).await?;
+    Ok(Live { store, plugin })
 }
 
-fn classify(e: wasmtime::Error, store: Option<&Store<StoreState>>) -> CallErrorKind {
-    let budget = store.map(|s| s.data().budget()).unwrap_or_default();
-    let trap = if e.downcast_ref::<DeadlineExceeded>().is_some() {
+/// Sets the deadline of the next call.
+fn arm(store: &mut Store<StoreState>, budget: Duration) {
+    store.data_mut().deadline = Instant::now() + budget;
+    store.data_mut().log_records = 0;
+    store.set_epoch_deadline(1);
+}
+
+/// How long past its budget a call may run before the host timeout fires.
+/// The host timeout covers time a guest spends waiting on the host (HTTP,
+/// sleeps), which epoch interruption cannot see; the grace lets the epoch trap
+/// win for CPU-bound guests, so the trap kind is precise.
+const DEADLINE_GRACE: Duration = Duration::from_millis(50);
+
+/// Runs one guest call on `live` within `budget`. A trap or an expired
+/// deadline comes back as the `Trap`; the caller must then discard `live`.
+async fn guarded<T>(
+    live: &mut Live,
+    budget: Duration,
+    call: impl AsyncFnOnce(&mut Live) -> wasmtime::Result<T>,
+) -> Result<T, Trap> {
+    arm(&mut live.store, budget);
+    match tokio::time::timeout(budget + DEADLINE_GRACE, call(&mut *live)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(classify(e, budget, Some(&live.store))),
+        Err(_elapsed) => Err(Trap::Deadline(budget)),
+    }
+}
+
+fn classify(e: wasmtime::Error, budget: Duration, store: Option<&Store<StoreState>>) -> Trap {
+    if e.downcast_ref::<DeadlineExceeded>().is_some() {
         Trap::Deadline(budget)
     } else if let Some(m) = e.downcast_ref::<MemoryCapExceeded>() {
         Trap::OutOfMemory(m.cap)
@@ -382,8 +390,7 @@ fn classify(e: wasmtime::Error, store: Option<&Store<StoreState>>) -> CallErrorK
             Some(t) => Trap::Crashed(t.to_string()),
             None => Trap::Crashed(format!("{e:#}")),
         }
-    };
-    CallErrorKind::Trap(trap)
+    }
 }
 
 fn trap_kind(t: &Trap) -> &'static str {
@@ -459,52 +466,44 @@ impl DriverInstance {
         let Some(live) = self.live.as_mut() else {
             unreachable!("instance started above")
         };
-        let budget = shared.limits.call_deadline;
-        arm(&mut live.store, budget);
-        let guest = live.plugin.berth_driver_driver();
-        let store = &mut live.store;
-        // The tokio timeout covers time the guest spends waiting on the host
-        // (HTTP, sleeps), which epoch interruption cannot see; a small grace
-        // lets the epoch trap win for CPU-bound guests so the trap kind is
-        // precise.
-        let grace = Duration::from_millis(50);
-        let outcome = tokio::time::timeout(budget + grace, async {
-            Ok::<_, wasmtime::Error>(match request {
-                Request::Warm => Ok(Response::Unit),
-                Request::Create(spec) => guest
-                    .call_create(&mut *store, &(&spec).into())
-                    .await?
-                    .map(|i| Response::Instance(i.into())),
-                Request::List(filter) => guest
-                    .call_list(&mut *store, &tags_to_wit(&filter))
-                    .await?
-                    .map(|v| Response::Instances(v.into_iter().map(Into::into).collect())),
-                Request::Delete(id) => guest
-                    .call_delete(&mut *store, &id)
-                    .await?
-                    .map(|()| Response::Unit),
-                Request::SetTags(id, tags) => guest
-                    .call_set_tags(&mut *store, &id, &tags_to_wit(&tags))
-                    .await?
-                    .map(|()| Response::Unit),
-                Request::Limits => guest
-                    .call_limits(&mut *store)
-                    .await?
-                    .map(|l| Response::Limits(l.into())),
-            })
-        })
+        let outcome = guarded(
+            live,
+            shared.limits.call_deadline,
+            async |live: &mut Live| {
+                let guest = live.plugin.berth_driver_driver();
+                let store = &mut live.store;
+                Ok(match request {
+                    Request::Warm => Ok(Response::Unit),
+                    Request::Create(spec) => guest
+                        .call_create(&mut *store, &(&spec).into())
+                        .await?
+                        .map(|i| Response::Instance(i.into())),
+                    Request::List(filter) => guest
+                        .call_list(&mut *store, &tags_to_wit(&filter))
+                        .await?
+                        .map(|v| Response::Instances(v.into_iter().map(Into::into).collect())),
+                    Request::Delete(id) => guest
+                        .call_delete(&mut *store, &id)
+                        .await?
+                        .map(|()| Response::Unit),
+                    Request::SetTags(id, tags) => guest
+                        .call_set_tags(&mut *store, &id, &tags_to_wit(&tags))
+                        .await?
+                        .map(|()| Response::Unit),
+                    Request::Limits => guest
+                        .call_limits(&mut *store)
+                        .await?
+                        .map(|l| Response::Limits(l.into())),
+                })
+            },
+        )
         .await;
         match outcome {
-            Ok(Ok(Ok(response))) => Ok(response),
-            Ok(Ok(Err(driver_error))) => Err(CallErrorKind::Driver(driver_error.into())),
-            Ok(Err(trap)) => {
-                let kind = classify(trap, Some(&live.store));
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(driver_error)) => Err(CallErrorKind::Driver(driver_error.into())),
+            Err(trap) => {
                 self.live = None;
-                Err(kind)
-            }
-            Err(_elapsed) => {
-                self.live = None;
-                Err(CallErrorKind::Trap(Trap::Deadline(budget)))
+                Err(CallErrorKind::Trap(trap))
             }
         }
     }
@@ -577,25 +576,21 @@ async fn start(shared: &Shared) -> Result<Live, CallErrorKind> {
         shared.policy.clone(),
     )
     .await
-    .map_err(|e| classify(e, None))?;
+    .map_err(|e| CallErrorKind::Trap(classify(e, budget, None)))?;
     if let Ok(mut s) = shared.stats.lock() {
         s.instances_started += 1;
     }
-    arm(&mut live.store, budget);
-    let configured = tokio::time::timeout(
-        budget,
-        live.plugin.berth_driver_driver().call_configure(
-            &mut live.store,
-            &shared.pool_id,
-            &shared.driver_config,
-        ),
-    )
+    let configured = guarded(&mut live, budget, async |live: &mut Live| {
+        live.plugin
+            .berth_driver_driver()
+            .call_configure(&mut live.store, &shared.pool_id, &shared.driver_config)
+            .await
+    })
     .await;
     match configured {
-        Err(_) => Err(CallErrorKind::Trap(Trap::Deadline(budget))),
-        Ok(Err(trap)) => Err(classify(trap, Some(&live.store))),
-        Ok(Ok(Err(e))) => Err(CallErrorKind::Driver(e.into())),
-        Ok(Ok(Ok(()))) => Ok(live),
+        Err(trap) => Err(CallErrorKind::Trap(trap)),
+        Ok(Err(e)) => Err(CallErrorKind::Driver(e.into())),
+        Ok(Ok(())) => Ok(live),
     }
 }
 

@@ -327,8 +327,6 @@ pub(crate) struct StoreState {
     pub deadline: Instant,
     /// Log records emitted during the current call, to cap a noisy driver.
     pub log_records: u32,
-    /// The call budget `deadline` was set from, for error messages.
-    budget: Duration,
     /// The last line the guest wrote to stderr (a Rust panic message).
     stderr_tail: Arc<std::sync::Mutex<String>>,
 }
@@ -365,14 +363,8 @@ impl StoreState {
             },
             deadline: Instant::now(),
             log_records: 0,
-            budget: limits.call_deadline,
             stderr_tail,
         }
-    }
-
-    /// The budget of the current call.
-    pub fn budget(&self) -> Duration {
-        self.budget
     }
 
     /// The last complete line the guest wrote to stderr.
