@@ -106,6 +106,10 @@ async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Re
             .admit(at_ms)
             .and_then(|()| state.authorize(authorization))
     };
+    let retry_after_ms = match &admitted {
+        Err(ApiError::RateLimited { retry_after_ms }) => Some(*retry_after_ms),
+        _ => None,
+    };
     let response = match admitted {
         Ok(()) => next.run(request).instrument(span.clone()).await,
         Err(e) => e.into_response(),
@@ -118,6 +122,7 @@ async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Re
         method,
         path,
         status,
+        retry_after_ms,
     });
     response
 }

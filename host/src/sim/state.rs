@@ -46,6 +46,9 @@ pub struct Call {
     pub method: String,
     pub path: String,
     pub status: u16,
+    /// For a `429`: how long the caller was told to wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 /// Why a cloud-API call was refused. Turned into a status and error body in
