@@ -2,6 +2,7 @@
 //! wasm32-wasip2, loaded into the real sandbox, talking to the simulated cloud
 //! over real HTTP on 127.0.0.1.
 
+mod pool;
 mod support;
 
 use std::time::Duration;
@@ -614,4 +615,45 @@ async fn a_bad_config_is_a_typed_error_naming_the_provider() {
             .starts_with("provider misconfigured: configure: invalid config"),
         "{err}"
     );
+}
+
+#[test]
+fn config_check_prints_every_problem_with_its_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        format!(
+            "pool-id = \"p\"\n[providers.a]\ndriver = {:?}\n",
+            plugin("sim").display().to_string()
+        ),
+    )
+    .unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "pool-id = \"p\"\nsync-interval = \"soon\"\n[providers.a]\ndriver = \"missing.wasm\"\nrate = -1\n",
+    )
+    .unwrap();
+    let run = |file: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["config", "check"])
+            .arg(file)
+            .output()
+            .expect("berth runs")
+    };
+    let out = run(&good);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("ok (1 providers, 0 labels)"), "{stdout}");
+
+    let out = run(&bad);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("sync-interval: duration `soon`"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("providers.a.rate: must be"), "{stdout}");
+    assert!(stdout.contains("2 problems"), "{stdout}");
 }

@@ -16,6 +16,12 @@ pub const POOL_TAG: &str = "berth-pool";
 pub const NODE_TAG: &str = "berth-node";
 /// Tag key holding the node's label.
 pub const LABEL_TAG: &str = "berth-label";
+/// Tag key holding the node's idle behaviour (`run`, `hold`, `drain`).
+pub const IDLE_TAG: &str = "berth-idle";
+/// Tag key on a backing instance: how many slots it has.
+pub const SLOTS_TAG: &str = "berth-slots";
+/// Tag key on a backing instance: the slot label its slots serve.
+pub const SLOT_LABEL_TAG: &str = "berth-slot-label";
 /// Prefix of every tag key berth manages.
 pub const BERTH_TAG_PREFIX: &str = "berth-";
 

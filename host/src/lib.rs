@@ -4,11 +4,18 @@
 //!
 //! - [`driver`]: the contract as plain host types.
 //! - [`plugin`]: loading, sandboxing and calling driver components.
-
+//! - [`config`]: the config file, checked into typed data.
+//! - [`pool`]: the pool core: nodes, requests, quotas, slots, reconciling.
+//! - [`store`]: the embedded SQLite store of the pool's records.
+//! - [`runtime`]: the async runtime that runs the core against drivers and the store.
 //! - [`sim`]: a simulated cloud for tests, benchmarks and the embedded default.
 
+pub mod config;
 pub mod conformance;
 pub mod driver;
 pub(crate) mod duration;
 pub mod plugin;
+pub mod pool;
+pub mod runtime;
 pub mod sim;
+pub mod store;

@@ -1,5 +1,5 @@
-//! The `berth` command: the conformance kit for driver authors and the
-//! simulated cloud. Thin by design: the work is in the library.
+//! The `berth` command: the conformance kit for driver authors, config
+//! checking and the simulated cloud. Thin by design: the work is in the library.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,8 +33,20 @@ enum Command {
     /// Work with driver components.
     #[command(subcommand)]
     Driver(DriverCommand),
+    /// Work with config files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Run the simulated cloud.
     Sim(berth::sim::SimArgs),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a config file: every problem, with its path.
+    Check {
+        /// The config file (TOML).
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -108,6 +120,30 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             println!("{}", file.display());
             print!("{report}");
             Ok(report.passed())
+        }
+        Command::Config(ConfigCommand::Check { file }) => {
+            let problems = match berth::config::load(&file) {
+                Ok(config) => {
+                    let problems = berth::config::check_files(&config);
+                    if problems.is_empty() {
+                        println!(
+                            "{}: ok ({} providers, {} labels)",
+                            file.display(),
+                            config.providers.len(),
+                            config.labels.len()
+                        );
+                        return Ok(true);
+                    }
+                    problems
+                }
+                Err(e) => e.problems,
+            };
+            println!("{}", file.display());
+            for p in &problems {
+                println!("  {p}");
+            }
+            println!("{} problems", problems.len());
+            Ok(false)
         }
         Command::Sim(args) => {
             berth::sim::run(args, shutdown_signal()).await?;

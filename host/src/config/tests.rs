@@ -1,0 +1,215 @@
+//! Config checking: every problem with its path, at once.
+
+use std::path::Path;
+
+use super::*;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "SIM_TOKEN" => Some("s3cret-value".into()),
+        _ => None,
+    }
+}
+
+const GOOD: &str = r#"
+pool-id = "ci"
+sync-interval = "30s"
+
+[providers.sim-a]
+driver = "sim.wasm"
+priority = 1
+rate = 2.5
+max-concurrent-calls = 8
+allow-hosts = ["127.0.0.1:8600"]
+config = { endpoint = "http://127.0.0.1:8600", token = "${SIM_TOKEN}", literal = "$${HOME}" }
+[providers.sim-a.sandbox]
+memory = "128MiB"
+call-deadline = "10s"
+[providers.sim-a.limits]
+max-instances = 50
+max-ram = "512GiB"
+
+[labels.big]
+min-ready = 2
+max-ready-age = "1h"
+[labels.big.providers.sim-a]
+instance-type = "big"
+image = "ubuntu"
+vcpus = 8
+ram = "32GiB"
+price = 0.4
+
+[labels.slot]
+slots = 4
+backing-label = "big"
+"#;
+
+/// Parses `text` and compares the problems (as `path: message` lines that
+/// must each contain the expected fragment).
+fn check(text: &str, expect: &[(&str, &str)]) {
+    let problems = match parse(text, Path::new("/etc/berth"), &env) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.problems,
+    };
+    let got: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    assert_eq!(problems.len(), expect.len(), "problems: {got:#?}");
+    for (path, fragment) in expect {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.path == *path && p.message.contains(fragment)),
+            "no `{path}: ...{fragment}...` in {got:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_good_file_gives_typed_values_and_defaults() {
+    let c = parse(GOOD, Path::new("/etc/berth"), &env).expect("valid");
+    assert_eq!(c.pool_id, "ci");
+    assert_eq!(c.state_dir, Path::new("/etc/berth/berth-data"));
+    assert_eq!(c.timings.sync_interval, Duration::from_secs(30));
+    assert_eq!(c.timings.leak_grace, Timings::DEFAULT_LEAK_GRACE);
+    let p = &c.providers[0];
+    assert_eq!(p.driver, Path::new("/etc/berth/plugins/sim.wasm"));
+    assert_eq!(p.rate, Some(2.5));
+    assert_eq!(p.burst, 3);
+    assert_eq!(p.sandbox.max_instances, 8);
+    assert_eq!(p.sandbox.memory_bytes, 128 << 20);
+    assert_eq!(p.limits.max_instances, Some(50));
+    assert_eq!(p.limits.max_ram_mib, Some(512 << 10));
+    let cfg: serde_json::Value = serde_json::from_str(&p.driver_config).unwrap();
+    assert_eq!(cfg["token"], "s3cret-value");
+    assert_eq!(cfg["literal"], "${HOME}");
+    let big = &c.labels[0];
+    assert_eq!(big.min_ready, 2);
+    assert_eq!(big.launch_retries, Label::DEFAULT_LAUNCH_RETRIES);
+    match &big.kind {
+        LabelKind::Machine { offers } => {
+            assert_eq!(offers[0].ram_mib, 32 << 10);
+            assert_eq!(offers[0].options, "{}");
+        }
+        k => panic!("{k:?}"),
+    }
+    assert_eq!(
+        c.labels[1].kind,
+        LabelKind::Slots {
+            slots: 4,
+            backing: LabelIx(0),
+            grace_time: Label::DEFAULT_GRACE_TIME
+        }
+    );
+}
+
+#[test]
+fn every_problem_is_reported_at_once_with_its_path() {
+    let text = r#"
+pool-id = "c i"
+sync-intervall = "1s"
+leak-grace = "2"
+
+[providers.a]
+priority = "high"
+rate = 0
+allow-hosts = ["http://x/", 3]
+config = { token = "${NOPE}" }
+[providers.a.limits]
+max-instances = -1
+max-ram = "4GB"
+
+[labels.m]
+min-ready = 1
+[labels.m.providers.a]
+instance-type = "t"
+imgae = "x"
+vcpus = 0
+ram = "4GiB"
+[labels.m.providers.b]
+instance-type = "t"
+image = "x"
+vcpus = 1
+ram = "1GiB"
+
+[labels.s]
+slots = 0
+backing-label = "s2"
+[labels.s.providers.a]
+
+[labels.s2]
+slots = 2
+backing-label = "s"
+"#;
+    check(
+        text,
+        &[
+            ("pool-id", "must be 1 to 64"),
+            ("sync-intervall", "unknown key"),
+            ("leak-grace", "no unit"),
+            ("providers.a.driver", "missing"),
+            (
+                "providers.a.priority",
+                "expected an integer, found a string",
+            ),
+            ("providers.a.rate", "above 0"),
+            ("providers.a.allow-hosts[0]", "not a URL"),
+            ("providers.a.allow-hosts[1]", "expected a string"),
+            ("providers.a.config.token", "NOPE is not set"),
+            ("providers.a.limits.max-instances", "out of range"),
+            ("providers.a.limits.max-ram", "unknown unit"),
+            ("labels.m.providers.a.image", "missing"),
+            ("labels.m.providers.a.imgae", "unknown key"),
+            ("labels.m.providers.a.vcpus", "1 or more"),
+            ("labels.m.providers.b", "no provider `b`; providers are a"),
+            ("labels.s.slots", "1 to 1024"),
+            ("labels.s.providers", "remove this table"),
+            ("labels.s.backing-label", "is a slot label"),
+            ("labels.s2.backing-label", "is a slot label"),
+        ],
+    );
+}
+
+#[test]
+fn small_cases() {
+    check("", &[("pool-id", "missing")]);
+    check("pool-id = 3", &[("pool-id", "expected a string")]);
+    check(
+        "pool-id = \"p\"\nlabels = 1",
+        &[("labels", "expected a table")],
+    );
+    check(
+        "pool-id = \"p\"\n[labels.x]\nmin-ready = 1",
+        &[("labels.x.providers", "missing")],
+    );
+    check(
+        "pool-id = \"p\"\n[labels.x]\nslots = 2\nbacking-label = \"nope\"",
+        &[("labels.x.backing-label", "no label `nope`")],
+    );
+    check(
+        "pool-id = \"p\"\n[labels.x]\nslots = 2\nbacking-label = \"x\"",
+        &[("labels.x.backing-label", "cannot back itself")],
+    );
+    check("pool-id = [", &[("", "not valid TOML")]);
+}
+
+#[test]
+fn secrets_appear_in_no_debug_output_or_message() {
+    let c = parse(GOOD, Path::new("."), &env).expect("valid");
+    assert!(!format!("{c:?}").contains("s3cret-value"));
+    let bad = GOOD.replace("priority = 1", "priority = \"x\"");
+    let e = parse(&bad, Path::new("."), &env).unwrap_err();
+    assert!(!e.to_string().contains("s3cret-value"));
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let text = include_str!("../../../config/example.toml");
+    parse(text, Path::new("."), &|_| Some("token".into())).expect("config/example.toml");
+}
+
+#[test]
+fn sizes() {
+    assert_eq!(parse::parse_size("512MiB"), Ok(512 << 20));
+    assert_eq!(parse::parse_size("1TiB"), Ok(1 << 40));
+    assert!(parse::parse_size("12").is_err());
+    assert!(parse::parse_size("1.5GiB").is_err());
+}

@@ -1,0 +1,461 @@
+//! The calls each provider owes, made within its rate limit, its concurrency
+//! and any hold a driver asked for; and what their outcomes change.
+
+use std::time::Duration;
+
+use super::*;
+use crate::driver::{BERTH_TAG_PREFIX, CapacityScope, DriverError, Instance, InstanceState};
+
+/// A token bucket: `rate` calls per second, up to `burst` at once. Time comes
+/// in; nothing here reads a clock.
+#[derive(Clone, Debug)]
+pub struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Time,
+}
+
+impl Bucket {
+    pub fn new(rate: f64, burst: u32) -> Bucket {
+        let burst = f64::from(burst.max(1));
+        Bucket {
+            rate,
+            burst,
+            tokens: burst,
+            last: Time::ZERO,
+        }
+    }
+
+    fn refill(&mut self, now: Time) {
+        if now > self.last {
+            let secs = now.since(self.last).as_secs_f64();
+            self.tokens = (self.tokens + secs * self.rate).min(self.burst);
+            self.last = now;
+        }
+    }
+
+    /// Takes a token if one is there.
+    pub fn try_take(&mut self, now: Time) -> bool {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// When the next token will be there (as of the last refill).
+    pub fn next_token(&self) -> Time {
+        if self.tokens >= 1.0 {
+            return self.last;
+        }
+        let wait = (1.0 - self.tokens) / self.rate;
+        self.last + Duration::from_secs_f64(wait.max(0.001))
+    }
+}
+
+/// Backoff before a failed call is made again: 1 s doubling to 5 min.
+fn backoff(tries: u32) -> Duration {
+    Duration::from_secs((1u64 << tries.min(9)).min(300))
+}
+
+impl Pool {
+    /// Appends every call now due, provider by provider: lists first (they
+    /// resolve what a restart left open), then deletes, leak deletes,
+    /// creates and tag updates.
+    pub(super) fn emit(&mut self, now: Time, out: &mut Vec<Effect>) {
+        for p in 0..self.ix.providers.len() {
+            let pix = ProviderIx(p as u16);
+            loop {
+                let rt = &self.ix.providers[p];
+                if rt.held_until.is_some_and(|t| t > now) || rt.in_flight >= rt.max_in_flight {
+                    break;
+                }
+                let Some(effect) = self.next_call(pix, now) else {
+                    break;
+                };
+                let rt = &mut self.ix.providers[p];
+                if let Some(bucket) = &mut rt.bucket
+                    && !bucket.try_take(now)
+                {
+                    // Put it back: the call is owed, just not yet.
+                    self.unclaim(&effect);
+                    break;
+                }
+                self.ix.providers[p].in_flight += 1;
+                out.push(effect);
+            }
+        }
+    }
+
+    /// Claims the next call a provider owes (marking it in flight).
+    fn next_call(&mut self, p: ProviderIx, now: Time) -> Option<Effect> {
+        let rt = &mut self.ix.providers[p.0 as usize];
+        if !rt.list_busy && rt.next_list <= now {
+            rt.list_busy = true;
+            return Some(Effect::List { provider: p });
+        }
+        if let Some(&id) = rt.want_delete.first() {
+            let instance = self.nodes.get(&id).and_then(|n| n.instance.clone())?;
+            self.set_busy(id, true);
+            return Some(Effect::Delete {
+                provider: p,
+                node: Some(id),
+                instance,
+            });
+        }
+        if let Some((instance, leak)) = rt.leaks.iter_mut().find(|(_, l)| !l.busy && l.due <= now) {
+            leak.busy = true;
+            return Some(Effect::Delete {
+                provider: p,
+                node: leak.node,
+                instance: instance.clone(),
+            });
+        }
+        let creates_paused = !rt.listed || rt.quota_paused_until.is_some_and(|t| t > now);
+        if !creates_paused && let Some(&id) = rt.want_create.first() {
+            let spec = self.nodes.get(&id).and_then(|n| self.create_spec(n));
+            self.set_busy(id, true);
+            let Some(spec) = spec else {
+                // The label no longer has an offer here; nothing to create.
+                self.set_busy(id, false);
+                self.failed_try(
+                    id,
+                    "the label has no offer on this provider".into(),
+                    DeleteReason::LaunchFailed,
+                    now,
+                );
+                return self.next_call(p, now);
+            };
+            return Some(Effect::Create {
+                provider: p,
+                node: id,
+                spec,
+            });
+        }
+        // A node with another call in flight (or waiting out a backoff)
+        // keeps its place: its tags are owed once that call is done.
+        let mut later = Vec::new();
+        let mut call = None;
+        while let Some(id) = self.ix.providers[p.0 as usize].want_tags.pop_first() {
+            let Some(node) = self.nodes.get(&id) else {
+                continue;
+            };
+            if node.state.is_final() {
+                continue;
+            }
+            let Some(instance) = node.instance.clone() else {
+                later.push(id);
+                continue;
+            };
+            if self.busy.contains(&id) {
+                later.push(id);
+                continue;
+            }
+            let tags = self.node_tags(node);
+            self.set_busy(id, true);
+            call = Some(Effect::SetTags {
+                provider: p,
+                node: id,
+                instance,
+                tags,
+            });
+            break;
+        }
+        self.ix.providers[p.0 as usize].want_tags.extend(later);
+        call
+    }
+
+    /// Returns a claimed call to the owed set.
+    fn unclaim(&mut self, effect: &Effect) {
+        match effect {
+            Effect::List { provider } => self.ix.providers[provider.0 as usize].list_busy = false,
+            Effect::Delete {
+                provider,
+                node,
+                instance,
+            } => {
+                if let Some(leak) = self.ix.providers[provider.0 as usize]
+                    .leaks
+                    .get_mut(instance)
+                {
+                    leak.busy = false;
+                } else if let Some(id) = node {
+                    self.set_busy(*id, false);
+                }
+            }
+            Effect::Create { node, .. } => self.set_busy(*node, false),
+            Effect::SetTags { provider, node, .. } => {
+                self.set_busy(*node, false);
+                self.ix.providers[provider.0 as usize]
+                    .want_tags
+                    .insert(*node);
+            }
+        }
+    }
+
+    /// A call to `p` finished; `Some(retry_after)` if the driver said
+    /// rate-limited, which holds every call to `p` until then.
+    pub(super) fn call_done(
+        &mut self,
+        p: ProviderIx,
+        failure: Option<&Failure>,
+        now: Time,
+    ) -> bool {
+        let rt = &mut self.ix.providers[p.0 as usize];
+        rt.in_flight = rt.in_flight.saturating_sub(1);
+        if let Some(Failure::Driver(DriverError::RateLimited { retry_after, .. })) = failure {
+            let until = now + (*retry_after).max(Duration::from_millis(1));
+            if rt.held_until.is_none_or(|t| t < until) {
+                rt.held_until = Some(until);
+                self.notices
+                    .push(Notice::RateLimited { provider: p, until });
+            }
+            return true;
+        }
+        false
+    }
+
+    /// A call for a node failed in a way worth another try later.
+    fn retry_later(&mut self, id: NodeId, now: Time) {
+        let tries = self.tries.entry(id).or_insert(0);
+        *tries += 1;
+        let wait = backoff(*tries);
+        self.set_busy(id, true);
+        self.timer(now + wait, Timer::Retry(id));
+    }
+
+    /// The outcome of an [`Effect::Create`].
+    pub fn created(&mut self, now: Time, id: NodeId, result: Result<Instance, Failure>) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let p = node.provider;
+        let rate_limited = self.call_done(p, result.as_ref().err(), now);
+        self.set_busy(id, false);
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let state = node.state.clone();
+        match result {
+            Ok(inst) => {
+                self.ix.labels[node.label.0 as usize].failures = 0;
+                // Tags changed while the create was in flight (an idle
+                // behaviour set) are owed to the instance.
+                let berth_tags = inst
+                    .tags
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(BERTH_TAG_PREFIX))
+                    .map(|(k, v)| (k.clone(), v.clone()));
+                if !state.is_final() && !berth_tags.eq(self.node_tags(node)) {
+                    self.ix.providers[p.0 as usize].want_tags.insert(id);
+                }
+                self.attach(id, &inst, now);
+                if let NodeState::Creating { since, .. } = state {
+                    match inst.state {
+                        InstanceState::Running => self.set_ready(id, now),
+                        InstanceState::Pending | InstanceState::Unknown => {
+                            self.set_booting(id, since, now)
+                        }
+                        InstanceState::Stopping | InstanceState::Terminated => self.failed_try(
+                            id,
+                            "the instance stopped right after its create".into(),
+                            DeleteReason::LaunchFailed,
+                            now,
+                        ),
+                    }
+                }
+                // A node deleted while its create was in flight now has an
+                // instance to delete: it is owed a delete by the index.
+            }
+            Err(_) if matches!(state, NodeState::Deleting { .. }) => {
+                // Nobody wants it any more and it was not created (or, after
+                // a trap, a list finds it as a leak).
+                self.gone(id, GoneReason::Aborted, now);
+            }
+            Err(_) if rate_limited => {}
+            Err(failure) => {
+                let NodeState::Creating { .. } = state else {
+                    return;
+                };
+                match &failure {
+                    Failure::Driver(DriverError::QuotaExceeded(_)) => {
+                        let until = now + self.config.timings.quota_pause;
+                        self.ix.providers[p.0 as usize].quota_paused_until = Some(until);
+                        self.notices
+                            .push(Notice::QuotaPaused { provider: p, until });
+                        self.abort_waiting_creates(p, None, now);
+                        self.abort(id, now);
+                    }
+                    Failure::Driver(DriverError::Capacity { scope, .. }) => {
+                        let until = now + self.config.timings.capacity_pause;
+                        let ty = match scope {
+                            CapacityScope::InstanceType(t) => Some(t.clone()),
+                            CapacityScope::General => None,
+                        };
+                        let rt = &mut self.ix.providers[p.0 as usize];
+                        rt.capacity_paused.push((ty.clone(), until));
+                        self.notices.push(Notice::CapacityPaused {
+                            provider: p,
+                            instance_type: ty.clone(),
+                            until,
+                        });
+                        self.abort_waiting_creates(p, Some(ty), now);
+                        self.abort(id, now);
+                    }
+                    other => {
+                        let why = format!("create: {other}");
+                        self.failed_try(id, why, DeleteReason::LaunchFailed, now);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A node's instance exists and is not running yet: the provider is
+    /// listed every `boot-poll-interval` until it runs.
+    pub(super) fn set_booting(&mut self, id: NodeId, since: Time, now: Time) {
+        self.update(id, |n| n.state = NodeState::Booting { since });
+        if let Some(node) = self.nodes.get(&id) {
+            let t = since + self.config[node.label].boot_timeout;
+            let rt = &mut self.ix.providers[node.provider.0 as usize];
+            rt.next_list = rt
+                .next_list
+                .min(now + self.config.timings.boot_poll_interval);
+            self.timer(t, Timer::BootTimeout(id));
+        }
+    }
+
+    /// Records what the cloud says about a node's instance.
+    pub(super) fn attach(&mut self, id: NodeId, inst: &Instance, now: Time) {
+        let endpoint = Endpoint {
+            addresses: inst.addresses.clone(),
+            connection: inst.connection.clone(),
+        };
+        let changed = self.nodes.get(&id).is_some_and(|n| {
+            n.instance.as_deref() != Some(inst.id.as_str())
+                || n.endpoint.as_deref() != Some(&endpoint)
+        });
+        if changed {
+            self.update(id, |n| {
+                n.instance = Some(inst.id.clone());
+                n.endpoint = Some(Box::new(endpoint));
+            });
+            self.attached_at.entry(id).or_insert(now);
+        }
+    }
+
+    /// Gives up a launch that has no instance: not a failed try. The request
+    /// it was set aside for is served again, elsewhere if possible.
+    fn abort(&mut self, id: NodeId, now: Time) {
+        let role = self.nodes.get(&id).map(|n| n.role.clone());
+        if let Some(Role::Backing { .. }) = role {
+            let slots: Vec<NodeId> = self.slot_nodes_of(id);
+            for s in slots {
+                self.free_slot_node(s, GoneReason::BackingLost, now);
+            }
+        }
+        self.gone(id, GoneReason::Aborted, now);
+    }
+
+    fn slot_nodes_of(&self, backing: NodeId) -> Vec<NodeId> {
+        match self.nodes.get(&backing).map(|n| &n.role) {
+            Some(Role::Backing { slots, .. }) => slots.iter().flatten().copied().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// After quota or capacity errors, creates still waiting on the same
+    /// provider (and instance type) would fail the same way: give them up so
+    /// their requests can go elsewhere.
+    fn abort_waiting_creates(&mut self, p: ProviderIx, ty: Option<Option<String>>, now: Time) {
+        let waiting: Vec<NodeId> = self.ix.providers[p.0 as usize]
+            .want_create
+            .iter()
+            .copied()
+            .filter(|id| match (&ty, self.nodes.get(id)) {
+                (None, _) | (Some(None), _) => true,
+                (Some(Some(t)), Some(n)) => n.instance_type == *t,
+                (Some(Some(_)), None) => false,
+            })
+            .collect();
+        for id in waiting {
+            self.abort(id, now);
+        }
+    }
+
+    /// The outcome of an [`Effect::Delete`]. `Ok` includes "already gone".
+    pub fn deleted(
+        &mut self,
+        now: Time,
+        p: ProviderIx,
+        node: Option<NodeId>,
+        instance: &str,
+        result: Result<(), Failure>,
+    ) {
+        let rate_limited = self.call_done(p, result.as_ref().err(), now);
+        let rt = &mut self.ix.providers[p.0 as usize];
+        if let Some(leak) = rt.leaks.get_mut(instance) {
+            leak.busy = false;
+            match &result {
+                Ok(()) => {
+                    rt.leaks.remove(instance);
+                    if node.is_none() {
+                        rt.leaks_deleted += 1;
+                        self.notices.push(Notice::LeakDeleted {
+                            provider: p,
+                            instance: instance.to_owned(),
+                        });
+                    }
+                    rt.quota_paused_until = None;
+                }
+                Err(_) => {
+                    // Tried again once a later list still shows it.
+                    leak.due = now + self.config.timings.delete_retry;
+                }
+            }
+            return;
+        }
+        let Some(id) = node else {
+            return;
+        };
+        self.set_busy(id, false);
+        let Some(n) = self.nodes.get(&id) else {
+            return;
+        };
+        if !matches!(n.state, NodeState::Deleting { .. }) {
+            return;
+        }
+        match result {
+            Ok(()) | Err(Failure::Driver(DriverError::NotFound(_))) => {
+                self.tries.remove(&id);
+                self.gone(id, GoneReason::Deleted, now)
+            }
+            Err(_) if rate_limited => {}
+            Err(_) => self.retry_later(id, now),
+        }
+    }
+
+    /// The outcome of an [`Effect::SetTags`].
+    pub fn tagged(&mut self, now: Time, id: NodeId, result: Result<(), Failure>) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let p = node.provider;
+        let rate_limited = self.call_done(p, result.as_ref().err(), now);
+        self.set_busy(id, false);
+        match result {
+            Ok(()) | Err(Failure::Driver(DriverError::NotFound(_))) => {
+                self.tries.remove(&id);
+            }
+            Err(_) => {
+                self.ix.providers[p.0 as usize].want_tags.insert(id);
+                if !rate_limited {
+                    self.retry_later(id, now);
+                }
+            }
+        }
+    }
+}

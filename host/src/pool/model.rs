@@ -1,0 +1,497 @@
+//! The pool core's data: time, ids, nodes and their lifecycle, requests, and
+//! the values the core hands to its runtime (effects, notices, changes).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::config::{LabelIx, ProviderIx};
+use crate::driver::{Addresses, Connection, DriverError, Tags};
+
+/// Wall-clock time in milliseconds since the Unix epoch. Wall clock rather
+/// than a monotonic instant because it is stored and must mean the same thing
+/// after a restart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Time(pub u64);
+
+impl Time {
+    pub const ZERO: Time = Time(0);
+
+    pub fn from_millis(ms: u64) -> Time {
+        Time(ms)
+    }
+
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+
+    /// Time from `earlier` to `self`, zero if `earlier` is later.
+    pub fn since(self, earlier: Time) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl std::ops::Add<Duration> for Time {
+    type Output = Time;
+    fn add(self, d: Duration) -> Time {
+        Time(
+            self.0
+                .saturating_add(d.as_millis().min(u64::MAX as u128) as u64),
+        )
+    }
+}
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub u64);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($prefix, "{:016x}"), self.0)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = ();
+            fn from_str(s: &str) -> Result<Self, ()> {
+                let hex = s.strip_prefix($prefix).ok_or(())?;
+                if hex.len() != 16 {
+                    return Err(());
+                }
+                u64::from_str_radix(hex, 16).map($name).map_err(|_| ())
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A node's id; also its `berth-node` tag and the create's client token.
+    NodeId,
+    "n-"
+);
+id_type!(
+    /// A request's id.
+    RequestId,
+    "r-"
+);
+
+/// What berth does with a node when nobody is using it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Idle {
+    /// Hand it out, recycle it by the label's rules.
+    #[default]
+    Run,
+    /// Keep it: never handed out, never recycled (for inspection).
+    Hold,
+    /// Delete it as soon as it is idle.
+    Drain,
+}
+
+impl Idle {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Idle::Run => "run",
+            Idle::Hold => "hold",
+            Idle::Drain => "drain",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Idle> {
+        match s {
+            "run" => Some(Idle::Run),
+            "hold" => Some(Idle::Hold),
+            "drain" => Some(Idle::Drain),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Idle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a node is being deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeleteReason {
+    /// A client returned it and the label is single use.
+    Released,
+    /// Ready longer than `max-ready-age`.
+    Recycled,
+    /// Ready beyond `min-ready` for longer than `idle-timeout`.
+    IdleTimeout,
+    /// Not running within `boot-timeout`.
+    BootTimeout,
+    /// Idle behaviour drain.
+    Drained,
+    /// An operator asked.
+    Admin,
+    /// A backing instance whose slots were all free for `grace-time`.
+    SlotsIdle,
+    /// Its launch failed after the instance existed.
+    LaunchFailed,
+}
+
+impl DeleteReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeleteReason::Released => "released",
+            DeleteReason::Recycled => "recycled",
+            DeleteReason::IdleTimeout => "idle-timeout",
+            DeleteReason::BootTimeout => "boot-timeout",
+            DeleteReason::Drained => "drained",
+            DeleteReason::Admin => "admin",
+            DeleteReason::SlotsIdle => "slots-idle",
+            DeleteReason::LaunchFailed => "launch-failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DeleteReason> {
+        [
+            DeleteReason::Released,
+            DeleteReason::Recycled,
+            DeleteReason::IdleTimeout,
+            DeleteReason::BootTimeout,
+            DeleteReason::Drained,
+            DeleteReason::Admin,
+            DeleteReason::SlotsIdle,
+            DeleteReason::LaunchFailed,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+}
+
+/// Why a node is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GoneReason {
+    /// berth deleted its instance.
+    Deleted,
+    /// Its instance disappeared without berth deleting it.
+    Vanished,
+    /// A slot node whose slot was freed.
+    SlotFreed,
+    /// Its backing instance went away.
+    BackingLost,
+    /// Its launch was given up before an instance existed (quota, capacity,
+    /// cancelled request); not a failed try.
+    Aborted,
+}
+
+impl GoneReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GoneReason::Deleted => "deleted",
+            GoneReason::Vanished => "vanished",
+            GoneReason::SlotFreed => "slot-freed",
+            GoneReason::BackingLost => "backing-lost",
+            GoneReason::Aborted => "aborted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<GoneReason> {
+        [
+            GoneReason::Deleted,
+            GoneReason::Vanished,
+            GoneReason::SlotFreed,
+            GoneReason::BackingLost,
+            GoneReason::Aborted,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+}
+
+/// Where a node is in its life.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeState {
+    /// The create intent is stored; the call is waiting or in flight. For a
+    /// slot node: waiting for its backing instance to run.
+    Creating { since: Time, attempt: u32 },
+    /// The instance exists and is not running yet.
+    Booting { since: Time },
+    /// Running and free (or assigned to a request not yet fulfilled).
+    Ready { since: Time },
+    /// Handed out to a request.
+    InUse { request: RequestId, since: Time },
+    /// Returned by its client; about to be deleted, reused or freed.
+    Used { since: Time },
+    /// Its instance is to be deleted, or the delete is in flight.
+    Deleting { since: Time, reason: DeleteReason },
+    /// Its instance is gone. Kept for history, then forgotten.
+    Gone { since: Time, reason: GoneReason },
+    /// It could not be launched; it never had a running instance.
+    Failed { since: Time, reason: String },
+}
+
+impl NodeState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            NodeState::Creating { .. } => "creating",
+            NodeState::Booting { .. } => "booting",
+            NodeState::Ready { .. } => "ready",
+            NodeState::InUse { .. } => "in-use",
+            NodeState::Used { .. } => "used",
+            NodeState::Deleting { .. } => "deleting",
+            NodeState::Gone { .. } => "gone",
+            NodeState::Failed { .. } => "failed",
+        }
+    }
+
+    /// Whether the node has (or may have) a cloud instance counted against
+    /// its provider's limits.
+    pub fn holds_instance(&self) -> bool {
+        !matches!(self, NodeState::Gone { .. } | NodeState::Failed { .. })
+    }
+
+    pub fn is_final(&self) -> bool {
+        !self.holds_instance()
+    }
+}
+
+/// A node's part in slot packing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Role {
+    /// One node, one instance.
+    Plain,
+    /// An instance of a backing label that hosts the nodes of `slot_label`.
+    Backing {
+        slot_label: LabelIx,
+        /// Which node holds each slot; `None` is free.
+        slots: Vec<Option<NodeId>>,
+        /// Since when every slot has been free.
+        free_since: Option<Time>,
+    },
+    /// A node occupying slot `index` of `backing`.
+    Slot { backing: NodeId, index: u16 },
+}
+
+/// What a node needs from the cloud: counted against provider limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub vcpus: u32,
+    pub ram_mib: u64,
+}
+
+impl From<&crate::config::Offer> for Resources {
+    fn from(o: &crate::config::Offer) -> Self {
+        Resources {
+            vcpus: o.vcpus,
+            ram_mib: o.ram_mib,
+        }
+    }
+}
+
+/// One node berth manages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub id: NodeId,
+    pub label: LabelIx,
+    /// For a slot node, the backing instance's provider.
+    pub provider: ProviderIx,
+    pub instance_type: String,
+    pub resources: Resources,
+    pub price: f64,
+    /// The cloud instance id once known. A slot node has none of its own.
+    pub instance: Option<String>,
+    pub state: NodeState,
+    pub idle: Idle,
+    pub role: Role,
+    /// The pending request this node is set aside for.
+    pub assigned: Option<RequestId>,
+    /// When the node was first launched (its record created).
+    pub created: Time,
+    /// Addresses and login details, once the instance reported them.
+    pub endpoint: Option<Box<Endpoint>>,
+}
+
+/// How a client reaches a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addresses: Addresses,
+    pub connection: Connection,
+}
+
+/// A request for a set of nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub id: RequestId,
+    pub requestor: String,
+    /// Lower is served first.
+    pub priority: i32,
+    pub created: Time,
+    /// Label and count; each label at most once.
+    pub wants: Vec<(LabelIx, u32)>,
+    pub state: RequestState,
+    /// Nodes set aside (pending) or handed out (fulfilled).
+    pub nodes: Vec<NodeId>,
+    /// Failed launch tries made for this request.
+    pub failures: u32,
+}
+
+/// Where a request is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestState {
+    Pending,
+    Fulfilled { at: Time },
+    Failed { at: Time, reason: String },
+    Cancelled { at: Time },
+}
+
+impl RequestState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            RequestState::Pending => "pending",
+            RequestState::Fulfilled { .. } => "fulfilled",
+            RequestState::Failed { .. } => "failed",
+            RequestState::Cancelled { .. } => "cancelled",
+        }
+    }
+}
+
+/// A new request as a client states it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewRequest {
+    pub requestor: String,
+    pub priority: i32,
+    pub wants: Vec<(LabelIx, u32)>,
+}
+
+/// Why a driver call did not succeed, as the core needs to know it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The driver answered with a typed error.
+    Driver(DriverError),
+    /// The host could not get an answer: a trap, a deadline, a driver that
+    /// would not start. The call may or may not have reached the cloud.
+    Host(String),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Driver(e) => write!(f, "{e}"),
+            Failure::Host(m) => f.write_str(m),
+        }
+    }
+}
+
+/// A driver call the core wants made. The runtime makes it and reports the
+/// outcome back with the matching `Pool` method.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Launch `node`; report with [`super::Pool::created`].
+    Create {
+        provider: ProviderIx,
+        node: NodeId,
+        spec: crate::driver::CreateSpec,
+    },
+    /// Delete an instance; report with [`super::Pool::deleted`]. `node` is
+    /// `None` for a leaked instance.
+    Delete {
+        provider: ProviderIx,
+        node: Option<NodeId>,
+        instance: String,
+    },
+    /// List the provider's instances carrying the pool id; report with
+    /// [`super::Pool::listed`].
+    List { provider: ProviderIx },
+    /// Replace berth's tags on a node's instance; report with
+    /// [`super::Pool::tagged`].
+    SetTags {
+        provider: ProviderIx,
+        node: NodeId,
+        instance: String,
+        tags: Tags,
+    },
+}
+
+/// Something worth a log line, which the core cannot write itself.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Notice {
+    /// Instances without the pool id seen on a provider (said once).
+    Foreign { provider: ProviderIx, count: usize },
+    /// An owned instance no node accounts for was deleted.
+    LeakDeleted {
+        provider: ProviderIx,
+        instance: String,
+    },
+    /// An instance with berth's tags and no node was adopted.
+    Adopted { node: NodeId, instance: String },
+    /// A node's instance disappeared.
+    Vanished { node: NodeId },
+    /// A request failed.
+    RequestFailed { request: RequestId, reason: String },
+    /// A provider's creates are paused.
+    QuotaPaused { provider: ProviderIx, until: Time },
+    /// Every call to a provider is held.
+    RateLimited { provider: ProviderIx, until: Time },
+    /// An instance type is paused on a provider.
+    CapacityPaused {
+        provider: ProviderIx,
+        instance_type: Option<String>,
+        until: Time,
+    },
+}
+
+/// Records that changed since the last [`super::Pool::take_changes`]: what the
+/// runtime writes to the store before it carries out any effect.
+#[derive(Clone, Debug, Default)]
+pub struct Changes {
+    pub nodes: Vec<Node>,
+    pub requests: Vec<Request>,
+    /// Forgotten records, to remove from the store.
+    pub purged_nodes: Vec<NodeId>,
+    pub purged_requests: Vec<RequestId>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+            && self.requests.is_empty()
+            && self.purged_nodes.is_empty()
+            && self.purged_requests.is_empty()
+    }
+}
+
+/// What a store held at start.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub nodes: Vec<Node>,
+    pub requests: Vec<Request>,
+}
+
+/// Why a request was refused at once.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("a request must ask for at least one node")]
+    Empty,
+    #[error("label `{0}` is asked for twice; give each label once with its count")]
+    DuplicateLabel(String),
+    #[error(
+        "label `{label}`: asked for {wanted} nodes, but the configured provider limits allow at most {possible} at once"
+    )]
+    TooMany {
+        label: String,
+        wanted: u32,
+        possible: u64,
+    },
+}
+
+/// Why an operation on an existing node or request was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Conflict {
+    #[error("no such node")]
+    NoSuchNode,
+    #[error("no such request")]
+    NoSuchRequest,
+    #[error("node is {0}, not in use")]
+    NotInUse(&'static str),
+    #[error("request is {0}, not pending")]
+    NotPending(&'static str),
+    #[error("node is already {0}")]
+    AlreadyFinal(&'static str),
+}

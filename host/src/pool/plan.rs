@@ -1,0 +1,1067 @@
+//! Decisions: serving requests, prewarming, choosing a provider, and what
+//! happens to a node when it is returned, lost, timed out or deleted.
+
+use std::collections::HashSet;
+
+use super::*;
+use crate::config::Offer;
+
+/// One step of serving a request, worked out before anything is changed so
+/// that a request is either served whole or left as it was.
+enum Step {
+    /// Set aside a free node (ready or launching).
+    Take(NodeId),
+    /// Launch a plain node from the label's offer at this index.
+    Launch(LabelIx, usize),
+    /// Put a new slot node in a free slot of a backing node.
+    Slot { backing: NodeId, index: u16 },
+    /// Launch a backing node for `slot_label` and fill `fill` of its slots.
+    Backing {
+        slot_label: LabelIx,
+        offer: usize,
+        fill: u16,
+    },
+}
+
+/// Resources a plan would add per provider, on top of what is counted, and
+/// the providers it may not launch on.
+pub(super) struct Tally {
+    extra: Vec<Usage>,
+    closed: Vec<bool>,
+}
+
+impl Pool {
+    pub(super) fn plan(&mut self, now: Time) {
+        let order: Vec<RequestId> = self.pending.iter().map(|k| k.2).collect();
+        // Providers a request waits for room on: prewarming stays off them,
+        // or min-ready nodes would take the room each time it frees and the
+        // request would wait for ever.
+        let mut wanted = self.tally();
+        for id in order {
+            self.serve(id, &mut wanted, now);
+        }
+        for i in 0..self.config.labels.len() {
+            self.prewarm(LabelIx(i as u16), &wanted, now);
+        }
+    }
+
+    /// A tally with nothing added and every provider open.
+    pub(super) fn tally(&self) -> Tally {
+        let n = self.config.providers.len();
+        Tally {
+            extra: vec![Usage::default(); n],
+            closed: vec![false; n],
+        }
+    }
+
+    /// Serves one pending request as far as it can be served now: all of its
+    /// missing nodes are set aside or launched, or none is.
+    fn serve(&mut self, id: RequestId, wanted: &mut Tally, now: Time) {
+        let Some(req) = self.requests.get(&id) else {
+            return;
+        };
+        let mut tally = self.tally();
+        let mut steps = Vec::new();
+        let mut taken_slots: HashSet<(NodeId, u16)> = HashSet::new();
+        // Labels with the fewest providers first, so that a label that can
+        // go elsewhere does not take the room of one that cannot.
+        let mut wants = req.wants.clone();
+        wants.sort_by_key(|&(label, _)| match self.config[label].kind {
+            LabelKind::Machine { .. } => self.machine_offers(label).len(),
+            LabelKind::Slots { backing, .. } => self.machine_offers(backing).len(),
+        });
+        for (label, count) in wants {
+            let have = req
+                .nodes
+                .iter()
+                .filter(|n| self.nodes.get(n).is_some_and(|n| n.label == label))
+                .count() as u32;
+            let mut need = count.saturating_sub(have);
+            if need == 0 {
+                continue;
+            }
+            match &self.config[label].kind {
+                LabelKind::Machine { .. } => {
+                    let rt = &self.ix.labels[label.0 as usize];
+                    for &(_, n) in rt.free_ready.iter().take(need as usize) {
+                        steps.push(Step::Take(n));
+                        need -= 1;
+                    }
+                    for &n in rt.free_launching.iter().take(need as usize) {
+                        steps.push(Step::Take(n));
+                        need -= 1;
+                    }
+                    while need > 0 {
+                        let Some(offer) = self.pick_offer(label, None, &tally, now) else {
+                            wanted.close(self.machine_offers(label));
+                            return;
+                        };
+                        tally.add(self.machine_offers(label)[offer].clone());
+                        steps.push(Step::Launch(label, offer));
+                        need -= 1;
+                    }
+                }
+                &LabelKind::Slots { slots, backing, .. } => {
+                    for (b, index) in self.free_slot_list(label) {
+                        if need == 0 {
+                            break;
+                        }
+                        if taken_slots.insert((b, index)) {
+                            steps.push(Step::Slot { backing: b, index });
+                            need -= 1;
+                        }
+                    }
+                    while need > 0 {
+                        let Some(offer) = self.pick_offer(backing, None, &tally, now) else {
+                            wanted.close(self.machine_offers(backing));
+                            return;
+                        };
+                        tally.add(self.machine_offers(backing)[offer].clone());
+                        let fill = need.min(u32::from(slots)) as u16;
+                        steps.push(Step::Backing {
+                            slot_label: label,
+                            offer,
+                            fill,
+                        });
+                        need -= u32::from(fill);
+                    }
+                }
+            }
+        }
+        for step in steps {
+            self.apply(id, step, now);
+        }
+        self.fulfil_if_ready(id, now);
+    }
+
+    fn apply(&mut self, req: RequestId, step: Step, now: Time) {
+        let node = match step {
+            Step::Take(n) => {
+                self.update(n, |n| n.assigned = Some(req));
+                n
+            }
+            Step::Launch(label, offer) => {
+                let offer = self.machine_offers(label)[offer].clone();
+                self.launch(label, &offer, Role::Plain, Some(req), now)
+            }
+            Step::Slot { backing, index } => self.fill_slot(backing, index, req, now),
+            Step::Backing {
+                slot_label,
+                offer,
+                fill,
+            } => {
+                let &LabelKind::Slots { slots, backing, .. } = &self.config[slot_label].kind else {
+                    return;
+                };
+                let offer = self.machine_offers(backing)[offer].clone();
+                let role = Role::Backing {
+                    slot_label,
+                    slots: vec![None; usize::from(slots)],
+                    free_since: None,
+                };
+                let b = self.launch(backing, &offer, role, None, now);
+                for index in 0..fill {
+                    let n = self.fill_slot(b, index, req, now);
+                    self.add_to_request(req, n);
+                }
+                return;
+            }
+        };
+        self.add_to_request(req, node);
+    }
+
+    fn add_to_request(&mut self, req: RequestId, node: NodeId) {
+        if let Some(r) = self.requests.get_mut(&req) {
+            r.nodes.push(node);
+            self.dirty_requests.insert(req);
+        }
+    }
+
+    /// Creates the record of a node to launch; the create follows from it.
+    fn launch(
+        &mut self,
+        label: LabelIx,
+        offer: &Offer,
+        role: Role,
+        assigned: Option<RequestId>,
+        now: Time,
+    ) -> NodeId {
+        let id = self.fresh_node_id();
+        self.insert(Node {
+            id,
+            label,
+            provider: offer.provider,
+            instance_type: offer.instance_type.clone(),
+            resources: Resources::from(offer),
+            price: offer.price,
+            instance: None,
+            state: NodeState::Creating {
+                since: now,
+                attempt: 0,
+            },
+            idle: Idle::Run,
+            role,
+            assigned,
+            created: now,
+            endpoint: None,
+        });
+        id
+    }
+
+    /// Puts a new slot node for `req` into a free slot of `backing`.
+    fn fill_slot(&mut self, backing: NodeId, index: u16, req: RequestId, now: Time) -> NodeId {
+        let id = self.fresh_node_id();
+        let Some(b) = self.nodes.get(&backing) else {
+            return id;
+        };
+        let Role::Backing { slot_label, .. } = b.role else {
+            return id;
+        };
+        let state = match b.state {
+            NodeState::Ready { .. } => NodeState::Ready { since: now },
+            _ => NodeState::Creating {
+                since: now,
+                attempt: 0,
+            },
+        };
+        let node = Node {
+            id,
+            label: slot_label,
+            provider: b.provider,
+            instance_type: b.instance_type.clone(),
+            resources: Resources::default(),
+            price: 0.0,
+            instance: b.instance.clone(),
+            state,
+            idle: Idle::Run,
+            role: Role::Slot { backing, index },
+            assigned: Some(req),
+            created: now,
+            endpoint: b.endpoint.clone(),
+        };
+        self.update(backing, |b| {
+            if let Role::Backing {
+                slots, free_since, ..
+            } = &mut b.role
+            {
+                slots[usize::from(index)] = Some(id);
+                *free_since = None;
+            }
+        });
+        self.insert(node);
+        id
+    }
+
+    /// Hands a request its nodes once every one of them is ready.
+    pub(super) fn fulfil_if_ready(&mut self, id: RequestId, now: Time) {
+        let Some(req) = self.requests.get(&id) else {
+            return;
+        };
+        if req.state != RequestState::Pending {
+            return;
+        }
+        let total: u32 = req.wants.iter().map(|(_, n)| n).sum();
+        if req.nodes.len() as u32 != total {
+            return;
+        }
+        let all_ready = req.nodes.iter().all(|n| {
+            self.nodes
+                .get(n)
+                .is_some_and(|n| matches!(n.state, NodeState::Ready { .. }))
+        });
+        if !all_ready {
+            return;
+        }
+        let nodes = req.nodes.clone();
+        for n in nodes {
+            self.update(n, |n| {
+                n.assigned = None;
+                n.state = NodeState::InUse {
+                    request: id,
+                    since: now,
+                };
+            });
+        }
+        if let Some(req) = self.requests.get_mut(&id) {
+            self.pending.remove(&(req.priority, req.created, id));
+            req.state = RequestState::Fulfilled { at: now };
+            self.dirty_requests.insert(id);
+            self.timer(now + self.config.timings.history, Timer::PurgeRequest(id));
+        }
+    }
+
+    /// Ends a pending request (failed or cancelled): its set-aside nodes go
+    /// back to the pool, and slots it held are freed.
+    pub(super) fn finish_request(&mut self, id: RequestId, state: RequestState, now: Time) {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        if req.state != RequestState::Pending {
+            return;
+        }
+        self.pending.remove(&(req.priority, req.created, id));
+        if let RequestState::Failed { reason, .. } = &state {
+            self.notices.push(Notice::RequestFailed {
+                request: id,
+                reason: reason.clone(),
+            });
+        }
+        req.state = state;
+        let nodes = std::mem::take(&mut req.nodes);
+        self.dirty_requests.insert(id);
+        self.timer(now + self.config.timings.history, Timer::PurgeRequest(id));
+        for n in nodes {
+            self.update(n, |n| n.assigned = None);
+            if matches!(self.nodes.get(&n).map(|n| &n.role), Some(Role::Slot { .. })) {
+                self.free_slot_node(n, GoneReason::SlotFreed, now);
+            } else if let Some(NodeState::Ready { since }) = self.nodes.get(&n).map(|n| &n.state) {
+                let since = *since;
+                self.ready_and_free(n, since, now);
+            }
+        }
+    }
+
+    /// Takes a node out of the request it was set aside for; the request
+    /// will be served again on the next plan.
+    pub(super) fn unassign(&mut self, id: NodeId) {
+        let Some(req) = self.nodes.get(&id).and_then(|n| n.assigned) else {
+            return;
+        };
+        self.update(id, |n| n.assigned = None);
+        if let Some(r) = self.requests.get_mut(&req) {
+            r.nodes.retain(|n| *n != id);
+            self.dirty_requests.insert(req);
+        }
+    }
+
+    /// Keeps `min-ready` nodes (or free slots) per label.
+    fn prewarm(&mut self, label: LabelIx, wanted: &Tally, now: Time) {
+        let cfg = &self.config[label];
+        let min_ready = cfg.min_ready;
+        if min_ready == 0 {
+            return;
+        }
+        let rt = &self.ix.labels[label.0 as usize];
+        if rt.backoff_until > now {
+            return;
+        }
+        let tally = Tally {
+            extra: vec![Usage::default(); self.config.providers.len()],
+            closed: wanted.closed.clone(),
+        };
+        match &cfg.kind {
+            LabelKind::Machine { .. } => {
+                let have = (rt.free_ready.len() + rt.free_launching.len()) as u32;
+                for _ in have..min_ready {
+                    let Some(offer) = self.pick_offer(label, None, &tally, now) else {
+                        return;
+                    };
+                    let offer = self.machine_offers(label)[offer].clone();
+                    self.launch(label, &offer, Role::Plain, None, now);
+                }
+            }
+            &LabelKind::Slots { slots, backing, .. } => {
+                let mut have = self.free_slots(label, false) as u32;
+                while have < min_ready {
+                    let Some(offer) = self.pick_offer(backing, None, &tally, now) else {
+                        return;
+                    };
+                    let offer = self.machine_offers(backing)[offer].clone();
+                    let role = Role::Backing {
+                        slot_label: label,
+                        slots: vec![None; usize::from(slots)],
+                        free_since: Some(now),
+                    };
+                    self.launch(backing, &offer, role, None, now);
+                    have += u32::from(slots);
+                }
+            }
+        }
+    }
+
+    pub(super) fn machine_offers(&self, label: LabelIx) -> &[Offer] {
+        match &self.config[label].kind {
+            LabelKind::Machine { offers } => offers,
+            LabelKind::Slots { .. } => &[],
+        }
+    }
+
+    /// The offer to launch `label` from: the preferred provider (lowest
+    /// priority value, then lowest price) among those not paused and with
+    /// room under their limits. `avoid` is tried last.
+    pub(super) fn pick_offer(
+        &self,
+        label: LabelIx,
+        avoid: Option<ProviderIx>,
+        tally: &Tally,
+        now: Time,
+    ) -> Option<usize> {
+        let offers = self.machine_offers(label);
+        let mut best: Option<(bool, i32, f64, usize)> = None;
+        for (i, o) in offers.iter().enumerate() {
+            if !self.can_launch(o, tally, now) {
+                continue;
+            }
+            let key = (
+                Some(o.provider) == avoid,
+                self.config[o.provider].priority,
+                o.price,
+                i,
+            );
+            let better = match &best {
+                None => true,
+                Some(b) => {
+                    (key.0, key.1) < (b.0, b.1)
+                        || ((key.0, key.1) == (b.0, b.1) && key.2.total_cmp(&b.2).is_lt())
+                }
+            };
+            if better {
+                best = Some(key);
+            }
+        }
+        best.map(|b| b.3)
+    }
+
+    fn can_launch(&self, o: &Offer, tally: &Tally, now: Time) -> bool {
+        let rt = &self.ix.providers[o.provider.0 as usize];
+        if !rt.listed
+            || rt.quota_paused_until.is_some_and(|t| t > now)
+            || rt.held_until.is_some_and(|t| t > now)
+        {
+            return false;
+        }
+        let paused = rt
+            .capacity_paused
+            .iter()
+            .any(|(ty, until)| *until > now && ty.as_ref().is_none_or(|ty| *ty == o.instance_type));
+        if paused {
+            return false;
+        }
+        let limits = &self.config[o.provider].limits;
+        if tally.closed[o.provider.0 as usize] {
+            return false;
+        }
+        let extra = tally.extra[o.provider.0 as usize];
+        let instances = rt.usage.instances + extra.instances + 1;
+        let vcpus = rt.usage.vcpus + extra.vcpus + o.vcpus;
+        let ram = rt.usage.ram_mib + extra.ram_mib + o.ram_mib;
+        limits.max_instances.is_none_or(|m| instances <= m)
+            && limits.max_cores.is_none_or(|m| vcpus <= m)
+            && limits.max_ram_mib.is_none_or(|m| ram <= m)
+    }
+
+    /// How many nodes of `label` the configured limits allow at once at most.
+    pub(super) fn max_possible(&self, label: LabelIx) -> u64 {
+        match &self.config[label].kind {
+            LabelKind::Machine { offers } => offers
+                .iter()
+                .map(|o| {
+                    let l = &self.config[o.provider].limits;
+                    let by_instances = l.max_instances.map_or(u64::MAX, u64::from);
+                    let by_cores = l
+                        .max_cores
+                        .map_or(u64::MAX, |m| u64::from(m) / u64::from(o.vcpus.max(1)));
+                    let by_ram = l.max_ram_mib.map_or(u64::MAX, |m| m / o.ram_mib.max(1));
+                    by_instances.min(by_cores).min(by_ram)
+                })
+                .fold(0u64, u64::saturating_add),
+            &LabelKind::Slots { slots, backing, .. } => {
+                self.max_possible(backing).saturating_mul(u64::from(slots))
+            }
+        }
+    }
+
+    /// Free slots of a slot label, packing order: the fullest live backing
+    /// node first, ready ones before launching ones.
+    fn free_slot_list(&self, label: LabelIx) -> Vec<(NodeId, u16)> {
+        let mut backings: Vec<(bool, usize, NodeId, Vec<u16>)> = Vec::new();
+        for &b in &self.ix.labels[label.0 as usize].backings {
+            let Some(node) = self.nodes.get(&b) else {
+                continue;
+            };
+            if node.idle != Idle::Run {
+                continue;
+            }
+            let Role::Backing { slots, .. } = &node.role else {
+                continue;
+            };
+            let free: Vec<u16> = (0..slots.len() as u16)
+                .filter(|i| slots[usize::from(*i)].is_none())
+                .collect();
+            if free.is_empty() {
+                continue;
+            }
+            let ready = matches!(node.state, NodeState::Ready { .. });
+            backings.push((!ready, slots.len() - free.len(), b, free));
+        }
+        backings.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+        backings
+            .into_iter()
+            .flat_map(|(_, _, b, free)| free.into_iter().map(move |i| (b, i)))
+            .collect()
+    }
+
+    /// Free slots of a slot label, on ready backing nodes only or on all
+    /// live ones.
+    pub(super) fn free_slots(&self, label: LabelIx, ready_only: bool) -> usize {
+        self.ix.labels[label.0 as usize]
+            .backings
+            .iter()
+            .filter_map(|b| self.nodes.get(b))
+            .filter(|n| n.idle == Idle::Run)
+            .filter(|n| !ready_only || matches!(n.state, NodeState::Ready { .. }))
+            .map(|n| match &n.role {
+                Role::Backing { slots, .. } => slots.iter().filter(|s| s.is_none()).count(),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    // ---- node events ----------------------------------------------------
+
+    /// A returned node: reused, deleted, freed or held, by its label and
+    /// idle behaviour.
+    pub(super) fn settle_used(&mut self, id: NodeId, now: Time) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        if !matches!(node.state, NodeState::Used { .. }) {
+            return;
+        }
+        if matches!(node.role, Role::Slot { .. }) {
+            self.free_slot_node(id, GoneReason::SlotFreed, now);
+            return;
+        }
+        match node.idle {
+            Idle::Hold => {}
+            Idle::Drain => self.begin_delete(id, DeleteReason::Drained, now),
+            Idle::Run if self.config[node.label].reuse => self.set_ready(id, now),
+            Idle::Run => self.begin_delete(id, DeleteReason::Released, now),
+        }
+    }
+
+    /// A node is running and free (or set aside): ready.
+    pub(super) fn set_ready(&mut self, id: NodeId, now: Time) {
+        self.update(id, |n| n.state = NodeState::Ready { since: now });
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        if let Role::Backing { slots, .. } = &node.role {
+            let waiting: Vec<NodeId> = slots.iter().flatten().copied().collect();
+            for s in waiting {
+                if matches!(
+                    self.nodes.get(&s).map(|n| &n.state),
+                    Some(NodeState::Creating { .. })
+                ) {
+                    self.update(s, |n| {
+                        n.state = NodeState::Ready { since: now };
+                    });
+                }
+            }
+            self.check_backing_idle(id, now);
+            let reqs: Vec<RequestId> = self
+                .slot_nodes(id)
+                .filter_map(|s| self.nodes.get(&s).and_then(|n| n.assigned))
+                .collect();
+            for r in reqs {
+                self.fulfil_if_ready(r, now);
+            }
+        } else if let Some(r) = node.assigned {
+            self.fulfil_if_ready(r, now);
+        } else {
+            self.ready_and_free(id, now, now);
+        }
+    }
+
+    /// A plain node ready and set aside for nobody: deleted if it is to be
+    /// drained, else its ready timers run.
+    fn ready_and_free(&mut self, id: NodeId, since: Time, now: Time) {
+        let drain = self
+            .nodes
+            .get(&id)
+            .is_some_and(|n| n.idle == Idle::Drain && n.role == Role::Plain);
+        if drain {
+            self.begin_delete(id, DeleteReason::Drained, now);
+        } else {
+            self.ready_timers(id, since);
+        }
+    }
+
+    fn slot_nodes(&self, backing: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes
+            .get(&backing)
+            .and_then(|n| match &n.role {
+                Role::Backing { slots, .. } => Some(slots.iter().flatten().copied()),
+                _ => None,
+            })
+            .into_iter()
+            .flatten()
+    }
+
+    /// Timers of a node that just became (or is again) ready and free.
+    pub(super) fn ready_timers(&mut self, id: NodeId, since: Time) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        if node.role != Role::Plain {
+            return;
+        }
+        let label = &self.config[node.label];
+        let (age, idle) = (label.max_ready_age, label.idle_timeout);
+        if let Some(age) = age {
+            self.timer(since + age, Timer::ReadyAge(id));
+        }
+        if let Some(idle) = idle {
+            self.timer(since + idle, Timer::IdleTimeout(id));
+        }
+    }
+
+    /// A backing node with every slot free starts its grace time.
+    pub(super) fn check_backing_idle(&mut self, id: NodeId, now: Time) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let Role::Backing {
+            slot_label,
+            slots,
+            free_since,
+        } = &node.role
+        else {
+            return;
+        };
+        if slots.iter().any(Option::is_some) || !matches!(node.state, NodeState::Ready { .. }) {
+            return;
+        }
+        let (slot_label, free_since) = (*slot_label, *free_since);
+        if node.idle == Idle::Drain {
+            self.begin_delete(id, DeleteReason::Drained, now);
+            return;
+        }
+        let since = match free_since {
+            Some(t) => t,
+            None => {
+                self.update(id, |n| {
+                    if let Role::Backing { free_since, .. } = &mut n.role {
+                        *free_since = Some(now);
+                    }
+                });
+                now
+            }
+        };
+        if let LabelKind::Slots { grace_time, .. } = self.config[slot_label].kind {
+            self.timer(since + grace_time, Timer::SlotGrace(id));
+        }
+    }
+
+    /// Ends a slot node and frees its slot.
+    pub(super) fn free_slot_node(&mut self, id: NodeId, reason: GoneReason, now: Time) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let Role::Slot { backing, index } = node.role else {
+            return;
+        };
+        self.unassign(id);
+        self.update(id, |n| n.state = NodeState::Gone { since: now, reason });
+        self.timer(now + self.config.timings.history, Timer::PurgeNode(id));
+        let held = self.nodes.get(&backing).is_some_and(|b| match &b.role {
+            Role::Backing { slots, .. } => slots.get(usize::from(index)) == Some(&Some(id)),
+            _ => false,
+        });
+        if held {
+            self.update(backing, |b| {
+                if let Role::Backing { slots, .. } = &mut b.role {
+                    slots[usize::from(index)] = None;
+                }
+            });
+            self.check_backing_idle(backing, now);
+        }
+    }
+
+    /// Starts deleting a node (and, for a backing node, ends its slots).
+    pub(super) fn begin_delete(&mut self, id: NodeId, reason: DeleteReason, now: Time) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        if node.state.is_final() || matches!(node.state, NodeState::Deleting { .. }) {
+            return;
+        }
+        if matches!(node.role, Role::Slot { .. }) {
+            self.free_slot_node(id, GoneReason::SlotFreed, now);
+            return;
+        }
+        let provider = node.provider;
+        let slot_nodes: Vec<NodeId> = self.slot_nodes(id).collect();
+        for s in slot_nodes {
+            self.free_slot_node(s, GoneReason::BackingLost, now);
+        }
+        self.unassign(id);
+        let listed = self.ix.providers[provider.0 as usize].listed;
+        let node = &self.nodes[&id];
+        if node.instance.is_none() && !self.busy.contains(&id) && listed {
+            // No create was sent, or it failed: nothing exists to delete.
+            self.gone(id, GoneReason::Aborted, now);
+        } else {
+            self.update(id, |n| n.state = NodeState::Deleting { since: now, reason });
+        }
+    }
+
+    /// A node is final: gone. Its provider has room again.
+    pub(super) fn gone(&mut self, id: NodeId, reason: GoneReason, now: Time) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let p = node.provider;
+        let had_instance = node.instance.is_some();
+        let slot_nodes: Vec<NodeId> = self.slot_nodes(id).collect();
+        for s in slot_nodes {
+            self.free_slot_node(s, GoneReason::BackingLost, now);
+        }
+        self.unassign(id);
+        self.update(id, |n| n.state = NodeState::Gone { since: now, reason });
+        self.timer(now + self.config.timings.history, Timer::PurgeNode(id));
+        if had_instance {
+            // Arvados' rule: quota-exceeded holds creates until an instance goes away.
+            self.ix.providers[p.0 as usize].quota_paused_until = None;
+        }
+    }
+
+    /// A launch try failed. The node tries again (on another provider where
+    /// the label has one) until `launch-retries` is used up; then it fails,
+    /// and so do the requests it was launched for: its own, or for a backing
+    /// node, those of its slots. `delete` is why an instance that exists
+    /// but is no good is deleted.
+    pub(super) fn failed_try(&mut self, id: NodeId, why: String, delete: DeleteReason, now: Time) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let label = node.label;
+        let provider = node.provider;
+        let assigned = node.assigned;
+        let has_instance = node.instance.is_some();
+        let role = node.role.clone();
+        let attempt = match node.state {
+            NodeState::Creating { attempt, .. } => attempt + 1,
+            _ => 1,
+        };
+        let retries = self.config[label].launch_retries;
+        let mut requests: Vec<RequestId> = match &role {
+            Role::Backing { slots, .. } => slots
+                .iter()
+                .flatten()
+                .filter_map(|s| self.nodes.get(s).and_then(|s| s.assigned))
+                .collect(),
+            _ => assigned.into_iter().collect(),
+        };
+        requests.sort();
+        requests.dedup();
+        let mut spent = Vec::new();
+        let mut tries = attempt;
+        for r in &requests {
+            if let Some(req) = self.requests.get_mut(r) {
+                req.failures += 1;
+                tries = tries.max(req.failures);
+                if req.failures > retries {
+                    spent.push(*r);
+                }
+                self.dirty_requests.insert(*r);
+            }
+        }
+        let give_up = attempt > retries || (!requests.is_empty() && spent.len() == requests.len());
+        let pname = &self.config[provider].name;
+        let lname = &self.config[label].name;
+        let reason = format!(
+            "could not launch label `{lname}`: {tries} tries failed; last on provider `{pname}`: {why}"
+        );
+        let failed: Vec<RequestId> = if give_up { requests.clone() } else { spent };
+        for r in failed {
+            let state = RequestState::Failed {
+                at: now,
+                reason: reason.clone(),
+            };
+            self.finish_request(r, state, now);
+        }
+        if give_up {
+            if requests.is_empty() {
+                let rt = &mut self.ix.labels[label.0 as usize];
+                rt.failures += 1;
+                let backoff = (1u64 << rt.failures.min(8)).min(300);
+                rt.backoff_until = now + std::time::Duration::from_secs(backoff);
+            }
+            if has_instance {
+                self.begin_delete(id, delete, now);
+            } else {
+                self.unassign(id);
+                let slot_nodes: Vec<NodeId> = self.slot_nodes(id).collect();
+                for s in slot_nodes {
+                    self.free_slot_node(s, GoneReason::BackingLost, now);
+                }
+                self.update(id, |n| n.state = NodeState::Failed { since: now, reason });
+                self.timer(now + self.config.timings.history, Timer::PurgeNode(id));
+            }
+            return;
+        }
+        if has_instance {
+            // The instance exists but is no good: delete it; a plain node
+            // gets a replacement that inherits the try count and the
+            // request, a backing node's slots are served again by the next
+            // plan.
+            self.begin_delete(id, delete, now);
+            let tally = self.tally();
+            if role == Role::Plain
+                && let Some(offer) = self.pick_offer(label, Some(provider), &tally, now)
+            {
+                let offer = self.machine_offers(label)[offer].clone();
+                let new = self.launch(label, &offer, Role::Plain, assigned, now);
+                self.update(new, |n| {
+                    n.state = NodeState::Creating {
+                        since: now,
+                        attempt,
+                    }
+                });
+                if let Some(r) = assigned {
+                    self.add_to_request(r, new);
+                }
+            }
+            return;
+        }
+        // The same node again, on another provider if one has room (its own
+        // usage is already counted where it is, so staying always fits). A
+        // backing node keeps its slots, and they follow it.
+        let tally = self.tally();
+        let target = self
+            .pick_offer(label, Some(provider), &tally, now)
+            .map(|i| self.machine_offers(label)[i].clone())
+            .filter(|o| o.provider != provider);
+        self.update(id, |n| {
+            n.state = NodeState::Creating {
+                since: now,
+                attempt,
+            };
+            if let Some(o) = &target {
+                n.provider = o.provider;
+                n.instance_type = o.instance_type.clone();
+                n.resources = Resources::from(o);
+                n.price = o.price;
+            }
+        });
+        if let Some(o) = target {
+            let slot_nodes: Vec<NodeId> = self.slot_nodes(id).collect();
+            for s in slot_nodes {
+                self.update(s, |n| {
+                    n.provider = o.provider;
+                    n.instance_type = o.instance_type.clone();
+                });
+            }
+        }
+    }
+
+    /// A node's instance is no longer there.
+    pub(super) fn lost(&mut self, id: NodeId, now: Time) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        match node.state {
+            NodeState::Deleting { .. } => self.gone(id, GoneReason::Deleted, now),
+            NodeState::Creating { .. } | NodeState::Booting { .. } => {
+                self.update(id, |n| n.instance = None);
+                self.failed_try(
+                    id,
+                    "the instance disappeared while booting".into(),
+                    DeleteReason::LaunchFailed,
+                    now,
+                );
+            }
+            NodeState::Ready { .. } | NodeState::InUse { .. } | NodeState::Used { .. } => {
+                self.notices.push(Notice::Vanished { node: id });
+                self.gone(id, GoneReason::Vanished, now);
+            }
+            NodeState::Gone { .. } | NodeState::Failed { .. } => {}
+        }
+    }
+
+    // ---- time -------------------------------------------------------------
+
+    pub(super) fn fire_timers(&mut self, now: Time) {
+        while let Some(&(at, kind)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.pop_first();
+            self.fire(kind, at, now);
+        }
+    }
+
+    fn fire(&mut self, timer: Timer, at: Time, now: Time) {
+        let history = self.config.timings.history;
+        let id = match timer {
+            Timer::PurgeRequest(rid) => {
+                let Some(r) = self.requests.get(&rid) else {
+                    return;
+                };
+                // A fulfilled request is kept while any of its nodes is in
+                // use, so a node never names a request that was forgotten.
+                let in_use = r.nodes.iter().any(|n| {
+                    self.nodes.get(n).is_some_and(
+                        |n| matches!(n.state, NodeState::InUse { request, .. } if request == rid),
+                    )
+                });
+                if in_use {
+                    self.timer(now + history, Timer::PurgeRequest(rid));
+                    return;
+                }
+                if request_end(r).is_some_and(|end| end + history <= at) {
+                    self.requests.remove(&rid);
+                    self.dirty_requests.remove(&rid);
+                    self.purged_requests.push(rid);
+                }
+                return;
+            }
+            Timer::PurgeNode(id) => {
+                if let Some(n) = self.nodes.get(&id)
+                    && let NodeState::Gone { since, .. } | NodeState::Failed { since, .. } = n.state
+                    && since + history <= at
+                {
+                    if self.busy.contains(&id) {
+                        // Its call's outcome must find it (and free the slot).
+                        self.timer(now + history, Timer::PurgeNode(id));
+                    } else {
+                        self.purge_node(id);
+                    }
+                }
+                return;
+            }
+            Timer::Retry(id) => {
+                self.set_busy(id, false);
+                return;
+            }
+            Timer::BootTimeout(id)
+            | Timer::ReadyAge(id)
+            | Timer::IdleTimeout(id)
+            | Timer::SlotGrace(id) => id,
+        };
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let label = &self.config[node.label];
+        match (timer, &node.state) {
+            (Timer::BootTimeout(_), NodeState::Booting { since })
+                if *since + label.boot_timeout <= now =>
+            {
+                let why = format!(
+                    "not running after the boot timeout ({}s)",
+                    label.boot_timeout.as_secs()
+                );
+                self.failed_try(id, why, DeleteReason::BootTimeout, now);
+            }
+            (Timer::ReadyAge(_), NodeState::Ready { since })
+                if node.assigned.is_none()
+                    && node.idle == Idle::Run
+                    && node.role == Role::Plain
+                    && label.max_ready_age.is_some_and(|a| *since + a <= now) =>
+            {
+                self.begin_delete(id, DeleteReason::Recycled, now);
+            }
+            (Timer::IdleTimeout(_), NodeState::Ready { since })
+                if node.assigned.is_none()
+                    && node.idle == Idle::Run
+                    && node.role == Role::Plain
+                    && label.idle_timeout.is_some_and(|a| *since + a <= now) =>
+            {
+                let free = self.ix.labels[node.label.0 as usize].free_ready.len() as u32;
+                if free > label.min_ready {
+                    self.begin_delete(id, DeleteReason::IdleTimeout, now);
+                }
+            }
+            (Timer::SlotGrace(_), NodeState::Ready { .. }) if node.idle == Idle::Run => {
+                let Role::Backing {
+                    slot_label,
+                    slots,
+                    free_since: Some(since),
+                } = &node.role
+                else {
+                    return;
+                };
+                let LabelKind::Slots { grace_time, .. } = self.config[*slot_label].kind else {
+                    return;
+                };
+                let n = slots.len();
+                let min_ready = self.config[*slot_label].min_ready as usize;
+                if slots.iter().all(Option::is_none)
+                    && *since + grace_time <= now
+                    && self.free_slots(*slot_label, false).saturating_sub(n) >= min_ready
+                {
+                    self.begin_delete(id, DeleteReason::SlotsIdle, now);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Sets the timers a restored node needs.
+    pub(super) fn timers_for_node(&mut self, id: NodeId, now: Time) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let history = self.config.timings.history;
+        match node.state {
+            NodeState::Booting { since } => {
+                let t = since + self.config[node.label].boot_timeout;
+                self.timer(t, Timer::BootTimeout(id));
+            }
+            NodeState::Ready { since } => {
+                self.ready_timers(id, since);
+                self.check_backing_idle(id, now);
+            }
+            NodeState::Gone { since, .. } | NodeState::Failed { since, .. } => {
+                self.timer(since + history, Timer::PurgeNode(id))
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn timers_for_request(&mut self, req: &Request) {
+        if req.state != RequestState::Pending {
+            let at = request_end(req).unwrap_or(req.created);
+            self.timer(
+                at + self.config.timings.history,
+                Timer::PurgeRequest(req.id),
+            );
+        }
+    }
+
+    pub(super) fn lift_pauses(&mut self, now: Time) {
+        for rt in &mut self.ix.providers {
+            if rt.quota_paused_until.is_some_and(|t| t <= now) {
+                rt.quota_paused_until = None;
+            }
+            if rt.held_until.is_some_and(|t| t <= now) {
+                rt.held_until = None;
+            }
+            rt.capacity_paused.retain(|(_, t)| *t > now);
+        }
+    }
+}
+
+impl Tally {
+    fn add(&mut self, o: Offer) {
+        self.extra[o.provider.0 as usize].add(Resources::from(&o));
+    }
+
+    /// Closes the providers of these offers.
+    fn close(&mut self, offers: &[Offer]) {
+        for o in offers {
+            self.closed[o.provider.0 as usize] = true;
+        }
+    }
+}
+
+/// When a request stopped being pending.
+fn request_end(r: &Request) -> Option<Time> {
+    match r.state {
+        RequestState::Pending => None,
+        RequestState::Fulfilled { at }
+        | RequestState::Failed { at, .. }
+        | RequestState::Cancelled { at } => Some(at),
+    }
+}

@@ -1,0 +1,295 @@
+//! The reconciler: what a provider's list of instances carrying the pool id
+//! means for the nodes. The cloud's own tags are the truth after a restart.
+
+use std::collections::HashSet;
+
+use super::*;
+use crate::driver::{Instance, InstanceState};
+
+/// What an owned instance's tags say it is, if berth can take it back.
+struct Adoptable {
+    id: NodeId,
+    label: LabelIx,
+    idle: Idle,
+    /// For a backing instance: the slot label and slot count.
+    slots: Option<(LabelIx, u16)>,
+}
+
+impl Pool {
+    /// The outcome of an [`Effect::List`] that started at `started`.
+    pub fn listed(
+        &mut self,
+        now: Time,
+        p: ProviderIx,
+        started: Time,
+        result: Result<Vec<Instance>, Failure>,
+    ) {
+        let pix = p.0 as usize;
+        self.ix.providers[pix].list_busy = false;
+        let rate_limited = self.call_done(p, result.as_ref().err(), now);
+        let instances = match result {
+            Ok(instances) => instances,
+            Err(_) => {
+                if !rate_limited {
+                    // Listing is what everything else rests on: try again soon.
+                    let soon = self.config.timings.boot_poll_interval;
+                    self.ix.providers[pix].next_list = now + soon;
+                }
+                return;
+            }
+        };
+        let first = !self.ix.providers[pix].listed;
+        self.ix.providers[pix].listed = true;
+        let mut seen: HashSet<NodeId> = HashSet::with_capacity(instances.len());
+        let mut leak_seen: HashSet<&str> = HashSet::new();
+        let mut foreign = 0usize;
+        for inst in &instances {
+            if inst.tags.get(POOL_TAG) != Some(&self.config.pool_id) {
+                foreign += 1;
+                continue;
+            }
+            let live = !matches!(
+                inst.state,
+                InstanceState::Terminated | InstanceState::Stopping
+            );
+            let node_id = inst.tags.get(NODE_TAG).and_then(|t| t.parse().ok());
+            let ours = node_id.and_then(|id| self.nodes.get(&id)).is_some_and(|n| {
+                n.provider == p
+                    && !matches!(n.role, Role::Slot { .. })
+                    && n.instance.as_deref().is_none_or(|i| i == inst.id)
+            });
+            if let (true, Some(id)) = (ours, node_id) {
+                seen.insert(id);
+                if self.observe(id, inst, live, now) {
+                    continue;
+                }
+            }
+            if !live {
+                continue;
+            }
+            if !ours
+                && let Some(adopt) = self.adoptable(p, inst)
+                && !self.nodes.contains_key(&adopt.id)
+            {
+                self.adopt(p, inst, adopt, now);
+                continue;
+            }
+            // Owned, live, and no live node accounts for it.
+            leak_seen.insert(inst.id.as_str());
+            let stale = node_id
+                .and_then(|id| self.nodes.get(&id))
+                .and_then(|n| match n.state {
+                    NodeState::Gone { since, .. } | NodeState::Failed { since, .. }
+                        if n.instance.as_deref() == Some(inst.id.as_str()) =>
+                    {
+                        Some((n.id, since + self.config.timings.delete_retry))
+                    }
+                    _ => None,
+                });
+            let leak_grace = self.config.timings.leak_grace;
+            let rt = &mut self.ix.providers[pix];
+            rt.leaks
+                .entry(inst.id.clone())
+                .or_insert_with(|| match stale {
+                    Some((node, due)) => Leak {
+                        node: Some(node),
+                        due,
+                        busy: false,
+                    },
+                    None => Leak {
+                        node: None,
+                        due: now + leak_grace,
+                        busy: false,
+                    },
+                });
+        }
+        // Leaks that went away on their own are forgotten.
+        self.ix.providers[pix]
+            .leaks
+            .retain(|id, l| l.busy || leak_seen.contains(id.as_str()));
+        // Nodes whose instance is missing from a list that started after
+        // berth learned of it are gone.
+        let missing: Vec<NodeId> = self.ix.providers[pix]
+            .with_instance
+            .iter()
+            .copied()
+            .filter(|id| !seen.contains(id))
+            .filter(|id| self.attached_at.get(id).is_none_or(|t| *t < started))
+            .filter(|id| !self.busy.contains(id))
+            .collect();
+        for id in missing {
+            self.lost(id, now);
+        }
+        // A node being deleted whose create may have been sent before a
+        // restart, and which the list does not show: nothing to delete.
+        if first {
+            let unresolved: Vec<NodeId> = self
+                .nodes
+                .values()
+                .filter(|n| n.provider == p && n.instance.is_none())
+                .filter(|n| matches!(n.state, NodeState::Deleting { .. }))
+                .filter(|n| !self.busy.contains(&n.id))
+                .map(|n| n.id)
+                .collect();
+            for id in unresolved {
+                self.gone(id, GoneReason::Aborted, now);
+            }
+        }
+        if foreign > 0 && !self.ix.providers[pix].foreign_said {
+            self.ix.providers[pix].foreign_said = true;
+            self.notices.push(Notice::Foreign {
+                provider: p,
+                count: foreign,
+            });
+        }
+        // Only instances that exist and are not running yet need the quick
+        // poll; creates still owed do not (a poll would only spend the
+        // provider's rate limit that the creates need).
+        let booting = self.ix.providers[pix]
+            .with_instance
+            .iter()
+            .filter(|id| {
+                matches!(
+                    self.nodes.get(id).map(|n| &n.state),
+                    Some(NodeState::Booting { .. } | NodeState::Creating { .. })
+                )
+            })
+            .count();
+        let t = &self.config.timings;
+        let wait = if booting > 0 {
+            t.boot_poll_interval
+        } else {
+            t.sync_interval
+        };
+        self.ix.providers[pix].next_list = now + wait;
+    }
+
+    /// Brings a node in line with its listed instance. Returns whether the
+    /// instance is accounted for.
+    fn observe(&mut self, id: NodeId, inst: &Instance, live: bool, now: Time) -> bool {
+        let state = self.nodes[&id].state.clone();
+        match state {
+            NodeState::Creating { since, .. } => {
+                if !live {
+                    return true;
+                }
+                self.attach(id, inst, now);
+                if !self.busy.contains(&id) {
+                    // Its create's answer was lost (a restart): the list is it.
+                    match inst.state {
+                        InstanceState::Running => self.set_ready(id, now),
+                        _ => self.set_booting(id, since, now),
+                    }
+                }
+                true
+            }
+            NodeState::Booting { .. } => {
+                if !live {
+                    self.lost(id, now);
+                } else {
+                    self.attach(id, inst, now);
+                    if inst.state == InstanceState::Running {
+                        self.set_ready(id, now);
+                    }
+                }
+                true
+            }
+            NodeState::Ready { .. } | NodeState::InUse { .. } | NodeState::Used { .. } => {
+                if !live {
+                    self.lost(id, now);
+                } else {
+                    self.attach(id, inst, now);
+                }
+                true
+            }
+            NodeState::Deleting { .. } => {
+                if !live {
+                    self.gone(id, GoneReason::Deleted, now);
+                } else if self.nodes[&id].instance.is_none() {
+                    // Found the instance of a create the restart lost: now
+                    // there is something to delete.
+                    self.attach(id, inst, now);
+                }
+                true
+            }
+            NodeState::Gone { .. } | NodeState::Failed { .. } => !live,
+        }
+    }
+
+    /// Whether an owned instance unknown to berth can be taken back: its tags
+    /// name a node id and a label this provider serves.
+    fn adoptable(&self, p: ProviderIx, inst: &Instance) -> Option<Adoptable> {
+        let id: NodeId = inst.tags.get(NODE_TAG)?.parse().ok()?;
+        let label = self.config.label(inst.tags.get(LABEL_TAG)?)?;
+        self.offer_for(label, p)?;
+        let idle = inst
+            .tags
+            .get(IDLE_TAG)
+            .and_then(|t| Idle::parse(t))
+            .unwrap_or_default();
+        let slots = match (inst.tags.get(SLOT_LABEL_TAG), inst.tags.get(SLOTS_TAG)) {
+            (None, None) => None,
+            (Some(name), Some(count)) => {
+                let slot_label = self.config.label(name)?;
+                let count: u16 = count.parse().ok().filter(|c| *c > 0)?;
+                match self.config[slot_label].kind {
+                    LabelKind::Slots { backing, .. } if backing == label => {}
+                    _ => return None,
+                }
+                Some((slot_label, count))
+            }
+            _ => return None,
+        };
+        Some(Adoptable {
+            id,
+            label,
+            idle,
+            slots,
+        })
+    }
+
+    fn adopt(&mut self, p: ProviderIx, inst: &Instance, a: Adoptable, now: Time) {
+        let Some(offer) = self
+            .machine_offers(a.label)
+            .iter()
+            .filter(|o| o.provider == p)
+            .find(|o| o.instance_type == inst.instance_type)
+            .or_else(|| self.offer_for(a.label, p))
+            .cloned()
+        else {
+            return;
+        };
+        let role = match a.slots {
+            None => Role::Plain,
+            Some((slot_label, count)) => Role::Backing {
+                slot_label,
+                slots: vec![None; usize::from(count)],
+                free_since: None,
+            },
+        };
+        self.insert(Node {
+            id: a.id,
+            label: a.label,
+            provider: p,
+            instance_type: inst.instance_type.clone(),
+            resources: Resources::from(&offer),
+            price: offer.price,
+            instance: None,
+            state: NodeState::Creating {
+                since: now,
+                attempt: 0,
+            },
+            idle: a.idle,
+            role,
+            assigned: None,
+            created: inst.created_at_ms.map_or(now, Time),
+            endpoint: None,
+        });
+        self.notices.push(Notice::Adopted {
+            node: a.id,
+            instance: inst.id.clone(),
+        });
+        // Not busy and creating: observe resolves it like a lost create.
+        self.observe(a.id, inst, true, now);
+    }
+}

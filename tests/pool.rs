@@ -1,0 +1,489 @@
+//! The pool through the real host: the sim driver in the sandbox, the sim
+//! cloud over HTTP, the SQLite store, and the runtime that ties them to the
+//! core. Time is real here (the cloud is a real server), so the timings in
+//! these configs are short and every wait is a bounded poll.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use berth::config::{self, Config, LabelIx};
+use berth::driver::{NODE_TAG, POOL_TAG};
+use berth::pool::{NewRequest, NodeId, NodeState, Pool, RequestState};
+use berth::runtime::{self, Handle, Service, StartOptions};
+use berth::sim::{Knobs, SimCloud};
+
+use crate::support::{SimServer, plugin};
+
+/// A config for one sim provider (plus `extra` TOML), with short timings.
+pub fn pool_config(sim: &SimServer, state: &Path, extra: &str) -> Config {
+    let text = format!(
+        r#"
+pool-id = "itest"
+state-dir = {state:?}
+sync-interval = "1s"
+boot-poll-interval = "100ms"
+leak-grace = "1s"
+delete-retry = "1s"
+quota-pause = "1h"
+capacity-pause = "1h"
+
+[providers.sim]
+driver = {driver:?}
+max-concurrent-calls = 4
+allow-hosts = ["{addr}"]
+config = {{ endpoint = "{url}" }}
+
+{extra}
+"#,
+        state = state.display().to_string(),
+        driver = plugin("sim").display().to_string(),
+        addr = sim.addr(),
+        url = sim.url(),
+    );
+    config::parse(&text, state, &|_| None).unwrap_or_else(|e| panic!("config: {e}\n{text}"))
+}
+
+pub async fn start(config: Config) -> Service {
+    runtime::start(config, StartOptions { seed: Some(7) })
+        .await
+        .expect("pool starts")
+}
+
+/// Polls `check` on the pool every 20 ms until it holds (at most `secs`).
+pub async fn until(handle: &Handle, secs: u64, what: &str, check: fn(&Pool) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if handle.inspect(check).await.expect("pool runs") {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let state = handle
+                .inspect(|p| {
+                    p.nodes()
+                        .map(|n| format!("{} {} {}", n.id, n.state.name(), n.label.0))
+                        .collect::<Vec<_>>()
+                })
+                .await;
+            let providers = handle
+                .inspect(|p| {
+                    (0..p.config().providers.len())
+                        .map(|i| {
+                            format!(
+                                "{:?}",
+                                p.provider_status(berth::config::ProviderIx(i as u16))
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .await;
+            panic!("timed out waiting for {what}; nodes: {state:?}; providers: {providers:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn label(handle: &Handle, name: &str) -> LabelIx {
+    handle.config().label(name).expect("label")
+}
+
+/// Live (not terminated) instances of this pool in the sim cloud, by node tag.
+pub fn live_instances(cloud: &SimCloud) -> BTreeMap<String, String> {
+    cloud
+        .instances()
+        .into_iter()
+        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
+        .filter(|i| i.tags.get(POOL_TAG).map(String::as_str) == Some("itest"))
+        .map(|i| (i.tags.get(NODE_TAG).cloned().unwrap_or_default(), i.id))
+        .collect()
+}
+
+fn ready_of(pool: &Pool, label: LabelIx) -> Vec<NodeId> {
+    let mut ready: Vec<_> = pool
+        .nodes()
+        .filter(|n| n.label == label)
+        .filter_map(|n| match n.state {
+            NodeState::Ready { since } if n.assigned.is_none() => Some((since, n.id)),
+            _ => None,
+        })
+        .collect();
+    ready.sort();
+    ready.into_iter().map(|(_, id)| id).collect()
+}
+
+const SMALL: &str = r#"
+[labels.small]
+min-ready = 3
+[labels.small.providers.sim]
+instance-type = "small"
+image = "ubuntu-24.04"
+vcpus = 2
+ram = "4GiB"
+"#;
+
+#[tokio::test]
+async fn prewarm_fills_and_a_request_is_served_from_ready_nodes() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = start(pool_config(&sim, dir.path(), SMALL)).await;
+    let h = service.handle.clone();
+    let small = label(&h, "small");
+    until(&h, 20, "three ready nodes", |p| {
+        p.free_ready(LabelIx(0)) == 3
+    })
+    .await;
+    assert_eq!(live_instances(&sim.cloud).len(), 3);
+    let ready = h.inspect(move |p| ready_of(p, small)).await.unwrap();
+
+    let id = h
+        .submit(NewRequest {
+            requestor: "ci".into(),
+            priority: 0,
+            wants: vec![(small, 2)],
+        })
+        .await
+        .expect("request taken");
+    let req = h.wait(id).await.unwrap().expect("request exists");
+    assert!(
+        matches!(req.state, RequestState::Fulfilled { .. }),
+        "{req:?}"
+    );
+    // The two oldest ready nodes, no launch in between.
+    let mut given = req.nodes.clone();
+    given.sort();
+    let mut oldest = ready[..2].to_vec();
+    oldest.sort();
+    assert_eq!(given, oldest);
+
+    // min-ready refills in the background: 2 in use + 3 ready.
+    until(&h, 20, "refill", |p| p.free_ready(LabelIx(0)) == 3).await;
+    assert_eq!(live_instances(&sim.cloud).len(), 5);
+
+    // Single use: a released node's instance is deleted.
+    for n in &req.nodes {
+        h.release(*n).await.expect("release");
+    }
+    until(&h, 20, "released nodes gone", |p| {
+        p.nodes()
+            .filter(|n| matches!(n.state, NodeState::Gone { .. }))
+            .count()
+            == 2
+    })
+    .await;
+    let live = live_instances(&sim.cloud);
+    assert_eq!(live.len(), 3);
+    for n in &req.nodes {
+        assert!(!live.contains_key(&n.to_string()), "{n} still live");
+    }
+    service.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn quota_exceeded_pauses_creates_on_the_provider() {
+    let sim = SimServer::start_with(Knobs {
+        quota: Some(2),
+        ..Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = SMALL.replace("min-ready = 3", "min-ready = 4");
+    let service = start(pool_config(&sim, dir.path(), &extra)).await;
+    let h = service.handle.clone();
+    until(&h, 20, "two ready and a quota pause", |p| {
+        p.free_ready(LabelIx(0)) == 2
+            && p.provider_status(berth::config::ProviderIx(0))
+                .quota_paused_until
+                .is_some()
+    })
+    .await;
+    // Paused: once the creates that were already on their way have been
+    // answered, no create reaches the cloud.
+    assert!(first_status(&sim.cloud, 403).is_some(), "a quota refusal");
+    let posts = |c: &SimCloud| c.calls().iter().filter(|c| c.method == "POST").count();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let settled = posts(&sim.cloud);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(posts(&sim.cloud), settled, "creates sent during the pause");
+    assert_eq!(live_instances(&sim.cloud).len(), 2);
+    service.stop().await.expect("clean stop");
+}
+
+fn first_status(cloud: &SimCloud, status: u16) -> Option<u64> {
+    cloud
+        .calls()
+        .iter()
+        .find(|c| c.status == status)
+        .map(|c| c.at_ms)
+}
+
+#[tokio::test]
+async fn rate_limited_holds_every_call_until_retry_after() {
+    let sim = SimServer::start_with(Knobs {
+        rate_limit: Some(4.0),
+        ..Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = SMALL.replace("min-ready = 3", "min-ready = 12");
+    let mut config = pool_config(&sim, dir.path(), &extra);
+    // One call at a time, so no call is already on its way when a 429 comes.
+    config.providers[0].sandbox.max_instances = 1;
+    let service = start(config).await;
+    let h = service.handle.clone();
+    until(&h, 30, "twelve ready", |p| p.free_ready(LabelIx(0)) == 12).await;
+    let calls = sim.cloud.calls();
+    let limited: Vec<_> = calls.iter().filter(|c| c.status == 429).collect();
+    assert!(!limited.is_empty(), "the sim never rate limited: {calls:?}");
+    for c in &limited {
+        let until = c.at_ms + c.retry_after_ms.expect("429 carries retry-after");
+        let inside: Vec<_> = calls
+            .iter()
+            .filter(|d| d.at_ms > c.at_ms && d.at_ms < until)
+            .collect();
+        assert!(
+            inside.is_empty(),
+            "calls during the window after {c:?}: {inside:?}"
+        );
+    }
+    service.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn capacity_errors_pause_the_type_and_the_label_falls_over() {
+    let sim = SimServer::start_with(Knobs {
+        out_of_capacity: vec!["big".into()],
+        ..Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A second provider on the same cloud, less preferred, with another type.
+    let extra = format!(
+        r#"
+[providers.sim-b]
+driver = {driver:?}
+priority = 1
+allow-hosts = ["{addr}"]
+config = {{ endpoint = "{url}" }}
+
+[labels.large]
+min-ready = 2
+[labels.large.providers.sim]
+instance-type = "big"
+image = "img"
+vcpus = 8
+ram = "32GiB"
+[labels.large.providers.sim-b]
+instance-type = "big-b"
+image = "img"
+vcpus = 8
+ram = "32GiB"
+"#,
+        driver = plugin("sim").display().to_string(),
+        addr = sim.addr(),
+        url = sim.url(),
+    );
+    let service = start(pool_config(&sim, dir.path(), &extra)).await;
+    let h = service.handle.clone();
+    until(&h, 20, "two large ready on sim-b", |p| {
+        p.free_ready(LabelIx(0)) == 2
+    })
+    .await;
+    let types: BTreeSet<String> = sim
+        .cloud
+        .instances()
+        .into_iter()
+        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
+        .map(|i| i.instance_type)
+        .collect();
+    assert_eq!(types, BTreeSet::from(["big-b".to_string()]));
+    // "big" is paused, not retried: refusals are only the creates that were
+    // already on their way (at most min-ready of them), and no more come.
+    let refusals = sim.cloud.calls().iter().filter(|c| c.status == 503).count();
+    assert!((1..=2).contains(&refusals), "{refusals} refusals");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = sim.cloud.calls().iter().filter(|c| c.status == 503).count();
+    assert_eq!(later, refusals);
+    service.stop().await.expect("clean stop");
+}
+
+const SLOTS: &str = r#"
+[labels.big]
+[labels.big.providers.sim]
+instance-type = "big"
+image = "img"
+vcpus = 8
+ram = "32GiB"
+
+[labels.slot]
+slots = 4
+backing-label = "big"
+grace-time = "500ms"
+"#;
+
+#[tokio::test]
+async fn slots_pack_onto_backing_instances_and_are_released_after_grace() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = start(pool_config(&sim, dir.path(), SLOTS)).await;
+    let h = service.handle.clone();
+    let slot = label(&h, "slot");
+    let mut requests = Vec::new();
+    for _ in 0..6 {
+        let id = h
+            .submit(NewRequest {
+                requestor: "ci".into(),
+                priority: 0,
+                wants: vec![(slot, 1)],
+            })
+            .await
+            .expect("taken");
+        requests.push(id);
+    }
+    let mut nodes = Vec::new();
+    for id in requests {
+        let r = h.wait(id).await.unwrap().expect("exists");
+        assert!(matches!(r.state, RequestState::Fulfilled { .. }), "{r:?}");
+        nodes.extend(r.nodes);
+    }
+    // Six slot nodes on two backing instances: packed, never doubled.
+    assert_eq!(live_instances(&sim.cloud).len(), 2);
+    let placement = h
+        .inspect(|p| {
+            p.nodes()
+                .filter_map(|n| match n.role {
+                    berth::pool::Role::Slot { backing, index } if !n.state.is_final() => {
+                        Some((backing, index))
+                    }
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap();
+    let distinct: BTreeSet<_> = placement.iter().copied().collect();
+    assert_eq!(placement.len(), 6);
+    assert_eq!(distinct.len(), 6, "a slot was handed out twice");
+    let backings: BTreeSet<_> = placement.iter().map(|(b, _)| *b).collect();
+    assert_eq!(backings.len(), 2);
+
+    for n in nodes {
+        h.release(n).await.expect("release");
+    }
+    until(&h, 20, "backing instances released after grace", |p| {
+        p.provider_status(berth::config::ProviderIx(0))
+            .usage
+            .instances
+            == 0
+    })
+    .await;
+    assert!(live_instances(&sim.cloud).is_empty());
+    service.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_leaked_instance_is_deleted_and_a_tagged_one_adopted() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = SMALL.replace("min-ready = 3", "min-ready = 0");
+    let config = pool_config(&sim, dir.path(), &extra);
+    // Before berth starts: one instance with full tags (adoptable), one with
+    // the pool id only (a leak), one of another pool (never touched).
+    let runtime = berth::plugin::Runtime::new(Default::default()).unwrap();
+    let driver = runtime.load_file(plugin("sim")).await.unwrap();
+    let setup = |pool_id: &str| {
+        berth::plugin::Provider::start(
+            &driver,
+            berth::plugin::ProviderConfig {
+                name: "setup".into(),
+                pool_id: pool_id.into(),
+                driver_config: serde_json::json!({ "endpoint": sim.url() }).to_string(),
+                allowed_hosts: vec![
+                    berth::plugin::AllowedHost::parse(&sim.addr().to_string()).unwrap(),
+                ],
+                limits: Default::default(),
+            },
+        )
+    };
+    let p = setup("itest");
+    let adoptable = NodeId(0x1234);
+    let mut spec = berth::driver::CreateSpec {
+        node_id: adoptable.to_string(),
+        instance_type: "small".into(),
+        image: "ubuntu-24.04".into(),
+        tags: [
+            (NODE_TAG.to_string(), adoptable.to_string()),
+            (berth::driver::LABEL_TAG.to_string(), "small".to_string()),
+        ]
+        .into(),
+        user_data: None,
+        ssh_public_key: None,
+        options: "{}".into(),
+    };
+    p.create(spec.clone()).await.expect("adoptable");
+    spec.node_id = "stray".into();
+    spec.tags = Default::default();
+    let leak = p.create(spec.clone()).await.expect("leak");
+    spec.node_id = "foreign".into();
+    let foreign = setup("another-pool").create(spec).await.expect("foreign");
+    drop(p);
+
+    let service = start(config).await;
+    let h = service.handle.clone();
+    until(&h, 20, "adopted node ready", |p| {
+        p.node(NodeId(0x1234))
+            .is_some_and(|n| matches!(n.state, NodeState::Ready { .. }))
+    })
+    .await;
+    until(&h, 20, "leak deleted", |p| {
+        p.provider_status(berth::config::ProviderIx(0))
+            .leaks_deleted
+            == 1
+    })
+    .await;
+    let live = live_instances(&sim.cloud);
+    assert_eq!(live.len(), 1);
+    assert!(live.contains_key(&adoptable.to_string()));
+    assert!(!live.values().any(|i| *i == leak.id));
+    let untouched = sim
+        .cloud
+        .instances()
+        .into_iter()
+        .find(|i| i.id == foreign.id)
+        .expect("foreign instance listed");
+    assert_ne!(untouched.state, berth::sim::InstanceState::Terminated);
+    service.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_restart_resumes_from_the_store_without_leaks_or_duplicates() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = pool_config(&sim, dir.path(), SMALL);
+    let service = start(config.clone()).await;
+    let h = service.handle.clone();
+    let small = label(&h, "small");
+    until(&h, 20, "three ready", |p| p.free_ready(LabelIx(0)) == 3).await;
+    let id = h
+        .submit(NewRequest {
+            requestor: "ci".into(),
+            priority: 0,
+            wants: vec![(small, 1)],
+        })
+        .await
+        .unwrap();
+    let req = h.wait(id).await.unwrap().unwrap();
+    let in_use = req.nodes[0];
+    service.stop().await.expect("clean stop");
+
+    let service = start(config).await;
+    let h = service.handle.clone();
+    // The in-use node is still in use; ready ones are still ready; nothing new.
+    until(&h, 20, "settled", |p| p.free_ready(LabelIx(0)) == 3).await;
+    let state = h
+        .inspect(move |p| p.node(in_use).map(|n| n.state.name()))
+        .await
+        .unwrap();
+    assert_eq!(state, Some("in-use"));
+    assert_eq!(live_instances(&sim.cloud).len(), 4);
+    service.stop().await.expect("clean stop");
+}
