@@ -330,18 +330,21 @@ impl Pool {
 
     /// Records what the cloud says about a node's instance.
     pub(super) fn attach(&mut self, id: NodeId, inst: &Instance, now: Time) {
-        let endpoint = Endpoint {
-            addresses: inst.addresses.clone(),
-            connection: inst.connection.clone(),
-        };
+        // Compared in place: a list of many unchanged instances must not
+        // allocate a copy of each one's endpoint.
         let changed = self.nodes.get(&id).is_some_and(|n| {
             n.instance.as_deref() != Some(inst.id.as_str())
-                || n.endpoint.as_deref() != Some(&endpoint)
+                || n.endpoint.as_deref().is_none_or(|e| {
+                    e.addresses != inst.addresses || e.connection != inst.connection
+                })
         });
         if changed {
             self.update(id, |n| {
                 n.instance = Some(inst.id.clone());
-                n.endpoint = Some(Box::new(endpoint));
+                n.endpoint = Some(Box::new(Endpoint {
+                    addresses: inst.addresses.clone(),
+                    connection: inst.connection.clone(),
+                }));
             });
             self.attached_at.entry(id).or_insert(now);
         }
