@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use berth::config::{self, Config, LabelIx};
@@ -486,4 +487,230 @@ async fn a_restart_resumes_from_the_store_without_leaks_or_duplicates() {
     assert_eq!(state, Some("in-use"));
     assert_eq!(live_instances(&sim.cloud).len(), 4);
     service.stop().await.expect("clean stop");
+}
+
+/// Environment variable that turns [`churn_child`] into the pool process of
+/// [`a_pool_killed_during_churn_resumes_without_leaks_or_double_allocations`].
+const CHURN_CONFIG: &str = "BERTH_CHURN_CONFIG";
+
+/// The berth process the SIGKILL test kills: it runs the pool from the config
+/// at `$BERTH_CHURN_CONFIG` and churns requests (submit, wait, hold briefly,
+/// release), appending what happens to `$BERTH_CHURN_LOG`. With
+/// `$BERTH_CHURN_SECS` it stops churning after that long, lets the pool settle
+/// and exits cleanly. Without the variables (an ordinary test run) it is an
+/// entry point only and returns at once.
+#[tokio::test]
+async fn churn_child() {
+    let Ok(config_path) = std::env::var(CHURN_CONFIG) else {
+        return;
+    };
+    let log_path = std::env::var("BERTH_CHURN_LOG").expect("log path");
+    let secs: u64 = std::env::var("BERTH_CHURN_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3600);
+    let config = config::load(Path::new(&config_path)).expect("config");
+    let service = runtime::start(config, StartOptions::default())
+        .await
+        .expect("pool starts");
+    let h = service.handle.clone();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("log"),
+    ));
+    let write = move |line: String| {
+        use std::io::Write;
+        let mut f = log.lock().unwrap();
+        writeln!(f, "{line}").unwrap();
+        f.sync_data().unwrap();
+    };
+    // Requests a killed predecessor left pending are served now.
+    let pending: Vec<_> = h
+        .inspect(|p| {
+            p.requests()
+                .filter(|r| r.state == RequestState::Pending)
+                .map(|r| r.id)
+                .collect()
+        })
+        .await
+        .unwrap();
+    for id in pending {
+        let h = h.clone();
+        let write = write.clone();
+        tokio::spawn(async move {
+            if let Ok(Some(r)) = h.wait(id).await {
+                for n in &r.nodes {
+                    write(format!("handed {id} {n}"));
+                }
+            }
+        });
+    }
+    let small = h.config().label("small").unwrap();
+    let stop_at = tokio::time::Instant::now() + Duration::from_secs(secs);
+    let mut workers = Vec::new();
+    for w in 0..4u64 {
+        let h = h.clone();
+        let write = write.clone();
+        workers.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while tokio::time::Instant::now() < stop_at {
+                let new = NewRequest {
+                    requestor: format!("worker-{w}"),
+                    priority: (i % 3) as i32,
+                    wants: vec![(small, 1 + (i % 2) as u32)],
+                };
+                i += 1;
+                let id = h.submit(new).await.expect("submit");
+                write(format!("submitted {id}"));
+                let r = h.wait(id).await.unwrap().expect("request");
+                for n in &r.nodes {
+                    write(format!("handed {id} {n}"));
+                }
+                tokio::time::sleep(Duration::from_millis(20 + 37 * (i % 5))).await;
+                for n in &r.nodes {
+                    h.release(*n).await.expect("release");
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.expect("worker");
+    }
+    // Let deletes, leaks and adoption settle before a clean stop.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    service.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_pool_killed_during_churn_resumes_without_leaks_or_double_allocations() {
+    let sim = SimServer::start_with(Knobs {
+        create_latency_ms: 30,
+        boot_delay_ms: 150,
+        ..Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_text = format!(
+        r#"
+pool-id = "itest"
+state-dir = "state"
+sync-interval = "1s"
+boot-poll-interval = "100ms"
+leak-grace = "1s"
+delete-retry = "1s"
+
+[providers.sim]
+driver = {driver:?}
+max-concurrent-calls = 4
+allow-hosts = ["{addr}"]
+config = {{ endpoint = "{url}" }}
+[providers.sim.limits]
+max-instances = 12
+
+[labels.small]
+min-ready = 2
+[labels.small.providers.sim]
+instance-type = "small"
+image = "img"
+vcpus = 1
+ram = "1GiB"
+"#,
+        driver = plugin("sim").display().to_string(),
+        addr = sim.addr(),
+        url = sim.url(),
+    );
+    let config_path = dir.path().join("berth.toml");
+    std::fs::write(&config_path, &config_text).unwrap();
+    let log_path = dir.path().join("churn.log");
+    let child = |secs: Option<u64>| {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["pool::churn_child", "--exact", "--nocapture"])
+            .env(CHURN_CONFIG, &config_path)
+            .env("BERTH_CHURN_LOG", &log_path)
+            .stdout(std::process::Stdio::null());
+        if let Some(s) = secs {
+            cmd.env("BERTH_CHURN_SECS", s.to_string());
+        }
+        cmd.spawn().expect("child starts")
+    };
+    // Three runs killed at odd moments, then one that finishes.
+    for kill_after_ms in [1700u64, 2300, 1900] {
+        let mut c = child(None);
+        tokio::time::sleep(Duration::from_millis(kill_after_ms)).await;
+        c.kill().expect("SIGKILL");
+        c.wait().unwrap();
+    }
+    let mut last = child(Some(3));
+    let status = tokio::task::spawn_blocking(move || last.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "the last run failed: {status}");
+
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let submitted: BTreeSet<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("submitted "))
+        .collect();
+    let mut handed: BTreeMap<&str, &str> = BTreeMap::new();
+    for l in log.lines().filter_map(|l| l.strip_prefix("handed ")) {
+        let (req, node) = l.split_once(' ').unwrap();
+        if let Some(other) = handed.insert(node, req) {
+            assert_eq!(other, req, "node {node} handed to {other} and {req}");
+        }
+    }
+    assert!(submitted.len() > 10, "too little churn: {log}");
+
+    let config = Arc::new(config::load(&config_path).unwrap());
+    let mut store =
+        berth::store::SqliteStore::open(&config.state_dir.join("berth.db"), config.clone())
+            .unwrap();
+    use berth::store::Store;
+    let snapshot = store.load(&config).unwrap().snapshot;
+    // No lost request: every request a client was told of is in the store,
+    // and none is left pending.
+    let stored: BTreeMap<String, &berth::pool::Request> = snapshot
+        .requests
+        .iter()
+        .map(|r| (r.id.to_string(), r))
+        .collect();
+    for id in &submitted {
+        let r = stored
+            .get(*id)
+            .unwrap_or_else(|| panic!("request {id} lost"));
+        assert_ne!(r.state, RequestState::Pending, "{id} still pending");
+    }
+    // Zero leaks, checked against the sim cloud's own record: every live
+    // owned instance belongs to exactly one live node, and every live node
+    // with an instance is in the cloud.
+    let live = live_instances(&sim.cloud);
+    let owned: usize = sim
+        .cloud
+        .instances()
+        .iter()
+        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
+        .filter(|i| i.tags.get(POOL_TAG).map(String::as_str) == Some("itest"))
+        .count();
+    assert_eq!(owned, live.len(), "two live instances share a node tag");
+    let nodes: BTreeMap<String, &berth::pool::Node> = snapshot
+        .nodes
+        .iter()
+        .filter(|n| !n.state.is_final())
+        .map(|n| (n.id.to_string(), n))
+        .collect();
+    for (node, instance) in &live {
+        let n = nodes
+            .get(node)
+            .unwrap_or_else(|| panic!("leaked instance {instance} (node {node})"));
+        assert_eq!(n.instance.as_deref(), Some(instance.as_str()));
+    }
+    for (id, n) in &nodes {
+        assert!(
+            live.contains_key(id),
+            "node {id} ({}) has no instance",
+            n.state.name()
+        );
+    }
 }
