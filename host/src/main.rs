@@ -142,7 +142,8 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             for p in &problems {
                 println!("  {p}");
             }
-            println!("{} problems", problems.len());
+            let n = problems.len();
+            println!("{n} problem{}", if n == 1 { "" } else { "s" });
             Ok(false)
         }
         Command::Sim(args) => {
