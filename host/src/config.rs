@@ -212,11 +212,6 @@ impl Config {
             .position(|l| l.name == name)
             .map(|i| LabelIx(i as u16))
     }
-
-    /// Every label name, for error messages.
-    pub fn label_names(&self) -> Vec<&str> {
-        self.labels.iter().map(|l| l.name.as_str()).collect()
-    }
 }
 
 impl std::ops::Index<ProviderIx> for Config {

@@ -401,9 +401,8 @@ impl Walker<'_> {
         let mut backing_names = Vec::new();
         if let Some(t) = labels_table {
             let named = self.named("labels", t);
-            let label_names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
             for (name, t) in named {
-                let (label, backing) = self.label(name, t, &provider_names, &label_names);
+                let (label, backing) = self.label(name, t, &provider_names);
                 labels.push(label);
                 backing_names.push(backing);
             }
@@ -531,13 +530,7 @@ impl Walker<'_> {
 
     /// A label, and for a slot label the name of its backing label (resolved
     /// once every label is read).
-    fn label(
-        &mut self,
-        name: String,
-        t: &Table,
-        providers: &[String],
-        _labels: &[String],
-    ) -> (Label, Option<String>) {
+    fn label(&mut self, name: String, t: &Table, providers: &[String]) -> (Label, Option<String>) {
         let mut s = Section::new(format!("labels.{name}"), t);
         let min_ready = self.int(&mut s, "min-ready", "0 or more").unwrap_or(0);
         let max_ready_age = self.duration(&mut s, "max-ready-age");
