@@ -16,7 +16,7 @@ mod parse;
 #[cfg(test)]
 mod tests;
 
-pub use parse::{ConfigErrors, Problem, check_files, load, parse};
+pub use parse::{ConfigErrors, Problem, base_dir, check_files, load, parse};
 
 /// Index of a provider in [`Config::providers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use berth::plugin::{Runtime, RuntimeConfig};
@@ -122,7 +123,13 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             Ok(report.passed())
         }
         Command::Config(ConfigCommand::Check { file }) => {
-            let problems = match berth::config::load(&file) {
+            // Read here rather than through `config::load` so that a file
+            // that cannot be read is berth failing to run (exit 2), not a
+            // problem found in the config (exit 1).
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let env = |name: &str| std::env::var(name).ok();
+            let problems = match berth::config::parse(&text, berth::config::base_dir(&file), &env) {
                 Ok(config) => {
                     let problems = berth::config::check_files(&config);
                     if problems.is_empty() {

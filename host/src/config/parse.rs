@@ -56,8 +56,12 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
             message: format!("reading {}: {e}", path.display()),
         }],
     })?;
-    let base = path.parent().unwrap_or(Path::new("."));
-    parse(&text, base, &|name| std::env::var(name).ok())
+    parse(&text, base_dir(path), &|name| std::env::var(name).ok())
+}
+
+/// The directory a config file's relative paths are relative to.
+pub fn base_dir(file: &Path) -> &Path {
+    file.parent().unwrap_or(Path::new("."))
 }
 
 /// Checks config text. `base_dir` anchors relative paths; `env` answers
@@ -68,10 +72,7 @@ pub fn parse(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigErrors> {
     let doc: Table = toml::from_str(text).map_err(|e| ConfigErrors {
-        problems: vec![Problem {
-            path: String::new(),
-            message: format!("not valid TOML: {}", e.to_string().trim()),
-        }],
+        problems: vec![syntax_problem(text, &e)],
     })?;
     let mut w = Walker {
         problems: Vec::new(),
@@ -87,17 +88,44 @@ pub fn parse(
     }
 }
 
+/// A TOML syntax error as one line. The crate's own rendering spans several
+/// (source line and caret), which would break "one line per problem".
+fn syntax_problem(text: &str, e: &toml::de::Error) -> Problem {
+    let what = e.message().trim().replace('\n', "; ");
+    let message = match e.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("not valid TOML at line {line}, column {column}: {what}")
+        }
+        None => format!("not valid TOML: {what}"),
+    };
+    Problem {
+        path: String::new(),
+        message,
+    }
+}
+
 /// Problems a checked config has on this machine: driver files missing.
 pub fn check_files(config: &Config) -> Vec<Problem> {
-    config
-        .providers
-        .iter()
-        .filter(|p| !p.driver.is_file())
-        .map(|p| Problem {
-            path: format!("providers.{}.driver", p.name),
-            message: format!("no such file: {}", p.driver.display()),
-        })
-        .collect()
+    let mut problems = Vec::new();
+    for p in &config.providers {
+        let shown = p.driver.display();
+        let message = match std::fs::metadata(&p.driver) {
+            Ok(meta) if meta.is_file() => continue,
+            Ok(_) => format!("not a file: {shown}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                format!("no such file: {shown}")
+            }
+            Err(e) => format!("cannot read {shown}: {e}"),
+        };
+        problems.push(Problem {
+            path: join(&join("providers", &p.name), "driver"),
+            message,
+        });
+    }
+    problems
 }
 
 struct Walker<'a> {
@@ -113,9 +141,20 @@ struct Section<'t> {
     known: Vec<&'static str>,
 }
 
+/// `path.key`, the key quoted as TOML would write it when it is not a bare
+/// key, so that a name with a dot (`providers."a.b".driver`) stays unambiguous.
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+    let key = if bare {
         key.to_owned()
+    } else {
+        format!("{key:?}")
+    };
+    if path.is_empty() {
+        key
     } else {
         format!("{path}.{key}")
     }
@@ -301,28 +340,39 @@ impl Walker<'_> {
     /// A TOML table as JSON text, `${ENV}` substituted in strings when
     /// `interpolate`.
     fn json(&mut self, path: &str, t: &Table, interpolate: bool) -> String {
-        let v = self.to_json(path, &Value::Table(t.clone()), interpolate);
+        let v = self.json_value(path, &Value::Table(t.clone()), interpolate);
         v.to_string()
     }
 
-    fn to_json(&mut self, path: &str, v: &Value, interpolate: bool) -> serde_json::Value {
+    fn json_value(&mut self, path: &str, v: &Value, interpolate: bool) -> serde_json::Value {
         use serde_json::Value as J;
         match v {
             Value::String(s) if interpolate => J::String(self.interpolate(path, s)),
             Value::String(s) => J::String(s.clone()),
             Value::Integer(i) => J::from(*i),
-            Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+            Value::Float(f) => match serde_json::Number::from_f64(*f) {
+                Some(n) => J::Number(n),
+                None => {
+                    // JSON has no nan or inf; passing null instead would
+                    // hand the driver something the file never said.
+                    self.problem(
+                        path,
+                        "nan and inf cannot be passed to a driver (JSON has neither)",
+                    );
+                    J::Null
+                }
+            },
             Value::Boolean(b) => J::Bool(*b),
             Value::Datetime(d) => J::String(d.to_string()),
             Value::Array(a) => J::Array(
                 a.iter()
                     .enumerate()
-                    .map(|(i, v)| self.to_json(&format!("{path}[{i}]"), v, interpolate))
+                    .map(|(i, v)| self.json_value(&format!("{path}[{i}]"), v, interpolate))
                     .collect(),
             ),
             Value::Table(t) => J::Object(
                 t.iter()
-                    .map(|(k, v)| (k.clone(), self.to_json(&join(path, k), v, interpolate)))
+                    .map(|(k, v)| (k.clone(), self.json_value(&join(path, k), v, interpolate)))
                     .collect(),
             ),
         }
@@ -343,10 +393,16 @@ impl Walker<'_> {
                 match tail.find('}') {
                     Some(end) => {
                         let name = &tail[..end];
-                        match (self.env)(name) {
-                            Some(v) => out.push_str(&v),
-                            None => self
-                                .problem(path, format!("environment variable {name} is not set")),
+                        if name.is_empty() {
+                            self.problem(path, "`${}` names no environment variable");
+                        } else {
+                            match (self.env)(name) {
+                                Some(v) => out.push_str(&v),
+                                None => self.problem(
+                                    path,
+                                    format!("environment variable {name} is not set"),
+                                ),
+                            }
                         }
                         rest = &tail[end + 1..];
                     }
@@ -412,7 +468,7 @@ impl Walker<'_> {
             let Some(backing) = backing_names[i].take() else {
                 continue;
             };
-            let at = format!("labels.{}.backing-label", labels[i].name);
+            let at = join(&join("labels", &labels[i].name), "backing-label");
             match labels.iter().position(|l| l.name == backing) {
                 None => {
                     let known: Vec<&str> = labels.iter().map(|l| l.name.as_str()).collect();
@@ -444,7 +500,7 @@ impl Walker<'_> {
     }
 
     fn provider(&mut self, name: String, t: &Table, plugins_dir: &Path) -> Provider {
-        let mut s = Section::new(format!("providers.{name}"), t);
+        let mut s = Section::new(join("providers", &name), t);
         let driver: PathBuf = self
             .required_string(&mut s, "driver")
             .map(|d| plugins_dir.join(d))
@@ -531,7 +587,7 @@ impl Walker<'_> {
     /// A label, and for a slot label the name of its backing label (resolved
     /// once every label is read).
     fn label(&mut self, name: String, t: &Table, providers: &[String]) -> (Label, Option<String>) {
-        let mut s = Section::new(format!("labels.{name}"), t);
+        let mut s = Section::new(join("labels", &name), t);
         let min_ready = self.int(&mut s, "min-ready", "0 or more").unwrap_or(0);
         let max_ready_age = self.duration(&mut s, "max-ready-age");
         let boot_timeout = self

@@ -213,3 +213,153 @@ fn sizes() {
     assert!(parse::parse_size("12").is_err());
     assert!(parse::parse_size("1.5GiB").is_err());
 }
+
+#[test]
+fn unknown_keys_are_named_at_every_level() {
+    let text = r#"
+pool-id = "p"
+top = 1
+[providers.a]
+driver = "d.wasm"
+drvier = "d.wasm"
+[providers.a.sandbox]
+mem = "1GiB"
+[providers.a.limits]
+max-instance = 1
+[labels.m]
+minready = 1
+[labels.m.providers.a]
+instance-type = "t"
+image = "i"
+vcpus = 1
+ram = "1GiB"
+cost = 1
+[labels.s]
+slots = 2
+backing-label = "m"
+grace = "1s"
+"#;
+    check(
+        text,
+        &[
+            ("top", "unknown key; expected one of"),
+            ("providers.a.drvier", "unknown key"),
+            ("providers.a.sandbox.mem", "unknown key"),
+            ("providers.a.limits.max-instance", "unknown key"),
+            ("labels.m.minready", "unknown key"),
+            ("labels.m.providers.a.cost", "unknown key"),
+            ("labels.s.grace", "unknown key"),
+        ],
+    );
+}
+
+#[test]
+fn interpolation_reaches_nested_strings_only_in_driver_config() {
+    let text = r#"
+pool-id = "p"
+[providers.a]
+driver = "d.wasm"
+[providers.a.config]
+plain = "$HOME and $$ stay"
+escaped = "$${SIM_TOKEN}"
+list = ["${SIM_TOKEN}", { deep = "x-${SIM_TOKEN}-y" }]
+[labels.m.providers.a]
+instance-type = "${SIM_TOKEN}"
+image = "i"
+vcpus = 1
+ram = "1GiB"
+options = { o = "${SIM_TOKEN}" }
+"#;
+    let c = parse(text, Path::new("."), &env).expect("valid");
+    let cfg: serde_json::Value = serde_json::from_str(&c.providers[0].driver_config).unwrap();
+    assert_eq!(cfg["plain"], "$HOME and $$ stay");
+    assert_eq!(cfg["escaped"], "${SIM_TOKEN}");
+    assert_eq!(cfg["list"][0], "s3cret-value");
+    assert_eq!(cfg["list"][1]["deep"], "x-s3cret-value-y");
+    let LabelKind::Machine { offers } = &c.labels[0].kind else {
+        panic!("machine label");
+    };
+    assert_eq!(offers[0].instance_type, "${SIM_TOKEN}");
+    assert_eq!(offers[0].options, r#"{"o":"${SIM_TOKEN}"}"#);
+
+    check(
+        "pool-id = \"p\"\n[providers.a]\ndriver = \"d\"\n[providers.a.config]\n\
+         a = { b = [\"${UNSET_ONE}\"] }\nc = \"${}\"\nd = \"${OPEN\"\ne = nan",
+        &[
+            (
+                "providers.a.config.a.b[0]",
+                "environment variable UNSET_ONE is not set",
+            ),
+            ("providers.a.config.c", "names no environment variable"),
+            ("providers.a.config.d", "without a closing"),
+            ("providers.a.config.e", "nan and inf"),
+        ],
+    );
+}
+
+#[test]
+fn a_secret_is_in_no_problem_even_next_to_one() {
+    // The problem is on the very string the secret is interpolated into.
+    let text = "pool-id = \"p\"\n[providers.a]\ndriver = \"d\"\n\
+                config = { t = \"${SIM_TOKEN}${UNSET_ONE}\" }";
+    let e = parse(text, Path::new("."), &env).unwrap_err();
+    assert_eq!(e.problems.len(), 1, "{e}");
+    assert!(!e.to_string().contains("s3cret-value"), "{e}");
+    assert!(!format!("{e:?}").contains("s3cret-value"), "{e:?}");
+}
+
+#[test]
+fn a_syntax_error_is_one_line_with_its_position() {
+    let e = parse("pool-id = \"p\"\nx = [\n", Path::new("."), &env).unwrap_err();
+    assert_eq!(e.problems.len(), 1);
+    let p = &e.problems[0];
+    assert_eq!(p.path, "");
+    assert!(
+        p.message
+            .starts_with("not valid TOML at line 2, column 6: "),
+        "{p}"
+    );
+    assert!(!p.message.contains('\n'), "{p}");
+}
+
+#[test]
+fn a_name_with_a_dot_is_quoted_in_paths() {
+    check(
+        "pool-id = \"p\"\n[providers.\"a.b\"]\ndriver = 1\n[providers.\"c d\"]\ndriver = \"x\"",
+        &[
+            ("providers.\"a.b\".driver", "expected a string"),
+            ("providers.\"c d\"", "names are 1 to 64"),
+        ],
+    );
+}
+
+#[test]
+fn load_resolves_against_the_file_and_check_files_finds_missing_drivers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    std::fs::write(dir.path().join("plugins").join("there.wasm"), b"").unwrap();
+    let file = dir.path().join("berth.toml");
+    std::fs::write(
+        &file,
+        "pool-id = \"p\"\n[providers.a]\ndriver = \"there.wasm\"\n\
+         [providers.b]\ndriver = \"gone.wasm\"\n[providers.c]\ndriver = \".\"",
+    )
+    .unwrap();
+    let c = load(&file).expect("valid");
+    assert_eq!(c.state_dir, dir.path().join("berth-data"));
+    assert_eq!(c.providers[0].driver, dir.path().join("plugins/there.wasm"));
+    let problems: Vec<String> = check_files(&c).iter().map(|p| p.to_string()).collect();
+    let gone = dir.path().join("plugins/gone.wasm");
+    let not_file = dir.path().join("plugins/.");
+    assert_eq!(
+        problems,
+        [
+            format!("providers.b.driver: no such file: {}", gone.display()),
+            format!("providers.c.driver: not a file: {}", not_file.display()),
+        ]
+    );
+
+    let e = load(&dir.path().join("absent.toml")).unwrap_err();
+    assert_eq!(e.problems.len(), 1);
+    assert!(e.problems[0].message.starts_with("reading "), "{e}");
+}
