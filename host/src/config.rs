@@ -166,6 +166,21 @@ impl Label {
     pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(600);
     pub const DEFAULT_LAUNCH_RETRIES: u32 = 3;
     pub const DEFAULT_GRACE_TIME: Duration = Duration::from_secs(60);
+
+    /// A label with every setting at its default (no ready nodes kept, no
+    /// ageing, single use).
+    pub fn new(name: &str, kind: LabelKind) -> Label {
+        Label {
+            name: name.into(),
+            min_ready: 0,
+            max_ready_age: None,
+            boot_timeout: Label::DEFAULT_BOOT_TIMEOUT,
+            launch_retries: Label::DEFAULT_LAUNCH_RETRIES,
+            idle_timeout: None,
+            reuse: false,
+            kind,
+        }
+    }
 }
 
 /// What a label's nodes are.

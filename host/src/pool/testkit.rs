@@ -57,16 +57,7 @@ pub(super) fn offer(p: u16, ty: &str) -> Offer {
 
 /// A machine label with the given offers.
 pub(super) fn machine(name: &str, offers: Vec<Offer>) -> Label {
-    Label {
-        name: name.into(),
-        min_ready: 0,
-        max_ready_age: None,
-        boot_timeout: Label::DEFAULT_BOOT_TIMEOUT,
-        launch_retries: Label::DEFAULT_LAUNCH_RETRIES,
-        idle_timeout: None,
-        reuse: false,
-        kind: LabelKind::Machine { offers },
-    }
+    Label::new(name, LabelKind::Machine { offers })
 }
 
 /// A slot label with `slots` slots per instance of `backing`.

@@ -1,0 +1,110 @@
+//! The store's schema as an ordered list of migrations, and the code that
+//! brings a database up to date with them.
+
+use rusqlite::Connection;
+
+use super::StoreError;
+
+/// Schema steps, in order; step `i` takes the database to version `i + 1`,
+/// kept in `PRAGMA user_version`. A step that has shipped is never edited: a
+/// change is a new step, so every database ends up with the same schema
+/// whatever version it started from.
+///
+/// Rows name labels and providers (never config indexes) so that a config
+/// change between runs cannot silently remap a record. `version` on nodes and
+/// requests counts the writes to a row; SQLite needs it for nothing, but it
+/// is what a shared store's conditional commits compare (see the module docs
+/// of `store`).
+pub(super) const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE nodes (
+    id TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    instance_type TEXT NOT NULL,
+    vcpus INTEGER NOT NULL,
+    ram_mib INTEGER NOT NULL,
+    price REAL NOT NULL,
+    instance TEXT,
+    state TEXT NOT NULL,
+    since INTEGER NOT NULL,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    request TEXT,
+    reason TEXT,
+    idle TEXT NOT NULL,
+    role TEXT NOT NULL,
+    slot_label TEXT,
+    slot_count INTEGER,
+    free_since INTEGER,
+    slot_backing TEXT,
+    slot_index INTEGER,
+    assigned TEXT,
+    created INTEGER NOT NULL,
+    endpoint TEXT,
+    version INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE slots (
+    backing TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    node TEXT NOT NULL UNIQUE,
+    PRIMARY KEY (backing, idx)
+);
+CREATE TABLE requests (
+    id TEXT PRIMARY KEY,
+    requestor TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    created INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    at INTEGER,
+    reason TEXT,
+    failures INTEGER NOT NULL DEFAULT 0,
+    version INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE request_wants (
+    request TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    label TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (request, position),
+    UNIQUE (request, label)
+);
+CREATE TABLE request_nodes (
+    request TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    node TEXT NOT NULL,
+    PRIMARY KEY (request, position)
+);
+"#];
+
+/// The database's schema version.
+pub(super) fn version(conn: &Connection) -> Result<u32, StoreError> {
+    conn.pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|source| StoreError::Sql {
+            doing: "reading the schema version",
+            source,
+        })
+}
+
+/// Applies the steps of `steps` the database does not have yet, each in its
+/// own transaction together with its version bump, so a failed step leaves
+/// the database at the previous version. A database newer than `steps` is
+/// refused: this build cannot know what the newer steps changed.
+pub(super) fn migrate(conn: &mut Connection, steps: &[&str]) -> Result<(), StoreError> {
+    let found = version(conn)?;
+    let known = u32::try_from(steps.len()).unwrap_or(u32::MAX);
+    if found > known {
+        return Err(StoreError::TooNew { found, known });
+    }
+    for (version, step) in (1..).zip(steps).skip(found as usize) {
+        let err = |source| StoreError::Migrate {
+            from: version - 1,
+            to: version,
+            source,
+        };
+        let tx = conn.transaction().map_err(err)?;
+        tx.execute_batch(step).map_err(err)?;
+        tx.pragma_update(None, "user_version", version)
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+    }
+    Ok(())
+}
