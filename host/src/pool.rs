@@ -51,6 +51,9 @@ pub struct Pool {
     timers: BTreeSet<(Time, Timer)>,
     /// Failed delete and tag calls per node in a row, for their backoff.
     tries: HashMap<NodeId, u32>,
+    /// Creating nodes marked busy while they wait out a backoff after a
+    /// failed try on the same provider: no call is in flight for them.
+    create_waits: HashSet<NodeId>,
     dirty_nodes: HashSet<NodeId>,
     dirty_requests: HashSet<RequestId>,
     purged_nodes: Vec<NodeId>,
@@ -85,6 +88,8 @@ struct LabelRt {
 /// Per-provider runtime state.
 struct ProviderRt {
     usage: Usage,
+    /// The part of `usage` held by nodes being deleted: room on its way.
+    deleting: Usage,
     /// Creates paused after quota-exceeded, until an instance goes away or this time.
     quota_paused_until: Option<Time>,
     /// Every call held after rate-limited, until this time.
@@ -196,6 +201,7 @@ impl Pool {
             .iter()
             .map(|p| ProviderRt {
                 usage: Usage::default(),
+                deleting: Usage::default(),
                 quota_paused_until: None,
                 held_until: None,
                 capacity_paused: Vec::new(),
@@ -224,6 +230,7 @@ impl Pool {
             attached_at: HashMap::new(),
             timers: BTreeSet::new(),
             tries: HashMap::new(),
+            create_waits: HashSet::new(),
             dirty_nodes: HashSet::new(),
             dirty_requests: HashSet::new(),
             purged_nodes: Vec::new(),
@@ -555,6 +562,7 @@ impl Pool {
             self.ix.remove(&node, busy);
             self.attached_at.remove(&id);
             self.tries.remove(&id);
+            self.create_waits.remove(&id);
             self.dirty_nodes.remove(&id);
             self.purged_nodes.push(id);
         }
@@ -642,10 +650,17 @@ impl Indexes {
             return;
         }
         if n.state.holds_instance() {
+            let deleting = matches!(n.state, NodeState::Deleting { .. });
             if add {
                 p.usage.add(n.resources);
+                if deleting {
+                    p.deleting.add(n.resources);
+                }
             } else {
                 p.usage.sub(n.resources);
+                if deleting {
+                    p.deleting.sub(n.resources);
+                }
             }
             if n.instance.is_some() {
                 if add {

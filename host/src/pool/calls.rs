@@ -56,9 +56,10 @@ impl Bucket {
     }
 }
 
-/// Backoff before a failed call is made again: 1 s doubling to 5 min.
-fn backoff(tries: u32) -> Duration {
-    Duration::from_secs((1u64 << tries.min(9)).min(300))
+/// Backoff before a failed call is made again after `tries` failures:
+/// 1 s doubling to 5 min.
+pub(super) fn backoff(tries: u32) -> Duration {
+    Duration::from_secs((1u64 << tries.saturating_sub(1).min(9)).min(300))
 }
 
 impl Pool {
@@ -241,7 +242,6 @@ impl Pool {
         let state = node.state.clone();
         match result {
             Ok(inst) => {
-                self.ix.labels[node.label.0 as usize].failures = 0;
                 // Tags changed while the create was in flight (an idle
                 // behaviour set) are owed to the instance.
                 let berth_tags = inst

@@ -133,6 +133,8 @@ pub enum DeleteReason {
     SlotsIdle,
     /// Its launch failed after the instance existed.
     LaunchFailed,
+    /// Ready and unused while a request for other labels needed its room.
+    Evicted,
 }
 
 impl DeleteReason {
@@ -146,6 +148,7 @@ impl DeleteReason {
             DeleteReason::Admin => "admin",
             DeleteReason::SlotsIdle => "slots-idle",
             DeleteReason::LaunchFailed => "launch-failed",
+            DeleteReason::Evicted => "evicted",
         }
     }
 
@@ -159,6 +162,7 @@ impl DeleteReason {
             DeleteReason::Admin,
             DeleteReason::SlotsIdle,
             DeleteReason::LaunchFailed,
+            DeleteReason::Evicted,
         ]
         .into_iter()
         .find(|r| r.as_str() == s)
@@ -249,6 +253,20 @@ impl NodeState {
 
     pub fn is_final(&self) -> bool {
         !self.holds_instance()
+    }
+
+    /// When the node entered this state.
+    pub fn since(&self) -> Time {
+        match self {
+            NodeState::Creating { since, .. }
+            | NodeState::Booting { since }
+            | NodeState::Ready { since }
+            | NodeState::InUse { since, .. }
+            | NodeState::Used { since }
+            | NodeState::Deleting { since, .. }
+            | NodeState::Gone { since, .. }
+            | NodeState::Failed { since, .. } => *since,
+        }
     }
 }
 

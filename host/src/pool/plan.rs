@@ -23,22 +23,28 @@ enum Step {
     },
 }
 
-/// Resources a plan would add per provider, on top of what is counted, and
-/// the providers it may not launch on.
+/// How many blocked requests one plan checks for room eviction could make.
+const EVICTION_CHECKS: u32 = 4;
+
+/// Resources a plan would add per provider, on top of what is counted; what
+/// it may count as freed (nodes it would evict); and the providers it may
+/// not launch on.
 pub(super) struct Tally {
     extra: Vec<Usage>,
+    credit: Vec<Usage>,
     closed: Vec<bool>,
 }
 
 impl Pool {
     pub(super) fn plan(&mut self, now: Time) {
         let order: Vec<RequestId> = self.pending.iter().map(|k| k.2).collect();
-        // Providers a request waits for room on: prewarming stays off them,
-        // or min-ready nodes would take the room each time it frees and the
-        // request would wait for ever.
+        // Providers a request waits for room on: closed to prewarming.
         let mut wanted = self.tally();
+        // Each eviction check scans the free ready nodes: only the first few
+        // blocked requests (in serving order) get one per plan.
+        let mut evictions = EVICTION_CHECKS;
         for id in order {
-            self.serve(id, &mut wanted, now);
+            self.serve(id, &mut wanted, &mut evictions, now);
         }
         for i in 0..self.config.labels.len() {
             self.prewarm(LabelIx(i as u16), &wanted, now);
@@ -50,26 +56,61 @@ impl Pool {
         let n = self.config.providers.len();
         Tally {
             extra: vec![Usage::default(); n],
+            credit: vec![Usage::default(); n],
             closed: vec![false; n],
         }
     }
 
     /// Serves one pending request as far as it can be served now: all of its
-    /// missing nodes are set aside or launched, or none is.
-    fn serve(&mut self, id: RequestId, wanted: &mut Tally, now: Time) {
+    /// missing nodes are set aside or launched, or none is. A request held
+    /// back only by limits that unused ready nodes of other labels take up
+    /// has those nodes deleted to make room (see [`Pool::evict_for`]).
+    fn serve(&mut self, id: RequestId, wanted: &mut Tally, evictions: &mut u32, now: Time) {
         let Some(req) = self.requests.get(&id) else {
             return;
         };
         let mut tally = self.tally();
+        match self.steps(req, &mut tally, now) {
+            Ok(steps) => {
+                for step in steps {
+                    self.apply(id, step, now);
+                }
+                self.fulfil_if_ready(id, now);
+            }
+            Err(_) => {
+                // Prewarming stays off every provider the request could use,
+                // or min-ready nodes would take the room each time it frees
+                // (or an eviction makes it) and the request would wait for
+                // ever.
+                for &(label, _) in &req.wants {
+                    wanted.close(self.offers_of(label));
+                }
+                if *evictions > 0 {
+                    *evictions -= 1;
+                    self.evict_for(id, now);
+                }
+            }
+        }
+    }
+
+    /// The machine offers a label's nodes launch from: its own, or for a
+    /// slot label its backing label's.
+    fn offers_of(&self, label: LabelIx) -> &[Offer] {
+        match self.config[label].kind {
+            LabelKind::Machine { .. } => self.machine_offers(label),
+            LabelKind::Slots { backing, .. } => self.machine_offers(backing),
+        }
+    }
+
+    /// The steps that would serve `req` whole within `tally`, or the label
+    /// that has no room. Changes nothing but `tally`.
+    fn steps(&self, req: &Request, tally: &mut Tally, now: Time) -> Result<Vec<Step>, LabelIx> {
         let mut steps = Vec::new();
         let mut taken_slots: HashSet<(NodeId, u16)> = HashSet::new();
         // Labels with the fewest providers first, so that a label that can
         // go elsewhere does not take the room of one that cannot.
         let mut wants = req.wants.clone();
-        wants.sort_by_key(|&(label, _)| match self.config[label].kind {
-            LabelKind::Machine { .. } => self.machine_offers(label).len(),
-            LabelKind::Slots { backing, .. } => self.machine_offers(backing).len(),
-        });
+        wants.sort_by_key(|&(label, _)| self.offers_of(label).len());
         for (label, count) in wants {
             let have = req
                 .nodes
@@ -92,10 +133,7 @@ impl Pool {
                         need -= 1;
                     }
                     while need > 0 {
-                        let Some(offer) = self.pick_offer(label, None, &tally, now) else {
-                            wanted.close(self.machine_offers(label));
-                            return;
-                        };
+                        let offer = self.pick_offer(label, None, tally, now).ok_or(label)?;
                         tally.add(self.machine_offers(label)[offer].clone());
                         steps.push(Step::Launch(label, offer));
                         need -= 1;
@@ -112,10 +150,7 @@ impl Pool {
                         }
                     }
                     while need > 0 {
-                        let Some(offer) = self.pick_offer(backing, None, &tally, now) else {
-                            wanted.close(self.machine_offers(backing));
-                            return;
-                        };
+                        let offer = self.pick_offer(backing, None, tally, now).ok_or(label)?;
                         tally.add(self.machine_offers(backing)[offer].clone());
                         let fill = need.min(u32::from(slots)) as u16;
                         steps.push(Step::Backing {
@@ -128,10 +163,102 @@ impl Pool {
                 }
             }
         }
-        for step in steps {
-            self.apply(id, step, now);
+        Ok(steps)
+    }
+
+    /// Makes room for a request that limits hold back, by deleting unused
+    /// ready nodes (free, idle `run`, plain) of labels the request does not
+    /// want, oldest first; `min-ready` does not protect them, since a ready
+    /// node nobody asks for must not keep out a request that waits (prewarm
+    /// refills elsewhere, or once the request is served).
+    ///
+    /// Only if the whole request would then fit: nodes are never deleted for
+    /// a request that would still wait. Only as many as the room still
+    /// missing once the deletes already under way finish, so a later plan
+    /// evicts nothing more for the same request.
+    fn evict_for(&mut self, id: RequestId, now: Time) {
+        let Some(req) = self.requests.get(&id) else {
+            return;
+        };
+        let mut spared: HashSet<LabelIx> = HashSet::new();
+        for &(label, _) in &req.wants {
+            spared.insert(label);
+            if let LabelKind::Slots { backing, .. } = self.config[label].kind {
+                spared.insert(backing);
+            }
         }
-        self.fulfil_if_ready(id, now);
+        // Candidates per provider, oldest ready first.
+        let mut candidates: Vec<Vec<(Time, NodeId)>> = vec![Vec::new(); self.ix.providers.len()];
+        for (i, rt) in self.ix.labels.iter().enumerate() {
+            if spared.contains(&LabelIx(i as u16)) {
+                continue;
+            }
+            for &(since, n) in &rt.free_ready {
+                if let Some(node) = self.nodes.get(&n) {
+                    candidates[node.provider.0 as usize].push((since, n));
+                }
+            }
+        }
+        if candidates.iter().all(Vec::is_empty) {
+            return;
+        }
+        // Room on its way counts too: nodes being deleted, and the
+        // candidates if they were deleted.
+        let mut tally = self.tally();
+        for (p, c) in candidates.iter_mut().enumerate() {
+            c.sort();
+            tally.credit[p] = self.ix.providers[p].deleting;
+            for &(_, n) in c.iter() {
+                tally.credit[p].add(self.nodes[&n].resources);
+            }
+        }
+        if self.steps(req, &mut tally, now).is_err() {
+            return;
+        }
+        let mut evict = Vec::new();
+        for (p, c) in candidates.iter().enumerate() {
+            let limits = &self.config.providers[p].limits;
+            let rt = &self.ix.providers[p];
+            let extra = tally.extra[p];
+            // What the plan needs beyond the limit, less what deletes under
+            // way give back.
+            let over = |used: u64, add: u64, freeing: u64, limit: Option<u64>| {
+                limit.map_or(0, |l| {
+                    (used + add).saturating_sub(l).saturating_sub(freeing)
+                })
+            };
+            let mut instances = over(
+                rt.usage.instances.into(),
+                extra.instances.into(),
+                rt.deleting.instances.into(),
+                limits.max_instances.map(u64::from),
+            );
+            let mut vcpus = over(
+                rt.usage.vcpus.into(),
+                extra.vcpus.into(),
+                rt.deleting.vcpus.into(),
+                limits.max_cores.map(u64::from),
+            );
+            let mut ram = over(
+                rt.usage.ram_mib,
+                extra.ram_mib,
+                rt.deleting.ram_mib,
+                limits.max_ram_mib,
+            );
+            for &(_, n) in c {
+                if instances == 0 && vcpus == 0 && ram == 0 {
+                    break;
+                }
+                let r = self.nodes[&n].resources;
+                instances = instances.saturating_sub(1);
+                vcpus = vcpus.saturating_sub(r.vcpus.into());
+                ram = ram.saturating_sub(r.ram_mib);
+                evict.push(n);
+            }
+        }
+        for n in evict {
+            self.begin_delete(n, DeleteReason::Evicted, now);
+        }
     }
 
     fn apply(&mut self, req: RequestId, step: Step, now: Time) {
@@ -346,8 +473,8 @@ impl Pool {
             return;
         }
         let tally = Tally {
-            extra: vec![Usage::default(); self.config.providers.len()],
             closed: wanted.closed.clone(),
+            ..self.tally()
         };
         match &cfg.kind {
             LabelKind::Machine { .. } => {
@@ -442,9 +569,10 @@ impl Pool {
             return false;
         }
         let extra = tally.extra[o.provider.0 as usize];
-        let instances = rt.usage.instances + extra.instances + 1;
-        let vcpus = rt.usage.vcpus + extra.vcpus + o.vcpus;
-        let ram = rt.usage.ram_mib + extra.ram_mib + o.ram_mib;
+        let credit = tally.credit[o.provider.0 as usize];
+        let instances = (rt.usage.instances + extra.instances + 1).saturating_sub(credit.instances);
+        let vcpus = (rt.usage.vcpus + extra.vcpus + o.vcpus).saturating_sub(credit.vcpus);
+        let ram = (rt.usage.ram_mib + extra.ram_mib + o.ram_mib).saturating_sub(credit.ram_mib);
         limits.max_instances.is_none_or(|m| instances <= m)
             && limits.max_cores.is_none_or(|m| vcpus <= m)
             && limits.max_ram_mib.is_none_or(|m| ram <= m)
@@ -546,6 +674,10 @@ impl Pool {
         let Some(node) = self.nodes.get(&id) else {
             return;
         };
+        // A launch came through: prewarming this label backs off no more.
+        if let Some(label) = prewarm_label(node) {
+            self.ix.labels[label.0 as usize].failures = 0;
+        }
         if let Role::Backing { slots, .. } = &node.role {
             let waiting: Vec<NodeId> = slots.iter().flatten().copied().collect();
             for s in waiting {
@@ -698,8 +830,12 @@ impl Pool {
         self.unassign(id);
         let listed = self.ix.providers[provider.0 as usize].listed;
         let node = &self.nodes[&id];
-        if node.instance.is_none() && !self.busy.contains(&id) && listed {
+        let in_flight = self.busy.contains(&id) && !self.create_waits.contains(&id);
+        if node.instance.is_none() && !in_flight && listed {
             // No create was sent, or it failed: nothing exists to delete.
+            if self.create_waits.remove(&id) {
+                self.set_busy(id, false);
+            }
             self.gone(id, GoneReason::Aborted, now);
         } else {
             self.update(id, |n| n.state = NodeState::Deleting { since: now, reason });
@@ -782,11 +918,13 @@ impl Pool {
             self.finish_request(r, state, now);
         }
         if give_up {
-            if requests.is_empty() {
-                let rt = &mut self.ix.labels[label.0 as usize];
+            if requests.is_empty()
+                && let Some(l) = prewarm_label(&self.nodes[&id])
+            {
+                // A prewarm launch: prewarming the label waits a while.
+                let rt = &mut self.ix.labels[l.0 as usize];
                 rt.failures += 1;
-                let backoff = (1u64 << rt.failures.min(8)).min(300);
-                rt.backoff_until = now + std::time::Duration::from_secs(backoff);
+                rt.backoff_until = now + calls::backoff(rt.failures + 1);
             }
             if has_instance {
                 self.begin_delete(id, delete, now);
@@ -822,6 +960,9 @@ impl Pool {
                 if let Some(r) = assigned {
                     self.add_to_request(r, new);
                 }
+                if offer.provider == provider {
+                    self.wait_to_create(new, attempt, now);
+                }
             }
             return;
         }
@@ -853,7 +994,18 @@ impl Pool {
                     n.instance_type = o.instance_type.clone();
                 });
             }
+        } else {
+            self.wait_to_create(id, attempt, now);
         }
+    }
+
+    /// Holds a node's next create on the provider that just failed it for
+    /// a backoff (1 s after the first failed try, doubling), so that a
+    /// provider failing every create is not asked again at once.
+    fn wait_to_create(&mut self, id: NodeId, attempt: u32, now: Time) {
+        self.set_busy(id, true);
+        self.create_waits.insert(id);
+        self.timer(now + calls::backoff(attempt), Timer::Retry(id));
     }
 
     /// A node's instance is no longer there.
@@ -932,6 +1084,7 @@ impl Pool {
                 return;
             }
             Timer::Retry(id) => {
+                self.create_waits.remove(&id);
                 self.set_busy(id, false);
                 return;
             }
@@ -1063,5 +1216,15 @@ fn request_end(r: &Request) -> Option<Time> {
         RequestState::Fulfilled { at }
         | RequestState::Failed { at, .. }
         | RequestState::Cancelled { at } => Some(at),
+    }
+}
+
+/// The label whose prewarming a node's launch serves: a backing node's slot
+/// label, a plain node's own; none for a slot node, which launches nothing.
+fn prewarm_label(node: &Node) -> Option<LabelIx> {
+    match node.role {
+        Role::Plain => Some(node.label),
+        Role::Backing { slot_label, .. } => Some(slot_label),
+        Role::Slot { .. } => None,
     }
 }

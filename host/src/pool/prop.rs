@@ -46,10 +46,6 @@ fn prop_config() -> Config {
     b.idle_timeout = Some(Duration::from_secs(120));
     let mut bigl = machine("big", vec![big(0)]);
     bigl.boot_timeout = Duration::from_secs(60);
-    // Free ready nodes hold room until they age or idle out: berth does not
-    // evict them for a request blocked by limits, so every label here lets
-    // them go in time (or a request could wait for ever, by design).
-    bigl.idle_timeout = Some(Duration::from_secs(120));
     let mut s = slots("s", 2, 3);
     s.min_ready = 1;
     if let LabelKind::Slots { grace_time, .. } = &mut s.kind {

@@ -173,7 +173,7 @@ fn requests_are_served_by_priority_and_a_blocked_one_does_not_block_others() {
 }
 
 #[test]
-fn prewarm_yields_room_to_a_blocked_request() {
+fn a_blocked_request_evicts_unused_ready_nodes_of_other_labels() {
     let mut c = config(
         vec![provider("p0"), provider("p1")],
         vec![
@@ -184,18 +184,78 @@ fn prewarm_yields_room_to_a_blocked_request() {
     c.providers[0].limits.max_instances = Some(2);
     c.providers[1].priority = 1;
     c.labels[0].min_ready = 1;
-    c.labels[0].max_ready_age = Some(secs(100));
     let mut h = Harness::new(c);
     settle(&mut h);
-    assert_eq!(h.nodes("a", "ready")[0].provider, ProviderIx(0));
+    let old = h.nodes("a", "ready")[0].id;
+    assert_eq!(h.pool.node(old).unwrap().provider, ProviderIx(0));
+    // x fits on p0 only if the ready a node goes; min-ready does not keep it.
     let r = h.submit(&[("x", 2)], 0);
     settle(&mut h);
-    assert_eq!(h.state(r), RequestState::Pending);
-    // The a node is recycled: its replacement must not take p0's room back.
-    h.advance(secs(110));
-    ok(&h);
     assert!(h.fulfilled(r), "{:?}", h.state(r));
-    assert_eq!(h.nodes("a", "ready")[0].provider, ProviderIx(1));
+    assert_eq!(
+        h.pool.node(old).unwrap().state,
+        NodeState::Gone {
+            since: h.pool.node(old).unwrap().state.since(),
+            reason: GoneReason::Deleted
+        }
+    );
+    // The refill goes where there is room, and does not take p0's back.
+    let a = h.nodes("a", "ready");
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].provider, ProviderIx(1));
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).usage.instances, 2);
+}
+
+#[test]
+fn nothing_is_evicted_for_a_request_that_would_still_not_fit() {
+    let mut c = config(
+        vec![provider("p0")],
+        vec![
+            machine("a", vec![offer(0, "ta")]),
+            machine("x", vec![offer(0, "tx")]),
+        ],
+    );
+    c.providers[0].limits.max_instances = Some(3);
+    c.labels[0].min_ready = 1;
+    let mut h = Harness::new(c);
+    settle(&mut h);
+    let first = h.submit(&[("x", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(first));
+    // 3 of 3 used: the ready a would make room for one x, not for two.
+    let second = h.submit(&[("x", 2)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(second), RequestState::Pending);
+    assert_eq!(h.count("a", "ready"), 1, "a is kept");
+    // Held and in-use nodes are never evicted either: with one x returned,
+    // the ready a goes and the request is served.
+    let n = h.pool.request(first).unwrap().nodes[0];
+    h.release(n);
+    h.advance(secs(1));
+    ok(&h);
+    assert!(h.fulfilled(second), "{:?}", h.state(second));
+    assert_eq!(h.count("a", "ready"), 0);
+}
+
+#[test]
+fn held_ready_nodes_are_not_evicted() {
+    let mut c = config(
+        vec![provider("p0")],
+        vec![
+            machine("a", vec![offer(0, "ta")]),
+            machine("x", vec![offer(0, "tx")]),
+        ],
+    );
+    c.providers[0].limits.max_instances = Some(1);
+    c.labels[0].min_ready = 1;
+    let mut h = Harness::new(c);
+    settle(&mut h);
+    let a = h.nodes("a", "ready")[0].id;
+    h.set_idle(a, Idle::Hold);
+    let r = h.submit(&[("x", 1)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(r), RequestState::Pending);
+    assert_eq!(h.count("a", "ready"), 1);
 }
 
 #[test]
@@ -380,6 +440,88 @@ fn launch_retries_go_to_another_provider_then_fail_with_a_reason() {
 }
 
 #[test]
+fn a_create_failed_on_the_only_provider_is_tried_again_after_a_growing_backoff() {
+    let mut h = one(|_| {});
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: transient(),
+        times: 2,
+        reached: false,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(h.calls(0, Call::Create).len(), 1, "not again at once");
+    h.advance(secs(10));
+    ok(&h);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    let t = h.calls(0, Call::Create);
+    assert_eq!(t.len(), 3);
+    let gaps = [t[1].since(t[0]), t[2].since(t[1])];
+    assert!(gaps[0] >= secs(1) && gaps[0] < secs(2), "{gaps:?}");
+    assert!(gaps[1] >= secs(2) && gaps[1] < secs(3), "{gaps:?}");
+}
+
+#[test]
+fn a_node_deleted_while_its_create_waits_out_a_backoff_is_aborted() {
+    let mut h = one(|_| {});
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: transient(),
+        times: 1,
+        reached: false,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let n = h.pool.request(r).unwrap().nodes[0];
+    h.pool.delete(h.now, n).unwrap();
+    settle(&mut h);
+    assert!(
+        matches!(
+            h.pool.node(n).unwrap().state,
+            NodeState::Gone {
+                reason: GoneReason::Aborted,
+                ..
+            }
+        ),
+        "{:?}",
+        h.pool.node(n).unwrap().state
+    );
+    // The request gets a new node; the aborted one is never created.
+    h.advance(secs(10));
+    ok(&h);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    assert_eq!(h.calls(0, Call::Create).len(), 2);
+    assert_eq!(h.live(0), 1);
+}
+
+#[test]
+fn prewarm_backs_off_until_a_node_becomes_ready_not_just_created() {
+    let mut h = one(|c| {
+        a_mut(c).min_ready = 1;
+        a_mut(c).launch_retries = 0;
+        a_mut(c).boot_timeout = secs(5);
+    });
+    // Creates succeed, but no instance ever runs.
+    h.cloud.providers[0].boot_delay = secs(1_000_000);
+    h.advance(secs(60));
+    ok(&h);
+    let t = h.calls(0, Call::Create);
+    // Boot timeouts 5 s apart would make 12 creates; the backoff after
+    // each failed launch (2, 4, 8, 16 s …) leaves far fewer.
+    assert!(t.len() >= 3 && t.len() <= 6, "{} creates: {t:?}", t.len());
+    let gaps: Vec<Duration> = t.windows(2).map(|w| w[1].since(w[0])).collect();
+    assert!(gaps.windows(2).all(|g| g[1] > g[0]), "growing: {gaps:?}");
+    // Once instances run again, a ready node ends the backoff.
+    h.cloud.providers[0].boot_delay = Duration::ZERO;
+    h.advance(secs(120));
+    assert_eq!(h.count("a", "ready"), 1);
+    let ready = h.nodes("a", "ready")[0].id;
+    h.pool.delete(h.now, ready).unwrap();
+    settle(&mut h);
+    assert_eq!(h.count("a", "ready"), 1, "refilled at once");
+}
+
+#[test]
 fn a_trap_after_the_create_went_through_leaks_nothing() {
     let mut h = one(|_| {});
     h.cloud.providers[0].faults.push(Fault {
@@ -390,7 +532,8 @@ fn a_trap_after_the_create_went_through_leaks_nothing() {
     });
     let r = h.submit(&[("a", 1)], 0);
     settle(&mut h);
-    assert!(h.fulfilled(r), "tried again");
+    h.advance(secs(1));
+    assert!(h.fulfilled(r), "tried again after a backoff");
     assert_eq!(h.live(0), 2, "the trapped create made an instance");
     h.advance(h.config.timings.leak_grace + h.config.timings.sync_interval * 2);
     ok(&h);

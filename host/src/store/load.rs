@@ -123,7 +123,7 @@ fn place_slots(
                 node.state.name()
             ));
             node.state = NodeState::Gone {
-                since: since(&node.state),
+                since: node.state.since(),
                 reason: GoneReason::BackingLost,
             };
             ended.insert(node.id);
@@ -257,18 +257,5 @@ fn untangle(
                 node.assigned = None;
             }
         }
-    }
-}
-
-fn since(state: &NodeState) -> Time {
-    match state {
-        NodeState::Creating { since, .. }
-        | NodeState::Booting { since }
-        | NodeState::Ready { since }
-        | NodeState::InUse { since, .. }
-        | NodeState::Used { since }
-        | NodeState::Deleting { since, .. }
-        | NodeState::Gone { since, .. }
-        | NodeState::Failed { since, .. } => *since,
     }
 }
