@@ -14,6 +14,7 @@
 //! provider, the calls each provider owes) true; nothing else touches them.
 
 mod calls;
+mod leases;
 mod model;
 mod plan;
 #[cfg(test)]
@@ -51,6 +52,11 @@ pub struct Pool {
     timers: BTreeSet<(Time, Timer)>,
     /// Failed delete and tag calls per node in a row, for their backoff.
     tries: HashMap<NodeId, u32>,
+    /// Leases by requestor, and the same ordered by expiry.
+    leases: HashMap<String, Time>,
+    lease_expiry: BTreeSet<(Time, String)>,
+    dirty_leases: HashSet<String>,
+    purged_leases: Vec<String>,
     /// Creating nodes marked busy while they wait out a backoff after a
     /// failed try on the same provider: no call is in flight for them.
     create_waits: HashSet<NodeId>,
@@ -231,6 +237,10 @@ impl Pool {
             timers: BTreeSet::new(),
             tries: HashMap::new(),
             create_waits: HashSet::new(),
+            leases: HashMap::new(),
+            lease_expiry: BTreeSet::new(),
+            dirty_leases: HashSet::new(),
+            purged_leases: Vec::new(),
             dirty_nodes: HashSet::new(),
             dirty_requests: HashSet::new(),
             purged_nodes: Vec::new(),
@@ -254,6 +264,9 @@ impl Pool {
             }
             pool.timers_for_request(&req);
             pool.requests.insert(req.id, req);
+        }
+        for lease in snapshot.leases {
+            pool.restore_lease(lease);
         }
         let ids: Vec<NodeId> = pool.nodes.keys().copied().collect();
         for id in ids {
@@ -324,11 +337,24 @@ impl Pool {
             .drain()
             .filter_map(|id| self.requests.get(&id).cloned())
             .collect();
+        let leases = self
+            .dirty_leases
+            .drain()
+            .filter_map(|r| {
+                let expires = *self.leases.get(&r)?;
+                Some(Lease {
+                    requestor: r,
+                    expires,
+                })
+            })
+            .collect();
         Changes {
             nodes,
             requests,
+            leases,
             purged_nodes: std::mem::take(&mut self.purged_nodes),
             purged_requests: std::mem::take(&mut self.purged_requests),
+            purged_leases: std::mem::take(&mut self.purged_leases),
         }
     }
 
@@ -450,6 +476,7 @@ impl Pool {
     /// `min-ready`, and appends the driver calls now due to `out`.
     pub fn tick(&mut self, now: Time, out: &mut Vec<Effect>) {
         self.last_tick = self.last_tick.max(now);
+        self.expire_leases(now);
         self.fire_timers(now);
         self.lift_pauses(now);
         self.plan(now);
@@ -471,6 +498,9 @@ impl Pool {
         };
         if let Some(&(t, _)) = self.timers.first() {
             at(t);
+        }
+        if let Some((t, _)) = self.lease_expiry.first() {
+            at(*t);
         }
         for rt in &self.ix.providers {
             let list_owed = !rt.list_busy && rt.next_list <= after;

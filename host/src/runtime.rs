@@ -443,6 +443,16 @@ impl Loop {
                 until_ms = until.as_millis(),
                 "no capacity; instance type paused"
             ),
+            Notice::LeaseExpired {
+                requestor,
+                failed,
+                reclaimed,
+            } => tracing::warn!(
+                %requestor,
+                failed,
+                reclaimed,
+                "a requestor stopped renewing its lease; its pending requests failed and its nodes were taken back"
+            ),
         }
     }
 }

@@ -453,6 +453,13 @@ pub enum Notice {
         instance_type: Option<String>,
         until: Time,
     },
+    /// A requestor stopped renewing its lease: its pending requests failed
+    /// and its nodes in use were taken back.
+    LeaseExpired {
+        requestor: String,
+        failed: usize,
+        reclaimed: usize,
+    },
 }
 
 /// Records that changed since the last [`super::Pool::take_changes`]: what the
@@ -461,18 +468,34 @@ pub enum Notice {
 pub struct Changes {
     pub nodes: Vec<Node>,
     pub requests: Vec<Request>,
+    /// Leases renewed or taken out.
+    pub leases: Vec<Lease>,
     /// Forgotten records, to remove from the store.
     pub purged_nodes: Vec<NodeId>,
     pub purged_requests: Vec<RequestId>,
+    /// Leases that expired, by requestor.
+    pub purged_leases: Vec<String>,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
             && self.requests.is_empty()
+            && self.leases.is_empty()
             && self.purged_nodes.is_empty()
             && self.purged_requests.is_empty()
+            && self.purged_leases.is_empty()
     }
+}
+
+/// A requestor's claim on its requests and nodes, renewed by its
+/// heartbeats. Once `expires` passes unrenewed, its pending requests fail and
+/// its nodes in use are taken back: nothing stays allocated to a client that
+/// has gone away.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub requestor: String,
+    pub expires: Time,
 }
 
 /// What a store held at start.
@@ -480,6 +503,7 @@ impl Changes {
 pub struct Snapshot {
     pub nodes: Vec<Node>,
     pub requests: Vec<Request>,
+    pub leases: Vec<Lease>,
 }
 
 /// Why a request was refused at once.

@@ -17,6 +17,9 @@ use super::*;
 use crate::config::{Label, Timings};
 use crate::driver::{LABEL_TAG, NODE_TAG, POOL_TAG};
 
+/// Requestors: leases are taken out and lapse for each on its own.
+const REQUESTORS: [&str; 2] = ["ci", "batch"];
+
 /// Two providers, three machine labels (one of them backing a slot label).
 fn prop_config() -> Config {
     let big = |p| Offer {
@@ -101,7 +104,9 @@ fn ix() -> impl Strategy<Value = Index> {
 
 #[derive(Clone)]
 enum Op {
-    Submit(Vec<(usize, u32)>, i32),
+    Submit(Vec<(usize, u32)>, i32, usize),
+    /// A requestor renews its lease for this many milliseconds.
+    Renew(usize, u64),
     Cancel(Index),
     Release(Index),
     SetIdle(Index, Idle),
@@ -121,13 +126,14 @@ impl std::fmt::Debug for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ix = |i: &Index| f64::from(i.0) / 65536.0;
         match self {
-            Op::Submit(wants, p) => {
+            Op::Submit(wants, p, who) => {
                 let w: Vec<String> = wants
                     .iter()
                     .map(|(l, n)| format!("{n}x{}", LABELS[*l]))
                     .collect();
-                write!(f, "submit {} prio {p}", w.join("+"))
+                write!(f, "{} submits {} prio {p}", REQUESTORS[*who], w.join("+"))
             }
+            Op::Renew(who, ms) => write!(f, "{} renews its lease for {ms}ms", REQUESTORS[*who]),
             Op::Cancel(i) => write!(f, "cancel request @{}", ix(i)),
             Op::Release(i) => write!(f, "release in-use node @{}", ix(i)),
             Op::SetIdle(i, idle) => write!(f, "set idle {idle} on live node @{}", ix(i)),
@@ -163,7 +169,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<bool>().prop_map(|reached| FaultKind::Trap { reached }),
     ];
     prop_oneof![
-        4 => (wants, -2i32..3).prop_map(|(w, p)| Op::Submit(w, p)),
+        4 => (wants, -2i32..3, 0..REQUESTORS.len()).prop_map(|(w, p, who)| Op::Submit(w, p, who)),
+        1 => (0..REQUESTORS.len(), 1_000u64..120_000).prop_map(|(who, ms)| Op::Renew(who, ms)),
         1 => ix().prop_map(Op::Cancel),
         3 => ix().prop_map(Op::Release),
         1 => (ix(), idle).prop_map(|(i, x)| Op::SetIdle(i, x)),
@@ -203,13 +210,13 @@ impl Run {
         let h = &mut self.h;
         let now = h.now;
         match op {
-            Op::Submit(wants, priority) => {
+            Op::Submit(wants, priority, who) => {
                 let wants = wants
                     .iter()
                     .map(|(l, n)| (LabelIx(*l as u16), *n))
                     .collect();
                 let new = NewRequest {
-                    requestor: "prop".into(),
+                    requestor: REQUESTORS[*who].into(),
                     priority: *priority,
                     wants,
                 };
@@ -262,6 +269,10 @@ impl Run {
                     h.deliver(i);
                     h.step();
                 }
+            }
+            Op::Renew(who, ms) => {
+                h.pool
+                    .renew(now, REQUESTORS[*who], Duration::from_millis(*ms));
             }
             Op::Advance(ms) => h.advance(Duration::from_millis(*ms)),
             Op::Crash => h.crash(),

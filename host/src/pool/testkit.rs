@@ -372,6 +372,7 @@ pub(super) fn trap() -> Failure {
 pub(super) struct Store {
     pub nodes: HashMap<NodeId, Node>,
     pub requests: HashMap<RequestId, Request>,
+    pub leases: HashMap<String, Time>,
 }
 
 impl Store {
@@ -383,6 +384,12 @@ impl Store {
         }
         for r in c.requests {
             self.requests.insert(r.id, r);
+        }
+        for l in c.leases {
+            self.leases.insert(l.requestor, l.expires);
+        }
+        for r in c.purged_leases {
+            self.leases.remove(&r);
         }
         for id in c.purged_nodes {
             match self.nodes.remove(&id) {
@@ -404,7 +411,20 @@ impl Store {
         nodes.sort_by_key(|n| n.id);
         let mut requests: Vec<Request> = self.requests.values().cloned().collect();
         requests.sort_by_key(|r| r.id);
-        Snapshot { nodes, requests }
+        let mut leases: Vec<Lease> = self
+            .leases
+            .iter()
+            .map(|(r, t)| Lease {
+                requestor: r.clone(),
+                expires: *t,
+            })
+            .collect();
+        leases.sort_by(|a, b| a.requestor.cmp(&b.requestor));
+        Snapshot {
+            nodes,
+            requests,
+            leases,
+        }
     }
 }
 
@@ -624,13 +644,22 @@ impl Harness {
     }
 
     pub(super) fn submit(&mut self, wants: &[(&str, u32)], priority: i32) -> RequestId {
+        self.submit_as("test", wants, priority)
+    }
+
+    pub(super) fn submit_as(
+        &mut self,
+        requestor: &str,
+        wants: &[(&str, u32)],
+        priority: i32,
+    ) -> RequestId {
         let wants = wants.iter().map(|(l, n)| (self.label(l), *n)).collect();
         let id = self
             .pool
             .submit(
                 self.now,
                 NewRequest {
-                    requestor: "test".into(),
+                    requestor: requestor.into(),
                     priority,
                     wants,
                 },
@@ -638,6 +667,11 @@ impl Harness {
             .expect("submit");
         self.persist();
         id
+    }
+
+    pub(super) fn renew(&mut self, requestor: &str, ttl: Duration) {
+        self.pool.renew(self.now, requestor, ttl);
+        self.persist();
     }
 
     pub(super) fn release(&mut self, id: NodeId) {

@@ -1390,3 +1390,83 @@ fn submit_refuses_what_can_never_be_served() {
     ));
     assert!(h.pool.submit(h.now, new(vec![(l, 2)])).is_ok());
 }
+
+// ---- leases -----------------------------------------------------------------
+
+#[test]
+fn a_client_that_stops_renewing_its_lease_loses_its_requests_and_nodes() {
+    let mut h = one(|c| {
+        a_mut(c).min_ready = 1;
+        c.providers[0].limits.max_instances = Some(2);
+    });
+    settle(&mut h);
+    h.renew("ci", secs(30));
+    h.renew("other", secs(30));
+    let held = h.submit_as("ci", &[("a", 1)], 0);
+    let theirs = h.submit_as("other", &[("a", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(held) && h.fulfilled(theirs));
+    // 2 of 2 in use: this one waits.
+    let waiting = h.submit_as("ci", &[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(waiting), RequestState::Pending);
+    // "other" keeps renewing, "ci" stops.
+    h.advance(secs(20));
+    h.renew("other", secs(30));
+    h.advance(secs(20));
+    ok(&h);
+    assert!(
+        reason(&h, waiting).contains("`ci` stopped renewing its lease"),
+        "{}",
+        reason(&h, waiting)
+    );
+    let n = h.pool.request(held).unwrap().nodes[0];
+    assert!(
+        matches!(h.pool.node(n).unwrap().state, NodeState::Gone { .. }),
+        "reclaimed and, single use, deleted: {:?}",
+        h.pool.node(n).unwrap().state
+    );
+    let m = h.pool.request(theirs).unwrap().nodes[0];
+    assert!(matches!(
+        h.pool.node(m).unwrap().state,
+        NodeState::InUse { .. }
+    ));
+    assert_eq!(h.pool.lease("ci"), None);
+    assert!(h.pool.lease("other").is_some());
+    assert!(h.notices.iter().any(|n| matches!(
+        n,
+        Notice::LeaseExpired { requestor, failed: 1, reclaimed: 1 } if requestor == "ci"
+    )));
+}
+
+#[test]
+fn leases_survive_a_restart_and_still_expire() {
+    let mut h = one(|_| {});
+    h.renew("ci", secs(60));
+    let r = h.submit_as("ci", &[("a", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r));
+    h.crash();
+    settle(&mut h);
+    assert_eq!(h.pool.lease("ci"), Some(h.now + secs(60)));
+    h.advance(secs(61));
+    ok(&h);
+    let n = h.pool.request(r).unwrap().nodes[0];
+    assert!(h.pool.node(n).unwrap().state.is_final());
+    h.crash();
+    assert_eq!(h.pool.lease("ci"), None, "the expiry was stored");
+}
+
+#[test]
+fn a_requestor_without_a_lease_keeps_its_nodes() {
+    let mut h = one(|_| {});
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    h.advance(secs(3600));
+    ok(&h);
+    let n = h.pool.request(r).unwrap().nodes[0];
+    assert!(matches!(
+        h.pool.node(n).unwrap().state,
+        NodeState::InUse { .. }
+    ));
+}

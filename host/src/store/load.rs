@@ -10,7 +10,8 @@ use super::rows::{NodeRow, RequestRow};
 use super::{Loaded, StoreError, sql};
 use crate::config::Config;
 use crate::pool::{
-    GoneReason, Node, NodeId, NodeState, Request, RequestId, RequestState, Role, Snapshot, Time,
+    GoneReason, Lease, Node, NodeId, NodeState, Request, RequestId, RequestState, Role, Snapshot,
+    Time,
 };
 
 pub(super) fn load(tx: &Transaction<'_>, config: &Config) -> Result<Loaded, StoreError> {
@@ -23,9 +24,26 @@ pub(super) fn load(tx: &Transaction<'_>, config: &Config) -> Result<Loaded, Stor
         snapshot: Snapshot {
             nodes: nodes.into_values().collect(),
             requests: requests.into_values().collect(),
+            leases: read_leases(tx)?,
         },
         dropped: notes,
     })
+}
+
+fn read_leases(tx: &Transaction<'_>) -> Result<Vec<Lease>, StoreError> {
+    let doing = "reading leases";
+    let mut stmt = tx
+        .prepare("SELECT requestor, expires FROM leases ORDER BY requestor")
+        .map_err(sql(doing))?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok(Lease {
+                requestor: r.get(0)?,
+                expires: Time(r.get(1)?),
+            })
+        })
+        .map_err(sql(doing))?;
+    rows.collect::<Result<_, _>>().map_err(sql(doing))
 }
 
 fn read_nodes(

@@ -15,7 +15,8 @@ use super::StoreError;
 /// requests counts the writes to a row; SQLite needs it for nothing, but it
 /// is what a shared store's conditional commits compare (see the module docs
 /// of `store`).
-pub(super) const MIGRATIONS: &[&str] = &[r#"
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE nodes (
     id TEXT PRIMARY KEY,
     label TEXT NOT NULL,
@@ -73,7 +74,15 @@ CREATE TABLE request_nodes (
     node TEXT NOT NULL,
     PRIMARY KEY (request, position)
 );
-"#];
+"#,
+    r#"
+CREATE TABLE leases (
+    requestor TEXT PRIMARY KEY,
+    expires INTEGER NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0
+);
+"#,
+];
 
 /// The database's schema version.
 pub(super) fn version(conn: &Connection) -> Result<u32, StoreError> {

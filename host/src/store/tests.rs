@@ -12,7 +12,7 @@ use crate::config::{
 use crate::driver::{Addresses, Connection as Login};
 use crate::plugin::SandboxLimits;
 use crate::pool::{
-    DeleteReason, Endpoint, GoneReason, Idle, Node, NodeId, NodeState, Request, RequestId,
+    DeleteReason, Endpoint, GoneReason, Idle, Lease, Node, NodeId, NodeState, Request, RequestId,
     RequestState, Resources, Role, Time,
 };
 
@@ -778,22 +778,16 @@ fn a_newer_schema_is_refused_naming_both_versions() {
 fn migrations_apply_in_order_and_a_failed_step_changes_nothing() {
     let mut store = store();
     let base = schema::MIGRATIONS.len() as u32;
-    let two = [
-        schema::MIGRATIONS[0],
-        "ALTER TABLE nodes ADD COLUMN note TEXT",
-        "CREATE TABLE leases (provider TEXT PRIMARY KEY)",
-    ];
+    let mut two = schema::MIGRATIONS.to_vec();
+    two.push("ALTER TABLE nodes ADD COLUMN note TEXT");
+    two.push("CREATE TABLE provider_leases (provider TEXT PRIMARY KEY)");
     schema::migrate(&mut store.conn, &two).unwrap();
     assert_eq!(store.schema_version().unwrap(), base + 2);
     // Again: nothing left to apply (a re-run would fail on the duplicate).
     schema::migrate(&mut store.conn, &two).unwrap();
 
-    let bad = [
-        two[0],
-        two[1],
-        two[2],
-        "CREATE TABLE extra (x); CREATE TABLE nodes (x);",
-    ];
+    let mut bad = two.clone();
+    bad.push("CREATE TABLE extra (x); CREATE TABLE nodes (x);");
     match schema::migrate(&mut store.conn, &bad) {
         Err(StoreError::Migrate { from, to, .. }) => assert_eq!((from, to), (base + 2, base + 3)),
         other => panic!("{other:?}"),
@@ -844,4 +838,44 @@ fn ten_thousand_nodes_commit_and_load_back() {
         .collect();
     store.commit(&nodes(moved.clone())).unwrap();
     assert_eq!(load(&mut store).snapshot.nodes, moved);
+}
+
+#[test]
+fn leases_round_trip_and_expired_ones_are_removed() {
+    let mut store = store();
+    let lease = |r: &str, t: u64| Lease {
+        requestor: r.into(),
+        expires: Time(t),
+    };
+    store
+        .commit(&Changes {
+            leases: vec![lease("ci", 10), lease("batch", 20)],
+            ..Default::default()
+        })
+        .unwrap();
+    store
+        .commit(&Changes {
+            leases: vec![lease("ci", 30)],
+            purged_leases: vec!["batch".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(load(&mut store).snapshot.leases, vec![lease("ci", 30)]);
+}
+
+#[test]
+fn a_version_one_store_gains_the_leases_table_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("berth.db");
+    {
+        let mut store = SqliteStore::open(&path, Arc::new(config())).unwrap();
+        store.commit(&nodes(vec![ready(1)])).unwrap();
+        // Back to what a berth that knew only the first step wrote.
+        exec(&store, "DROP TABLE leases; PRAGMA user_version = 1;");
+        assert_eq!(store.schema_version().unwrap(), 1);
+    }
+    let mut store = SqliteStore::open(&path, Arc::new(config())).unwrap();
+    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(load(&mut store).snapshot.nodes, vec![ready(1)]);
+    assert_eq!(count(&store, "leases"), 0);
 }

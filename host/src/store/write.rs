@@ -114,6 +114,19 @@ pub(super) fn write(
                 .map_err(sql("writing a request's nodes"))?;
         }
     }
+    let mut put_lease = prepare(
+        "INSERT INTO leases (requestor, expires) VALUES (?1, ?2) \
+         ON CONFLICT (requestor) DO UPDATE SET expires = excluded.expires, version = version + 1",
+    )?;
+    for l in &changes.leases {
+        put_lease
+            .execute(params![l.requestor, l.expires.0])
+            .map_err(sql("writing a lease"))?;
+    }
+    let mut purge_lease = prepare("DELETE FROM leases WHERE requestor = ?1")?;
+    for r in &changes.purged_leases {
+        purge_lease.execute([r]).map_err(sql("removing a lease"))?;
+    }
     let mut purge_request = prepare("DELETE FROM requests WHERE id = ?1")?;
     for id in &changes.purged_requests {
         let id = id.to_string();
