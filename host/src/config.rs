@@ -41,6 +41,68 @@ pub struct Config {
     pub providers: Vec<Provider>,
     /// Labels, in the order the file names them.
     pub labels: Vec<Label>,
+    /// The HTTP service: where it listens, client leases, tokens.
+    pub api: Api,
+}
+
+/// The HTTP service's settings (`[api]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Api {
+    /// Where `berth serve` listens unless `--listen` says otherwise.
+    pub listen: std::net::SocketAddr,
+    /// How long a requestor's lease lasts after its last call or heartbeat
+    /// (`lease-ttl`).
+    pub lease_ttl: Duration,
+    /// Bearer tokens (`[api.tokens.NAME]`). None configured: every caller is
+    /// an admin, which is only allowed on a loopback address.
+    pub tokens: Vec<Token>,
+}
+
+impl Api {
+    pub const DEFAULT_LISTEN: std::net::SocketAddr = std::net::SocketAddr::V4(
+        std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 8080),
+    );
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(600);
+}
+
+impl Default for Api {
+    fn default() -> Self {
+        Api {
+            listen: Self::DEFAULT_LISTEN,
+            lease_ttl: Self::DEFAULT_LEASE_TTL,
+            tokens: Vec::new(),
+        }
+    }
+}
+
+/// What a token's holder may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Creates and reads its own requests; uses and releases its own nodes.
+    /// Its requestor name is the token's name.
+    Client,
+    /// Everything.
+    Admin,
+}
+
+/// A bearer token. The secret is never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token {
+    /// The token's name; for a client, the requestor it acts as.
+    pub name: String,
+    pub role: Role,
+    /// The secret the client sends (`token`, `${ENV}` allowed).
+    pub secret: String,
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Token")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
 }
 
 /// Pool-wide timings, each with a named default.

@@ -444,6 +444,10 @@ impl Walker<'_> {
         };
         let providers_table = self.table(&mut s, "providers");
         let labels_table = self.table(&mut s, "labels");
+        let api = match self.table(&mut s, "api") {
+            Some(t) => self.api(t),
+            None => Api::default(),
+        };
         self.finish(s);
 
         let mut providers = Vec::new();
@@ -496,7 +500,88 @@ impl Walker<'_> {
             timings,
             providers,
             labels,
+            api,
         }
+    }
+
+    fn api(&mut self, t: &Table) -> Api {
+        let mut s = Section::new("api".into(), t);
+        let d = Api::default();
+        let listen = match self.string(&mut s, "listen") {
+            None => d.listen,
+            Some(text) => match text.parse::<std::net::SocketAddr>() {
+                Ok(a) => a,
+                Err(_) => {
+                    self.problem(
+                        "api.listen",
+                        format!("`{text}` is not an address and port such as 127.0.0.1:8080"),
+                    );
+                    d.listen
+                }
+            },
+        };
+        let lease_ttl = self.duration(&mut s, "lease-ttl").unwrap_or(d.lease_ttl);
+        if lease_ttl.is_zero() {
+            self.problem("api.lease-ttl", "must be more than zero");
+        }
+        let mut tokens: Vec<Token> = Vec::new();
+        if let Some(t) = self.table(&mut s, "tokens") {
+            for (name, t) in self.named("api.tokens", t) {
+                if let Some(token) = self.token(name, t) {
+                    tokens.push(token);
+                }
+            }
+        }
+        self.finish(s);
+        for (i, t) in tokens.iter().enumerate() {
+            if tokens[..i].iter().any(|o| o.secret == t.secret) {
+                self.problem(
+                    format!("api.tokens.{}.token", t.name),
+                    "the same secret as another token; each token needs its own",
+                );
+            }
+        }
+        if tokens.is_empty() && !listen.ip().is_loopback() {
+            self.problem(
+                "api.listen",
+                format!(
+                    "{listen} is not a loopback address and no api.tokens are configured: anyone \
+                     who reaches it could take and delete nodes; add tokens or listen on 127.0.0.1"
+                ),
+            );
+        }
+        Api {
+            listen,
+            lease_ttl,
+            tokens,
+        }
+    }
+
+    fn token(&mut self, name: String, t: &Table) -> Option<Token> {
+        let mut s = Section::new(join("api.tokens", &name), t);
+        let role = self.required_string(&mut s, "role");
+        let secret = self.required_string(&mut s, "token");
+        let at = s.path.clone();
+        self.finish(s);
+        let role = match role.as_deref()? {
+            "client" => Role::Client,
+            "admin" => Role::Admin,
+            other => {
+                self.problem(
+                    join(&at, "role"),
+                    format!("`{other}` is not a role; expected client or admin"),
+                );
+                return None;
+            }
+        };
+        let path = join(&at, "token");
+        let secret = self.interpolate(&path, &secret?);
+        if secret.chars().count() < 16 {
+            // The length of an interpolated secret says little; it is not shown.
+            self.problem(path, "a token must be at least 16 characters");
+            return None;
+        }
+        Some(Token { name, role, secret })
     }
 
     fn provider(&mut self, name: String, t: &Table, plugins_dir: &Path) -> Provider {

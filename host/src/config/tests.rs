@@ -7,6 +7,7 @@ use super::*;
 fn env(name: &str) -> Option<String> {
     match name {
         "SIM_TOKEN" => Some("s3cret-value".into()),
+        "CI_TOKEN" => Some("ci-token-0123456789abcdef".into()),
         _ => None,
     }
 }
@@ -362,4 +363,68 @@ fn load_resolves_against_the_file_and_check_files_finds_missing_drivers() {
     let e = load(&dir.path().join("absent.toml")).unwrap_err();
     assert_eq!(e.problems.len(), 1);
     assert!(e.problems[0].message.starts_with("reading "), "{e}");
+}
+
+#[test]
+fn api_tokens_and_leases() {
+    let text = r#"
+pool-id = "p"
+[api]
+listen = "0.0.0.0:9000"
+lease-ttl = "90s"
+[api.tokens.ci]
+role = "client"
+token = "${CI_TOKEN}"
+[api.tokens.ops]
+role = "admin"
+token = "admin-0123456789abcdef"
+"#;
+    let c = parse(text, Path::new("."), &env).expect("valid");
+    assert_eq!(c.api.listen.to_string(), "0.0.0.0:9000");
+    assert_eq!(c.api.lease_ttl, Duration::from_secs(90));
+    let names: Vec<(&str, Role)> = c
+        .api
+        .tokens
+        .iter()
+        .map(|t| (t.name.as_str(), t.role))
+        .collect();
+    assert_eq!(names, [("ci", Role::Client), ("ops", Role::Admin)]);
+    assert_eq!(c.api.tokens[0].secret, "ci-token-0123456789abcdef");
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("ci-token-0123") && !shown.contains("admin-0123"));
+
+    let d = parse("pool-id = \"p\"", Path::new("."), &env).expect("valid");
+    assert_eq!(d.api, Api::default());
+    assert!(d.api.listen.ip().is_loopback());
+}
+
+#[test]
+fn api_problems() {
+    check(
+        "pool-id = \"p\"\n[api]\nlisten = \"0.0.0.0:80\"",
+        &[("api.listen", "no api.tokens are configured")],
+    );
+    check(
+        "pool-id = \"p\"\n[api]\nlisten = \"localhost\"\nlease-ttl = \"0s\"\nport = 1",
+        &[
+            ("api.listen", "not an address and port"),
+            ("api.lease-ttl", "more than zero"),
+            ("api.port", "unknown key"),
+        ],
+    );
+    check(
+        "pool-id = \"p\"\n[api.tokens.a]\nrole = \"root\"\ntoken = \"0123456789abcdefg\"\n\
+         [api.tokens.b]\nrole = \"client\"\ntoken = \"short\"\n\
+         [api.tokens.c]\ntoken = \"0123456789abcdefg\"",
+        &[
+            ("api.tokens.a.role", "not a role"),
+            ("api.tokens.b.token", "at least 16"),
+            ("api.tokens.c.role", "missing"),
+        ],
+    );
+    check(
+        "pool-id = \"p\"\n[api.tokens.a]\nrole = \"client\"\ntoken = \"0123456789abcdefg\"\n\
+         [api.tokens.b]\nrole = \"admin\"\ntoken = \"0123456789abcdefg\"",
+        &[("api.tokens.b.token", "same secret")],
+    );
 }

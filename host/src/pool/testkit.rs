@@ -80,6 +80,7 @@ pub(super) fn config(providers: Vec<Provider>, labels: Vec<Label>) -> Config {
         timings: Timings::default(),
         providers,
         labels,
+        api: Default::default(),
     }
 }
 

@@ -76,6 +76,7 @@ fn config() -> Config {
             ),
             label("small", machine(B)),
         ],
+        api: Default::default(),
     }
 }
 
