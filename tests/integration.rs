@@ -3,6 +3,7 @@
 //! over real HTTP on 127.0.0.1.
 
 mod pool;
+mod serve;
 mod support;
 
 use std::time::Duration;

@@ -46,9 +46,15 @@ config = {{ endpoint = "{url}" }}
 }
 
 pub async fn start(config: Config) -> Service {
-    runtime::start(config, StartOptions { seed: Some(7) })
-        .await
-        .expect("pool starts")
+    runtime::start(
+        config,
+        StartOptions {
+            seed: Some(7),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("pool starts")
 }
 
 /// Polls `check` on the pool every 20 ms until it holds (at most `secs`).

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// Why a duration string was not understood.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum ParseDurationError {
+pub enum ParseDurationError {
     #[error("empty duration")]
     Empty,
     #[error("duration `{0}` has no unit; use ms, s, m or h (for example `250ms` or `2s`)")]
@@ -20,7 +20,7 @@ pub(crate) enum ParseDurationError {
 /// Parses a whole number followed by `ms`, `s`, `m` or `h`. A bare `0` is
 /// accepted because "no delay" needs no unit; any other bare number is refused
 /// so that `--boot-delay 2` cannot silently mean two milliseconds.
-pub(crate) fn parse(text: &str) -> Result<Duration, ParseDurationError> {
+pub fn parse(text: &str) -> Result<Duration, ParseDurationError> {
     if text.is_empty() {
         return Err(ParseDurationError::Empty);
     }

@@ -9,13 +9,22 @@
 //! - [`store`]: the embedded SQLite store of the pool's records.
 //! - [`runtime`]: the async runtime that runs the core against drivers and the store.
 //! - [`sim`]: a simulated cloud for tests, benchmarks and the embedded default.
+//! - [`api`]: the HTTP API on a running pool, with auth and metrics.
+//! - [`serve`]: `berth serve`, the pool and its API as one service.
+//! - [`client`]: the CLI's client commands for a running service.
 
+pub mod api;
+pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod driver;
-pub(crate) mod duration;
+pub mod duration;
+#[cfg(feature = "embedded-sim")]
+pub mod embedded;
+pub mod metrics;
 pub mod plugin;
 pub mod pool;
 pub mod runtime;
+pub mod serve;
 pub mod sim;
 pub mod store;

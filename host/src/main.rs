@@ -39,6 +39,35 @@ enum Command {
     Config(ConfigCommand),
     /// Run the simulated cloud.
     Sim(berth::sim::SimArgs),
+    /// Run the pool and its HTTP API as a service. Without --config: the
+    /// embedded default (a simulated cloud in this process, example labels,
+    /// state in ./berth-data).
+    Serve(ServeArgs),
+    #[command(flatten)]
+    Client(berth::client::ClientCommand),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// The config file (TOML); without it, the embedded default runs.
+    #[arg(long, short, env = "BERTH_CONFIG")]
+    config: Option<PathBuf>,
+    /// Listen here instead of the config's api.listen (127.0.0.1:8080).
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// The embedded default's state directory.
+    #[arg(long, default_value = "berth-data", conflicts_with = "config")]
+    state_dir: PathBuf,
+    /// How long stopping waits for driver calls in flight.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    stop_grace: std::time::Duration,
+    /// Print the embedded default's config (a start for your own) and exit.
+    #[arg(long)]
+    print_default_config: bool,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    berth::duration::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand)]
@@ -73,11 +102,23 @@ enum DriverCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    // A service logs what it does; a one-shot command only what went wrong.
+    let level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    init_tracing(cli.log_format, level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => return exit(Err(e.into())),
     };
+    if let Command::Client(cmd) = cli.command {
+        // Client commands say what went wrong and pick their exit code.
+        return match runtime.block_on(berth::client::run(cmd)) {
+            Ok(code) => code,
+            Err(e) => exit(Err(e)),
+        };
+    }
     exit(runtime.block_on(run(cli.command)))
 }
 
@@ -154,7 +195,35 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             Ok(false)
         }
         Command::Sim(args) => {
-            berth::sim::run(args, shutdown_signal()).await?;
+            berth::sim::run(args, berth::serve::signal()).await?;
+            Ok(true)
+        }
+        Command::Client(_) => unreachable!("client commands are run in main"),
+        Command::Serve(args) => {
+            if args.print_default_config {
+                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 8181));
+                print!(
+                    "{}",
+                    berth::serve::default_config_text(addr, std::path::Path::new("berth-data"))
+                );
+                return Ok(true);
+            }
+            let options = berth::serve::ServeOptions {
+                config: args.config,
+                listen: args.listen,
+                state_dir: Some(args.state_dir),
+                stop_grace: Some(args.stop_grace),
+            };
+            berth::serve::serve(options, berth::serve::signal(), |addr, config| {
+                println!("berth listening on http://{addr}");
+                let labels: Vec<&str> = config.labels.iter().map(|l| l.name.as_str()).collect();
+                println!("labels: {}", labels.join(", "));
+                println!(
+                    "try:    berth nodes    |    berth request {} --wait",
+                    labels.first().copied().unwrap_or("LABEL")
+                );
+            })
+            .await?;
             Ok(true)
         }
     }
@@ -167,32 +236,9 @@ fn default_cache_dir() -> Option<PathBuf> {
         .map(|d| d.join("berth").join("compiled"))
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
-}
-
-fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

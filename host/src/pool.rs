@@ -299,6 +299,11 @@ impl Pool {
         self.requests.values()
     }
 
+    /// The time of the latest [`Pool::tick`]: "now" for a reader.
+    pub fn last_tick(&self) -> Time {
+        self.last_tick
+    }
+
     pub fn pending_requests(&self) -> usize {
         self.pending.len()
     }

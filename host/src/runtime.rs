@@ -10,15 +10,16 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::config::{Config, ProviderIx};
+use crate::driver::DriverError;
 use crate::driver::{Instance, POOL_TAG, Tags};
-use crate::plugin::{self, CallError, CallErrorKind, Provider, ProviderConfig};
+use crate::plugin::{self, CallError, CallErrorKind, Provider, ProviderConfig, Trap};
 use crate::pool::{
     Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refused, Request, RequestId,
     RequestState, Time,
@@ -72,6 +73,84 @@ pub enum ServiceError {
 
 type Reply<T> = oneshot::Sender<Result<T, ServiceError>>;
 
+/// A driver call, as reported to an [`Observer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    Create,
+    List,
+    Delete,
+    SetTags,
+}
+
+impl CallKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Create => "create",
+            CallKind::List => "list",
+            CallKind::Delete => "delete",
+            CallKind::SetTags => "set-tags",
+        }
+    }
+}
+
+/// How a driver call ended, in a word: `ok`, the contract's error kind
+/// (`rate-limited`, `quota-exceeded`, `capacity`, `not-found`,
+/// `unauthorized`, `invalid-config`, `transient`, `permanent`), `trap`,
+/// `start-failed` or `stopped`.
+pub fn outcome_name(result: Result<(), &CallError>) -> &'static str {
+    let Err(e) = result else {
+        return "ok";
+    };
+    match &e.kind {
+        CallErrorKind::Driver(e) => match e {
+            DriverError::RateLimited { .. } => "rate-limited",
+            DriverError::QuotaExceeded(_) => "quota-exceeded",
+            DriverError::Capacity { .. } => "capacity",
+            DriverError::NotFound(_) => "not-found",
+            DriverError::Unauthorized(_) => "unauthorized",
+            DriverError::InvalidConfig(_) => "invalid-config",
+            DriverError::Transient(_) => "transient",
+            DriverError::Permanent(_) => "permanent",
+        },
+        CallErrorKind::Trap(_) => "trap",
+        CallErrorKind::Start(_) => "start-failed",
+        CallErrorKind::Stopped => "stopped",
+    }
+}
+
+/// The kind of a sandbox trap, in a word: `deadline`, `out-of-memory`,
+/// `panic` or `crash`.
+pub fn trap_name(t: &Trap) -> &'static str {
+    match t {
+        Trap::Deadline(_) => "deadline",
+        Trap::OutOfMemory(_) => "out-of-memory",
+        Trap::Panic(_) => "panic",
+        Trap::Crashed(_) => "crash",
+    }
+}
+
+/// Hears what the running pool does, for metrics and health. Called on the
+/// pool's task or a driver call's task: it must be quick and must not block.
+pub trait Observer: Send + Sync {
+    /// A driver call ended after `took`.
+    fn call(
+        &self,
+        _provider: &str,
+        _call: CallKind,
+        _result: Result<(), &CallError>,
+        _took: Duration,
+    ) {
+    }
+    /// Something worth an operator's attention happened.
+    fn notice(&self, _config: &Config, _notice: &Notice) {}
+    /// A request was handed its nodes `latency` after it was made.
+    fn fulfilled(&self, _request: &Request, _latency: Duration) {}
+}
+
+/// An observer that hears nothing.
+struct Deaf;
+impl Observer for Deaf {}
+
 /// Everything the pool's task reacts to.
 enum Event {
     Submit(NewRequest, Reply<RequestId>),
@@ -79,6 +158,7 @@ enum Event {
     Release(NodeId, Reply<()>),
     SetIdle(NodeId, Idle, Reply<()>),
     Delete(NodeId, Reply<()>),
+    Renew(String, Duration, Reply<Time>),
     /// Answer once the request is no longer pending.
     Wait(RequestId, oneshot::Sender<Option<Request>>),
     Inspect(Box<dyn FnOnce(&Pool) + Send>),
@@ -93,11 +173,30 @@ enum Event {
 pub struct Handle {
     tx: mpsc::UnboundedSender<Event>,
     config: Arc<Config>,
+    drivers: Arc<Vec<LoadedDriver>>,
+}
+
+/// A driver the pool loaded, and the providers that use it.
+#[derive(Clone, Debug)]
+pub struct LoadedDriver {
+    pub driver: plugin::Driver,
+    pub providers: Vec<String>,
 }
 
 impl Handle {
     pub fn config(&self) -> &Arc<Config> {
         &self.config
+    }
+
+    /// The drivers loaded at start.
+    pub fn drivers(&self) -> &[LoadedDriver] {
+        &self.drivers
+    }
+
+    /// Renews `requestor`'s lease for `ttl` (see [`Pool::renew`]); returns
+    /// when it now expires.
+    pub async fn renew(&self, requestor: String, ttl: Duration) -> Result<Time, ServiceError> {
+        self.ask(|r| Event::Renew(requestor, ttl, r)).await
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Event) -> Result<T, ServiceError> {
@@ -155,55 +254,77 @@ impl Handle {
 pub struct Service {
     pub handle: Handle,
     task: JoinHandle<anyhow::Result<()>>,
-    shutdown: Option<oneshot::Sender<()>>,
+    shutdown: Option<oneshot::Sender<Duration>>,
+}
+
+/// The parts a pool's task runs with besides the pool itself.
+pub struct Parts {
+    /// One per configured provider, in the config's order.
+    pub providers: Vec<Arc<Provider>>,
+    pub drivers: Vec<LoadedDriver>,
+    pub store: Box<dyn Store>,
+    pub clock: Clock,
+    pub observer: Arc<dyn Observer>,
 }
 
 impl Service {
-    /// Starts the pool's task on `pool` with its providers (one per
-    /// configured provider, same order) and store.
-    pub fn spawn(
-        pool: Pool,
-        providers: Vec<Arc<Provider>>,
-        store: Box<dyn Store>,
-        clock: Clock,
-    ) -> Service {
+    /// Starts the pool's task on `pool` with its providers, store and clock.
+    pub fn spawn(pool: Pool, parts: Parts) -> Service {
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = oneshot::channel();
         let config = pool.config().clone();
         let run = Loop {
             pool,
-            providers,
-            store,
-            clock,
+            providers: parts.providers,
+            store: parts.store,
+            clock: parts.clock,
+            observer: parts.observer,
             events: tx.clone(),
             waiters: HashMap::new(),
             effects: Vec::new(),
             replies: Vec::new(),
+            in_flight: 0,
         };
         let task = tokio::spawn(run.run(rx, stop_rx));
         Service {
-            handle: Handle { tx, config },
+            handle: Handle {
+                tx,
+                config,
+                drivers: Arc::new(parts.drivers),
+            },
             task,
             shutdown: Some(stop_tx),
         }
     }
 
-    /// Stops taking events, writes what is pending, and returns the task's
-    /// outcome. Driver calls still in flight are abandoned; their intents are
-    /// stored, so the next start resolves them.
-    pub async fn stop(mut self) -> anyhow::Result<()> {
+    /// Stops the pool: client commands are refused from now on, driver
+    /// calls in flight are waited for (up to `grace`) and their outcomes
+    /// stored, and no new call is started. Returns the task's outcome. A
+    /// call still running after `grace` is abandoned; its intent is stored,
+    /// so the next start resolves it.
+    pub async fn stop_within(mut self, grace: Duration) -> anyhow::Result<()> {
         if let Some(s) = self.shutdown.take() {
-            let _ = s.send(());
+            let _ = s.send(grace);
         }
         self.task.await.context("pool task panicked")?
     }
+
+    /// [`Service::stop_within`] with [`DEFAULT_STOP_GRACE`].
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.stop_within(DEFAULT_STOP_GRACE).await
+    }
 }
 
+/// How long a stop waits for driver calls in flight by default.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(30);
+
 /// Options for [`start`] beyond the config file.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct StartOptions {
     /// Seed for node and request ids; random when `None`.
     pub seed: Option<u64>,
+    /// Hears driver calls, notices and fulfilments (metrics); none if `None`.
+    pub observer: Option<Arc<dyn Observer>>,
 }
 
 /// Loads the configured drivers, opens the store in the state directory,
@@ -220,18 +341,28 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
         cache_dir: Some(config.state_dir.join("cache")),
         ..Default::default()
     })?;
-    let mut drivers: HashMap<PathBuf, plugin::Driver> = HashMap::new();
+    let mut drivers: Vec<LoadedDriver> = Vec::new();
+    let mut by_path: HashMap<PathBuf, usize> = HashMap::new();
     let mut providers = Vec::new();
     for p in &config.providers {
-        if !drivers.contains_key(&p.driver) {
-            let driver = runtime
-                .load_file(&p.driver)
-                .await
-                .with_context(|| format!("provider `{}`: loading its driver", p.name))?;
-            drivers.insert(p.driver.clone(), driver);
-        }
+        let i = match by_path.get(&p.driver) {
+            Some(&i) => i,
+            None => {
+                let driver = runtime
+                    .load_file(&p.driver)
+                    .await
+                    .with_context(|| format!("provider `{}`: loading its driver", p.name))?;
+                drivers.push(LoadedDriver {
+                    driver,
+                    providers: Vec::new(),
+                });
+                by_path.insert(p.driver.clone(), drivers.len() - 1);
+                drivers.len() - 1
+            }
+        };
+        drivers[i].providers.push(p.name.clone());
         let provider = Provider::start(
-            &drivers[&p.driver],
+            &drivers[i].driver,
             ProviderConfig {
                 name: p.name.clone(),
                 pool_id: config.pool_id.clone(),
@@ -262,7 +393,14 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
         nodes = pool.nodes().count(),
         "pool started"
     );
-    Ok(Service::spawn(pool, providers, Box::new(store), clock))
+    let parts = Parts {
+        providers,
+        drivers,
+        store: Box::new(store),
+        clock,
+        observer: options.observer.unwrap_or_else(|| Arc::new(Deaf)),
+    };
+    Ok(Service::spawn(pool, parts))
 }
 
 struct Loop {
@@ -270,11 +408,14 @@ struct Loop {
     providers: Vec<Arc<Provider>>,
     store: Box<dyn Store>,
     clock: Clock,
+    observer: Arc<dyn Observer>,
     events: mpsc::UnboundedSender<Event>,
     waiters: HashMap<RequestId, Vec<oneshot::Sender<Option<Request>>>>,
     effects: Vec<Effect>,
     /// Answers to commands, sent after the step's changes are stored.
     replies: Vec<Box<dyn FnOnce() + Send>>,
+    /// Driver calls started whose outcome has not come back.
+    in_flight: usize,
 }
 
 fn answer<T: Send + 'static, E: Into<ServiceError> + Send + 'static>(
@@ -294,16 +435,16 @@ impl Loop {
     async fn run(
         mut self,
         mut rx: mpsc::UnboundedReceiver<Event>,
-        mut stop: oneshot::Receiver<()>,
+        mut stop: oneshot::Receiver<Duration>,
     ) -> anyhow::Result<()> {
-        loop {
+        let grace = loop {
             let wake = self.pool.next_wakeup().map(|t| self.clock.instant(t));
             let event = tokio::select! {
                 biased;
-                _ = &mut stop => break,
+                g = &mut stop => break g.unwrap_or(Duration::ZERO),
                 e = rx.recv() => match e {
                     Some(e) => Some(e),
-                    None => break,
+                    None => break Duration::ZERO,
                 },
                 _ = sleep_until(wake) => None,
             };
@@ -317,16 +458,79 @@ impl Loop {
                 }
             }
             self.step()?;
+        };
+        self.drain(&mut rx, grace).await
+    }
+
+    /// Stopping: no new call starts and commands are refused, while the
+    /// outcomes of calls in flight come in (up to `grace`) and are stored.
+    async fn drain(
+        mut self,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        grace: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            self.commit_and_answer()?;
+            if self.in_flight == 0 {
+                break;
+            }
+            let event = tokio::select! {
+                e = rx.recv() => e,
+                _ = tokio::time::sleep_until(deadline) => None,
+            };
+            let Some(event) = event else {
+                tracing::warn!(
+                    calls = self.in_flight,
+                    "driver calls still running at the end of the stop grace; the next start resolves them"
+                );
+                break;
+            };
+            let now = self.clock.now();
+            match event {
+                Event::Created(..) | Event::Deleted(..) | Event::Listed(..) | Event::Tagged(..) => {
+                    self.in_flight -= 1;
+                    self.outcome(event, now);
+                }
+                other => refuse(other),
+            }
         }
-        // Write whatever the last events changed, then answer for it.
+        // Whatever is still queued is refused, so no client waits for ever.
+        rx.close();
+        while let Ok(e) = rx.try_recv() {
+            refuse(e);
+        }
+        for (_, waiters) in self.waiters.drain() {
+            drop(waiters);
+        }
+        self.commit_and_answer()
+    }
+
+    /// Stores what changed, then answers the commands that changed it.
+    fn commit_and_answer(&mut self) -> anyhow::Result<()> {
         let changes = self.pool.take_changes();
         if !changes.is_empty() {
+            // A store that cannot be written stops the pool: acting on the
+            // cloud without a stored intent is how machines leak.
             self.store.commit(&changes).context("writing the store")?;
         }
+        // Clients hear of what they asked only once it is stored: a request
+        // id a client holds survives a crash.
         for reply in self.replies.drain(..) {
             reply();
         }
         Ok(())
+    }
+
+    fn outcome(&mut self, event: Event, now: Time) {
+        let pool = &mut self.pool;
+        match event {
+            Event::Created(id, r) => pool.created(now, id, r),
+            Event::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
+            Event::Listed(p, started, r) => pool.listed(now, p, started, r),
+            Event::Tagged(id, r) => pool.tagged(now, id, r),
+            _ => {}
+        }
     }
 
     fn handle(&mut self, event: Event) {
@@ -341,6 +545,10 @@ impl Loop {
                 replies.push(answer(reply, pool.set_idle(now, id, idle)))
             }
             Event::Delete(id, reply) => replies.push(answer(reply, pool.delete(now, id))),
+            Event::Renew(requestor, ttl, reply) => {
+                let expires = pool.renew(now, &requestor, ttl);
+                replies.push(answer(reply, Ok::<_, ServiceError>(expires)))
+            }
             Event::Wait(id, reply) => match pool.request(id) {
                 None => {
                     let _ = reply.send(None);
@@ -351,10 +559,13 @@ impl Loop {
                 Some(_) => self.waiters.entry(id).or_default().push(reply),
             },
             Event::Inspect(f) => f(pool),
-            Event::Created(id, r) => pool.created(now, id, r),
-            Event::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
-            Event::Listed(p, started, r) => pool.listed(now, p, started, r),
-            Event::Tagged(id, r) => pool.tagged(now, id, r),
+            e @ (Event::Created(..)
+            | Event::Deleted(..)
+            | Event::Listed(..)
+            | Event::Tagged(..)) => {
+                self.in_flight -= 1;
+                self.outcome(e, now);
+            }
         }
     }
 
@@ -363,6 +574,13 @@ impl Loop {
         let now = self.clock.now();
         self.pool.tick(now, &mut self.effects);
         let changes = self.pool.take_changes();
+        for r in &changes.requests {
+            if let RequestState::Fulfilled { at } = r.state
+                && at == now
+            {
+                self.observer.fulfilled(r, at.since(r.created));
+            }
+        }
         if !changes.is_empty() {
             // A store that cannot be written stops the pool: acting on the
             // cloud without a stored intent is how machines leak.
@@ -374,6 +592,7 @@ impl Loop {
             reply();
         }
         for notice in self.pool.take_notices() {
+            self.observer.notice(self.pool.config(), &notice);
             self.log(notice);
         }
         if !self.waiters.is_empty() {
@@ -389,12 +608,14 @@ impl Loop {
             });
         }
         for effect in self.effects.drain(..) {
+            self.in_flight += 1;
             call(
                 effect,
                 &self.providers,
                 &self.pool.config().pool_id,
                 self.clock,
                 self.events.clone(),
+                self.observer.clone(),
             );
         }
         Ok(())
@@ -478,6 +699,7 @@ fn call(
     pool_id: &str,
     clock: Clock,
     events: mpsc::UnboundedSender<Event>,
+    observer: Arc<dyn Observer>,
 ) {
     let p = match &effect {
         Effect::Create { provider, .. }
@@ -488,34 +710,55 @@ fn call(
     let provider = providers[p.0 as usize].clone();
     let pool_id = pool_id.to_owned();
     tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let heard = |kind: CallKind, r: Result<(), &CallError>| {
+            observer.call(provider.name(), kind, r, started.elapsed());
+        };
         let event = match effect {
             Effect::Create { node, spec, .. } => {
-                Event::Created(node, provider.create(spec).await.map_err(failure))
+                let r = provider.create(spec).await;
+                heard(CallKind::Create, r.as_ref().map(|_| ()));
+                Event::Created(node, r.map_err(failure))
             }
             Effect::Delete { node, instance, .. } => {
-                let r = provider
-                    .delete(&instance)
-                    .await
-                    .map(|_| ())
-                    .map_err(failure);
-                Event::Deleted(p, node, instance, r)
+                let r = provider.delete(&instance).await;
+                heard(CallKind::Delete, r.as_ref().map(|_| ()));
+                Event::Deleted(p, node, instance, r.map(|_| ()).map_err(failure))
             }
             Effect::List { .. } => {
-                let started = clock.now();
+                let listed_from = clock.now();
                 let filter: Tags = [(POOL_TAG.to_owned(), pool_id)].into();
-                Event::Listed(p, started, provider.list(filter).await.map_err(failure))
+                let r = provider.list(filter).await;
+                heard(CallKind::List, r.as_ref().map(|_| ()));
+                Event::Listed(p, listed_from, r.map_err(failure))
             }
             Effect::SetTags {
                 node,
                 instance,
                 tags,
                 ..
-            } => Event::Tagged(
-                node,
-                provider.set_tags(&instance, tags).await.map_err(failure),
-            ),
+            } => {
+                let r = provider.set_tags(&instance, tags).await;
+                heard(CallKind::SetTags, r.as_ref().map(|_| ()));
+                Event::Tagged(node, r.map_err(failure))
+            }
         };
         // The pool may have stopped; its stored intents cover the outcome.
         let _ = events.send(event);
     });
+}
+
+/// Answers a command that came in while stopping.
+fn refuse(event: Event) {
+    match event {
+        Event::Submit(_, r) => drop(r.send(Err(ServiceError::Stopped))),
+        Event::Cancel(_, r)
+        | Event::Release(_, r)
+        | Event::SetIdle(_, _, r)
+        | Event::Delete(_, r) => drop(r.send(Err(ServiceError::Stopped))),
+        Event::Renew(_, _, r) => drop(r.send(Err(ServiceError::Stopped))),
+        Event::Wait(_, r) => drop(r),
+        Event::Inspect(_) => {}
+        Event::Created(..) | Event::Deleted(..) | Event::Listed(..) | Event::Tagged(..) => {}
+    }
 }

@@ -1,0 +1,648 @@
+//! The HTTP API under `/v1` (JSON), with `/healthz`, `/readyz`, `/metrics`
+//! and `/openapi.json`: a thin face on a running pool's [`Handle`].
+//!
+//! Every handler authenticates the caller (bearer token → client or admin),
+//! checks its body by hand so that a bad field is named, and asks the pool's
+//! task for what it needs; views are built on that task in one go, so a
+//! response shows the pool at one moment. Errors are [`types::ErrorBody`]
+//! with a stable code.
+
+mod auth;
+#[cfg(test)]
+mod openapi_tests;
+mod telemetry;
+pub mod types;
+mod views;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use serde_json::Value;
+
+pub use auth::Caller;
+pub use telemetry::Telemetry;
+
+use crate::config::LabelKind;
+use crate::pool::{Conflict, Idle, NewRequest, NodeId, Refused, RequestId};
+use crate::runtime::{Handle, ServiceError};
+
+/// The longest a `wait` long-poll is held.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct Api {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    handle: Handle,
+    telemetry: Arc<Telemetry>,
+    stopping: AtomicBool,
+}
+
+impl Api {
+    pub fn new(handle: Handle, telemetry: Arc<Telemetry>) -> Api {
+        Api {
+            inner: Arc::new(Inner {
+                handle,
+                telemetry,
+                stopping: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// From now on, `/readyz` says 503 and changes are refused: the service
+    /// is shutting down.
+    pub fn stopping(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+    }
+
+    fn handle(&self) -> &Handle {
+        &self.inner.handle
+    }
+
+    /// The routes.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .route("/openapi.json", get(openapi))
+            .route("/v1/requests", post(create_request).get(list_requests))
+            .route("/v1/requests/{id}", get(get_request).delete(cancel_request))
+            .route("/v1/nodes", get(list_nodes))
+            .route("/v1/nodes/{id}", get(get_node).delete(delete_node))
+            .route("/v1/nodes/{id}/release", post(release_node))
+            .route("/v1/nodes/{id}/idle", put(set_idle))
+            .route("/v1/labels", get(labels))
+            .route("/v1/providers", get(providers))
+            .route("/v1/drivers", get(drivers))
+            .route("/v1/lease", post(renew_lease))
+            .fallback(not_found)
+            .with_state(self.clone())
+    }
+}
+
+// ---- errors -------------------------------------------------------------
+
+/// An error response: status, stable code, message, and the field at fault.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    field: Option<String>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            field: None,
+        }
+    }
+
+    fn bad(field: impl Into<String>, message: impl Into<String>) -> ApiError {
+        let field = field.into();
+        let message = format!("{field}: {}", message.into());
+        ApiError {
+            field: Some(field),
+            ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        }
+    }
+
+    fn not_found(what: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", what)
+    }
+
+    fn forbidden(what: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", what)
+    }
+
+    fn stopping() -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "stopping",
+            "berth is shutting down; try again once it is back",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = types::ErrorBody {
+            error: types::ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+                field: self.field,
+            },
+        };
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"berth\""),
+            );
+        }
+        r
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            ServiceError::Stopped => ApiError::stopping(),
+            ServiceError::Refused(Refused::Empty) => ApiError::bad("labels", message),
+            ServiceError::Refused(Refused::DuplicateLabel(_)) => ApiError::bad("labels", message),
+            ServiceError::Refused(Refused::TooMany { .. }) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unsatisfiable", message)
+            }
+            ServiceError::Conflict(Conflict::NoSuchNode | Conflict::NoSuchRequest) => {
+                ApiError::not_found(message)
+            }
+            ServiceError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+fn json<T: serde::Serialize>(status: StatusCode, body: T) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+/// Parses a body as a JSON object, naming what is wrong.
+fn object(body: &Bytes) -> Result<serde_json::Map<String, Value>> {
+    if body.is_empty() {
+        return Err(ApiError::bad("body", "missing; send a JSON object"));
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad("body", "must be a JSON object")),
+        Err(e) => Err(ApiError::bad("body", format!("not valid JSON: {e}"))),
+    }
+}
+
+fn no_other_fields(m: &serde_json::Map<String, Value>, known: &[&str]) -> Result<()> {
+    match m.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::bad(
+            k.clone(),
+            format!("unknown field; expected {}", known.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn node_id(text: &str) -> Result<NodeId> {
+    text.parse()
+        .map_err(|()| ApiError::bad("id", format!("`{text}` is not a node id (n-…)")))
+}
+
+fn request_id(text: &str) -> Result<RequestId> {
+    text.parse()
+        .map_err(|()| ApiError::bad("id", format!("`{text}` is not a request id (r-…)")))
+}
+
+impl Api {
+    fn refuse_if_stopping(&self) -> Result<()> {
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            Err(ApiError::stopping())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn caller(&self, headers: &HeaderMap) -> Result<Caller> {
+        auth::authenticate(&self.handle().config().api.tokens, headers)
+    }
+}
+
+// ---- health, metrics, the description -----------------------------------
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(api): State<Api>) -> Response {
+    if api.inner.stopping.load(Ordering::SeqCst) {
+        return ApiError::stopping().into_response();
+    }
+    let unlisted = api
+        .handle()
+        .inspect(|pool| {
+            let config = pool.config();
+            (0..config.providers.len())
+                .filter(|&i| {
+                    !pool
+                        .provider_status(crate::config::ProviderIx(i as u16))
+                        .listed
+                })
+                .map(|i| config.providers[i].name.clone())
+                .collect::<Vec<_>>()
+        })
+        .await;
+    match unlisted {
+        Err(e) => ApiError::from(e).into_response(),
+        Ok(u) if u.is_empty() => (StatusCode::OK, "ready\n").into_response(),
+        Ok(u) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            format!(
+                "providers not listed yet since start: {}; nothing is created on them until they are",
+                u.join(", ")
+            ),
+        )
+        .into_response(),
+    }
+}
+
+async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
+    api.caller(&headers)?;
+    let telemetry = api.inner.telemetry.clone();
+    let text = api
+        .handle()
+        .inspect(move |pool| telemetry.render(pool))
+        .await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("api/openapi.json"),
+    )
+        .into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route; see /openapi.json")
+}
+
+// ---- requests -------------------------------------------------------------
+
+async fn create_request(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    api.refuse_if_stopping()?;
+    let m = object(&body)?;
+    no_other_fields(&m, &["labels", "requestor", "priority"])?;
+    let config = api.handle().config().clone();
+    let labels = match m.get("labels") {
+        None => return Err(ApiError::bad("labels", "missing; e.g. {\"small\": 2}")),
+        Some(Value::Object(l)) => l,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "labels",
+                "must be an object of label name to count, e.g. {\"small\": 2}",
+            ));
+        }
+    };
+    if labels.is_empty() {
+        return Err(ApiError::bad("labels", "ask for at least one node"));
+    }
+    let mut wants = Vec::new();
+    for (name, count) in labels {
+        let field = format!("labels.{name}");
+        let count = count
+            .as_u64()
+            .filter(|n| (1..=10_000).contains(n))
+            .ok_or_else(|| ApiError::bad(&field, "must be a whole number from 1 to 10000"))?;
+        let Some(ix) = config.label(name) else {
+            let known: Vec<&str> = config.labels.iter().map(|l| l.name.as_str()).collect();
+            return Err(ApiError {
+                field: Some(field),
+                ..ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "unknown_label",
+                    format!("no label `{name}`; labels are {}", known.join(", ")),
+                )
+            });
+        };
+        wants.push((ix, count as u32));
+    }
+    let priority = match m.get("priority") {
+        None => 0,
+        Some(v) => v
+            .as_i64()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| {
+                ApiError::bad("priority", "must be a whole number; lower is served first")
+            })?,
+    };
+    let requestor = match m.get("requestor") {
+        None => caller.name().to_owned(),
+        Some(Value::String(r)) if valid_requestor(r) => r.clone(),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "requestor",
+                "must be 1 to 128 printable characters",
+            ));
+        }
+    };
+    if !caller.may_act_for(&requestor) {
+        return Err(ApiError::forbidden(format!(
+            "a client token acts only as its own requestor `{}`",
+            caller.name()
+        )));
+    }
+    let ttl = config.api.lease_ttl;
+    api.handle().renew(requestor.clone(), ttl).await?;
+    let id = api
+        .handle()
+        .submit(NewRequest {
+            requestor,
+            priority,
+            wants,
+        })
+        .await?;
+    let view = api
+        .handle()
+        .inspect(move |pool| views::request(pool, id, &caller))
+        .await?
+        .ok_or_else(|| ApiError::not_found("the request was forgotten at once"))?;
+    let mut r = json(StatusCode::CREATED, view);
+    if let Ok(v) = header::HeaderValue::from_str(&format!("/v1/requests/{id}")) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(r)
+}
+
+fn valid_requestor(r: &str) -> bool {
+    (1..=128).contains(&r.chars().count()) && r.chars().all(|c| !c.is_control())
+}
+
+async fn list_requests(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    let filter = views::RequestFilter::parse(&q)?;
+    let list = api
+        .handle()
+        .inspect(move |pool| views::requests(pool, &filter, &caller))
+        .await?;
+    Ok(json(StatusCode::OK, list))
+}
+
+async fn get_request(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    let id = request_id(&id)?;
+    no_other_params(&q, &["wait"])?;
+    let wait = match q.get("wait") {
+        None => None,
+        Some(w) => Some(
+            crate::duration::parse(w)
+                .map_err(|e| ApiError::bad("wait", format!("{e}; e.g. 30s")))?
+                .min(MAX_WAIT),
+        ),
+    };
+    check_owner(&api, id, &caller).await?;
+    if let Some(wait) = wait {
+        // The answer is the request's state when it stops pending or the
+        // wait ends, whichever is first.
+        let _ = tokio::time::timeout(wait, api.handle().wait(id)).await;
+    }
+    request_view(&api, id, caller).await
+}
+
+/// Refuses a request that does not exist (404) or is not the caller's (403).
+async fn check_owner(api: &Api, id: RequestId, caller: &Caller) -> Result<()> {
+    let c = caller.clone();
+    let owner = api
+        .handle()
+        .inspect(move |pool| pool.request(id).map(|r| c.may_act_for(&r.requestor)))
+        .await?;
+    match owner {
+        None => Err(ApiError::not_found(format!("no request {id}"))),
+        Some(false) => Err(ApiError::forbidden(format!(
+            "request {id} belongs to another requestor"
+        ))),
+        Some(true) => Ok(()),
+    }
+}
+
+async fn request_view(api: &Api, id: RequestId, caller: Caller) -> Result<Response> {
+    let view = api
+        .handle()
+        .inspect(move |pool| views::request(pool, id, &caller))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no request {id}")))?;
+    Ok(json(StatusCode::OK, view))
+}
+
+fn no_other_params(q: &BTreeMap<String, String>, known: &[&str]) -> Result<()> {
+    match q.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::bad(
+            k.clone(),
+            if known.is_empty() {
+                "unknown parameter; this takes none".to_owned()
+            } else {
+                format!("unknown parameter; expected {}", known.join(", "))
+            },
+        )),
+        None => Ok(()),
+    }
+}
+
+async fn cancel_request(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    api.refuse_if_stopping()?;
+    let id = request_id(&id)?;
+    check_owner(&api, id, &caller).await?;
+    api.handle().cancel(id).await?;
+    request_view(&api, id, caller).await
+}
+
+// ---- nodes ----------------------------------------------------------------
+
+async fn list_nodes(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    let filter = views::NodeFilter::parse(&q, api.handle().config())?;
+    let list = api
+        .handle()
+        .inspect(move |pool| views::nodes(pool, &filter, &caller))
+        .await?;
+    Ok(json(StatusCode::OK, list))
+}
+
+async fn get_node(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    let id = node_id(&id)?;
+    node_view(&api, id, caller).await
+}
+
+async fn release_node(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    api.refuse_if_stopping()?;
+    let id = node_id(&id)?;
+    let c = caller.clone();
+    let holder = api
+        .handle()
+        .inspect(move |pool| pool.node(id).map(|n| views::holder(pool, n)))
+        .await?;
+    match holder {
+        None => return Err(ApiError::not_found(format!("no node {id}"))),
+        // A node nobody holds is not the caller's to release either, but
+        // the pool says why (409): it is not in use.
+        Some(Some(h)) if !caller.may_act_for(&h) => {
+            return Err(ApiError::forbidden(format!(
+                "node {id} is not held by requestor `{}`",
+                c.name()
+            )));
+        }
+        Some(_) => {}
+    }
+    api.handle().release(id).await?;
+    node_view(&api, id, caller).await
+}
+
+async fn node_view(api: &Api, id: NodeId, caller: Caller) -> Result<Response> {
+    let view = api
+        .handle()
+        .inspect(move |pool| pool.node(id).map(|n| views::node(pool, n, &caller)))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no node {id}")))?;
+    Ok(json(StatusCode::OK, view))
+}
+
+async fn set_idle(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    caller.admin("setting a node's idle behaviour")?;
+    api.refuse_if_stopping()?;
+    let id = node_id(&id)?;
+    let m = object(&body)?;
+    no_other_fields(&m, &["idle"])?;
+    let idle = match m.get("idle") {
+        None => return Err(ApiError::bad("idle", "missing; run, hold or drain")),
+        Some(Value::String(s)) => Idle::parse(s)
+            .ok_or_else(|| ApiError::bad("idle", format!("`{s}` is not run, hold or drain")))?,
+        Some(_) => {
+            return Err(ApiError::bad(
+                "idle",
+                "must be \"run\", \"hold\" or \"drain\"",
+            ));
+        }
+    };
+    api.handle().set_idle(id, idle).await?;
+    node_view(&api, id, caller).await
+}
+
+async fn delete_node(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    caller.admin("deleting a node")?;
+    api.refuse_if_stopping()?;
+    let id = node_id(&id)?;
+    api.handle().delete(id).await?;
+    node_view(&api, id, caller).await
+}
+
+// ---- configuration and health ----------------------------------------------
+
+async fn labels(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
+    api.caller(&headers)?;
+    let list = api.handle().inspect(views::labels).await?;
+    Ok(json(StatusCode::OK, list))
+}
+
+async fn providers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
+    api.caller(&headers)?;
+    let telemetry = api.inner.telemetry.clone();
+    let list = api
+        .handle()
+        .inspect(move |pool| views::providers(pool, &telemetry))
+        .await?;
+    Ok(json(StatusCode::OK, list))
+}
+
+async fn drivers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
+    api.caller(&headers)?;
+    Ok(json(StatusCode::OK, views::drivers(api.handle().drivers())))
+}
+
+async fn renew_lease(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    api.refuse_if_stopping()?;
+    no_other_params(&q, &["requestor"])?;
+    let requestor = q
+        .get("requestor")
+        .cloned()
+        .unwrap_or_else(|| caller.name().to_owned());
+    if !caller.may_act_for(&requestor) {
+        return Err(ApiError::forbidden(format!(
+            "a client token renews only its own lease (`{}`)",
+            caller.name()
+        )));
+    }
+    let ttl = api.handle().config().api.lease_ttl;
+    let expires = api.handle().renew(requestor.clone(), ttl).await?;
+    Ok(json(
+        StatusCode::OK,
+        types::Lease {
+            requestor,
+            expires: types::rfc3339(expires.as_millis()),
+            ttl_seconds: ttl.as_secs(),
+        },
+    ))
+}
+
+/// Whether `kind` is a slot label (used by views).
+fn is_slots(kind: &LabelKind) -> bool {
+    matches!(kind, LabelKind::Slots { .. })
+}

@@ -1,0 +1,304 @@
+//! What the service measures: Prometheus metrics for `/metrics`, and each
+//! provider's recent driver calls for `/v1/providers`. Counters and
+//! histograms are fed as things happen (it is the runtime's [`Observer`]);
+//! gauges of the pool's state are computed from the pool at each scrape.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::types::{self, rfc3339};
+use super::views;
+use crate::config::Config;
+use crate::metrics::{Counter, DEFAULT_BUCKETS, Gauge, Histogram, Registry};
+use crate::plugin::CallError;
+use crate::pool::{NodeState, Notice, Pool, Request, RequestState, Role};
+use crate::runtime::{CallKind, Observer, outcome_name, trap_name};
+
+/// How many recent calls per provider `/v1/providers` summarises.
+const RECENT: usize = 200;
+/// How many of the latest errors it lists.
+const LAST_ERRORS: usize = 5;
+
+pub struct Telemetry {
+    registry: Registry,
+    calls: Counter,
+    call_seconds: Histogram,
+    traps: Counter,
+    fulfilment: Histogram,
+    quota_pauses: Counter,
+    rate_limit_holds: Counter,
+    capacity_pauses: Counter,
+    leaks_deleted: Counter,
+    leases_expired: Counter,
+    requests_failed: Counter,
+    nodes: Gauge,
+    pending: Gauge,
+    oldest_pending: Gauge,
+    instances: Gauge,
+    vcpus: Gauge,
+    ram: Gauge,
+    price: Gauge,
+    recent: HashMap<String, Mutex<Recent>>,
+}
+
+/// One provider's latest calls.
+#[derive(Default)]
+struct Recent {
+    took_ms: VecDeque<f64>,
+    failed: VecDeque<bool>,
+    errors: VecDeque<types::CallError>,
+}
+
+impl Telemetry {
+    pub fn new(config: &Config) -> Telemetry {
+        let r = Registry::new();
+        let calls = r.counter(
+            "berth_driver_calls_total",
+            "Driver calls by provider, call and outcome.",
+            &["provider", "call", "outcome"],
+        );
+        let call_seconds = r.histogram(
+            "berth_driver_call_seconds",
+            "Driver call duration by provider and call.",
+            &["provider", "call"],
+            DEFAULT_BUCKETS,
+        );
+        let traps = r.counter(
+            "berth_sandbox_traps_total",
+            "Driver instances discarded after a trap, by provider and kind.",
+            &["provider", "kind"],
+        );
+        let fulfilment = r.histogram(
+            "berth_request_fulfilment_seconds",
+            "Time from a request's creation to its nodes being handed out.",
+            &[],
+            DEFAULT_BUCKETS,
+        );
+        let quota_pauses = r.counter(
+            "berth_quota_pauses_total",
+            "Times creates were paused on a provider after quota-exceeded.",
+            &["provider"],
+        );
+        let rate_limit_holds = r.counter(
+            "berth_rate_limit_holds_total",
+            "Times every call to a provider was held after rate-limited.",
+            &["provider"],
+        );
+        let capacity_pauses = r.counter(
+            "berth_capacity_pauses_total",
+            "Times an instance type was paused on a provider for lack of capacity.",
+            &["provider"],
+        );
+        let leaks_deleted = r.counter(
+            "berth_leaked_instances_deleted_total",
+            "Instances with this pool's id that no node accounted for, deleted.",
+            &["provider"],
+        );
+        let leases_expired = r.counter(
+            "berth_leases_expired_total",
+            "Requestors whose lease expired with requests or nodes to take back.",
+            &[],
+        );
+        let requests_failed =
+            r.counter("berth_requests_failed_total", "Requests that failed.", &[]);
+        let nodes = r.gauge(
+            "berth_nodes",
+            "Nodes by label, provider and state.",
+            &["label", "provider", "state"],
+        );
+        let pending = r.gauge("berth_requests_pending", "Requests waiting for nodes.", &[]);
+        let oldest_pending = r.gauge(
+            "berth_requests_pending_oldest_seconds",
+            "Age of the oldest pending request.",
+            &[],
+        );
+        let instances = r.gauge(
+            "berth_instances",
+            "Cloud instances held (creating to deleting), by provider, in use or not.",
+            &["provider", "in_use"],
+        );
+        let vcpus = r.gauge(
+            "berth_vcpus",
+            "vCPUs of the instances held, by provider, in use or not.",
+            &["provider", "in_use"],
+        );
+        let ram = r.gauge(
+            "berth_memory_bytes",
+            "Memory of the instances held, by provider, in use or not.",
+            &["provider", "in_use"],
+        );
+        let price = r.gauge(
+            "berth_hourly_price",
+            "Hourly price of the instances held, by provider, in use or not.",
+            &["provider", "in_use"],
+        );
+        let recent = config
+            .providers
+            .iter()
+            .map(|p| (p.name.clone(), Mutex::new(Recent::default())))
+            .collect();
+        Telemetry {
+            registry: r,
+            calls,
+            call_seconds,
+            traps,
+            fulfilment,
+            quota_pauses,
+            rate_limit_holds,
+            capacity_pauses,
+            leaks_deleted,
+            leases_expired,
+            requests_failed,
+            nodes,
+            pending,
+            oldest_pending,
+            instances,
+            vcpus,
+            ram,
+            price,
+            recent,
+        }
+    }
+
+    /// The metrics text, with the pool's gauges as of now. Runs on the
+    /// pool's task.
+    pub fn render(&self, pool: &Pool) -> String {
+        let config = pool.config();
+        self.nodes.reset();
+        for ((label, provider, state), n) in views::node_counts(pool) {
+            self.nodes
+                .with(&[&config[label].name, &config[provider].name, state])
+                .set(n as f64);
+        }
+        let now = pool.last_tick();
+        let pending: Vec<&Request> = pool
+            .requests()
+            .filter(|r| r.state == RequestState::Pending)
+            .collect();
+        self.pending.with(&[]).set(pending.len() as f64);
+        let oldest = pending.iter().map(|r| r.created).min();
+        self.oldest_pending
+            .with(&[])
+            .set(oldest.map_or(0.0, |t| now.since(t).as_secs_f64()));
+
+        // Instances are the nodes that hold one: slot nodes share their
+        // backing node's, so only plain and backing nodes count.
+        let mut held: HashMap<(usize, bool), (f64, f64, f64, f64)> = HashMap::new();
+        for n in pool.nodes() {
+            if !n.state.holds_instance() || matches!(n.role, Role::Slot { .. }) {
+                continue;
+            }
+            let in_use = match &n.role {
+                Role::Backing { slots, .. } => slots.iter().any(|s| {
+                    s.and_then(|s| pool.node(s))
+                        .is_some_and(|s| matches!(s.state, NodeState::InUse { .. }))
+                }),
+                _ => matches!(n.state, NodeState::InUse { .. }),
+            };
+            let e = held.entry((n.provider.0 as usize, in_use)).or_default();
+            e.0 += 1.0;
+            e.1 += f64::from(n.resources.vcpus);
+            e.2 += n.resources.ram_mib as f64 * 1024.0 * 1024.0;
+            e.3 += n.price;
+        }
+        for (i, p) in config.providers.iter().enumerate() {
+            for in_use in [false, true] {
+                let (count, cpus, bytes, price) =
+                    held.get(&(i, in_use)).copied().unwrap_or_default();
+                let labels = [p.name.as_str(), if in_use { "true" } else { "false" }];
+                self.instances.with(&labels).set(count);
+                self.vcpus.with(&labels).set(cpus);
+                self.ram.with(&labels).set(bytes);
+                self.price.with(&labels).set(price);
+            }
+        }
+        self.registry.render()
+    }
+
+    /// A summary of `provider`'s recent calls.
+    pub fn recent_calls(&self, provider: &str) -> types::CallStats {
+        let Some(r) = self.recent.get(provider) else {
+            return types::CallStats::default();
+        };
+        let r = r.lock().unwrap_or_else(|e| e.into_inner());
+        let mut took: Vec<f64> = r.took_ms.iter().copied().collect();
+        took.sort_by(f64::total_cmp);
+        let at = |q: f64| -> Option<f64> {
+            if took.is_empty() {
+                return None;
+            }
+            let i = ((took.len() - 1) as f64 * q).round() as usize;
+            Some((took[i] * 1000.0).round() / 1000.0)
+        };
+        types::CallStats {
+            recent: took.len(),
+            errors: r.failed.iter().filter(|f| **f).count(),
+            p50_ms: at(0.5),
+            p99_ms: at(0.99),
+            last_errors: r.errors.iter().rev().cloned().collect(),
+        }
+    }
+}
+
+impl Observer for Telemetry {
+    fn call(&self, provider: &str, call: CallKind, result: Result<(), &CallError>, took: Duration) {
+        let outcome = outcome_name(result);
+        self.calls.with(&[provider, call.as_str(), outcome]).inc();
+        self.call_seconds
+            .with(&[provider, call.as_str()])
+            .observe(took.as_secs_f64());
+        if let Err(e) = result
+            && let Some(t) = e.kind.trap()
+        {
+            self.traps.with(&[provider, trap_name(t)]).inc();
+        }
+        if let Some(r) = self.recent.get(provider) {
+            let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
+            if r.took_ms.len() == RECENT {
+                r.took_ms.pop_front();
+                r.failed.pop_front();
+            }
+            r.took_ms.push_back(took.as_secs_f64() * 1e3);
+            r.failed.push_back(result.is_err());
+            if let Err(e) = result {
+                if r.errors.len() == LAST_ERRORS {
+                    r.errors.pop_front();
+                }
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                r.errors.push_back(types::CallError {
+                    at: rfc3339(now),
+                    call: call.as_str().to_owned(),
+                    error: e.kind.to_string(),
+                });
+            }
+        }
+    }
+
+    fn notice(&self, config: &Config, notice: &Notice) {
+        let name = |p: crate::config::ProviderIx| config[p].name.as_str();
+        match notice {
+            Notice::QuotaPaused { provider, .. } => {
+                self.quota_pauses.with(&[name(*provider)]).inc()
+            }
+            Notice::RateLimited { provider, .. } => {
+                self.rate_limit_holds.with(&[name(*provider)]).inc()
+            }
+            Notice::CapacityPaused { provider, .. } => {
+                self.capacity_pauses.with(&[name(*provider)]).inc()
+            }
+            Notice::LeakDeleted { provider, .. } => {
+                self.leaks_deleted.with(&[name(*provider)]).inc()
+            }
+            Notice::LeaseExpired { .. } => self.leases_expired.with(&[]).inc(),
+            Notice::RequestFailed { .. } => self.requests_failed.with(&[]).inc(),
+            Notice::Foreign { .. } | Notice::Adopted { .. } | Notice::Vanished { .. } => {}
+        }
+    }
+
+    fn fulfilled(&self, _request: &Request, latency: Duration) {
+        self.fulfilment.with(&[]).observe(latency.as_secs_f64());
+    }
+}

@@ -1,0 +1,259 @@
+//! `berth serve`: the pool and its HTTP API as one long-running service.
+//!
+//! With a config file it runs what the file says. Without one it runs the
+//! embedded default: a simulated cloud inside the process, the sim driver
+//! carried in the binary, three example labels that keep nodes ready, and
+//! the store under `./berth-data`, so a new user sees a working pool at once.
+//!
+//! Stopping (SIGTERM or SIGINT): the API refuses new changes and `/readyz`
+//! turns 503, driver calls in flight are finished and stored, then the
+//! listener closes. Nodes stay in the cloud and are adopted on the next start.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::api::{Api, Telemetry};
+use crate::config::{self, Config};
+use crate::runtime::{self, StartOptions};
+use crate::sim::{Knobs, SimCloud};
+
+/// What `berth serve` was asked to do.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// The config file; `None` runs the embedded default.
+    pub config: Option<PathBuf>,
+    /// Overrides the config's `api.listen`.
+    pub listen: Option<SocketAddr>,
+    /// Where the embedded default keeps its state (default `./berth-data`).
+    pub state_dir: Option<PathBuf>,
+    /// How long a stop waits for driver calls in flight.
+    pub stop_grace: Option<Duration>,
+}
+
+/// The embedded default's config, for a sim cloud at `sim` and state in
+/// `state_dir`. Printed by `berth serve --print-default-config` as a start for
+/// a config of one's own.
+pub fn default_config_text(sim: SocketAddr, state_dir: &Path) -> String {
+    let quote = |s: &str| toml::Value::String(s.to_owned()).to_string();
+    let state = state_dir.display().to_string();
+    let drivers = state_dir.join("drivers").display().to_string();
+    format!(
+        r#"# berth's embedded default: a simulated cloud inside the process.
+pool-id = "berth-default"
+state-dir = {state}
+plugins-dir = {drivers}
+sync-interval = "10s"
+boot-poll-interval = "1s"
+
+[providers.sim]
+driver = "sim.wasm"
+allow-hosts = [{host}]
+config = {{ endpoint = {endpoint} }}
+[providers.sim.limits]
+max-instances = 20
+
+# Two nodes of `small` are kept ready, and one `large`.
+[labels.small]
+min-ready = 2
+[labels.small.providers.sim]
+instance-type = "small"
+image = "debian-12"
+vcpus = 2
+ram = "4GiB"
+price = 0.05
+
+[labels.large]
+min-ready = 1
+[labels.large.providers.sim]
+instance-type = "large"
+image = "debian-12"
+vcpus = 8
+ram = "32GiB"
+price = 0.4
+
+# Four `shared` nodes fit on one `large` instance; two free slots are kept.
+[labels.shared]
+slots = 4
+backing-label = "large"
+min-ready = 2
+"#,
+        state = quote(&state),
+        drivers = quote(&drivers),
+        host = quote(&sim.to_string()),
+        endpoint = quote(&format!("http://{sim}")),
+    )
+}
+
+/// A simulated cloud serving on 127.0.0.1 until dropped.
+struct EmbeddedSim {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl EmbeddedSim {
+    async fn start(state_dir: &Path) -> anyhow::Result<EmbeddedSim> {
+        let knobs = Knobs {
+            create_latency_ms: 200,
+            boot_delay_ms: 2_000,
+            ..Knobs::default()
+        };
+        // Its instances are kept next to the pool's store, so that a
+        // restart finds the machines it left, as with a real cloud.
+        let cloud = SimCloud::new(knobs, Some(state_dir.join("sim-cloud.json")))?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("starting the simulated cloud")?;
+        let addr = listener.local_addr()?;
+        let (stop, rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(cloud.serve(listener, async move {
+            let _ = rx.await;
+        }));
+        Ok(EmbeddedSim {
+            addr,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+/// Runs the service until `shutdown` completes, then stops it gracefully.
+/// `ready` hears the address it listens on once it does.
+pub async fn serve(
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+    ready: impl FnOnce(SocketAddr, &Config),
+) -> anyhow::Result<()> {
+    let (config, sim) = match &options.config {
+        Some(file) => {
+            let config = config::load(file).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let missing = config::check_files(&config);
+            if !missing.is_empty() {
+                let lines: Vec<String> = missing.iter().map(|p| p.to_string()).collect();
+                anyhow::bail!("{}: {}", file.display(), lines.join("; "));
+            }
+            (config, None)
+        }
+        None => {
+            let dir = options
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("berth-data"));
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("creating the state directory {}", dir.display()))?;
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("resolving {}", dir.display()))?;
+            write_sim_driver(&dir.join("drivers"))?;
+            let sim = EmbeddedSim::start(&dir).await?;
+            let text = default_config_text(sim.addr, &dir);
+            let config = config::parse(&text, &dir, &|name| std::env::var(name).ok())
+                .map_err(|e| anyhow::anyhow!("the embedded default config: {e}"))?;
+            tracing::info!(
+                sim = %sim.addr,
+                state = %dir.display(),
+                "no config file: running the embedded default (a simulated cloud in this process)"
+            );
+            (config, Some(sim))
+        }
+    };
+    let listen = options.listen.unwrap_or(config.api.listen);
+    if config.api.tokens.is_empty() && !listen.ip().is_loopback() {
+        anyhow::bail!(
+            "{listen} is not a loopback address and no api.tokens are configured: anyone who \
+             reaches it could take and delete nodes; add tokens or listen on 127.0.0.1"
+        );
+    }
+    let telemetry = Arc::new(Telemetry::new(&config));
+    let service = runtime::start(
+        config,
+        StartOptions {
+            observer: Some(telemetry.clone()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let api = Api::new(service.handle.clone(), telemetry);
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = service.stop().await;
+            return Err(anyhow::Error::new(e).context(format!("listening on {listen}")));
+        }
+    };
+    let addr = listener.local_addr()?;
+    ready(addr, service.handle.config());
+    let (close, closed) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        axum::serve(listener, api.router())
+            .with_graceful_shutdown(async move {
+                let _ = closed.await;
+            })
+            .into_future(),
+    );
+
+    shutdown.await;
+    tracing::info!("stopping: refusing changes, finishing driver calls in flight");
+    api.stopping();
+    let stopped = service
+        .stop_within(options.stop_grace.unwrap_or(runtime::DEFAULT_STOP_GRACE))
+        .await;
+    let _ = close.send(());
+    let served = server.await.context("the HTTP server panicked")?;
+    if let Some(sim) = sim {
+        sim.stop().await;
+    }
+    stopped.context("stopping the pool")?;
+    served.context("serving HTTP")?;
+    tracing::info!("stopped; nodes stay in the cloud and are adopted on the next start");
+    Ok(())
+}
+
+#[cfg(feature = "embedded-sim")]
+fn write_sim_driver(dir: &Path) -> anyhow::Result<()> {
+    crate::embedded::write_sim_driver(dir).context("writing the embedded sim driver")?;
+    Ok(())
+}
+
+#[cfg(not(feature = "embedded-sim"))]
+fn write_sim_driver(_: &Path) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "this berth was built without the embedded sim driver (feature `embedded-sim`); \
+         give a config file with --config"
+    )
+}
+
+/// Completes on SIGTERM or SIGINT (Ctrl-C).
+pub async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

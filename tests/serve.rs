@@ -1,0 +1,530 @@
+//! `berth serve` end to end: the real binary on 127.0.0.1:0, a sim cloud in
+//! this test process, and plain HTTP. Every wait is a bounded poll.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+use crate::support::{SimServer, plugin};
+
+const CI: &str = "ci-token-0123456789abcdef";
+const OTHER: &str = "other-token-0123456789ab";
+const OPS: &str = "ops-token-0123456789abcde";
+
+/// A config for `berth serve` against `sim`, with client tokens `ci` and
+/// `other`, admin `ops`, and a 3 s lease.
+fn serve_config(sim: &SimServer, dir: &Path) -> std::path::PathBuf {
+    let text = format!(
+        r#"
+pool-id = "serve-test"
+state-dir = {state:?}
+sync-interval = "1s"
+boot-poll-interval = "100ms"
+leak-grace = "1s"
+
+[api]
+listen = "127.0.0.1:0"
+lease-ttl = "3s"
+[api.tokens.ci]
+role = "client"
+token = "{CI}"
+[api.tokens.other]
+role = "client"
+token = "{OTHER}"
+[api.tokens.ops]
+role = "admin"
+token = "{OPS}"
+
+[providers.sim]
+driver = {driver:?}
+allow-hosts = ["{addr}"]
+config = {{ endpoint = "{url}" }}
+
+[labels.small]
+min-ready = 2
+[labels.small.providers.sim]
+instance-type = "small"
+image = "img"
+vcpus = 1
+ram = "1GiB"
+price = 0.1
+"#,
+        state = dir.join("state").display().to_string(),
+        driver = plugin("sim").display().to_string(),
+        addr = sim.addr(),
+        url = sim.url(),
+    );
+    let path = dir.join("berth.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// A running `berth serve`, killed if still running when dropped.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    async fn start(args: &[&str], dir: &Path) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .arg("serve")
+            .args(args)
+            .current_dir(dir)
+            .env("BERTH_LOG", "berth=warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn berth serve");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(120), async {
+            while let Some(line) = lines.next_line().await.expect("read stdout") {
+                if let Some(a) = line.strip_prefix("berth listening on http://") {
+                    return a.to_owned();
+                }
+            }
+            panic!("berth serve exited before listening");
+        })
+        .await
+        .expect("berth serve listens within 120 s");
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Server {
+            child,
+            base: format!("http://{addr}"),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let (status, text) = http(&self.base, method, path, token, body).await;
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, v)
+    }
+
+    /// SIGTERM, then the exit status.
+    async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running") as i32;
+        // SAFETY: sending a signal to our own child.
+        unsafe { libc_kill(pid, 15) };
+        tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("stops within 60 s")
+            .expect("wait")
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// One HTTP/1.1 request with `Connection: close`; the status and body.
+async fn http(
+    base: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, String) {
+    let addr = base.strip_prefix("http://").expect("http url");
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    (status, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+/// Polls `check` every 50 ms until it gives `Some` (at most `secs`).
+async fn until<T, F: std::future::Future<Output = Option<T>>>(
+    secs: u64,
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let end = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(t) = check().await {
+            return t;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_end_to_end_through_the_binary() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config(&sim, dir.path());
+    let cfg = config.display().to_string();
+    let server = Server::start(&["--config", &cfg], dir.path()).await;
+
+    // Health, readiness (after the first list), the description.
+    assert_eq!(server.call("GET", "/healthz", None, None).await.0, 200);
+    until(30, "ready", || async {
+        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
+    })
+    .await;
+    let (s, doc) = server.call("GET", "/openapi.json", None, None).await;
+    assert_eq!(s, 200);
+    assert!(doc["paths"]["/v1/requests"].is_object());
+
+    // Tokens: none → 401, a wrong one → 401.
+    let (s, e) = server.call("GET", "/v1/nodes", None, None).await;
+    assert_eq!((s, code(&e)), (401, "unauthorized"));
+    let (s, _) = server
+        .call("GET", "/v1/nodes", Some("nope-nope-nope-nope"), None)
+        .await;
+    assert_eq!(s, 401);
+
+    // Bad bodies name the field; unknown labels are 422.
+    let bad = [
+        (json!({"labels": {"small": 0}}), "labels.small"),
+        (json!({"labels": {"small": 1}, "prio": 1}), "prio"),
+        (json!({"labels": []}), "labels"),
+        (
+            json!({"labels": {"small": 1}, "priority": "high"}),
+            "priority",
+        ),
+    ];
+    for (body, field) in bad {
+        let (s, e) = server
+            .call("POST", "/v1/requests", Some(CI), Some(body.clone()))
+            .await;
+        assert_eq!((s, code(&e)), (400, "bad_request"), "{body}: {e}");
+        assert_eq!(e["error"]["field"], field, "{body}: {e}");
+    }
+    let (s, e) = server
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"huge": 1}})),
+        )
+        .await;
+    assert_eq!((s, code(&e)), (422, "unknown_label"), "{e}");
+    let (s, e) = server
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"small": 1}, "requestor": "other"})),
+        )
+        .await;
+    assert_eq!((s, code(&e)), (403, "forbidden"), "{e}");
+
+    // Request → fulfilled (long-poll) → release → deleted.
+    let (s, r) = server
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"small": 1}})),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let id = r["id"].as_str().unwrap().to_owned();
+    let (s, r) = server
+        .call(
+            "GET",
+            &format!("/v1/requests/{id}?wait=20s"),
+            Some(CI),
+            None,
+        )
+        .await;
+    assert_eq!((s, r["state"].as_str()), (200, Some("fulfilled")), "{r}");
+    let node = r["nodes"][0].clone();
+    assert!(
+        node["addresses"].is_object() && node["connection"].is_object(),
+        "{node}"
+    );
+    let nid = node["id"].as_str().unwrap().to_owned();
+
+    // Another client sees the node but not how to reach it, and cannot
+    // release it or read the request.
+    let (s, n) = server
+        .call("GET", &format!("/v1/nodes/{nid}"), Some(OTHER), None)
+        .await;
+    assert_eq!(s, 200);
+    assert!(
+        n.get("addresses").is_none() && n.get("connection").is_none(),
+        "{n}"
+    );
+    assert_eq!(n["requestor"], "ci");
+    let (s, _) = server
+        .call(
+            "POST",
+            &format!("/v1/nodes/{nid}/release"),
+            Some(OTHER),
+            None,
+        )
+        .await;
+    assert_eq!(s, 403);
+    let (s, _) = server
+        .call("GET", &format!("/v1/requests/{id}"), Some(OTHER), None)
+        .await;
+    assert_eq!(s, 403);
+    // Clients may not hold, drain or delete; an admin may.
+    let (s, _) = server
+        .call(
+            "PUT",
+            &format!("/v1/nodes/{nid}/idle"),
+            Some(CI),
+            Some(json!({"idle": "hold"})),
+        )
+        .await;
+    assert_eq!(s, 403);
+    let (s, _) = server
+        .call("DELETE", &format!("/v1/nodes/{nid}"), Some(CI), None)
+        .await;
+    assert_eq!(s, 403);
+    let (s, e) = server
+        .call(
+            "PUT",
+            &format!("/v1/nodes/{nid}/idle"),
+            Some(OPS),
+            Some(json!({"idle": "sleep"})),
+        )
+        .await;
+    assert_eq!(
+        (s, e["error"]["field"].as_str()),
+        (400, Some("idle")),
+        "{e}"
+    );
+
+    let (s, n) = server
+        .call("POST", &format!("/v1/nodes/{nid}/release"), Some(CI), None)
+        .await;
+    assert_eq!(s, 200, "{n}");
+    let (s, e) = server
+        .call("POST", &format!("/v1/nodes/{nid}/release"), Some(CI), None)
+        .await;
+    assert_eq!((s, code(&e)), (409, "conflict"), "released twice: {e}");
+    until(20, "the released node to be gone", || async {
+        let (_, n) = server
+            .call("GET", &format!("/v1/nodes/{nid}"), Some(OPS), None)
+            .await;
+        (n["state"] == "gone").then_some(())
+    })
+    .await;
+
+    // Leases: `other` takes a node and stops renewing; after the 3 s TTL
+    // its node is taken back. `ci` keeps renewing and keeps its node.
+    let (_, theirs) = server
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(OTHER),
+            Some(json!({"labels": {"small": 1}})),
+        )
+        .await;
+    let (_, mine) = server
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"small": 1}})),
+        )
+        .await;
+    let theirs = server
+        .call(
+            "GET",
+            &format!("/v1/requests/{}?wait=20s", theirs["id"].as_str().unwrap()),
+            Some(OTHER),
+            None,
+        )
+        .await
+        .1;
+    let mine = server
+        .call(
+            "GET",
+            &format!("/v1/requests/{}?wait=20s", mine["id"].as_str().unwrap()),
+            Some(CI),
+            None,
+        )
+        .await
+        .1;
+    assert_eq!(
+        (theirs["state"].as_str(), mine["state"].as_str()),
+        (Some("fulfilled"), Some("fulfilled"))
+    );
+    let their_node = theirs["nodes"][0]["id"].as_str().unwrap().to_owned();
+    let my_node = mine["nodes"][0]["id"].as_str().unwrap().to_owned();
+    for _ in 0..8 {
+        let (s, l) = server.call("POST", "/v1/lease", Some(CI), None).await;
+        assert_eq!((s, l["requestor"].as_str()), (200, Some("ci")), "{l}");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let (_, n) = server
+        .call("GET", &format!("/v1/nodes/{their_node}"), Some(OPS), None)
+        .await;
+    assert!(
+        matches!(n["state"].as_str(), Some("deleting" | "gone")),
+        "reclaimed: {n}"
+    );
+    let (_, n) = server
+        .call("GET", &format!("/v1/nodes/{my_node}"), Some(OPS), None)
+        .await;
+    assert_eq!(n["state"], "in-use", "{n}");
+
+    // Metrics reflect the run.
+    let (s, m) = server.call("GET", "/metrics", Some(OPS), None).await;
+    assert_eq!(s, 200);
+    let m = m.as_str().unwrap().to_owned();
+    for needle in [
+        "berth_nodes{",
+        "berth_driver_calls_total{provider=\"sim\",call=\"create\",outcome=\"ok\"}",
+        "berth_request_fulfilment_seconds_count",
+        "berth_leases_expired_total 1",
+    ] {
+        assert!(m.contains(needle), "no `{needle}` in\n{m}");
+    }
+
+    // SIGTERM: a clean stop; a restart adopts every node from the store and
+    // the cloud, with no create in between.
+    let before: Vec<Value> = server
+        .call("GET", "/v1/nodes?state=ready", Some(OPS), None)
+        .await
+        .1
+        .as_array()
+        .unwrap()
+        .clone();
+    let creates = sim
+        .cloud
+        .calls()
+        .iter()
+        .filter(|c| c.method == "POST" && c.path == "/v1/instances")
+        .count();
+    let status = server.terminate().await;
+    assert!(status.success(), "{status}");
+    let server = Server::start(&["--config", &cfg], dir.path()).await;
+    until(30, "ready again", || async {
+        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
+    })
+    .await;
+    let (_, n) = server
+        .call("GET", &format!("/v1/nodes/{my_node}"), Some(OPS), None)
+        .await;
+    assert_eq!(n["state"], "in-use", "kept across the restart: {n}");
+    for b in &before {
+        let (_, n) = server
+            .call(
+                "GET",
+                &format!("/v1/nodes/{}", b["id"].as_str().unwrap()),
+                Some(OPS),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (n["state"].as_str(), n["instance"].as_str()),
+            (Some("ready"), b["instance"].as_str()),
+            "{n}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = sim
+        .cloud
+        .calls()
+        .iter()
+        .filter(|c| c.method == "POST" && c.path == "/v1/instances")
+        .count();
+    assert_eq!(after, creates, "no create after the restart");
+    assert!(server.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_without_a_config_runs_the_embedded_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&["--listen", "127.0.0.1:0"], dir.path()).await;
+    let (s, labels) = server.call("GET", "/v1/labels", None, None).await;
+    assert_eq!(s, 200);
+    let names: Vec<&str> = labels
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["small", "large", "shared"]);
+    until(60, "two small nodes ready", || async {
+        let (_, l) = server.call("GET", "/v1/labels", None, None).await;
+        (l[0]["ready"].as_u64() >= Some(2)).then_some(())
+    })
+    .await;
+    let (s, r) = server
+        .call(
+            "POST",
+            "/v1/requests",
+            None,
+            Some(json!({"labels": {"small": 1, "shared": 2}})),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let (_, r) = server
+        .call(
+            "GET",
+            &format!("/v1/requests/{}?wait=60s", r["id"].as_str().unwrap()),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(r["state"], "fulfilled", "{r}");
+    let (_, d) = server.call("GET", "/v1/drivers", None, None).await;
+    assert_eq!(d[0]["file"], "sim", "{d}");
+    assert!(dir.path().join("berth-data/berth.db").exists());
+    assert!(server.terminate().await.success());
+}
