@@ -680,13 +680,18 @@ impl Pool {
         }
         if let Role::Backing { slots, .. } = &node.role {
             let waiting: Vec<NodeId> = slots.iter().flatten().copied().collect();
+            let (instance, endpoint) = (node.instance.clone(), node.endpoint.clone());
             for s in waiting {
                 if matches!(
                     self.nodes.get(&s).map(|n| &n.state),
                     Some(NodeState::Creating { .. })
                 ) {
+                    // Slots filled while the backing instance was launching
+                    // learn its address now.
                     self.update(s, |n| {
                         n.state = NodeState::Ready { since: now };
+                        n.instance = instance.clone();
+                        n.endpoint = endpoint.clone();
                     });
                 }
             }

@@ -1470,3 +1470,17 @@ fn a_requestor_without_a_lease_keeps_its_nodes() {
         NodeState::InUse { .. }
     ));
 }
+
+#[test]
+fn slot_nodes_filled_while_their_backing_launched_get_its_address() {
+    let mut h = slotted();
+    let r = h.submit(&[("s", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r));
+    let b = &backings(&h)[0];
+    for n in &h.pool.request(r).unwrap().nodes {
+        let n = h.pool.node(*n).unwrap();
+        assert_eq!(n.instance, b.instance);
+        assert!(n.endpoint.is_some() && n.endpoint == b.endpoint, "{n:?}");
+    }
+}
