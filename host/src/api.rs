@@ -367,16 +367,17 @@ async fn create_request(
             caller.name()
         )));
     }
-    let ttl = config.api.lease_ttl;
-    api.handle().renew(requestor.clone(), ttl).await?;
     let id = api
         .handle()
         .submit(NewRequest {
-            requestor,
+            requestor: requestor.clone(),
             priority,
             wants,
         })
         .await?;
+    // A request taken is a sign of life: its requestor's lease is renewed
+    // (a refused one renews nothing).
+    api.handle().renew(requestor, config.api.lease_ttl).await?;
     let view = api
         .handle()
         .inspect(move |pool| views::request(pool, id, &caller))

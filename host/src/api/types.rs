@@ -244,11 +244,11 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable, for programs: `bad_request`, `unauthorized`, `forbidden`,
     /// `not_found`, `conflict`, `unknown_label`, `unsatisfiable`,
-    /// `stopping`.
+    /// `stopping`, `not_ready`.
     pub code: String,
     /// For people.
     pub message: String,
-    /// The request field at fault, for `bad_request`.
+    /// The request field at fault (`bad_request`, `unknown_label`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
 }
