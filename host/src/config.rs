@@ -3,8 +3,9 @@
 //!
 //! The typed config is plain data. The pool core reads labels, offers, limits
 //! and timings from it; the runtime reads drivers, driver config and sandbox
-//! settings. Secrets reach the driver config through `${ENV}` interpolation and
-//! are never printed: [`Config`]'s `Debug` shows the driver config redacted.
+//! settings; the service reads `api`. Secrets reach the driver config and API
+//! tokens through `${ENV}` interpolation and are never printed: [`Config`]'s
+//! `Debug` shows them redacted.
 
 use std::fmt;
 use std::path::PathBuf;

@@ -1,0 +1,297 @@
+//! The pool through its HTTP API, against a sim cloud that creates instantly:
+//! the scenarios Nodepool's figures exist for, plus a sustained closed loop.
+//!
+//! `cargo bench -p berth --bench api`. Everything runs in this process on
+//! 127.0.0.1: a sim cloud, `berth serve` (sim driver in its sandbox, SQLite
+//! store), and clients that each keep one HTTP/1.1 connection. A request's
+//! time is from its POST until a `wait` long-poll says fulfilled.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// One keep-alive HTTP/1.1 connection.
+struct Conn {
+    stream: BufReader<TcpStream>,
+    host: String,
+}
+
+impl Conn {
+    async fn open(addr: &str) -> Conn {
+        let s = TcpStream::connect(addr).await.expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        Conn {
+            stream: BufReader::new(s),
+            host: addr.to_owned(),
+        }
+    }
+
+    async fn call(&mut self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.host,
+            body.len()
+        );
+        self.stream
+            .get_mut()
+            .write_all(req.as_bytes())
+            .await
+            .expect("send");
+        let mut status = 0;
+        let mut length = 0;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            self.stream.read_line(&mut line).await.expect("read head");
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some(rest) = l.strip_prefix("HTTP/1.1 ") {
+                status = rest[..3].parse().expect("status");
+            } else if let Some((k, v)) = l.split_once(':')
+                && k.eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().expect("length");
+            }
+        }
+        let mut buf = vec![0; length];
+        self.stream.read_exact(&mut buf).await.expect("read body");
+        (status, serde_json::from_slice(&buf).unwrap_or(Value::Null))
+    }
+
+    /// Creates a request for `labels` and waits until it is fulfilled;
+    /// returns the time taken and the request.
+    async fn request(&mut self, labels: Value) -> (Duration, Value) {
+        let started = Instant::now();
+        let (s, r) = self
+            .call("POST", "/v1/requests", Some(&json!({"labels": labels})))
+            .await;
+        assert_eq!(s, 201, "{r}");
+        let mut r = r;
+        while r["state"] == "pending" {
+            let path = format!("/v1/requests/{}?wait=60s", r["id"].as_str().unwrap());
+            r = self.call("GET", &path, None).await.1;
+        }
+        assert_eq!(r["state"], "fulfilled", "{r}");
+        (started.elapsed(), r)
+    }
+
+    async fn ready(&mut self, label: &str) -> u64 {
+        let (_, labels) = self.call("GET", "/v1/labels", None).await;
+        labels
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == label)
+            .and_then(|l| l["ready"].as_u64())
+            .unwrap_or(0)
+    }
+}
+
+const CONFIG: &str = r#"
+pool-id = "bench"
+state-dir = "{state}"
+plugins-dir = "{state}"
+sync-interval = "30s"
+boot-poll-interval = "100ms"
+
+[providers.sim]
+driver = "sim.wasm"
+allow-hosts = ["{sim}"]
+max-concurrent-calls = 16
+config = { endpoint = "http://{sim}" }
+
+[labels.cold.providers.sim]
+instance-type = "cold"
+image = "img"
+vcpus = 1
+ram = "1GiB"
+price = 0.01
+
+[labels.warm]
+min-ready = 200
+[labels.warm.providers.sim]
+instance-type = "warm"
+image = "img"
+vcpus = 1
+ram = "1GiB"
+price = 0.01
+
+[labels.one]
+min-ready = 4
+[labels.one.providers.sim]
+instance-type = "one"
+image = "img"
+vcpus = 1
+ram = "1GiB"
+price = 0.01
+
+[labels.base.providers.sim]
+instance-type = "base"
+image = "img"
+vcpus = 4
+ram = "8GiB"
+price = 0.04
+
+[labels.slot4]
+slots = 4
+backing-label = "base"
+
+[labels.loop]
+min-ready = 32
+[labels.loop.providers.sim]
+instance-type = "loop"
+image = "img"
+vcpus = 1
+ram = "1GiB"
+price = 0.01
+"#;
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// `n` clients at once, one request of `labels` each; the wall time.
+async fn burst(addr: &str, n: usize, labels: Value) -> Duration {
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        conns.push(Conn::open(addr).await);
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(n + 1));
+    let mut tasks = Vec::new();
+    for mut c in conns {
+        let start = start.clone();
+        let labels = labels.clone();
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            c.request(labels).await;
+        }));
+    }
+    start.wait().await;
+    let t = Instant::now();
+    for task in tasks {
+        task.await.expect("client");
+    }
+    t.elapsed()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    berth::embedded::write_sim_driver(dir.path()).expect("sim driver");
+    let cloud = berth::sim::SimCloud::new(berth::sim::Knobs::default(), None).expect("sim");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sim = listener.local_addr().unwrap();
+    tokio::spawn(cloud.serve(listener, std::future::pending()));
+    let text = CONFIG
+        .replace("{state}", &dir.path().display().to_string())
+        .replace("{sim}", &sim.to_string());
+    let config = dir.path().join("berth.toml");
+    std::fs::write(&config, text).unwrap();
+
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let options = berth::serve::ServeOptions {
+        config: Some(config),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    };
+    let server = tokio::spawn(berth::serve::serve(
+        options,
+        async move {
+            let _ = stop_rx.await;
+        },
+        move |addr, _| {
+            let _ = addr_tx.send(addr);
+        },
+    ));
+    let addr = addr_rx.await.expect("listening").to_string();
+    let mut admin = Conn::open(&addr).await;
+    let t = Instant::now();
+    while admin.ready("warm").await < 200 || admin.ready("loop").await < 32 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("prewarm of 236 nodes: {:.2} s", t.elapsed().as_secs_f64());
+
+    // Warm up the connection paths once.
+    admin.request(json!({"one": 1})).await;
+
+    let cold = burst(&addr, 200, json!({"cold": 1})).await;
+    println!(
+        "200 single-node requests, no ready nodes:     {}  (Nodepool ~10-13 s; target <= 1 s)",
+        ms(cold)
+    );
+
+    let warm = burst(&addr, 200, json!({"warm": 1})).await;
+    println!(
+        "200 requests served from 200 ready nodes:     {}  (Nodepool ~6-7 s; target <= 100 ms)",
+        ms(warm)
+    );
+
+    let mut one = Vec::new();
+    for _ in 0..200 {
+        while admin.ready("one").await == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        one.push(admin.request(json!({"one": 1})).await.0);
+    }
+    one.sort();
+    println!(
+        "one request from a ready node (200 in turn):  p50 {}  p99 {}  (Nodepool 0.6-1.0 s; target p99 <= 5 ms)",
+        ms(percentile(&one, 0.5)),
+        ms(percentile(&one, 0.99))
+    );
+
+    let slots = burst(&addr, 200, json!({"slot4": 1})).await;
+    println!(
+        "200 requests on a 4-slot label, cold:          {}  (Nodepool ~9-16 s; target <= 1 s)",
+        ms(slots)
+    );
+
+    // Sustained: 8 clients, each request → release in a loop, 10 s.
+    let clients = 8;
+    let run = Duration::from_secs(10);
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let addr = addr.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::open(&addr).await;
+            let mut took = Vec::new();
+            let end = Instant::now() + run;
+            while Instant::now() < end {
+                let (d, r) = c.request(json!({"loop": 1})).await;
+                took.push(d);
+                let node = r["nodes"][0]["id"].as_str().unwrap().to_owned();
+                let (s, _) = c
+                    .call("POST", &format!("/v1/nodes/{node}/release"), None)
+                    .await;
+                assert_eq!(s, 200);
+            }
+            took
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort();
+    println!(
+        "sustained, {clients} clients request → release for {} s: {:.0} requests/s  p50 {}  p99 {}  (target p99 <= 10 ms)",
+        run.as_secs(),
+        all.len() as f64 / run.as_secs_f64(),
+        ms(percentile(&all, 0.5)),
+        ms(percentile(&all, 0.99))
+    );
+
+    let _ = stop_tx.send(());
+    server.await.unwrap().expect("clean stop");
+}
