@@ -523,6 +523,31 @@ async fn serve_without_a_config_runs_the_embedded_default() {
         )
         .await;
     assert_eq!(r["state"], "fulfilled", "{r}");
+    // The CLI against the same server.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(args)
+            .env("BERTH_SERVER", &server.base)
+            .output()
+            .expect("run the CLI");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code(), text)
+    };
+    let (code, text) = cli(&["request", "small=1", "--wait=60s"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("fulfilled"), "{text}");
+    let (code, text) = cli(&["nodes", "--state", "in-use"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.lines().next().unwrap_or("").starts_with("ID"),
+        "{text}"
+    );
+    assert!(
+        text.lines().count() >= 5,
+        "3 + 1 in use, and the header: {text}"
+    );
+    let (code, _) = cli(&["release", "n-0000000000000000"]);
+    assert_eq!(code, Some(1), "an API error exits 1");
     let (_, d) = server.call("GET", "/v1/drivers", None, None).await;
     assert_eq!(d[0]["file"], "sim", "{d}");
     assert!(dir.path().join("berth-data/berth.db").exists());

@@ -367,17 +367,17 @@ async fn create_request(
             caller.name()
         )));
     }
+    // A request taken is a sign of life: its requestor's lease is renewed
+    // with it (a refused one renews nothing).
+    let new = NewRequest {
+        requestor,
+        priority,
+        wants,
+    };
     let id = api
         .handle()
-        .submit(NewRequest {
-            requestor: requestor.clone(),
-            priority,
-            wants,
-        })
+        .submit_renewing(new, config.api.lease_ttl)
         .await?;
-    // A request taken is a sign of life: its requestor's lease is renewed
-    // (a refused one renews nothing).
-    api.handle().renew(requestor, config.api.lease_ttl).await?;
     let view = api
         .handle()
         .inspect(move |pool| views::request(pool, id, &caller))

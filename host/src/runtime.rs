@@ -153,7 +153,8 @@ impl Observer for Deaf {}
 
 /// Everything the pool's task reacts to.
 enum Event {
-    Submit(NewRequest, Reply<RequestId>),
+    /// A request, and the lease its requestor takes out or renews with it.
+    Submit(NewRequest, Option<Duration>, Reply<RequestId>),
     Cancel(RequestId, Reply<()>),
     Release(NodeId, Reply<()>),
     SetIdle(NodeId, Idle, Reply<()>),
@@ -207,7 +208,17 @@ impl Handle {
 
     /// Takes a request; see [`Handle::wait`] for its outcome.
     pub async fn submit(&self, new: NewRequest) -> Result<RequestId, ServiceError> {
-        self.ask(|r| Event::Submit(new, r)).await
+        self.ask(|r| Event::Submit(new, None, r)).await
+    }
+
+    /// Takes a request and renews its requestor's lease for `ttl` in the
+    /// same step (one commit); a refused request renews nothing.
+    pub async fn submit_renewing(
+        &self,
+        new: NewRequest,
+        ttl: Duration,
+    ) -> Result<RequestId, ServiceError> {
+        self.ask(|r| Event::Submit(new, Some(ttl), r)).await
     }
 
     pub async fn cancel(&self, id: RequestId) -> Result<(), ServiceError> {
@@ -538,7 +549,16 @@ impl Loop {
         let pool = &mut self.pool;
         let replies = &mut self.replies;
         match event {
-            Event::Submit(new, reply) => replies.push(answer(reply, pool.submit(now, new))),
+            Event::Submit(new, ttl, reply) => {
+                let requestor = ttl.map(|t| (new.requestor.clone(), t));
+                let taken = pool.submit(now, new);
+                if taken.is_ok()
+                    && let Some((r, ttl)) = requestor
+                {
+                    pool.renew(now, &r, ttl);
+                }
+                replies.push(answer(reply, taken))
+            }
             Event::Cancel(id, reply) => replies.push(answer(reply, pool.cancel(now, id))),
             Event::Release(id, reply) => replies.push(answer(reply, pool.release(now, id))),
             Event::SetIdle(id, idle, reply) => {
@@ -751,7 +771,7 @@ fn call(
 /// Answers a command that came in while stopping.
 fn refuse(event: Event) {
     match event {
-        Event::Submit(_, r) => drop(r.send(Err(ServiceError::Stopped))),
+        Event::Submit(_, _, r) => drop(r.send(Err(ServiceError::Stopped))),
         Event::Cancel(_, r)
         | Event::Release(_, r)
         | Event::SetIdle(_, _, r)
