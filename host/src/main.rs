@@ -1,5 +1,6 @@
-//! The `berth` command: the conformance kit for driver authors, config
-//! checking and the simulated cloud. Thin by design: the work is in the library.
+//! The `berth` command: the service (`serve`), its client commands, the
+//! conformance kit for driver authors, config checking and the simulated
+//! cloud. Thin by design: the work is in the library.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
