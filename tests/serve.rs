@@ -306,33 +306,24 @@ async fn serve_end_to_end_through_the_binary() {
         "{n}"
     );
     assert_eq!(n["requestor"], "ci");
-    let (s, _) = server
-        .call(
-            "POST",
-            &format!("/v1/nodes/{nid}/release"),
-            Some(OTHER),
-            None,
-        )
-        .await;
-    assert_eq!(s, 403);
-    let (s, _) = server
-        .call("GET", &format!("/v1/requests/{id}"), Some(OTHER), None)
-        .await;
-    assert_eq!(s, 403);
-    // Clients may not hold, drain or delete; an admin may.
-    let (s, _) = server
-        .call(
+    // Nor may it release the node or read the request; clients may not
+    // hold, drain or delete at all (an admin may).
+    let node_path = format!("/v1/nodes/{nid}");
+    let forbidden = [
+        ("POST", format!("{node_path}/release"), OTHER, None),
+        ("GET", format!("/v1/requests/{id}"), OTHER, None),
+        (
             "PUT",
-            &format!("/v1/nodes/{nid}/idle"),
-            Some(CI),
+            format!("{node_path}/idle"),
+            CI,
             Some(json!({"idle": "hold"})),
-        )
-        .await;
-    assert_eq!(s, 403);
-    let (s, _) = server
-        .call("DELETE", &format!("/v1/nodes/{nid}"), Some(CI), None)
-        .await;
-    assert_eq!(s, 403);
+        ),
+        ("DELETE", node_path.clone(), CI, None),
+    ];
+    for (method, path, token, body) in forbidden {
+        let (s, e) = server.call(method, &path, Some(token), body).await;
+        assert_eq!((s, code(&e)), (403, "forbidden"), "{method} {path}: {e}");
+    }
     let (s, e) = server
         .call(
             "PUT",

@@ -30,7 +30,6 @@ use serde_json::Value;
 pub use auth::Caller;
 pub use telemetry::Telemetry;
 
-use crate::config::LabelKind;
 use crate::pool::{Conflict, Idle, NewRequest, NodeId, Refused, RequestId};
 use crate::runtime::{Handle, ServiceError};
 
@@ -641,9 +640,4 @@ async fn renew_lease(
             ttl_seconds: ttl.as_secs(),
         },
     ))
-}
-
-/// Whether `kind` is a slot label (used by views).
-fn is_slots(kind: &LabelKind) -> bool {
-    matches!(kind, LabelKind::Slots { .. })
 }

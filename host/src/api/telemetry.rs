@@ -45,8 +45,8 @@ pub struct Telemetry {
 /// One provider's latest calls.
 #[derive(Default)]
 struct Recent {
-    took_ms: VecDeque<f64>,
-    failed: VecDeque<bool>,
+    /// Duration in milliseconds, and whether it failed.
+    calls: VecDeque<(f64, bool)>,
     errors: VecDeque<types::CallError>,
 }
 
@@ -222,7 +222,7 @@ impl Telemetry {
             return types::CallStats::default();
         };
         let r = r.lock().unwrap_or_else(|e| e.into_inner());
-        let mut took: Vec<f64> = r.took_ms.iter().copied().collect();
+        let mut took: Vec<f64> = r.calls.iter().map(|c| c.0).collect();
         took.sort_by(f64::total_cmp);
         let at = |q: f64| -> Option<f64> {
             if took.is_empty() {
@@ -233,7 +233,7 @@ impl Telemetry {
         };
         types::CallStats {
             recent: took.len(),
-            errors: r.failed.iter().filter(|f| **f).count(),
+            errors: r.calls.iter().filter(|c| c.1).count(),
             p50_ms: at(0.5),
             p99_ms: at(0.99),
             last_errors: r.errors.iter().rev().cloned().collect(),
@@ -255,12 +255,11 @@ impl Observer for Telemetry {
         }
         if let Some(r) = self.recent.get(provider) {
             let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
-            if r.took_ms.len() == RECENT {
-                r.took_ms.pop_front();
-                r.failed.pop_front();
+            if r.calls.len() == RECENT {
+                r.calls.pop_front();
             }
-            r.took_ms.push_back(took.as_secs_f64() * 1e3);
-            r.failed.push_back(result.is_err());
+            r.calls
+                .push_back((took.as_secs_f64() * 1e3, result.is_err()));
             if let Err(e) = result {
                 if r.errors.len() == LAST_ERRORS {
                     r.errors.pop_front();

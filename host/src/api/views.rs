@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::types::{self, rfc3339};
-use super::{ApiError, Caller, Telemetry, is_slots, no_other_params};
+use super::{ApiError, Caller, Telemetry, no_other_params};
 use crate::config::{Config, LabelIx, LabelKind, ProviderIx};
 use crate::pool::{Node, NodeState, Pool, Request, RequestId, RequestState, Role};
 use crate::runtime::LoadedDriver;
@@ -255,12 +255,7 @@ pub(super) fn labels(pool: &Pool) -> Vec<types::Label> {
             };
             types::Label {
                 name: l.name.clone(),
-                kind: if is_slots(&l.kind) {
-                    "slots"
-                } else {
-                    "machine"
-                }
-                .to_owned(),
+                kind: if slots.is_some() { "slots" } else { "machine" }.to_owned(),
                 min_ready: l.min_ready,
                 ready: pool.free_ready(ix),
                 nodes: std::mem::take(&mut by_label[i]),

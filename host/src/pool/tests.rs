@@ -19,6 +19,21 @@ fn one(f: impl FnOnce(&mut Config)) -> Harness {
     Harness::new(c)
 }
 
+/// One provider `p0` with room for `max` instances, machine label `a`
+/// keeping `min_ready` ready, and machine label `other`.
+fn a_and(other: &str, max: u32, min_ready: u32) -> Harness {
+    let mut c = config(
+        vec![provider("p0")],
+        vec![
+            machine("a", vec![offer(0, "ta")]),
+            machine(other, vec![offer(0, &format!("t{other}"))]),
+        ],
+    );
+    c.providers[0].limits.max_instances = Some(max);
+    c.labels[0].min_ready = min_ready;
+    Harness::new(c)
+}
+
 fn a_mut(c: &mut Config) -> &mut Label {
     &mut c.labels[0]
 }
@@ -111,16 +126,7 @@ fn ready_nodes_are_served_oldest_first() {
 
 #[test]
 fn a_node_set_is_served_whole_or_not_at_all() {
-    let mut c = config(
-        vec![provider("p0")],
-        vec![
-            machine("a", vec![offer(0, "ta")]),
-            machine("b", vec![offer(0, "tb")]),
-        ],
-    );
-    c.providers[0].limits.max_instances = Some(3);
-    c.labels[0].min_ready = 2;
-    let mut h = Harness::new(c);
+    let mut h = a_and("b", 3, 2);
     settle(&mut h);
     assert_eq!(h.count("a", "ready"), 2);
     // 2 a are ready, but only one b fits: nothing is set aside.
@@ -208,16 +214,7 @@ fn a_blocked_request_evicts_unused_ready_nodes_of_other_labels() {
 
 #[test]
 fn nothing_is_evicted_for_a_request_that_would_still_not_fit() {
-    let mut c = config(
-        vec![provider("p0")],
-        vec![
-            machine("a", vec![offer(0, "ta")]),
-            machine("x", vec![offer(0, "tx")]),
-        ],
-    );
-    c.providers[0].limits.max_instances = Some(3);
-    c.labels[0].min_ready = 1;
-    let mut h = Harness::new(c);
+    let mut h = a_and("x", 3, 1);
     settle(&mut h);
     let first = h.submit(&[("x", 2)], 0);
     settle(&mut h);
@@ -239,16 +236,7 @@ fn nothing_is_evicted_for_a_request_that_would_still_not_fit() {
 
 #[test]
 fn held_ready_nodes_are_not_evicted() {
-    let mut c = config(
-        vec![provider("p0")],
-        vec![
-            machine("a", vec![offer(0, "ta")]),
-            machine("x", vec![offer(0, "tx")]),
-        ],
-    );
-    c.providers[0].limits.max_instances = Some(1);
-    c.labels[0].min_ready = 1;
-    let mut h = Harness::new(c);
+    let mut h = a_and("x", 1, 1);
     settle(&mut h);
     let a = h.nodes("a", "ready")[0].id;
     h.set_idle(a, Idle::Hold);
