@@ -158,30 +158,18 @@ fn read_requests(
     config: &Config,
     notes: &mut Vec<String>,
 ) -> Result<(BTreeMap<RequestId, Request>, HashSet<RequestId>), StoreError> {
-    let doing = "reading request wants";
-    let mut wants: HashMap<String, Vec<(String, u32)>> = HashMap::new();
-    let mut stmt = tx
-        .prepare("SELECT request, label, count FROM request_wants ORDER BY request, position")
-        .map_err(sql(doing))?;
-    let mut rows = stmt.query([]).map_err(sql(doing))?;
-    while let Some(row) = rows.next().map_err(sql(doing))? {
-        let request: String = row.get(0).map_err(sql(doing))?;
-        let label: String = row.get(1).map_err(sql(doing))?;
-        let count: u32 = row.get(2).map_err(sql(doing))?;
-        wants.entry(request).or_default().push((label, count));
-    }
-
-    let doing = "reading request nodes";
-    let mut members: HashMap<String, Vec<String>> = HashMap::new();
-    let mut stmt = tx
-        .prepare("SELECT request, node FROM request_nodes ORDER BY request, position")
-        .map_err(sql(doing))?;
-    let mut rows = stmt.query([]).map_err(sql(doing))?;
-    while let Some(row) = rows.next().map_err(sql(doing))? {
-        let request: String = row.get(0).map_err(sql(doing))?;
-        let node: String = row.get(1).map_err(sql(doing))?;
-        members.entry(request).or_default().push(node);
-    }
+    let mut wants = grouped(
+        tx,
+        "SELECT request, label, count FROM request_wants ORDER BY request, position",
+        "reading request wants",
+        |row| Ok((row.get::<_, String>(1)?, row.get::<_, u32>(2)?)),
+    )?;
+    let mut members = grouped(
+        tx,
+        "SELECT request, node FROM request_nodes ORDER BY request, position",
+        "reading request nodes",
+        |row| row.get::<_, String>(1),
+    )?;
 
     let doing = "reading requests";
     let mut stmt = tx
@@ -241,6 +229,25 @@ fn read_requests(
         );
     }
     Ok((requests, failed))
+}
+
+/// Rows of `query` (request id first) grouped by request, in row order.
+fn grouped<T>(
+    tx: &Transaction<'_>,
+    query: &str,
+    doing: &'static str,
+    read: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<HashMap<String, Vec<T>>, StoreError> {
+    let mut stmt = tx.prepare(query).map_err(sql(doing))?;
+    let mut rows = stmt.query([]).map_err(sql(doing))?;
+    let mut out: HashMap<String, Vec<T>> = HashMap::new();
+    while let Some(row) = rows.next().map_err(sql(doing))? {
+        let request: String = row.get(0).map_err(sql(doing))?;
+        out.entry(request)
+            .or_default()
+            .push(read(row).map_err(sql(doing))?);
+    }
+    Ok(out)
 }
 
 /// Keeps "a node is assigned to a request ⇔ the pending request lists it"
