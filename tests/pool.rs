@@ -133,6 +133,16 @@ async fn prewarm_fills_and_a_request_is_served_from_ready_nodes() {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let service = start(pool_config(&sim, dir.path(), SMALL)).await;
+    // Prewarming starts by itself: nothing but the pool's own clock wakes
+    // it (the cloud is watched, the pool is not asked anything).
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    while live_instances(&sim.cloud).len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "no prewarm without a client event"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let h = service.handle.clone();
     let small = label(&h, "small");
     until(&h, 20, "three ready nodes", |p| {

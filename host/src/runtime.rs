@@ -448,6 +448,9 @@ impl Loop {
         mut rx: mpsc::UnboundedReceiver<Event>,
         mut stop: oneshot::Receiver<Duration>,
     ) -> anyhow::Result<()> {
+        // The first step is owed at once (the first lists, prewarming): a
+        // pool nobody talks to must not wait for an event to start.
+        self.step()?;
         let grace = loop {
             let wake = self.pool.next_wakeup().map(|t| self.clock.instant(t));
             let event = tokio::select! {
