@@ -86,9 +86,107 @@ impl Api {
             .route("/v1/providers", get(providers))
             .route("/v1/drivers", get(drivers))
             .route("/v1/lease", post(renew_lease))
+            .route_layer(axum::middleware::from_fn(no_query_where_none_is_taken))
             .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
+            .layer(axum::middleware::from_fn(errors_as_json))
             .with_state(self.clone())
     }
+}
+
+/// The operations that take no query parameters, read from the OpenAPI
+/// document (whose tests hold it to the handlers): a parameter sent to one
+/// of them is a mistake worth a 400, not something to ignore. Operations
+/// that take parameters check them themselves.
+fn takes_no_query(method: &axum::http::Method, path: &str) -> bool {
+    static NONE: std::sync::LazyLock<std::collections::HashSet<(String, String)>> =
+        std::sync::LazyLock::new(|| {
+            let doc: Value =
+                serde_json::from_str(include_str!("api/openapi.json")).expect("openapi.json");
+            let mut none = std::collections::HashSet::new();
+            for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+                for (method, op) in item.as_object().into_iter().flatten() {
+                    let query = op["parameters"]
+                        .as_array()
+                        .is_some_and(|ps| ps.iter().any(|p| p["in"] == "query"));
+                    if !query {
+                        none.insert((method.to_ascii_uppercase(), path.clone()));
+                    }
+                }
+            }
+            none
+        });
+    NONE.contains(&(method.as_str().to_owned(), path.to_owned()))
+}
+
+async fn no_query_where_none_is_taken(
+    path: axum::extract::MatchedPath,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(q) = req.uri().query()
+        && let Some(name) = q
+            .split('&')
+            .map(|kv| kv.split('=').next().unwrap_or(""))
+            .find(|k| !k.is_empty())
+        && takes_no_query(req.method(), path.as_str())
+    {
+        return ApiError::bad(name, "unknown parameter; this takes none").into_response();
+    }
+    next.run(req).await
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{method} is not allowed on {}; see /openapi.json",
+            uri.path()
+        ),
+    )
+}
+
+/// Gives every error the JSON body of the API, also those that axum itself
+/// answers before a handler runs (a body over the size limit, say).
+async fn errors_as_json(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return res;
+    }
+    let allow = res.headers().get(header::ALLOW).cloned();
+    let text = axum::body::to_bytes(res.into_body(), 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let e = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+        }
+        s if s.is_server_error() => ApiError {
+            status,
+            ..ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        },
+        _ => ApiError {
+            status,
+            ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        },
+    };
+    let mut r = e.into_response();
+    if let Some(allow) = allow {
+        r.headers_mut().insert(header::ALLOW, allow);
+    }
+    r
 }
 
 // ---- errors -------------------------------------------------------------

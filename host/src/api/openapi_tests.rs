@@ -203,6 +203,24 @@ fn query_params_of(handler: &str) -> BTreeSet<String> {
         .unwrap_or_else(|| panic!("{filter}::parse does not call no_other_params"))
 }
 
+/// The source of `impl Filter` in views.rs for the filter `handler` parses
+/// its query with, or nothing.
+fn filter_source(handler: &str) -> &'static str {
+    let src = handler_source(handler);
+    let Some(i) = src.find("views::") else {
+        return "";
+    };
+    let (path, _) = ident_path(&src[i + "views::".len()..]);
+    let Some(filter) = path.strip_suffix("::parse") else {
+        return "";
+    };
+    let imp = VIEWS_RS
+        .find(&format!("impl {filter} {{"))
+        .unwrap_or_else(|| panic!("no `impl {filter}` in views.rs"));
+    let body = &VIEWS_RS[imp..];
+    &body[..body.find("\n}\n").map_or(body.len(), |i| i + 2)]
+}
+
 /// Codes given to `ApiError::new(StatusCode::…, "code", …)` in `src`.
 fn error_codes(src: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
@@ -326,7 +344,13 @@ fn each_operation_matches_its_handler() {
         let op = ops[&(r.method.clone(), r.path.clone())];
         let what = format!("{} {} ({})", r.method.to_uppercase(), r.path, r.handler);
         assert_eq!(op["operationId"], r.handler.as_str(), "{what}: operationId");
-        let src = handler_source(&r.handler);
+        // The handler and the `views` filter it parses its query with.
+        let src = format!(
+            "{}{}",
+            handler_source(&r.handler),
+            filter_source(&r.handler)
+        );
+        let src = src.as_str();
         let statuses: BTreeSet<&str> = op["responses"]
             .as_object()
             .unwrap_or_else(|| panic!("{what}: no responses"))
@@ -505,6 +529,7 @@ fn documented_values_are_the_ones_the_code_accepts() {
     // Error codes: exactly those the code gives.
     let mut codes = error_codes(API_RS);
     codes.extend(error_codes(AUTH_RS));
+    codes.extend(error_codes(VIEWS_RS));
     assert!(
         codes.contains("not_ready") && codes.contains("unauthorized"),
         "{codes:?}"

@@ -9,6 +9,7 @@ use super::{ApiError, Caller, Telemetry, no_other_params};
 use crate::config::{Config, LabelIx, LabelKind, ProviderIx};
 use crate::pool::{Node, NodeState, Pool, Request, RequestId, RequestState, Role};
 use crate::runtime::LoadedDriver;
+use axum::http::StatusCode;
 
 /// The requestor a node is handed out or set aside to, if any.
 pub(super) fn holder(pool: &Pool, n: &Node) -> Option<String> {
@@ -168,19 +169,25 @@ impl NodeFilter {
         no_other_params(q, &["label", "provider", "state", "requestor"])?;
         let label = match q.get("label") {
             None => None,
-            Some(l) => Some(
-                config
-                    .label(l)
-                    .ok_or_else(|| ApiError::bad("label", format!("no label `{l}`")))?,
-            ),
+            Some(l) => Some(config.label(l).ok_or_else(|| ApiError {
+                field: Some("label".into()),
+                ..ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "unknown_label",
+                    format!("no label `{l}`"),
+                )
+            })?),
         };
         let provider = match q.get("provider") {
             None => None,
-            Some(p) => Some(
-                config
-                    .provider(p)
-                    .ok_or_else(|| ApiError::bad("provider", format!("no provider `{p}`")))?,
-            ),
+            Some(p) => Some(config.provider(p).ok_or_else(|| ApiError {
+                field: Some("provider".into()),
+                ..ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "unknown_provider",
+                    format!("no provider `{p}`"),
+                )
+            })?),
         };
         let state = q.get("state").cloned();
         if let Some(s) = &state
