@@ -418,6 +418,8 @@ async fn a_leaked_instance_is_deleted_and_a_tagged_one_adopted() {
                     berth::plugin::AllowedHost::parse(&sim.addr().to_string()).unwrap(),
                 ],
                 limits: Default::default(),
+                credentials: Vec::new(),
+                state: None,
             },
         )
     };

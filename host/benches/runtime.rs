@@ -64,6 +64,8 @@ fn provider(
                 max_instances: instances,
                 ..SandboxLimits::default()
             },
+            credentials: vec![],
+            state: None,
         },
     )
 }

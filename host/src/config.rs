@@ -11,13 +11,13 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::plugin::{AllowedHost, SandboxLimits};
+use crate::plugin::{AllowedHost, Credential, SandboxLimits};
 
 mod parse;
 #[cfg(test)]
 mod tests;
 
-pub use parse::{ConfigErrors, Problem, base_dir, check_files, load, parse};
+pub use parse::{ConfigErrors, Problem, base_dir, check_files, credentials, load, parse};
 
 /// Index of a provider in [`Config::providers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -165,6 +165,9 @@ pub struct Provider {
     pub driver_config: String,
     /// Hosts the driver may reach.
     pub allowed_hosts: Vec<AllowedHost>,
+    /// Credentials the host adds to the driver's requests (`credentials`);
+    /// the driver never sees them.
+    pub credentials: Vec<Credential>,
     /// Sandbox limits; `max_instances` is the provider's max concurrent calls.
     pub sandbox: SandboxLimits,
     /// Host-side call rate limit in calls per second (`rate`); `None` is none.
@@ -184,6 +187,7 @@ impl fmt::Debug for Provider {
             .field("driver", &self.driver)
             .field("driver_config", &"<redacted>")
             .field("allowed_hosts", &self.allowed_hosts)
+            .field("credentials", &self.credentials)
             .field("sandbox", &self.sandbox)
             .field("rate", &self.rate)
             .field("burst", &self.burst)

@@ -137,6 +137,10 @@ pub struct TestConfig {
     pub create: CreateConfig,
     /// Per-call deadline, e.g. "30s".
     pub call_deadline: Option<String>,
+    /// Credentials the host adds to the driver's requests, with the keys of
+    /// `[[providers.NAME.credentials]]`; secrets as `${ENV}`.
+    #[serde(default)]
+    pub credentials: Vec<toml::Value>,
 }
 
 /// The instance the test creates.
@@ -242,6 +246,14 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
             }
         }
     }
+    let env = |name: &str| std::env::var(name).ok();
+    let credentials = match crate::config::credentials(&config.credentials, &allowed, &env) {
+        Ok(c) => c,
+        Err(e) => {
+            report.record("configure", Instant::now(), Err(e.to_string()));
+            return report;
+        }
+    };
     let mut limits = SandboxLimits::default();
     if let Some(d) = &config.call_deadline {
         match crate::duration::parse(d) {
@@ -273,6 +285,8 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
                 max_instances: 1,
                 ..limits
             },
+            credentials,
+            state: None,
         },
     );
     let started = Instant::now();

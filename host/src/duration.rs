@@ -1,4 +1,5 @@
-//! Human-written durations (`"250ms"`, `"2s"`, `"1m"`) for flags and config files.
+//! Human-written durations (`"250ms"`, `"2s"`, `"1m"`) for flags and config
+//! files, and instants written as RFC 3339.
 
 use std::time::Duration;
 
@@ -51,6 +52,31 @@ pub fn parse(text: &str) -> Result<Duration, ParseDurationError> {
         .checked_mul(millis_per_unit)
         .map(Duration::from_millis)
         .ok_or_else(|| ParseDurationError::Overflow(text.to_owned()))
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339 UTC with milliseconds,
+/// e.g. `2026-11-23T10:04:05.123Z`.
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
 }
 
 #[cfg(test)]

@@ -9,9 +9,11 @@
 
 mod bindings;
 mod cache;
+mod credentials;
 mod inspect;
 mod provider;
 mod sandbox;
+mod state;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,11 +29,13 @@ use bindings::DriverPluginPre;
 use sandbox::StoreState;
 
 pub use cache::LoadSource;
+pub use credentials::{Auth, Credential, Secret};
 pub use inspect::{Import, Inspection, Provision, Rejection, inspect};
 pub use provider::{
     CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Provider, ProviderConfig, Trap,
 };
 pub use sandbox::{AllowedHost, HttpPolicy, SandboxLimits, is_forbidden_ip};
+pub use state::{DriverState, StateSpace};
 
 /// Engine-wide settings of the plugin runtime.
 #[derive(Clone, Debug)]
@@ -189,6 +193,16 @@ impl Runtime {
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
             .map_err(anyhow::Error::from)?;
         bindings::berth::driver::log::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(anyhow::Error::from)?;
+        bindings::berth::driver::state::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(anyhow::Error::from)?;
+        bindings::berth::driver::net::add_to_linker::<StoreState, HasSelf<StoreState>>(
             &mut linker,
             |s| s,
         )

@@ -19,10 +19,10 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ProviderIx};
 use crate::driver::DriverError;
 use crate::driver::{Instance, POOL_TAG, Tags};
-use crate::plugin::{self, CallError, CallErrorKind, Provider, ProviderConfig, Trap};
+use crate::plugin::{self, CallError, CallErrorKind, DriverState, Provider, ProviderConfig, Trap};
 use crate::pool::{
-    Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refused, Request, RequestId,
-    RequestState, Time,
+    Changes, Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refused, Request,
+    RequestId, RequestState, Time,
 };
 use crate::store::{SqliteStore, Store};
 
@@ -145,6 +145,8 @@ pub trait Observer: Send + Sync {
     fn notice(&self, _config: &Config, _notice: &Notice) {}
     /// A request was handed its nodes `latency` after it was made.
     fn fulfilled(&self, _request: &Request, _latency: Duration) {}
+    /// The store took `took` to commit one batch of changes.
+    fn committed(&self, _took: Duration) {}
 }
 
 /// An observer that hears nothing.
@@ -355,6 +357,9 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
     let mut drivers: Vec<LoadedDriver> = Vec::new();
     let mut by_path: HashMap<PathBuf, usize> = HashMap::new();
     let mut providers = Vec::new();
+    let state_path = config.state_dir.join("driver-state.sqlite");
+    let driver_state = DriverState::open(&state_path)
+        .with_context(|| format!("opening the driver records {}", state_path.display()))?;
     for p in &config.providers {
         let i = match by_path.get(&p.driver) {
             Some(&i) => i,
@@ -380,6 +385,8 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
                 driver_config: p.driver_config.clone(),
                 allowed_hosts: p.allowed_hosts.clone(),
                 limits: p.sandbox.clone(),
+                credentials: p.credentials.clone(),
+                state: Some(driver_state.clone()),
             },
         );
         provider
@@ -523,16 +530,36 @@ impl Loop {
     /// Stores what changed, then answers the commands that changed it.
     fn commit_and_answer(&mut self) -> anyhow::Result<()> {
         let changes = self.pool.take_changes();
-        if !changes.is_empty() {
-            // A store that cannot be written stops the pool: acting on the
-            // cloud without a stored intent is how machines leak.
-            self.store.commit(&changes).context("writing the store")?;
-        }
+        self.commit(&changes)?;
         // Clients hear of what they asked only once it is stored: a request
         // id a client holds survives a crash.
         for reply in self.replies.drain(..) {
             reply();
         }
+        Ok(())
+    }
+
+    /// Writes `changes`, if any. A store that cannot be written stops the
+    /// pool: acting on the cloud without a stored intent is how machines
+    /// leak.
+    fn commit(&mut self, changes: &Changes) -> anyhow::Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let store = &mut self.store;
+        let mut write = || store.commit(changes).context("writing the store");
+        // A commit blocks this thread. On a multi-threaded runtime, tell
+        // tokio, so the HTTP tasks queued behind this one move to another
+        // worker instead of waiting out the commit.
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        if multi {
+            tokio::task::block_in_place(write)?;
+        } else {
+            write()?;
+        }
+        self.observer.committed(started.elapsed());
         Ok(())
     }
 
@@ -604,11 +631,7 @@ impl Loop {
                 self.observer.fulfilled(r, at.since(r.created));
             }
         }
-        if !changes.is_empty() {
-            // A store that cannot be written stops the pool: acting on the
-            // cloud without a stored intent is how machines leak.
-            self.store.commit(&changes).context("writing the store")?;
-        }
+        self.commit(&changes)?;
         // Clients hear of what they asked only once it is stored: a request
         // id a client holds survives a crash.
         for reply in self.replies.drain(..) {

@@ -50,6 +50,8 @@
 //! - [`http`]: a blocking HTTP client over `wasi:http`.
 //! - [`tags`]: berth's tag keys and the `list` / `set-tags` rules.
 //! - [`log`]: structured records into the host's log.
+//! - [`state`]: durable records the host keeps for the provider.
+//! - [`net`]: a TCP probe under the provider's allowed hosts.
 //!
 //! `plugins/example` in the berth repository is a complete driver to copy,
 //! and `docs/writing-a-driver.md` walks through building and testing one.
@@ -64,6 +66,8 @@ pub mod driver;
 pub mod error;
 pub mod http;
 pub mod log;
+pub mod net;
+pub mod state;
 pub mod tags;
 pub mod types;
 

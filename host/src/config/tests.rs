@@ -429,3 +429,89 @@ fn api_problems() {
         &[("api.tokens.b.token", "same secret")],
     );
 }
+
+const CREDENTIALED: &str = r#"
+pool-id = "p"
+[providers.ec2]
+driver = "aws-ec2.wasm"
+allow-hosts = ["*.amazonaws.com", "127.0.0.1:5000"]
+[[providers.ec2.credentials]]
+host = "ec2.us-east-1.amazonaws.com"
+kind = "aws-sigv4"
+region = "us-east-1"
+service = "ec2"
+access-key-id = "AKIDEXAMPLE"
+secret-access-key = "${SIM_TOKEN}"
+[[providers.ec2.credentials]]
+host = "127.0.0.1:5000"
+kind = "bearer"
+token = "${CI_TOKEN}"
+"#;
+
+#[test]
+fn credentials_are_read_and_never_shown() {
+    let c = parse(CREDENTIALED, Path::new("."), &env).expect("valid");
+    let p = &c.providers[0];
+    assert_eq!(p.credentials.len(), 2);
+    match &p.credentials[0].auth {
+        crate::plugin::Auth::AwsSigV4 {
+            secret_access_key,
+            region,
+            ..
+        } => {
+            assert_eq!(secret_access_key.expose(), "s3cret-value");
+            assert_eq!(region, "us-east-1");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &p.credentials[1].auth {
+        crate::plugin::Auth::Header { name, value } => {
+            assert_eq!(name, "authorization");
+            assert_eq!(value.expose(), "Bearer ci-token-0123456789abcdef");
+        }
+        other => panic!("{other:?}"),
+    }
+    let shown = format!("{c:?}");
+    assert!(
+        !shown.contains("s3cret-value") && !shown.contains("ci-token"),
+        "{shown}"
+    );
+    // The driver's own config holds none of it.
+    assert_eq!(p.driver_config, "{}");
+}
+
+#[test]
+fn credential_problems() {
+    check(
+        &CREDENTIALED
+            .replace("host = \"127.0.0.1:5000\"", "host = \"127.0.0.1:6000\"")
+            .replace(
+                "secret-access-key = \"${SIM_TOKEN}\"",
+                "secret-access-key = \"inline\"",
+            )
+            .replace("service = \"ec2\"", "servise = \"ec2\""),
+        &[
+            (
+                "providers.ec2.credentials[1].host",
+                "not in the provider's allow-hosts",
+            ),
+            (
+                "providers.ec2.credentials[0].secret-access-key",
+                "must come from the environment",
+            ),
+            ("providers.ec2.credentials[0].service", "missing"),
+            ("providers.ec2.credentials[0].servise", "unknown key"),
+        ],
+    );
+    check(
+        &CREDENTIALED.replace("kind = \"bearer\"", "kind = \"basic\""),
+        &[(
+            "providers.ec2.credentials[1].kind",
+            "not aws-sigv4, bearer or header",
+        )],
+    );
+    check(
+        &CREDENTIALED.replace("${CI_TOKEN}", "${NOPE}"),
+        &[("providers.ec2.credentials[1].token", "NOPE is not set")],
+    );
+}

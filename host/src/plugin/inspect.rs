@@ -64,8 +64,11 @@ fn provision(name: &str) -> Provision {
         None => (name, ""),
     };
     if name.starts_with("berth:driver/") {
-        return if version == "0.1.0" && (path == "berth:driver/log" || path == "berth:driver/types")
-        {
+        let known = matches!(
+            path,
+            "berth:driver/log" | "berth:driver/types" | "berth:driver/state" | "berth:driver/net"
+        );
+        return if version == "0.1.0" && known {
             Provision::Contract
         } else {
             Provision::Missing
@@ -152,7 +155,12 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, Rejection> {
         .map(|i| i.name.clone())
         .collect();
     if !missing.is_empty() {
-        if let Some(other) = missing.iter().find(|m| m.starts_with("berth:driver/")) {
+        // A berth import of another version is a driver built for another
+        // contract; one of this version that the host lacks is not.
+        if let Some(other) = missing
+            .iter()
+            .find(|m| m.starts_with("berth:driver/") && !m.ends_with("@0.1.0"))
+        {
             let found = format!(
                 "berth:driver@{}",
                 other.rsplit_once('@').map(|(_, v)| v).unwrap_or("?")
@@ -172,6 +180,9 @@ mod tests {
     fn provisions() {
         let table = [
             ("berth:driver/log@0.1.0", Provision::Contract),
+            ("berth:driver/state@0.1.0", Provision::Contract),
+            ("berth:driver/net@0.1.0", Provision::Contract),
+            ("berth:driver/disk@0.1.0", Provision::Missing),
             ("berth:driver/log@0.2.0", Provision::Missing),
             ("wasi:http/outgoing-handler@0.2.4", Provision::Contract),
             ("wasi:io/streams@0.2.12", Provision::Contract),

@@ -14,9 +14,11 @@ use wasmtime::Store;
 
 use super::Driver;
 use super::bindings::{self, DriverPlugin, DriverPluginPre, tags_to_wit};
+use super::credentials::Credential;
 use super::sandbox::{
     AllowedHost, DeadlineExceeded, HttpPolicy, MemoryCapExceeded, SandboxLimits, StoreState,
 };
+use super::state::{DriverState, StateSpace};
 use crate::driver::{AccountLimits, Call, CreateSpec, DriverError, DriverInfo, Instance, Tags};
 
 /// How one provider runs its driver.
@@ -32,6 +34,11 @@ pub struct ProviderConfig {
     pub allowed_hosts: Vec<AllowedHost>,
     /// Resource limits.
     pub limits: SandboxLimits,
+    /// Credentials the host adds to requests to the hosts they name.
+    pub credentials: Vec<Credential>,
+    /// Where the driver's `state` records live; `None` keeps them in memory
+    /// for as long as the provider lives.
+    pub state: Option<DriverState>,
 }
 
 /// A failed call: which provider, which call, what went wrong.
@@ -144,6 +151,7 @@ struct Shared {
     driver_config: String,
     limits: SandboxLimits,
     policy: Arc<HttpPolicy>,
+    state: StateSpace,
     pre: DriverPluginPre<StoreState>,
     /// Plain mutex: held only to bump counters, never across an await.
     stats: Mutex<CallStats>,
@@ -189,7 +197,14 @@ impl Provider {
             limits.memory_bytes = driver.inner.max_memory_bytes;
         }
         let shared = Arc::new(Shared {
-            policy: Arc::new(HttpPolicy::new(name.clone(), config.allowed_hosts)),
+            policy: Arc::new(
+                HttpPolicy::new(name.clone(), config.allowed_hosts)
+                    .with_credentials(config.credentials),
+            ),
+            state: config
+                .state
+                .unwrap_or_else(DriverState::in_memory)
+                .space(&name),
             name,
             pool_id: config.pool_id,
             driver_config: config.driver_config,
@@ -305,7 +320,8 @@ pub(super) async fn describe(
         kind,
     };
     let budget = limits.call_deadline;
-    let mut live = instantiate(pre, name.clone(), &limits, policy)
+    let state = DriverState::in_memory().space(&name);
+    let mut live = instantiate(pre, name.clone(), &limits, policy, state)
         .await
         .map_err(|e| err(CallErrorKind::Trap(classify(e, budget, None))))?;
     guarded(&mut live, budget, async |live: &mut Live| {
@@ -324,8 +340,9 @@ async fn instantiate(
     name: Arc<str>,
     limits: &SandboxLimits,
     policy: Arc<HttpPolicy>,
+    state: StateSpace,
 ) -> wasmtime::Result<Live> {
-    let mut store = Store::new(pre.engine(), StoreState::new(name, limits, policy));
+    let mut store = Store::new(pre.engine(), StoreState::new(name, limits, policy, state));
     store.limiter(|s| &mut s.limiter);
     // Installed once per store; each call only moves `deadline`. The
     // callback yields to the executor every tick (so a busy guest never
@@ -574,6 +591,7 @@ async fn start(shared: &Shared) -> Result<Live, CallErrorKind> {
         shared.name.clone(),
         &shared.limits,
         shared.policy.clone(),
+        shared.state.clone(),
     )
     .await
     .map_err(|e| CallErrorKind::Trap(classify(e, budget, None)))?;

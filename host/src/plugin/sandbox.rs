@@ -15,6 +15,9 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
+use super::credentials::{self, Credential, NotApplied};
+use super::state::StateSpace;
+
 /// Resource limits of one provider's driver instances.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxLimits {
@@ -89,7 +92,25 @@ impl AllowedHost {
         })
     }
 
-    fn matches(&self, host: &str, port: u16) -> bool {
+    /// Whether every request `other` matches is one this matches too.
+    pub fn covers(&self, other: &AllowedHost) -> bool {
+        let port = match (self.port, other.port) {
+            (None, _) => true,
+            (Some(a), Some(b)) => a == b,
+            (Some(_), None) => false,
+        };
+        let host = match (self.host.strip_prefix("*."), other.host.strip_prefix("*.")) {
+            // *.example.com covers *.a.example.com and itself.
+            (Some(_), Some(theirs)) => {
+                self.host == other.host || self.matches(theirs, other.port.unwrap_or(0))
+            }
+            (None, Some(_)) => false,
+            (_, None) => self.matches(&other.host, other.port.unwrap_or(0)),
+        };
+        port && host
+    }
+
+    pub(crate) fn matches(&self, host: &str, port: u16) -> bool {
         if self.port.is_some_and(|p| p != port) {
             return false;
         }
@@ -124,6 +145,9 @@ pub fn is_forbidden_ip(ip: IpAddr) -> bool {
 pub struct HttpPolicy {
     provider: Arc<str>,
     allowed: Vec<AllowedHost>,
+    /// Added to the requests of the hosts they name; the guest never sees
+    /// them.
+    credentials: Vec<Credential>,
     denied: AtomicU64,
 }
 
@@ -155,8 +179,21 @@ impl HttpPolicy {
         HttpPolicy {
             provider,
             allowed,
+            credentials: Vec::new(),
             denied: AtomicU64::new(0),
         }
+    }
+
+    /// The same policy, with `credentials` added to the requests they name.
+    pub fn with_credentials(mut self, credentials: Vec<Credential>) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// Counts and logs a refused outbound request or probe.
+    pub(crate) fn note_denied(&self, url: &str, denial: &Denial) {
+        self.denied.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(provider = %self.provider, %url, reason = %denial, "outbound request denied");
     }
 
     /// Outbound requests refused so far.
@@ -169,10 +206,6 @@ impl HttpPolicy {
     /// name that points at a metadata address is refused too.
     pub(crate) async fn authorize(&self, uri: &http::Uri) -> Result<SocketAddr, Denial> {
         let host = uri.host().ok_or(Denial::BadUri)?;
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_ascii_lowercase();
         let port = uri
             .port_u16()
             .unwrap_or(if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
@@ -180,6 +213,18 @@ impl HttpPolicy {
             } else {
                 80
             });
+        self.authorize_host(host, port).await
+    }
+
+    /// As [`HttpPolicy::authorize`], for a host name or address and a port.
+    pub(crate) async fn authorize_host(&self, host: &str, port: u16) -> Result<SocketAddr, Denial> {
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        if host.is_empty() {
+            return Err(Denial::BadUri);
+        }
         let literal = host.parse::<IpAddr>().ok();
         if let Some(ip) = literal
             && is_forbidden_ip(ip)
@@ -231,8 +276,7 @@ impl WasiHttpHooks for Hooks {
             let addr = match policy.authorize(request.uri()).await {
                 Ok(addr) => addr,
                 Err(denial) => {
-                    policy.denied.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(provider = %policy.provider, %url, reason = %denial, "outbound request denied");
+                    policy.note_denied(&url, &denial);
                     return Err(match denial {
                         Denial::Unresolvable => wasmtime_wasi_http::Error::DestinationNotFound,
                         Denial::ForbiddenAddress(_) => {
@@ -244,6 +288,20 @@ impl WasiHttpHooks for Hooks {
                     });
                 }
             };
+            if let Some(cred) = credentials::find(
+                &policy.credentials,
+                request.uri().host().unwrap_or(""),
+                addr.port(),
+            ) {
+                request = match authenticate(cred, request).await {
+                    Ok(r) => r,
+                    Err(why) => {
+                        tracing::warn!(provider = %policy.provider, %url, reason = %why, "outbound request denied");
+                        policy.denied.fetch_add(1, Ordering::Relaxed);
+                        return Err(wasmtime_wasi_http::Error::HttpRequestDenied);
+                    }
+                };
+            }
             // Plain HTTP connects to the address that was checked, so a name
             // cannot be re-resolved to a forbidden address between the check
             // and the connect. TLS needs the name for SNI and certificate
@@ -266,6 +324,32 @@ impl WasiHttpHooks for Hooks {
             ))
         })
     }
+}
+
+/// Adds `cred` to `request`, reading its body to sign it.
+async fn authenticate(
+    cred: &Credential,
+    request: http::Request<wasmtime_wasi_http::WasiBody>,
+) -> Result<http::Request<wasmtime_wasi_http::WasiBody>, NotApplied> {
+    let https = request.uri().scheme() == Some(&http::uri::Scheme::HTTPS);
+    let host = request.uri().host().unwrap_or("").to_owned();
+    if !credentials::may_send(&host, https) {
+        return Err(NotApplied::Insecure(host));
+    }
+    let (mut parts, body) = request.into_parts();
+    let body = http_body_util::Limited::new(body, credentials::MAX_SIGNED_BODY)
+        .collect()
+        .await
+        .map_err(|_| NotApplied::BodyTooLarge(credentials::MAX_SIGNED_BODY))?
+        .to_bytes();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    credentials::apply(&cred.auth, &mut parts, &body, now_ms);
+    let body = http_body_util::Full::new(body)
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    Ok(http::Request::from_parts(parts, body))
 }
 
 /// Returned by the memory limiter; identifies an out-of-memory trap.
@@ -321,6 +405,8 @@ pub(crate) struct StoreState {
     http: WasiHttpCtx,
     table: ResourceTable,
     hooks: Hooks,
+    /// The provider's durable records (the `state` import).
+    pub state: StateSpace,
     pub limiter: Limiter,
     /// The current call must finish before this instant; read by the epoch
     /// callback.
@@ -332,7 +418,12 @@ pub(crate) struct StoreState {
 }
 
 impl StoreState {
-    pub fn new(provider: Arc<str>, limits: &SandboxLimits, policy: Arc<HttpPolicy>) -> Self {
+    pub fn new(
+        provider: Arc<str>,
+        limits: &SandboxLimits,
+        policy: Arc<HttpPolicy>,
+        state: StateSpace,
+    ) -> Self {
         // No preopened directories, no environment, no arguments, no network
         // sockets (the builder's defaults deny every address); stdio goes to
         // the host log attributed to the provider.
@@ -358,6 +449,7 @@ impl StoreState {
             http: WasiHttpCtx::new(),
             table: ResourceTable::new(),
             hooks: Hooks { policy },
+            state,
             limiter: Limiter {
                 memory_bytes: limits.memory_bytes,
             },
@@ -365,6 +457,11 @@ impl StoreState {
             log_records: 0,
             stderr_tail,
         }
+    }
+
+    /// The provider's outbound policy, which the TCP probe obeys too.
+    pub fn policy(&self) -> &HttpPolicy {
+        &self.hooks.policy
     }
 
     /// The last complete line the guest wrote to stderr.

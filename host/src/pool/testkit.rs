@@ -34,6 +34,7 @@ pub(super) fn provider(name: &str) -> Provider {
         driver: PathBuf::from(format!("{name}.wasm")),
         driver_config: "{}".into(),
         allowed_hosts: Vec::new(),
+        credentials: Vec::new(),
         sandbox: SandboxLimits::default(),
         rate: None,
         burst: 1,

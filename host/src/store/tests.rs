@@ -29,6 +29,7 @@ fn provider(name: &str) -> Provider {
         driver: PathBuf::from("x.wasm"),
         driver_config: "{}".into(),
         allowed_hosts: vec![],
+        credentials: vec![],
         sandbox: SandboxLimits::default(),
         rate: None,
         burst: 1,

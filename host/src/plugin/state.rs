@@ -1,0 +1,333 @@
+//! The `state` and `net` imports of the driver world: durable key/value
+//! records per provider, and a TCP probe under the provider's allow-list.
+//!
+//! The records live in a SQLite file of their own (`driver-state.sqlite` in
+//! the state directory), apart from the pool's store: drivers write to it
+//! from their own calls, concurrently with the pool's commits, and a driver
+//! can never reach the pool's tables. Every provider has its own key space.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::bindings;
+use super::sandbox::StoreState;
+
+/// Longest key, in bytes.
+pub const MAX_KEY: usize = 256;
+/// Longest value, in bytes.
+pub const MAX_VALUE: usize = 64 * 1024;
+/// Most keys one provider may hold.
+pub const MAX_KEYS: u64 = 10_000;
+/// Longest wait a probe may ask for.
+const MAX_PROBE: Duration = Duration::from_secs(30);
+
+/// Where driver records are kept. Cheap to clone; one per process.
+#[derive(Clone)]
+pub struct DriverState {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl std::fmt::Debug for DriverState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DriverState")
+    }
+}
+
+impl DriverState {
+    /// Opens (creating if needed) the records file at `path`.
+    pub fn open(path: &Path) -> anyhow::Result<DriverState> {
+        let conn = Connection::open(path)
+            .map_err(|e| anyhow::anyhow!("opening driver state {}: {e}", path.display()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // As for the pool's store: a committed write survives the process
+        // dying at any point.
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        Self::setup(conn)
+    }
+
+    /// Records that live as long as the value: `berth driver test`, tests.
+    pub fn in_memory() -> DriverState {
+        Self::setup(Connection::open_in_memory().expect("in-memory SQLite"))
+            .expect("in-memory driver state")
+    }
+
+    fn setup(conn: Connection) -> anyhow::Result<DriverState> {
+        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS records (
+                provider TEXT NOT NULL,
+                key TEXT NOT NULL,
+                value TEXT NOT NULL,
+                PRIMARY KEY (provider, key)
+            ) WITHOUT ROWID;",
+        )?;
+        Ok(DriverState {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// The records of one provider.
+    pub fn space(&self, provider: &str) -> StateSpace {
+        StateSpace {
+            state: self.clone(),
+            provider: provider.into(),
+        }
+    }
+
+    fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> impl Future<Output = Result<T, String>> + Send + 'static {
+        let conn = self.conn.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                f(&mut conn)
+            })
+            .await
+            .map_err(|e| format!("driver state: {e}"))?
+            .map_err(|e| format!("driver state: {e}"))
+        }
+    }
+}
+
+/// One provider's records.
+#[derive(Clone, Debug)]
+pub struct StateSpace {
+    state: DriverState,
+    provider: Arc<str>,
+}
+
+impl StateSpace {
+    /// The value under `key`.
+    pub async fn get(&self, key: String) -> Result<Option<String>, String> {
+        check_key(&key)?;
+        let provider = self.provider.clone();
+        self.state
+            .with(move |c| {
+                c.query_row(
+                    "SELECT value FROM records WHERE provider = ?1 AND key = ?2",
+                    params![&*provider, key],
+                    |r| r.get(0),
+                )
+                .optional()
+            })
+            .await
+    }
+
+    /// Every key starting with `prefix`, in key order.
+    pub async fn scan(&self, prefix: String) -> Result<Vec<(String, String)>, String> {
+        check_len("prefix", &prefix, MAX_KEY)?;
+        let provider = self.provider.clone();
+        self.state
+            .with(move |c| {
+                // `substr` rather than LIKE: keys may hold `%` and `_`.
+                let mut st = c.prepare_cached(
+                    "SELECT key, value FROM records WHERE provider = ?1
+                     AND substr(key, 1, length(?2)) = ?2 ORDER BY key",
+                )?;
+                st.query_map(params![&*provider, prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect()
+            })
+            .await
+    }
+
+    /// Stores `value` (`None` removes) if the current value is `expected`.
+    pub async fn compare_and_swap(
+        &self,
+        key: String,
+        expected: Option<String>,
+        value: Option<String>,
+    ) -> Result<bool, String> {
+        check_key(&key)?;
+        if let Some(v) = &value {
+            check_len("value", v, MAX_VALUE)?;
+        }
+        let provider = self.provider.clone();
+        let full = self
+            .state
+            .with(move |c| {
+                let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let current: Option<String> = tx
+                    .query_row(
+                        "SELECT value FROM records WHERE provider = ?1 AND key = ?2",
+                        params![&*provider, key],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                if current != expected {
+                    return Ok(Ok(false));
+                }
+                match value {
+                    None => {
+                        tx.execute(
+                            "DELETE FROM records WHERE provider = ?1 AND key = ?2",
+                            params![&*provider, key],
+                        )?;
+                    }
+                    Some(v) => {
+                        if current.is_none() {
+                            let n: u64 = tx.query_row(
+                                "SELECT count(*) FROM records WHERE provider = ?1",
+                                params![&*provider],
+                                |r| r.get(0),
+                            )?;
+                            if n >= MAX_KEYS {
+                                return Ok(Err(n));
+                            }
+                        }
+                        tx.execute(
+                            "INSERT INTO records (provider, key, value) VALUES (?1, ?2, ?3)
+                             ON CONFLICT (provider, key) DO UPDATE SET value = excluded.value",
+                            params![&*provider, key, v],
+                        )?;
+                    }
+                }
+                tx.commit()?;
+                Ok(Ok(true))
+            })
+            .await?;
+        full.map_err(|n| format!("the provider already holds {n} keys, the most allowed"))
+    }
+}
+
+fn check_key(key: &str) -> Result<(), String> {
+    check_len("key", key, MAX_KEY)
+}
+
+fn check_len(what: &str, s: &str, max: usize) -> Result<(), String> {
+    if s.len() > max {
+        Err(format!(
+            "{what} is {} bytes, longer than the {max} allowed",
+            s.len()
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+impl bindings::berth::driver::state::Host for StoreState {
+    async fn get(&mut self, key: String) -> wasmtime::Result<Result<Option<String>, String>> {
+        Ok(self.state.get(key).await)
+    }
+
+    async fn scan(
+        &mut self,
+        prefix: String,
+    ) -> wasmtime::Result<Result<Vec<(String, String)>, String>> {
+        Ok(self.state.scan(prefix).await)
+    }
+
+    async fn compare_and_swap(
+        &mut self,
+        key: String,
+        expected: Option<String>,
+        value: Option<String>,
+    ) -> wasmtime::Result<Result<bool, String>> {
+        Ok(self.state.compare_and_swap(key, expected, value).await)
+    }
+}
+
+impl bindings::berth::driver::net::Host for StoreState {
+    async fn tcp_probe(
+        &mut self,
+        host: String,
+        port: u16,
+        timeout_ms: u32,
+    ) -> wasmtime::Result<Result<(), String>> {
+        let addr = match self.policy().authorize_host(&host, port).await {
+            Ok(addr) => addr,
+            Err(denial) => {
+                self.policy()
+                    .note_denied(&format!("tcp://{host}:{port}"), &denial);
+                return Ok(Err(format!("{host}:{port}: {denial}")));
+            }
+        };
+        let wait = Duration::from_millis(timeout_ms.into()).min(MAX_PROBE);
+        Ok(
+            match tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("{host}:{port}: {e}")),
+                Err(_) => Err(format!("{host}:{port}: no answer within {wait:?}")),
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn compare_and_swap_decides_and_spaces_are_apart() {
+        let state = DriverState::in_memory();
+        let a = state.space("a");
+        let b = state.space("b");
+        assert_eq!(
+            a.compare_and_swap("k".into(), None, Some("1".into())).await,
+            Ok(true)
+        );
+        // A second claim of the same key fails; another provider's does not.
+        assert_eq!(
+            a.compare_and_swap("k".into(), None, Some("2".into())).await,
+            Ok(false)
+        );
+        assert_eq!(
+            b.compare_and_swap("k".into(), None, Some("x".into())).await,
+            Ok(true)
+        );
+        assert_eq!(
+            a.compare_and_swap("k".into(), Some("1".into()), Some("3".into()))
+                .await,
+            Ok(true)
+        );
+        assert_eq!(a.get("k".into()).await, Ok(Some("3".into())));
+        a.compare_and_swap("k%2".into(), None, Some("y".into()))
+            .await
+            .unwrap();
+        a.compare_and_swap("j".into(), None, Some("z".into()))
+            .await
+            .unwrap();
+        assert_eq!(
+            a.scan("k".into()).await,
+            Ok(vec![("k".into(), "3".into()), ("k%2".into(), "y".into())])
+        );
+        assert_eq!(
+            a.compare_and_swap("k".into(), Some("3".into()), None).await,
+            Ok(true)
+        );
+        assert_eq!(a.get("k".into()).await, Ok(None));
+        assert_eq!(b.get("k".into()).await, Ok(Some("x".into())));
+    }
+
+    #[tokio::test]
+    async fn limits_are_errors_that_say_which() {
+        let a = DriverState::in_memory().space("a");
+        let long = "x".repeat(MAX_KEY + 1);
+        let e = a.get(long).await.unwrap_err();
+        assert!(e.contains("key is 257 bytes"), "{e}");
+        let big = "x".repeat(MAX_VALUE + 1);
+        let e = a
+            .compare_and_swap("k".into(), None, Some(big))
+            .await
+            .unwrap_err();
+        assert!(e.contains("value is"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn records_survive_reopening_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("driver-state.sqlite");
+        {
+            let s = DriverState::open(&path).unwrap().space("p");
+            s.compare_and_swap("host/a".into(), None, Some("node-1".into()))
+                .await
+                .unwrap();
+        }
+        let s = DriverState::open(&path).unwrap().space("p");
+        assert_eq!(s.get("host/a".into()).await, Ok(Some("node-1".into())));
+    }
+}
