@@ -41,6 +41,12 @@ impl Conn {
             .write_all(req.as_bytes())
             .await
             .expect("send");
+        let (status, buf) = self.read_response().await;
+        (status, serde_json::from_slice(&buf).unwrap_or(Value::Null))
+    }
+
+    /// Reads one response: its status and body.
+    async fn read_response(&mut self) -> (u16, Vec<u8>) {
         let mut status = 0;
         let mut length = 0;
         let mut line = String::new();
@@ -61,7 +67,7 @@ impl Conn {
         }
         let mut buf = vec![0; length];
         self.stream.read_exact(&mut buf).await.expect("read body");
-        (status, serde_json::from_slice(&buf).unwrap_or(Value::Null))
+        (status, buf)
     }
 
     /// Creates a request for `labels` and waits until it is fulfilled;
@@ -79,6 +85,18 @@ impl Conn {
         }
         assert_eq!(r["state"], "fulfilled", "{r}");
         (started.elapsed(), r)
+    }
+
+    /// A GET whose body is text, not JSON.
+    async fn call_text(&mut self, path: &str) -> (u16, String) {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", self.host);
+        self.stream
+            .get_mut()
+            .write_all(req.as_bytes())
+            .await
+            .expect("send");
+        let (status, body) = self.read_response().await;
+        (status, String::from_utf8(body).expect("utf-8"))
     }
 
     async fn ready(&mut self, label: &str) -> u64 {
@@ -184,6 +202,67 @@ async fn burst(addr: &str, n: usize, labels: Value) -> Duration {
     t.elapsed()
 }
 
+/// `clients` closed loops of request → release for `run`; the rate, p50
+/// and p99 of the requests.
+async fn sustained(addr: &str, clients: usize, run: Duration) -> (f64, Duration, Duration) {
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let addr = addr.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::open(&addr).await;
+            let mut took = Vec::new();
+            let end = Instant::now() + run;
+            while Instant::now() < end {
+                let (d, r) = c.request(json!({"loop": 1})).await;
+                took.push(d);
+                let node = r["nodes"][0]["id"].as_str().unwrap().to_owned();
+                let (s, _) = c
+                    .call("POST", &format!("/v1/nodes/{node}/release"), None)
+                    .await;
+                assert_eq!(s, 200);
+            }
+            took
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort();
+    (
+        all.len() as f64 / run.as_secs_f64(),
+        percentile(&all, 0.5),
+        percentile(&all, 0.99),
+    )
+}
+
+/// The store commits of the whole run from `berth_store_commit_seconds`:
+/// how many, and what share took at most each bucket's bound.
+fn commit_summary(metrics: &str) -> String {
+    let mut buckets = Vec::new();
+    let mut count = 0.0;
+    for line in metrics.lines() {
+        if let Some(rest) = line.strip_prefix("berth_store_commit_seconds_bucket{le=\"") {
+            let (le, n) = rest.split_once("\"} ").expect("bucket line");
+            buckets.push((le.to_owned(), n.parse::<f64>().expect("bucket count")));
+        } else if let Some(n) = line.strip_prefix("berth_store_commit_seconds_count ") {
+            count = n.parse().expect("count");
+        }
+    }
+    let shares: Vec<String> = buckets
+        .iter()
+        .filter(|(le, _)| ["0.0005", "0.001", "0.005", "0.01"].contains(&le.as_str()))
+        .map(|(le, n)| {
+            format!(
+                "<= {} ms {:.2}%",
+                le.parse::<f64>().unwrap() * 1e3,
+                n / count * 100.0
+            )
+        })
+        .collect();
+    format!("store commits: {count}; {}", shares.join(", "))
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -257,40 +336,31 @@ async fn main() {
         ms(slots)
     );
 
-    // Sustained: 8 clients, each request → release in a loop, 10 s.
-    let clients = 8;
-    let run = Duration::from_secs(10);
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let addr = addr.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut c = Conn::open(&addr).await;
-            let mut took = Vec::new();
-            let end = Instant::now() + run;
-            while Instant::now() < end {
-                let (d, r) = c.request(json!({"loop": 1})).await;
-                took.push(d);
-                let node = r["nodes"][0]["id"].as_str().unwrap().to_owned();
-                let (s, _) = c
-                    .call("POST", &format!("/v1/nodes/{node}/release"), None)
-                    .await;
-                assert_eq!(s, 200);
-            }
-            took
-        }));
+    // Sustained: n clients, each request → release in a loop. The rate
+    // that keeps p99 within 10 ms is the figure the target asks for.
+    let run = Duration::from_secs(5);
+    let mut best = None;
+    for clients in [1, 2, 4, 8] {
+        let (rate, p50, p99) = sustained(&addr, clients, run).await;
+        println!(
+            "sustained, {clients} clients request → release for {} s: {rate:.0} requests/s  p50 {}  p99 {}",
+            run.as_secs(),
+            ms(p50),
+            ms(p99)
+        );
+        if p99 <= Duration::from_millis(10) {
+            best = Some((clients, rate));
+        }
     }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
+    match best {
+        Some((clients, rate)) => println!(
+            "highest sustained rate with p99 <= 10 ms: {rate:.0} requests/s ({clients} clients)"
+        ),
+        None => println!("no sustained run kept p99 <= 10 ms"),
     }
-    all.sort();
-    println!(
-        "sustained, {clients} clients request → release for {} s: {:.0} requests/s  p50 {}  p99 {}  (target p99 <= 10 ms)",
-        run.as_secs(),
-        all.len() as f64 / run.as_secs_f64(),
-        ms(percentile(&all, 0.5)),
-        ms(percentile(&all, 0.99))
-    );
+
+    let (_, metrics) = admin.call_text("/metrics").await;
+    println!("{}", commit_summary(&metrics));
 
     let _ = stop_tx.send(());
     server.await.unwrap().expect("clean stop");

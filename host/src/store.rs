@@ -100,6 +100,9 @@ pub enum StoreError {
     /// A record cannot be put into a row.
     #[error("cannot store node {node}: {what}")]
     Unstorable { node: String, what: String },
+    /// The WAL checkpoint thread could not be started.
+    #[error("starting the store's checkpoint thread: {0}")]
+    Checkpointer(String),
     /// The core named a label or provider index the store's config does not
     /// have: the two were built from different configs.
     #[error("no {what} with index {index} in the store's config")]
@@ -115,6 +118,66 @@ fn sql(doing: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
 pub struct SqliteStore {
     conn: Connection,
     config: Arc<Config>,
+    /// Checkpoints the WAL from a thread of its own (file stores only).
+    checkpointer: Option<Checkpointer>,
+}
+
+/// Copies the WAL back into the database file every [`CHECKPOINT_EVERY`] on
+/// its own connection and thread. A checkpoint syncs the file system, which
+/// can take milliseconds; SQLite's automatic checkpoint would do that inside
+/// whichever commit crosses the threshold, so inside the pool's loop, in
+/// front of a waiting client. The automatic one stays on as a backstop at a
+/// far higher threshold, should this thread fall behind.
+struct Checkpointer {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often the checkpointer runs.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// WAL pages past which a commit checkpoints by itself (SQLite's default is
+/// 1,000).
+const BACKSTOP_PAGES: u32 = 20_000;
+
+impl Checkpointer {
+    fn start(path: &Path) -> Result<Checkpointer, StoreError> {
+        let conn = Connection::open(path).map_err(sql("opening the checkpoint connection"))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(sql("setting the busy timeout"))?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("berth-checkpoint".into())
+            .spawn(move || {
+                let checkpoint = |mode: &str| {
+                    if let Err(e) =
+                        conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(()))
+                    {
+                        tracing::warn!(error = %e, "checkpointing the store's WAL");
+                    }
+                };
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(CHECKPOINT_EVERY)
+                {
+                    checkpoint("PASSIVE");
+                }
+                // Closing: leave an empty WAL behind.
+                checkpoint("TRUNCATE");
+            })
+            .map_err(|e| StoreError::Checkpointer(e.to_string()))?;
+        Ok(Checkpointer {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl SqliteStore {
@@ -126,10 +189,16 @@ impl SqliteStore {
             source,
         };
         let conn = Connection::open(path).map_err(open_err)?;
-        Self::setup(conn, config, true).map_err(|e| match e {
+        let mut store = Self::setup(conn, config, true).map_err(|e| match e {
             StoreError::Sql { source, .. } => open_err(source),
             e => e,
-        })
+        })?;
+        store
+            .conn
+            .pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)
+            .map_err(sql("setting the checkpoint backstop"))?;
+        store.checkpointer = Some(Checkpointer::start(path)?);
+        Ok(store)
     }
 
     /// A store that lives as long as the value, for tests and trial runs.
@@ -171,7 +240,11 @@ impl SqliteStore {
             .map_err(sql("setting the busy timeout"))?;
         conn.set_prepared_statement_cache_capacity(32);
         schema::migrate(&mut conn, schema::MIGRATIONS)?;
-        Ok(SqliteStore { conn, config })
+        Ok(SqliteStore {
+            conn,
+            config,
+            checkpointer: None,
+        })
     }
 
     /// The schema version of the open database (`PRAGMA user_version`).

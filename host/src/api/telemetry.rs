@@ -26,6 +26,7 @@ pub struct Telemetry {
     call_seconds: Histogram,
     traps: Counter,
     fulfilment: Histogram,
+    commit_seconds: Histogram,
     quota_pauses: Counter,
     rate_limit_holds: Counter,
     capacity_pauses: Counter,
@@ -74,6 +75,14 @@ impl Telemetry {
             "Time from a request's creation to its nodes being handed out.",
             &[],
             DEFAULT_BUCKETS,
+        );
+        let commit_seconds = r.histogram(
+            "berth_store_commit_seconds",
+            "Time the pool's store took to commit one batch of changes.",
+            &[],
+            &[
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ],
         );
         let quota_pauses = r.counter(
             "berth_quota_pauses_total",
@@ -144,6 +153,7 @@ impl Telemetry {
             call_seconds,
             traps,
             fulfilment,
+            commit_seconds,
             quota_pauses,
             rate_limit_holds,
             capacity_pauses,
@@ -299,5 +309,9 @@ impl Observer for Telemetry {
 
     fn fulfilled(&self, _request: &Request, latency: Duration) {
         self.fulfilment.with(&[]).observe(latency.as_secs_f64());
+    }
+
+    fn committed(&self, took: Duration) {
+        self.commit_seconds.with(&[]).observe(took.as_secs_f64());
     }
 }
