@@ -4,6 +4,7 @@
 
 mod pool;
 mod serve;
+mod static_hosts;
 mod support;
 
 use std::time::Duration;
@@ -56,6 +57,8 @@ async fn provider(
                 .map(|h| AllowedHost::parse(h).expect("host"))
                 .collect(),
             limits,
+            credentials: Vec::new(),
+            state: None,
         },
     )
 }

@@ -15,7 +15,8 @@ pub fn workspace() -> PathBuf {
 }
 
 /// Builds every plugin once per test process and returns the path of the one
-/// named `name` (`sim`, `example`, `hostile`, `wrong-version`).
+/// named `name` (`sim`, `example`, `hostile`, `wrong-version`, `aws-ec2`,
+/// `static`).
 pub fn plugin(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir =
@@ -25,6 +26,8 @@ pub fn plugin(name: &str) -> PathBuf {
         "example" => "berth_driver_example",
         "hostile" => "berth_fixture_hostile",
         "wrong-version" => "berth_fixture_wrong_version",
+        "aws-ec2" => "berth_driver_aws_ec2",
+        "static" => "berth_driver_static",
         other => panic!("unknown plugin {other}"),
     };
     dir.join(format!("{file}.wasm"))
@@ -56,6 +59,10 @@ pub fn build_plugins() -> Result<PathBuf, String> {
             "berth-fixture-hostile",
             "-p",
             "berth-fixture-wrong-version",
+            "-p",
+            "berth-driver-aws-ec2",
+            "-p",
+            "berth-driver-static",
         ])
         .env("CARGO_TARGET_DIR", &target)
         .status()
