@@ -661,3 +661,60 @@ fn config_check_prints_every_problem_with_its_path() {
     assert!(stdout.contains("providers.a.rate: must be"), "{stdout}");
     assert!(stdout.contains("2 problems"), "{stdout}");
 }
+
+/// The sim cloud wants a bearer token; the host holds it and adds it to the
+/// driver's requests to that host. The driver's config, its view of its own
+/// request, and the log never hold it.
+#[tokio::test]
+async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
+    const TOKEN: &str = "sim-bearer-4f1c9a7e2b";
+    const VAR: &str = "BERTH_TEST_SIM_BEARER_TOKEN";
+    let logs = LogCapture::install();
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        token: Some(TOKEN.into()),
+        ..Default::default()
+    })
+    .await;
+    let rt = runtime();
+    let driver = rt.load_file(plugin("sim")).await.expect("sim loads");
+    let addr = sim.addr().to_string();
+    // SAFETY: no other test reads or writes this variable.
+    unsafe { std::env::set_var(VAR, TOKEN) };
+    let table: toml::Table = toml::from_str(&format!(
+        "host = \"{addr}\"\nkind = \"bearer\"\ntoken = \"${{{VAR}}}\""
+    ))
+    .unwrap();
+    let credentials = berth::config::credentials(
+        &[toml::Value::Table(table)],
+        &[AllowedHost::parse(&addr).unwrap()],
+        &|name: &str| std::env::var(name).ok(),
+    )
+    .expect("credentials");
+    let start = |name: &str, credentials| {
+        Provider::start(
+            &driver,
+            ProviderConfig {
+                name: name.into(),
+                pool_id: "pool".into(),
+                driver_config: serde_json::json!({"endpoint": sim.url()}).to_string(),
+                allowed_hosts: vec![AllowedHost::parse(&addr).unwrap()],
+                limits: SandboxLimits::default(),
+                credentials,
+                state: None,
+            },
+        )
+    };
+    let without = start("without", Vec::new());
+    let e = without.create(spec("n-1")).await.unwrap_err();
+    assert!(
+        matches!(e.kind, CallErrorKind::Driver(DriverError::Unauthorized(_))),
+        "{e}"
+    );
+    let with = start("with", credentials);
+    let made = with
+        .create(spec("n-2"))
+        .await
+        .expect("create with the token");
+    assert_eq!(made.tags[POOL_TAG], "pool");
+    assert!(!logs.contents().contains(TOKEN), "the token is in the log");
+}

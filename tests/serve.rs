@@ -72,13 +72,18 @@ struct Server {
 
 impl Server {
     async fn start(args: &[&str], dir: &Path) -> Server {
+        Self::start_logging(args, dir, Stdio::inherit(), "berth=warn").await
+    }
+
+    /// As [`Server::start`], with the log at `level` going to `log`.
+    async fn start_logging(args: &[&str], dir: &Path, log: Stdio, level: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
             .arg("serve")
             .args(args)
             .current_dir(dir)
-            .env("BERTH_LOG", "berth=warn")
+            .env("BERTH_LOG", level)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .kill_on_drop(true)
             .spawn()
             .expect("spawn berth serve");
@@ -542,5 +547,85 @@ async fn serve_without_a_config_runs_the_embedded_default() {
     let (_, d) = server.call("GET", "/v1/drivers", None, None).await;
     assert_eq!(d[0]["file"], "sim", "{d}");
     assert!(dir.path().join("berth-data/berth.db").exists());
+    assert!(server.terminate().await.success());
+}
+
+#[tokio::test]
+async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flight() {
+    // Every create takes 8 s: the two prewarm creates are still running when
+    // the service is told to stop with a 1 s grace.
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        create_latency_ms: 8_000,
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config(&sim, dir.path());
+    let cfg = config.display().to_string();
+    let log_path = dir.path().join("serve.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let server = Server::start_logging(
+        &[
+            "--config",
+            &cfg,
+            "--stop-grace",
+            "1s",
+            "--log-format",
+            "json",
+        ],
+        dir.path(),
+        log.into(),
+        "berth=info",
+    )
+    .await;
+    until(30, "two creates under way", || async {
+        let (_, nodes) = server.call("GET", "/v1/nodes", Some(OPS), None).await;
+        let creating = nodes
+            .as_array()?
+            .iter()
+            .filter(|n| n["state"] == "creating")
+            .count();
+        (creating == 2).then_some(())
+    })
+    .await;
+    let stopping = std::time::Instant::now();
+    assert!(server.terminate().await.success());
+    // Not the 8 s the calls take: the grace, then out.
+    assert!(
+        stopping.elapsed() < Duration::from_secs(6),
+        "stopped after {:?}",
+        stopping.elapsed()
+    );
+    // The log is JSON lines, and says what was left.
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let said = |m: &str| {
+        lines.iter().any(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|s| s.contains(m))
+        })
+    };
+    assert!(said("pool started"), "{text}");
+    assert!(said("still running at the end of the stop grace"), "{text}");
+
+    // The next start resolves the two creates: two nodes ready, two
+    // instances in the cloud, none twice.
+    let server = Server::start(&["--config", &cfg], dir.path()).await;
+    until(60, "two ready nodes", || async {
+        let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
+        (l[0]["ready"].as_u64() == Some(2)).then_some(())
+    })
+    .await;
+    let live = sim
+        .cloud
+        .instances()
+        .into_iter()
+        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
+        .count();
+    assert_eq!(live, 2);
     assert!(server.terminate().await.success());
 }
