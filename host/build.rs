@@ -51,6 +51,10 @@ const REMOVED_PREFIXES: &[&str] = &[
 
 fn main() -> ExitCode {
     println!("cargo::rerun-if-changed=build.rs");
+    if let Err(e) = index_wit() {
+        println!("cargo::error=indexing the contract's WIT files: {e}");
+        return ExitCode::SUCCESS;
+    }
     if env::var_os("CARGO_FEATURE_EMBEDDED_SIM").is_none() {
         return ExitCode::SUCCESS;
     }
@@ -70,6 +74,42 @@ fn main() -> ExitCode {
          or build berth with `--no-default-features` to leave the embedded sim driver out"
     );
     code
+}
+
+/// Writes OUT_DIR/wit_files.rs: every file under `wit/` as
+/// `(relative path, include_str!(absolute path))`, for `berth driver wit`.
+fn index_wit() -> std::io::Result<()> {
+    let root = Path::new(&env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .join("wit");
+    println!("cargo::rerun-if-changed={}", root.display());
+    let mut files = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                println!("cargo::rerun-if-changed={}", path.display());
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "wit") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    let mut out = String::from("&[\n");
+    for f in &files {
+        let rel = f.strip_prefix(&root).expect("under wit/");
+        out.push_str(&format!(
+            "    ({:?}, include_str!({:?})),\n",
+            rel.to_string_lossy(),
+            f.to_string_lossy()
+        ));
+    }
+    out.push_str("]\n");
+    let dest = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR")).join("wit_files.rs");
+    std::fs::write(dest, out)
 }
 
 /// Why the build failed, which decides whether cargo shows this script's

@@ -3,6 +3,7 @@
 //! against one WIT contract (`wit/driver.wit`).
 //!
 //! - [`driver`]: the contract as plain host types.
+//! - [`contract`]: the contract's WIT files, for `berth driver wit`.
 //! - [`plugin`]: loading, sandboxing and calling driver components.
 //! - [`config`]: the config file, checked into typed data.
 //! - [`pool`]: the pool core: nodes, requests, quotas, slots, reconciling.
@@ -17,6 +18,7 @@ pub mod api;
 pub mod client;
 pub mod config;
 pub mod conformance;
+pub mod contract;
 pub mod driver;
 pub mod duration;
 #[cfg(feature = "embedded-sim")]

@@ -99,6 +99,12 @@ enum DriverCommand {
         #[arg(long, env = "BERTH_CACHE_DIR")]
         cache_dir: Option<PathBuf>,
     },
+    /// Write the contract this berth implements (wit/ with its WASI deps) to
+    /// DIR, to build a driver against in any language.
+    Wit {
+        /// Where to write; created if missing.
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -163,6 +169,15 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             println!("{}", file.display());
             print!("{report}");
             Ok(report.passed())
+        }
+        Command::Driver(DriverCommand::Wit { dir }) => {
+            let n = berth::contract::write_wit(&dir)
+                .with_context(|| format!("writing the contract to {}", dir.display()))?;
+            println!(
+                "{}: {n} files of berth:driver@0.1.0 (world driver-plugin) and its WASI deps",
+                dir.display()
+            );
+            Ok(true)
         }
         Command::Config(ConfigCommand::Check { file }) => {
             // Read here rather than through `config::load` so that a file
