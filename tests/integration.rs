@@ -718,3 +718,24 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
     assert_eq!(made.tags[POOL_TAG], "pool");
     assert!(!logs.contents().contains(TOKEN), "the token is in the log");
 }
+
+/// The drivers written in other languages pass the same kit against the
+/// same sim cloud.
+async fn scripted_driver_passes_the_conformance_kit(name: &'static str) {
+    let wasm = tokio::task::spawn_blocking(move || support::scripted_plugin(name))
+        .await
+        .unwrap();
+    let sim = SimServer::start().await;
+    let config: TestConfig = serde_json::from_value(serde_json::json!({
+        "config": {"endpoint": sim.url()},
+        "allow_hosts": [sim.addr().to_string()],
+    }))
+    .unwrap();
+    let report = conformance::test(&runtime(), &wasm, &config).await;
+    assert!(report.passed(), "{name}: {report}");
+}
+
+#[tokio::test]
+async fn python_driver_passes_the_conformance_kit() {
+    scripted_driver_passes_the_conformance_kit("python-example").await;
+}

@@ -273,6 +273,50 @@ async fn serve_end_to_end_through_the_binary() {
         .await;
     assert_eq!((s, code(&e)), (403, "forbidden"), "{e}");
 
+    // Whatever axum answers by itself is the same JSON; parameters are
+    // never ignored; filters name what is not configured.
+    let errors = [
+        (
+            "PATCH",
+            "/v1/nodes".to_owned(),
+            None,
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "POST",
+            "/v1/requests".to_owned(),
+            Some(json!({"labels": {"small": 1}, "pad": "x".repeat(3 << 20)})),
+            413,
+            "too_large",
+        ),
+        (
+            "GET",
+            "/v1/labels?verbose=1".to_owned(),
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/v1/nodes?label=huge".to_owned(),
+            None,
+            422,
+            "unknown_label",
+        ),
+        (
+            "GET",
+            "/v1/nodes?provider=x".to_owned(),
+            None,
+            422,
+            "unknown_provider",
+        ),
+    ];
+    for (method, path, body, status, want) in errors {
+        let (s, e) = server.call(method, &path, Some(OPS), body).await;
+        assert_eq!((s, code(&e)), (status, want), "{method} {path}: {e}");
+    }
+
     // Request → fulfilled (long-poll) → release → deleted.
     let (s, r) = server
         .call(

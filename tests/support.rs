@@ -159,3 +159,36 @@ impl std::io::Write for BufWriter {
         Ok(())
     }
 }
+
+/// A driver built by its own script (`plugins/NAME/build`, for drivers not
+/// written in Rust), once per test process; the path the script printed last.
+pub fn scripted_plugin(name: &'static str) -> PathBuf {
+    static BUILT: Mutex<Vec<(&'static str, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, path)) = built.iter().find(|(n, _)| *n == name) {
+        return path.clone();
+    }
+    let root = workspace();
+    let script = root.join("plugins").join(name).join("build");
+    let out = Command::new(&script)
+        .current_dir(&root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({})",
+        script.display(),
+        out.status
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default().trim();
+    let path = root.join(last);
+    assert!(
+        path.is_file(),
+        "{} printed {last:?}, not a file",
+        script.display()
+    );
+    built.push((name, path.clone()));
+    path
+}

@@ -1,6 +1,8 @@
 //! Plugin runtime benchmark: warm call overhead (WASM driver vs the same
 //! logic in native Rust, measured in one run), instantiation with the pooling
-//! allocator, and driver load time cold (compile) vs from the cache.
+//! allocator, driver load time cold (compile) vs from the cache for every
+//! driver in the repository, and the same driver written in Rust, Python and
+//! JavaScript making the same call.
 //!
 //! Run with `cargo bench -p berth --bench runtime`; the figures go into
 //! docs/BENCHMARKS.md.
@@ -46,6 +48,48 @@ fn fmt(d: Duration) -> String {
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
+}
+
+/// Load `path` `runs` times cold (compile, empty cache) and from the cache,
+/// each on a fresh runtime; three rows.
+async fn load_times(rows: &mut Vec<Row>, name: &str, path: &std::path::Path, runs: usize) {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let mut cold = Vec::new();
+    let mut cached = Vec::new();
+    for _ in 0..runs {
+        let _ = std::fs::remove_dir_all(cache.path());
+        let config = RuntimeConfig {
+            cache_dir: Some(cache.path().to_path_buf()),
+            ..RuntimeConfig::default()
+        };
+        let runtime = Runtime::new(config.clone()).expect("runtime");
+        let d = runtime.load_file(path).await.expect("load");
+        assert_eq!(d.source(), berth::plugin::LoadSource::Compiled);
+        cold.push(d.load_time());
+        let runtime = Runtime::new(config).expect("runtime");
+        let d = runtime.load_file(path).await.expect("load");
+        assert_eq!(d.source(), berth::plugin::LoadSource::Cache);
+        cached.push(d.load_time());
+    }
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    rows.push(Row {
+        what: format!(
+            "load {name} driver ({} KiB), cold: compile (median of {runs})",
+            size / 1024
+        ),
+        figure: fmt(median(cold.clone())),
+    });
+    rows.push(Row {
+        what: format!("load {name} driver, from the cache (median of {runs})"),
+        figure: fmt(median(cached.clone())),
+    });
+    rows.push(Row {
+        what: format!("load {name} driver, cold / cached"),
+        figure: format!(
+            "{:.1}×",
+            median(cold).as_secs_f64() / median(cached).as_secs_f64()
+        ),
+    });
 }
 
 fn provider(
@@ -116,44 +160,81 @@ async fn run() {
     let mut rows = Vec::new();
 
     // Load time: cold (compile) vs from the cache, each on a fresh runtime.
-    for (name, path, runs) in [("sim", &sim_path, 5), ("example", &example_path, 5)] {
-        let cache = tempfile::tempdir().expect("tempdir");
-        let mut cold = Vec::new();
-        let mut cached = Vec::new();
-        for _ in 0..runs {
-            let _ = std::fs::remove_dir_all(cache.path());
-            let config = RuntimeConfig {
-                cache_dir: Some(cache.path().to_path_buf()),
-                ..RuntimeConfig::default()
-            };
-            let runtime = Runtime::new(config.clone()).expect("runtime");
-            let d = runtime.load_file(path).await.expect("load");
-            assert_eq!(d.source(), berth::plugin::LoadSource::Compiled);
-            cold.push(d.load_time());
-            let runtime = Runtime::new(config).expect("runtime");
-            let d = runtime.load_file(path).await.expect("load");
-            assert_eq!(d.source(), berth::plugin::LoadSource::Cache);
-            cached.push(d.load_time());
+    let static_path = support::plugin("static");
+    let ec2_path = support::plugin("aws-ec2");
+    for (name, path) in [
+        ("sim (Rust)", &sim_path),
+        ("example (Rust)", &example_path),
+        ("static (Rust)", &static_path),
+        ("aws-ec2 (Rust)", &ec2_path),
+    ] {
+        load_times(&mut rows, name, path, 5).await;
+    }
+    eprintln!("building the Python and JavaScript drivers…");
+    let python_path = support::scripted_plugin("python-example");
+    let js_path = support::scripted_plugin("js-example");
+    load_times(&mut rows, "python-example (Python)", &python_path, 2).await;
+    load_times(&mut rows, "js-example (JavaScript)", &js_path, 2).await;
+
+    // The same driver in three languages, the same call, the same cloud.
+    let sim = support::SimServer::start().await;
+    let cache = tempfile::tempdir().expect("tempdir");
+    let langs = Runtime::new(RuntimeConfig {
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let mut rust_list = None;
+    for (name, path) in [
+        ("Rust (sim)", &sim_path),
+        ("Python (python-example)", &python_path),
+        ("JavaScript (js-example)", &js_path),
+    ] {
+        let driver = langs.load_file(path).await.expect("load");
+        let p = Provider::start(
+            &driver,
+            ProviderConfig {
+                name: "lang".into(),
+                pool_id: "bench-lang".into(),
+                driver_config: serde_json::json!({"endpoint": sim.url()}).to_string(),
+                allowed_hosts: vec![
+                    berth::plugin::AllowedHost::parse(&sim.addr().to_string()).unwrap(),
+                ],
+                limits: SandboxLimits {
+                    max_instances: 1,
+                    ..SandboxLimits::default()
+                },
+                credentials: vec![],
+                state: None,
+            },
+        );
+        let mut instance = p.instance();
+        let t = Instant::now();
+        instance.warm().await.expect("warm");
+        let start = t.elapsed();
+        let n = 200;
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            instance.list(pool_tags()).await.expect("list");
+            times.push(t.elapsed());
         }
-        let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let list = median(times);
         rows.push(Row {
-            what: format!(
-                "load {name} driver ({} KiB), cold: compile (median of {runs})",
-                size / 1024
-            ),
-            figure: fmt(median(cold.clone())),
+            what: format!("{name}: instantiate + configure one instance"),
+            figure: fmt(start),
         });
         rows.push(Row {
-            what: format!("load {name} driver, from the cache (median of {runs})"),
-            figure: fmt(median(cached.clone())),
+            what: format!("{name}: list over HTTP to the sim cloud (median of {n})"),
+            figure: fmt(list),
         });
-        rows.push(Row {
-            what: format!("load {name} driver, cold / cached"),
-            figure: format!(
-                "{:.1}×",
-                median(cold).as_secs_f64() / median(cached).as_secs_f64()
-            ),
-        });
+        match rust_list {
+            None => rust_list = Some(list),
+            Some(rust) => rows.push(Row {
+                what: format!("{name}: list / the Rust driver's list"),
+                figure: format!("{:.1}×", list.as_secs_f64() / rust.as_secs_f64()),
+            }),
+        }
     }
 
     let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
