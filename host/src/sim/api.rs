@@ -112,7 +112,14 @@ async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Re
     };
     let response = match admitted {
         Ok(()) => next.run(request).instrument(span.clone()).await,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            // Read what the client is sending before answering: a refusal
+            // sent over an unread body makes the server drop the connection,
+            // and a client still writing its body sees a reset instead of
+            // the answer.
+            let _ = axum::body::to_bytes(request.into_body(), 1 << 20).await;
+            e.into_response()
+        }
     };
     let status = response.status().as_u16();
     span.record("status", status);

@@ -1,0 +1,154 @@
+// The sim's wire format (docs/sim-cloud.md) and its conversion to the
+// contract's types. Responses are read leniently (unknown fields ignored,
+// absent optional ones defaulted) so a newer sim does not break an older
+// driver; a field of the wrong type is a `transient` error, as a body that is
+// not the sim's JSON at all.
+
+import { error } from './contract.js';
+
+/** Parses a successful response's body as JSON. */
+export function parseBody(text) {
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw error.transient(`response: ${e.message}`);
+  }
+}
+
+const STATES = new Set(['pending', 'running', 'stopping', 'terminated']);
+
+/** One instance as the sim reports it, as the contract's `instance`. */
+export function readInstance(json) {
+  const i = object(json, 'instance');
+  const tags = optional(i.tags, 'tags', (t) => object(t, 'tags')) ?? {};
+  const entries = Object.entries(tags).map(([k, v]) => [k, string(v, `tags.${k}`)]);
+  // Sorted by key, as the Rust driver's map returns them.
+  entries.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  const state = string(i.state, 'state');
+  return {
+    id: string(i.id, 'id'),
+    state: STATES.has(state) ? state : 'unknown',
+    instanceType: string(i.instance_type, 'instance_type'),
+    tags: entries,
+    addresses: {
+      publicIpv4: optional(i.public_ipv4, 'public_ipv4', string),
+      privateIpv4: optional(i.private_ipv4, 'private_ipv4', string),
+      ipv6: undefined,
+      hostname: optional(i.hostname, 'hostname', string),
+    },
+    createdAtMs: optional(i.created_at_ms, 'created_at_ms', (n, what) =>
+      BigInt(integer(n, what, Number.MAX_SAFE_INTEGER)),
+    ),
+    connection: {
+      username: optional(i.username, 'username', string),
+      port: optional(i.ssh_port, 'ssh_port', (n, what) => integer(n, what, 65535)),
+      hostKeys: [],
+    },
+  };
+}
+
+/** `GET /v1/instances`: `{instances, nextPageToken}`. */
+export function readPage(json) {
+  const page = object(json, 'page');
+  if (!Array.isArray(page.instances)) throw bad('instances', 'an array');
+  return {
+    instances: page.instances.map(readInstance),
+    nextPageToken: optional(page.next_page_token, 'next_page_token', string),
+  };
+}
+
+/** `GET /v1/limits`, as the contract's `account-limits`. */
+export function readLimits(json) {
+  const body = object(json, 'limits');
+  const u32 = (n, what) => integer(n, what, 0xffffffff);
+  return {
+    maxInstances: optional(body.max_instances, 'max_instances', u32),
+    usedInstances: optional(body.used_instances, 'used_instances', u32),
+    maxCores: undefined,
+    usedCores: undefined,
+    maxRamMib: undefined,
+    usedRamMib: undefined,
+  };
+}
+
+/**
+ * Turns a failed sim response (`{status, header(name), text}`) into the
+ * contract's error: the one place the sim's statuses and codes are mapped.
+ * `instanceType` is the type a create asked for, when the call was a create.
+ */
+export function apiError(resp, instanceType) {
+  let body = {};
+  try {
+    const parsed = JSON.parse(resp.text);
+    if (parsed !== null && typeof parsed === 'object') body = parsed;
+  } catch {
+    // Not the sim's JSON (a proxy's error page, say): status alone decides.
+  }
+  const detail = body.error !== null && typeof body.error === 'object' ? body.error : {};
+  const code = typeof detail.code === 'string' ? detail.code : '';
+  const message =
+    typeof detail.message === 'string' && detail.message !== ''
+      ? detail.message
+      : `sim answered ${resp.status}: ${[...resp.text].slice(0, 200).join('')}`;
+  const status = resp.status;
+  if (status === 429) {
+    return error.rateLimited(retryAfterMs(body, resp.header('retry-after')), message);
+  }
+  if (status === 403 && code === 'quota_exceeded') return error.quotaExceeded(message);
+  if (status === 503 && code === 'insufficient_capacity') {
+    const type = typeof body.instance_type === 'string' ? body.instance_type : instanceType;
+    return type === undefined
+      ? error.capacityGeneral(message)
+      : error.capacityForType(type, message);
+  }
+  if (status === 404) return error.notFound(message);
+  if (status === 401 || status === 403) return error.unauthorized(message);
+  if (status >= 500 && status <= 599) return error.transient(message);
+  return error.permanent(message);
+}
+
+/**
+ * How long a 429 asks to wait: the body's `retry_after_ms`, else the
+ * `Retry-After` header's whole seconds, else one second.
+ */
+function retryAfterMs(body, header) {
+  if (Number.isSafeInteger(body.retry_after_ms) && body.retry_after_ms >= 0) {
+    return body.retry_after_ms;
+  }
+  const secs = header?.trim();
+  const U64_MAX = 0xffffffffffffffffn;
+  if (secs && /^\+?[0-9]+$/.test(secs) && BigInt(secs) <= U64_MAX) {
+    // A u64, saturated as the Rust driver's `saturating_mul` does.
+    const ms = BigInt(secs) * 1000n;
+    return ms > U64_MAX ? U64_MAX : ms;
+  }
+  return 1000;
+}
+
+function bad(what, expected) {
+  return error.transient(`response: ${what}: expected ${expected}`);
+}
+
+function object(value, what) {
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    throw bad(what, 'an object');
+  }
+  return value;
+}
+
+function string(value, what) {
+  if (typeof value !== 'string') throw bad(what, 'a string');
+  return value;
+}
+
+function integer(value, what, max) {
+  if (!Number.isInteger(value) || value < 0 || value > max) {
+    throw bad(what, `an integer from 0 to ${max}`);
+  }
+  return value;
+}
+
+/** `read(value, what)` unless the field is absent or null. */
+function optional(value, what, read) {
+  return value === undefined || value === null ? undefined : read(value, what);
+}
