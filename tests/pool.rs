@@ -545,7 +545,8 @@ async fn churn_child() {
         writeln!(f, "{line}").unwrap();
         f.sync_data().unwrap();
     };
-    // Requests a killed predecessor left pending are served now.
+    // Requests a killed predecessor left pending are served now, or fail
+    // once the lease of the worker that made them lapses.
     let pending: Vec<_> = h
         .inspect(|p| {
             p.requests()
@@ -568,20 +569,36 @@ async fn churn_child() {
     }
     let small = h.config().label("small").unwrap();
     let stop_at = tokio::time::Instant::now() + Duration::from_secs(secs);
+    // Each worker holds a lease it renews, named for this run: what a killed
+    // run's workers held is taken back once their leases lapse, as it would
+    // be for any client that died, so the quota is not used up by the dead.
+    let ttl = Duration::from_secs(2);
+    let run = std::process::id();
     let mut workers = Vec::new();
     for w in 0..4u64 {
         let h = h.clone();
         let write = write.clone();
+        let requestor = format!("worker-{w}-{run}");
+        let renewer = {
+            let h = h.clone();
+            let requestor = requestor.clone();
+            tokio::spawn(async move {
+                loop {
+                    h.renew(requestor.clone(), ttl).await.expect("renew");
+                    tokio::time::sleep(ttl / 4).await;
+                }
+            })
+        };
         workers.push(tokio::spawn(async move {
             let mut i = 0u64;
             while tokio::time::Instant::now() < stop_at {
                 let new = NewRequest {
-                    requestor: format!("worker-{w}"),
+                    requestor: requestor.clone(),
                     priority: (i % 3) as i32,
                     wants: vec![(small, 1 + (i % 2) as u32)],
                 };
                 i += 1;
-                let id = h.submit(new).await.expect("submit");
+                let id = h.submit_renewing(new, ttl).await.expect("submit");
                 write(format!("submitted {id}"));
                 let r = h.wait(id).await.unwrap().expect("request");
                 for n in &r.nodes {
@@ -592,6 +609,7 @@ async fn churn_child() {
                     h.release(*n).await.expect("release");
                 }
             }
+            renewer.abort();
         }));
     }
     for w in workers {
@@ -661,10 +679,23 @@ ram = "1GiB"
         c.kill().expect("SIGKILL");
         c.wait().unwrap();
     }
+    // The last run churns for 3 s and settles for 4 s; a run that has not
+    // ended in two minutes is stuck, and the test says so instead of hanging.
     let mut last = child(Some(3));
-    let status = tokio::task::spawn_blocking(move || last.wait().unwrap())
-        .await
-        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = last.try_wait().unwrap() {
+            break status;
+        }
+        if tokio::time::Instant::now() > deadline {
+            last.kill().expect("SIGKILL");
+            last.wait().unwrap();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            panic!("the last run did not end in 120 s; its log ends:\n{tail:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(status.success(), "the last run failed: {status}");
 
     let log = std::fs::read_to_string(&log_path).unwrap();
