@@ -213,7 +213,6 @@ struct MotoInstance {
     tags: BTreeMap<String, String>,
 }
 
-
 /// Runs `scripts/moto-helper.py` with the venv's python against moto at
 /// `url`; its stdout as JSON.
 async fn python(url: &str, args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
