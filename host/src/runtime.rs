@@ -547,18 +547,12 @@ impl Loop {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let store = &mut self.store;
-        let mut write = || store.commit(changes).context("writing the store");
-        // A commit blocks this thread. On a multi-threaded runtime, tell
-        // tokio, so the HTTP tasks queued behind this one move to another
-        // worker instead of waiting out the commit.
-        let multi = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        if multi {
-            tokio::task::block_in_place(write)?;
-        } else {
-            write()?;
-        }
+        // The commit blocks this worker thread, briefly (see
+        // docs/BENCHMARKS.md: nearly all take under 0.5 ms). Handing the
+        // worker's queue to another thread with `block_in_place` first cost
+        // more than it saved: lone requests and one-client loops were slower
+        // and the commits themselves took longer.
+        self.store.commit(changes).context("writing the store")?;
         self.observer.committed(started.elapsed());
         Ok(())
     }
