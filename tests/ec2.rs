@@ -1337,7 +1337,7 @@ async fn ec2_api_calls_per_node_lifecycle() {
     let text = pool_config_text(&moto, &proxy, dir.path(), VAR, 0, "60s");
     let config = parse_config(&text, dir.path(), VAR, &moto.secret);
     let ci = config.label("ci").expect("label");
-    const NODES: u32 = 4;
+    const NODES: u32 = 12;
     seed_compiled(dir.path()).await;
 
     let service = start(config).await;
