@@ -1092,6 +1092,12 @@ async fn ec2_errors_reach_berth_as_the_contract_says() {
         }
         other => panic!("RequestLimitExceeded: {other:?}"),
     }
+    match fail_create(fault(400, Some("Throttling"))).await {
+        DriverError::RateLimited { message, .. } => {
+            assert!(message.contains("Throttling"), "{message}")
+        }
+        other => panic!("Throttling: {other:?}"),
+    }
     let throttled = Fault {
         retry_after: Some(7),
         ..fault(503, Some("RequestLimitExceeded"))
@@ -1170,7 +1176,7 @@ async fn ec2_errors_reach_berth_as_the_contract_says() {
     );
     assert_eq!(moto.instances().await[&kept.id].state, "terminated");
     let injected = proxy.seen().iter().filter(|s| s.injected).count();
-    assert_eq!(injected, 10, "{:?}", proxy.calls());
+    assert_eq!(injected, 11, "{:?}", proxy.calls());
 }
 
 #[tokio::test(flavor = "current_thread")]
