@@ -745,7 +745,7 @@ impl tracing::Subscriber for Undecided {
 }
 
 /// Polls `check` on the pool every 50 ms until it holds (at most `secs`).
-async fn until<F>(handle: &Handle, secs: u64, what: &str, check: F)
+pub async fn until<F>(handle: &Handle, secs: u64, what: &str, check: F)
 where
     F: Fn(&Pool) -> bool + Clone + Send + 'static,
 {
@@ -772,7 +772,7 @@ where
 }
 
 /// Live nodes (not gone or failed) by id, with their instance ids.
-fn live_nodes(p: &Pool) -> BTreeMap<NodeId, Option<String>> {
+pub fn live_nodes(p: &Pool) -> BTreeMap<NodeId, Option<String>> {
     p.nodes()
         .filter(|n| !matches!(n.state, NodeState::Gone { .. } | NodeState::Failed { .. }))
         .map(|n| (n.id, n.instance.clone()))

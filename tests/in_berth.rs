@@ -4,45 +4,14 @@
 //! same state adopts the ready nodes without launching any. (The aws-ec2
 //! driver's run is in `ec2.rs`, against moto.)
 
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
 use berth::config::{self, LabelIx};
-use berth::pool::{NewRequest, NodeId, NodeState, Pool, RequestState};
-use berth::runtime::Handle;
+use berth::pool::{NewRequest, NodeState, RequestState};
 
+use super::ec2::{live_nodes, until};
 use super::pool::{live_instances, start};
 use crate::support::{SimServer, plugin, scripted_plugin};
-
-/// Polls `check` on the pool every 50 ms until it holds (at most `secs`).
-async fn until<F>(h: &Handle, secs: u64, what: &str, check: F)
-where
-    F: Fn(&Pool) -> bool + Clone + Send + 'static,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !h.inspect(check.clone()).await.expect("pool runs") {
-        if tokio::time::Instant::now() > deadline {
-            let nodes = h
-                .inspect(|p| {
-                    p.nodes()
-                        .map(|n| format!("{} {}", n.id, n.state.name()))
-                        .collect::<Vec<_>>()
-                })
-                .await;
-            panic!("timed out waiting for {what}: {nodes:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Nodes that are not gone, by id, with their instance ids.
-fn live_nodes(p: &Pool) -> BTreeMap<NodeId, Option<String>> {
-    p.nodes()
-        .filter(|n| !matches!(n.state, NodeState::Gone { .. } | NodeState::Failed { .. }))
-        .map(|n| (n.id, n.instance.clone()))
-        .collect()
-}
 
 /// The config: one provider `p` on `driver` with `provider` TOML (its
 /// `allow-hosts` and `config`), one label `small` with min-ready 2.
