@@ -136,35 +136,7 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
     assert!(out.contains("berth:driver/driver@0.1.0"), "{out}");
     assert!(out.contains(", 0 failed"), "{out}");
 
-    let test = tokio::process::Command::new(bin)
-        .args(["driver", "test"])
-        .arg(plugin("sim"))
-        .arg("--config")
-        .arg(&config)
-        .env("BERTH_CACHE_DIR", dir.path().join("cache"))
-        .output()
-        .await
-        .unwrap();
-    let out = String::from_utf8_lossy(&test.stdout);
-    assert!(
-        test.status.success(),
-        "{out}\n{}",
-        String::from_utf8_lossy(&test.stderr)
-    );
-    for step in [
-        "create with tags",
-        "listed with tags",
-        "seen by another instance",
-        "set-tags visible",
-        "foreign pool isolation",
-        "gone after delete",
-        "delete again",
-    ] {
-        assert!(
-            out.contains(&format!("PASS  {step}")),
-            "{step} missing in\n{out}"
-        );
-    }
+    driver_test_passes(&plugin("sim"), &config, &dir.path().join("cache")).await;
 
     // A failing run exits non-zero: the driver cannot reach a host it is not allowed.
     std::fs::write(
@@ -725,20 +697,60 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
     assert!(!logs.contents().contains(TOKEN), "the token is in the log");
 }
 
+/// `berth driver test WASM --config CONFIG` (compiled drivers cached in
+/// `cache`) exits 0 with every step of the kit passed.
+async fn driver_test_passes(
+    wasm: &std::path::Path,
+    config: &std::path::Path,
+    cache: &std::path::Path,
+) {
+    let test = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["driver", "test"])
+        .arg(wasm)
+        .arg("--config")
+        .arg(config)
+        .env("BERTH_CACHE_DIR", cache)
+        .output()
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&test.stdout);
+    assert!(
+        test.status.success(),
+        "{}: {out}\n{}",
+        wasm.display(),
+        String::from_utf8_lossy(&test.stderr)
+    );
+    for step in [
+        "create with tags",
+        "listed with tags",
+        "seen by another instance",
+        "set-tags visible",
+        "foreign pool isolation",
+        "gone after delete",
+        "delete again",
+    ] {
+        assert!(
+            out.contains(&format!("PASS  {step}")),
+            "{step} missing in\n{out}"
+        );
+    }
+}
+
 /// The drivers written in other languages pass the same kit against the
-/// same sim cloud.
+/// same sim cloud, run as an author runs it: `berth driver test`.
 async fn scripted_driver_passes_the_conformance_kit(name: &'static str) {
     let wasm = tokio::task::spawn_blocking(move || support::scripted_plugin(name))
         .await
         .unwrap();
     let sim = SimServer::start().await;
-    let config: TestConfig = serde_json::from_value(serde_json::json!({
-        "config": {"endpoint": sim.url()},
-        "allow_hosts": [sim.addr().to_string()],
-    }))
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("provider.json");
+    std::fs::write(
+        &config,
+        serde_json::json!({"config": {"endpoint": sim.url()}, "allow_hosts": [sim.addr().to_string()]}).to_string(),
+    )
     .unwrap();
-    let report = conformance::test(&runtime(), &wasm, &config).await;
-    assert!(report.passed(), "{name}: {report}");
+    driver_test_passes(&wasm, &config, &dir.path().join("cache")).await;
 }
 
 #[tokio::test]
