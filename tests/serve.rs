@@ -563,6 +563,29 @@ async fn serve_without_a_config_runs_the_embedded_default() {
         )
         .await;
     assert_eq!(r["state"], "fulfilled", "{r}");
+    // The two shared nodes are slots of one backing node, which says what it
+    // hosts.
+    let (_, nodes) = server.call("GET", "/v1/nodes", None, None).await;
+    let nodes = nodes.as_array().unwrap();
+    let backing: Vec<&str> = nodes
+        .iter()
+        .filter(|n| n["label"] == "shared")
+        .map(|n| n["slot"]["backing"].as_str().expect("a slot node"))
+        .collect();
+    assert_eq!(backing.len(), 2, "{nodes:?}");
+    assert_eq!(backing[0], backing[1]);
+    let host = nodes.iter().find(|n| n["id"] == backing[0]).unwrap();
+    assert_eq!(
+        host["hosting"],
+        json!({"label": "shared", "used": 2, "slots": 4}),
+        "{host}"
+    );
+    assert!(
+        nodes
+            .iter()
+            .filter(|n| n["id"] != backing[0])
+            .all(|n| n.get("hosting").is_none())
+    );
     // The CLI against the same server.
     let cli = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
@@ -586,6 +609,12 @@ async fn serve_without_a_config_runs_the_embedded_default() {
         text.lines().count() >= 5,
         "3 + 1 in use, and the header: {text}"
     );
+    let (_, text) = cli(&["nodes"]);
+    let host_line = text
+        .lines()
+        .find(|l| l.starts_with(backing[0]))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(host_line.contains("(hosts 2/4 shared)"), "{text}");
     let (code, _) = cli(&["release", "n-0000000000000000"]);
     assert_eq!(code, Some(1), "an API error exits 1");
     let (_, d) = server.call("GET", "/v1/drivers", None, None).await;

@@ -460,7 +460,10 @@ fn render_nodes(nodes: Vec<Node>) -> String {
             ("ID", |n| n.id.clone()),
             ("LABEL", |n| n.label.clone()),
             ("PROVIDER", |n| n.provider.clone()),
-            ("STATE", |n| n.state.clone()),
+            ("STATE", |n| match &n.hosting {
+                Some(h) => format!("{} (hosts {}/{} {})", n.state, h.used, h.slots, h.label),
+                None => n.state.clone(),
+            }),
             ("IDLE", |n| n.idle.clone()),
             ("REQUESTOR", |n| or_dash(n.requestor.as_deref())),
             ("SINCE", |n| age(&n.since, now_ms())),

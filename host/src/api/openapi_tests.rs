@@ -593,6 +593,11 @@ fn full_node() -> Node {
             backing: s("n-00000000000000a0"),
             index: 1,
         }),
+        hosting: Some(Hosting {
+            label: s("shared"),
+            used: 2,
+            slots: 4,
+        }),
         addresses: Some(full_addresses()),
         connection: Some(full_connection()),
     }
@@ -825,6 +830,9 @@ fn schemas_mirror_the_types() {
     check("Node", &|d, n| check_schema(d, n, &full_node()));
     check("Slot", &|d, n| {
         check_schema(d, n, &full_node().slot.unwrap())
+    });
+    check("Hosting", &|d, n| {
+        check_schema(d, n, &full_node().hosting.unwrap())
     });
     check("Addresses", &|d, n| check_schema(d, n, &full_addresses()));
     check("Connection", &|d, n| check_schema(d, n, &full_connection()));

@@ -72,6 +72,10 @@ pub struct Node {
     /// For a slot node, the node whose instance it shares and its slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<Slot>,
+    /// For a backing node, the slot nodes its instance hosts. Such a node is
+    /// never handed out itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosting: Option<Hosting>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addresses: Option<Addresses>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -82,6 +86,15 @@ pub struct Node {
 pub struct Slot {
     pub backing: String,
     pub index: u16,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Hosting {
+    /// The slot label whose nodes it hosts.
+    pub label: String,
+    /// Slots taken by a node.
+    pub used: u16,
+    pub slots: u16,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -70,6 +70,16 @@ pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
             }),
             _ => None,
         },
+        hosting: match &n.role {
+            Role::Backing {
+                slot_label, slots, ..
+            } => Some(types::Hosting {
+                label: config[*slot_label].name.clone(),
+                used: slots.iter().filter(|s| s.is_some()).count() as u16,
+                slots: slots.len() as u16,
+            }),
+            _ => None,
+        },
         addresses,
         connection,
     }
