@@ -168,7 +168,8 @@ impl Pool {
 
     /// Makes room for a request that limits hold back, by deleting unused
     /// ready nodes (free, idle `run`, plain) of labels the request does not
-    /// want, oldest first; `min-ready` does not protect them, since a ready
+    /// want, and ready backing nodes whose slots are all free, of slot labels
+    /// it does not want, oldest first; `min-ready` does not protect them, since a ready
     /// node nobody asks for must not keep out a request that waits (prewarm
     /// refills elsewhere, or once the request is served).
     ///
@@ -190,12 +191,35 @@ impl Pool {
         // Candidates per provider, oldest ready first.
         let mut candidates: Vec<Vec<(Time, NodeId)>> = vec![Vec::new(); self.ix.providers.len()];
         for (i, rt) in self.ix.labels.iter().enumerate() {
-            if spared.contains(&LabelIx(i as u16)) {
+            let label = LabelIx(i as u16);
+            if spared.contains(&label) {
                 continue;
             }
             for &(since, n) in &rt.free_ready {
                 if let Some(node) = self.nodes.get(&n) {
                     candidates[node.provider.0 as usize].push((since, n));
+                }
+            }
+        }
+        // Ready backing nodes with every slot free, of slot labels the
+        // request does not want: kept only for those labels' min-ready, like
+        // a free ready node, and never handed out themselves (not even to a
+        // request for their own machine label).
+        for (i, rt) in self.ix.labels.iter().enumerate() {
+            let label = LabelIx(i as u16);
+            if req.wants.iter().any(|&(l, _)| l == label) {
+                continue;
+            }
+            for b in &rt.backings {
+                let Some(node) = self.nodes.get(b) else {
+                    continue;
+                };
+                let NodeState::Ready { since } = node.state else {
+                    continue;
+                };
+                let idle = matches!(&node.role, Role::Backing { slots, .. } if slots.iter().all(Option::is_none));
+                if idle && node.idle == Idle::Run {
+                    candidates[node.provider.0 as usize].push((since, *b));
                 }
             }
         }

@@ -422,11 +422,32 @@ fn run(ops: &[Op], c: &Cloudiness) -> Result<(), TestCaseError> {
         };
         match &req.state {
             RequestState::Pending => {
+                let live: Vec<String> = h
+                    .pool
+                    .nodes()
+                    .filter(|n| !n.state.is_final())
+                    .map(|n| {
+                        format!(
+                            "{} {} p{} {} {:?} {:?} {:?}",
+                            n.id,
+                            LABELS[usize::from(n.label.0)],
+                            n.provider.0,
+                            n.state.name(),
+                            n.idle,
+                            n.assigned,
+                            n.role
+                        )
+                    })
+                    .collect();
                 return Err(TestCaseError::fail(format!(
-                    "request {r} still pending after quiet time: {req:?}; nodes {:?}",
+                    "request {r} still pending after quiet time: {req:?}; its nodes {:?}; \
+                     every live node: {live:#?}; providers: {:?}",
                     req.nodes
                         .iter()
                         .map(|n| h.pool.node(*n))
+                        .collect::<Vec<_>>(),
+                    (0..2)
+                        .map(|p| h.pool.provider_status(crate::config::ProviderIx(p)))
                         .collect::<Vec<_>>()
                 )));
             }
@@ -474,4 +495,41 @@ fn prop_config_is_sane() {
         assert_eq!(c.label(name), Some(LabelIx(i as u16)));
     }
     assert!(c.labels[0].boot_timeout < Label::DEFAULT_BOOT_TIMEOUT);
+}
+
+/// A case the property test found (CI, 2026-11-23), kept as it shrank.
+#[test]
+fn regression_big_request_behind_slot_backing() {
+    use Op::*;
+    let ops = vec![
+        Submit(vec![(1, 2)], 0, 0),
+        Deliver(Index(0)),
+        Crash,
+        Fault(0, Call::Create, FaultKind::Transient, 1),
+        SetIdle(Index(0), Idle::Drain),
+        Release(Index(0)),
+        Submit(vec![(0, 1)], 0, 0),
+        Delete(Index(32768)),
+        Submit(vec![(0, 1)], 0, 0),
+        Submit(vec![(0, 2), (2, 2)], 0, 0),
+        Advance(17746),
+        Delete(Index(0)),
+        SetIdle(Index(0), Idle::Run),
+        Deliver(Index(0)),
+        Fault(0, Call::Create, FaultKind::Quota, 2),
+        Submit(vec![(0, 2)], 0, 0),
+        Submit(vec![(0, 2)], 0, 0),
+        Submit(vec![(3, 1)], -1, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Release(Index(1)),
+        Advance(68751),
+    ];
+    let cloud = Cloudiness {
+        latency_ms: 1746,
+        reach_late: false,
+        boot_ms: 10000,
+        linger_ms: 0,
+    };
+    run(&ops, &cloud).unwrap();
 }

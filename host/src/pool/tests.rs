@@ -1083,6 +1083,37 @@ fn slot_min_ready_keeps_free_slots() {
     ok(&h);
 }
 
+#[test]
+fn a_blocked_request_evicts_a_backing_node_whose_slots_are_all_free() {
+    // min-ready of s is met by the free slots of one big backing node; a
+    // request for two big machines fits only if that backing node goes.
+    let mut c = (*slotted().config).clone();
+    c.labels[1].min_ready = 1;
+    c.providers[0].limits.max_instances = Some(2);
+    let mut h = Harness::new(c);
+    settle(&mut h);
+    let b = backings(&h);
+    assert_eq!(b.len(), 1);
+    let old = b[0].id;
+    let r = h.submit(&[("big", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    assert!(h.pool.node(old).unwrap().state.is_final());
+    // A backing node with a slot in use is never evicted.
+    let n = h.pool.request(r).unwrap().nodes.clone();
+    h.release(n[0]);
+    h.release(n[1]);
+    settle(&mut h);
+    let s = h.submit(&[("s", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(s));
+    let r2 = h.submit(&[("big", 2)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(r2), RequestState::Pending);
+    assert_eq!(backings(&h).len(), 1);
+    ok(&h);
+}
+
 // ---- the reconciler --------------------------------------------------------
 
 #[test]
