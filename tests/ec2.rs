@@ -703,47 +703,6 @@ fn driver_error<T: std::fmt::Debug>(result: Result<T, CallError>) -> DriverError
     }
 }
 
-/// Installs a [`LogCapture`] that sees every event of its thread.
-///
-/// tracing caches, per callsite, whether any subscriber wants it. While
-/// only one subscriber is registered, that is decided by the subscriber of
-/// the thread that first reaches the callsite; on another test's thread
-/// (none), a callsite is then off for good, also for the capture. A second,
-/// permanent subscriber that wants nothing itself keeps the decision with
-/// every registered one.
-fn capture_logs() -> LogCapture {
-    static KEEPER: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
-    KEEPER.get_or_init(|| tracing::Dispatch::new(Undecided));
-    LogCapture::install()
-}
-
-/// A subscriber that enables nothing but leaves every callsite to the
-/// current thread's subscriber ("sometimes").
-struct Undecided;
-
-impl tracing::Subscriber for Undecided {
-    fn register_callsite(
-        &self,
-        _: &'static tracing::Metadata<'static>,
-    ) -> tracing::subscriber::Interest {
-        tracing::subscriber::Interest::sometimes()
-    }
-    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
-        Some(tracing::level_filters::LevelFilter::OFF)
-    }
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        false
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {}
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// Polls `check` on the pool every 50 ms until it holds (at most `secs`).
 pub async fn until<F>(handle: &Handle, secs: u64, what: &str, check: F)
 where
@@ -928,7 +887,7 @@ async fn aws_ec2_passes_the_conformance_kit_against_moto_with_signing_armed() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_guest_never_sees_the_secret_and_the_host_signs_its_requests() {
-    let logs = capture_logs();
+    let logs = LogCapture::install();
     let moto = MotoServer::start().await;
     let proxy = Proxy::start(moto.addr).await;
     let state = tempfile::tempdir().expect("tempdir");
@@ -1181,7 +1140,7 @@ async fn ec2_errors_reach_berth_as_the_contract_says() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn berth_keeps_an_ec2_pool_through_the_proxy() {
-    let logs = capture_logs();
+    let logs = LogCapture::install();
     let moto = MotoServer::start().await;
     let proxy = Proxy::start(moto.addr).await;
     let dir = tempfile::tempdir().expect("tempdir");

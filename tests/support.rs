@@ -129,7 +129,17 @@ pub struct LogCapture {
 }
 
 impl LogCapture {
+    /// Captures every event of this thread from now on.
+    ///
+    /// tracing caches, per callsite, whether any subscriber wants it. While
+    /// only one subscriber is registered, that is decided by the subscriber
+    /// of the thread that first reaches the callsite; on another test's
+    /// thread (none), a callsite is then off for good, also for a capture.
+    /// A second, permanent subscriber that wants nothing itself keeps the
+    /// decision with every registered one.
     pub fn install() -> LogCapture {
+        static KEEPER: OnceLock<tracing::Dispatch> = OnceLock::new();
+        KEEPER.get_or_init(|| tracing::Dispatch::new(Undecided));
         let buffer = Arc::new(Mutex::new(Vec::new()));
         let writer = buffer.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -146,6 +156,33 @@ impl LogCapture {
     pub fn contents(&self) -> String {
         String::from_utf8_lossy(&self.buffer.lock().unwrap()).into_owned()
     }
+}
+
+/// A subscriber that enables nothing but leaves every callsite to the
+/// current thread's subscriber ("sometimes").
+struct Undecided;
+
+impl tracing::Subscriber for Undecided {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::OFF)
+    }
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 struct BufWriter(Arc<Mutex<Vec<u8>>>);
