@@ -22,12 +22,13 @@ use berth::plugin::{
     AllowedHost, CallError, CallErrorKind, Credential, Deletion, Provider, ProviderConfig, Runtime,
     RuntimeConfig, SandboxLimits,
 };
-use berth::pool::{NewRequest, NodeId, NodeState, Pool, RequestState};
-use berth::runtime::{self, Handle, Service, StartOptions};
+use berth::pool::NodeState;
+use berth::runtime::{self, Service, StartOptions};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use crate::support::{LogCapture, plugin, workspace};
+use super::pool::{fulfil, live_nodes, until};
+use crate::support::{KIT_STEPS, LogCapture, plugin, workspace};
 
 const REGION: &str = "us-east-1";
 const INSTANCE_TYPE: &str = "t3.micro";
@@ -528,39 +529,7 @@ fn plain(status: u16, text: String) -> axum::response::Response {
 
 /// The pairs of a form-encoded body, decoded.
 fn form(body: &[u8]) -> Vec<(String, String)> {
-    let decode = |s: &str| {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' if i + 2 < bytes.len() => {
-                    match s
-                        .get(i + 1..i + 3)
-                        .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    {
-                        Some(b) => {
-                            out.push(b);
-                            i += 2;
-                        }
-                        None => out.push(b'%'),
-                    }
-                }
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    };
-    String::from_utf8_lossy(body)
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
+    url::form_urlencoded::parse(body).into_owned().collect()
 }
 
 // ---------------------------------------------------------------- helpers
@@ -622,48 +591,38 @@ fn sigv4(host: &str, key_id: &str, secret_var: &str) -> serde_json::Value {
     })
 }
 
-/// The checked credentials for `table`, `${…}` answered by `env` (never the
-/// process environment, which other tests share).
-fn credentials(
-    table: serde_json::Value,
-    allowed: &[AllowedHost],
-    env: &[(&str, &str)],
-) -> Vec<Credential> {
-    let table = toml::Value::try_from(table).expect("credential as TOML");
-    let lookup = |name: &str| {
-        env.iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.to_string())
-    };
-    config::credentials(&[table], allowed, &lookup).expect("credentials check")
-}
-
-/// A provider `name` on the aws-ec2 driver, pool `ec2-itest`, sending to
-/// `endpoint` (`host:port`), signed with `credentials`; `extra` keys are
-/// added to the driver config.
-async fn ec2_provider(
+/// A provider `ec2` on the aws-ec2 driver, pool `ec2-itest`, sending to
+/// moto through `proxy`, its requests signed with moto's key; `extra` keys
+/// are added to the driver config.
+async fn signed_provider(
     runtime: &Runtime,
-    name: &str,
-    endpoint: SocketAddr,
-    credentials: Vec<Credential>,
+    moto: &MotoServer,
+    proxy: &Proxy,
     extra: serde_json::Value,
 ) -> Provider {
+    // The secret comes from this table, never the process environment,
+    // which other tests share.
+    const VAR: &str = "MOTO_SECRET";
+    let allowed = vec![AllowedHost::parse(&proxy.addr.to_string()).expect("host")];
+    let table = toml::Value::try_from(sigv4(&proxy.addr.to_string(), &moto.key_id, VAR))
+        .expect("credential as TOML");
+    let lookup = |name: &str| (name == VAR).then(|| moto.secret.clone());
+    let credentials = config::credentials(&[table], &allowed, &lookup).expect("credentials check");
     let driver = runtime
         .load_file(plugin("aws-ec2"))
         .await
         .expect("aws-ec2 loads");
-    let mut driver_config =
-        serde_json::json!({"region": REGION, "endpoint": format!("http://{endpoint}")});
+    let mut driver_config = serde_json::json!({"region": REGION, "endpoint": proxy.url()});
     if let serde_json::Value::Object(extra) = extra {
         driver_config.as_object_mut().unwrap().extend(extra);
     }
     Provider::start(
         &driver,
         ProviderConfig {
-            name: name.into(),
+            name: "ec2".into(),
             pool_id: "ec2-itest".into(),
             driver_config: driver_config.to_string(),
-            allowed_hosts: vec![AllowedHost::parse(&endpoint.to_string()).expect("host")],
+            allowed_hosts: allowed,
             limits: SandboxLimits {
                 max_instances: 2,
                 call_deadline: Duration::from_secs(60),
@@ -701,41 +660,6 @@ fn driver_error<T: std::fmt::Debug>(result: Result<T, CallError>) -> DriverError
         }) => e,
         other => panic!("expected a driver error, got {other:?}"),
     }
-}
-
-/// Polls `check` on the pool every 50 ms until it holds (at most `secs`).
-pub async fn until<F>(handle: &Handle, secs: u64, what: &str, check: F)
-where
-    F: Fn(&Pool) -> bool + Clone + Send + 'static,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if handle.inspect(check.clone()).await.expect("pool runs") {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let nodes = handle
-                .inspect(|p| {
-                    let status = format!("{:?}", p.provider_status(ProviderIx(0)));
-                    let nodes: Vec<String> = p
-                        .nodes()
-                        .map(|n| format!("{} {} {:?}", n.id, n.state.name(), n.instance))
-                        .collect();
-                    (nodes, status)
-                })
-                .await;
-            panic!("timed out waiting for {what}: {nodes:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Live nodes (not gone or failed) by id, with their instance ids.
-pub fn live_nodes(p: &Pool) -> BTreeMap<NodeId, Option<String>> {
-    p.nodes()
-        .filter(|n| !matches!(n.state, NodeState::Gone { .. } | NodeState::Failed { .. }))
-        .map(|n| (n.id, n.instance.clone()))
-        .collect()
 }
 
 /// The berth config for one aws-ec2 provider `ec2` behind `proxy`, one
@@ -839,15 +763,7 @@ async fn aws_ec2_passes_the_conformance_kit_against_moto_with_signing_armed() {
     let report = conformance::test(&rt, &plugin("aws-ec2"), &config(CONFORMANCE_SECRET)).await;
     println!("{report}");
     assert!(report.passed(), "{report}");
-    for step in [
-        "create with tags",
-        "listed with tags",
-        "seen by another instance",
-        "set-tags visible",
-        "foreign pool isolation",
-        "gone after delete",
-        "delete again",
-    ] {
+    for step in KIT_STEPS {
         assert!(
             report.steps.iter().any(|s| s.name == step && s.passed),
             "{step} did not pass:\n{report}"
@@ -1012,15 +928,8 @@ async fn the_guest_never_sees_the_secret_and_the_host_signs_its_requests() {
 async fn ec2_errors_reach_berth_as_the_contract_says() {
     let moto = MotoServer::start().await;
     let proxy = Proxy::start(moto.addr).await;
-    const VAR: &str = "BERTH_ITEST_EC2_FAULT_SECRET";
-    let allowed = [AllowedHost::parse(&proxy.addr.to_string()).unwrap()];
-    let creds = credentials(
-        sigv4(&proxy.addr.to_string(), &moto.key_id, VAR),
-        &allowed,
-        &[(VAR, &moto.secret)],
-    );
     let rt = runtime_compiled().await;
-    let p = ec2_provider(&rt, "ec2", proxy.addr, creds, serde_json::json!({})).await;
+    let p = signed_provider(&rt, &moto, &proxy, serde_json::json!({})).await;
 
     // Untouched, the proxy is transparent: a signed create goes through.
     let kept = p.create(spec("n-kept", &moto.ami)).await.expect("create");
@@ -1175,20 +1084,7 @@ async fn berth_keeps_an_ec2_pool_through_the_proxy() {
     let ready = h.inspect(live_nodes).await.unwrap();
 
     // A request is served from the ready nodes, with no launch for it.
-    let id = h
-        .submit(NewRequest {
-            requestor: "ci".into(),
-            priority: 0,
-            wants: vec![(ci, 1)],
-        })
-        .await
-        .expect("request taken");
-    let req = h.wait(id).await.unwrap().expect("request exists");
-    assert!(
-        matches!(req.state, RequestState::Fulfilled { .. }),
-        "{req:?}"
-    );
-    let node = req.nodes[0];
+    let node = fulfil(&h, "ci", vec![(ci, 1)]).await.nodes[0];
     assert!(ready.contains_key(&node), "{node} was not ready: {ready:?}");
     let instance = ready[&node].clone().expect("instance id");
 
@@ -1308,19 +1204,7 @@ async fn ec2_api_calls_per_node_lifecycle() {
     let service = start(config).await;
     let h = service.handle.clone();
     // create → ready → handed out
-    let id = h
-        .submit(NewRequest {
-            requestor: "batch".into(),
-            priority: 0,
-            wants: vec![(ci, NODES)],
-        })
-        .await
-        .expect("request taken");
-    let req = h.wait(id).await.unwrap().expect("request exists");
-    assert!(
-        matches!(req.state, RequestState::Fulfilled { .. }),
-        "{req:?}"
-    );
+    let req = fulfil(&h, "batch", vec![(ci, NODES)]).await;
     // → released → deleted
     for n in &req.nodes {
         h.release(*n).await.expect("release");
@@ -1368,26 +1252,12 @@ async fn ec2_api_calls_per_node_lifecycle() {
 async fn a_list_follows_every_describe_page() {
     let moto = MotoServer::start().await;
     let proxy = Proxy::start(moto.addr).await;
-    const VAR: &str = "BERTH_ITEST_EC2_PAGES_SECRET";
-    let allowed = [AllowedHost::parse(&proxy.addr.to_string()).unwrap()];
-    let creds = credentials(
-        sigv4(&proxy.addr.to_string(), &moto.key_id, VAR),
-        &allowed,
-        &[(VAR, &moto.secret)],
-    );
     // Twelve instances of this pool and three of another, launched in moto
     // directly; pages of five.
     let ours = moto.launch_many(&[(POOL_TAG, "ec2-itest")], 12).await;
     moto.launch_many(&[(POOL_TAG, "someone-else")], 3).await;
     let rt = runtime_compiled().await;
-    let p = ec2_provider(
-        &rt,
-        "ec2",
-        proxy.addr,
-        creds,
-        serde_json::json!({"page-size": 5}),
-    )
-    .await;
+    let p = signed_provider(&rt, &moto, &proxy, serde_json::json!({"page-size": 5})).await;
     let listed = p.list(Default::default()).await.expect("list");
     let listed: BTreeSet<String> = listed.into_iter().map(|i| i.id).collect();
     assert_eq!(listed, ours.into_iter().collect::<BTreeSet<_>>());

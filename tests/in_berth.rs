@@ -7,10 +7,9 @@
 use std::path::Path;
 
 use berth::config::{self, LabelIx};
-use berth::pool::{NewRequest, NodeState, RequestState};
+use berth::pool::NodeState;
 
-use super::ec2::{live_nodes, until};
-use super::pool::{live_instances, start};
+use super::pool::{fulfil, live_instances, live_nodes, start, until};
 use crate::support::{SimServer, plugin, scripted_plugin};
 
 /// The config: one provider `p` on `driver` with `provider` TOML (its
@@ -59,20 +58,7 @@ async fn one_round(name: &str, text: &str, state: &Path) -> Vec<String> {
     let ready = h.inspect(live_nodes).await.unwrap();
     assert_eq!(ready.len(), 2, "{name}: {ready:?}");
 
-    let id = h
-        .submit(NewRequest {
-            requestor: "ci".into(),
-            priority: 0,
-            wants: vec![(small, 1)],
-        })
-        .await
-        .expect("request taken");
-    let r = h.wait(id).await.unwrap().expect("request");
-    assert!(
-        matches!(r.state, RequestState::Fulfilled { .. }),
-        "{name}: {r:?}"
-    );
-    let node = r.nodes[0];
+    let node = fulfil(&h, "ci", vec![(small, 1)]).await.nodes[0];
     assert!(ready.contains_key(&node), "{name}: {node} was not ready");
     h.release(node).await.expect("release");
     until(&h, 30, "released node gone", move |p| {
@@ -158,7 +144,7 @@ async fn berth_keeps_a_pool_on_the_static_driver() {
     let provider = format!(
         "allow-hosts = [{}]\nconfig = {}",
         allow.join(", "),
-        toml_inline(&serde_json::json!({ "hosts": hosts }))
+        toml::Value::try_from(serde_json::json!({ "hosts": hosts })).expect("TOML")
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let text = config_text(dir.path(), &plugin("static"), &provider, "small");
@@ -166,22 +152,4 @@ async fn berth_keeps_a_pool_on_the_static_driver() {
     // Two hosts held, as two different instances.
     assert_eq!(held.len(), 2, "{held:?}");
     assert_ne!(held[0], held[1]);
-}
-
-/// `value` as an inline TOML value.
-fn toml_inline(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::Object(m) => {
-            let fields: Vec<String> = m
-                .iter()
-                .map(|(k, v)| format!("{k:?} = {}", toml_inline(v)))
-                .collect();
-            format!("{{ {} }}", fields.join(", "))
-        }
-        serde_json::Value::Array(a) => {
-            let items: Vec<String> = a.iter().map(toml_inline).collect();
-            format!("[{}]", items.join(", "))
-        }
-        other => other.to_string(),
-    }
 }

@@ -17,7 +17,7 @@ use berth::plugin::{
     AllowedHost, CallErrorKind, LoadErrorKind, LoadSource, Provider, ProviderConfig, Rejection,
     Runtime, RuntimeConfig, SandboxLimits, Trap,
 };
-use support::{LogCapture, SimServer, plugin};
+use support::{KIT_STEPS, LogCapture, SimServer, plugin};
 
 fn runtime() -> Runtime {
     Runtime::new(RuntimeConfig::default()).expect("runtime")
@@ -723,15 +723,7 @@ async fn driver_test_passes(
         wasm.display(),
         String::from_utf8_lossy(&test.stderr)
     );
-    for step in [
-        "create with tags",
-        "listed with tags",
-        "seen by another instance",
-        "set-tags visible",
-        "foreign pool isolation",
-        "gone after delete",
-        "delete again",
-    ] {
+    for step in KIT_STEPS {
         assert!(
             out.contains(&format!("PASS  {step}")),
             "{step} missing in\n{out}"

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use berth::config::{self, Config, LabelIx};
 use berth::driver::{NODE_TAG, POOL_TAG};
-use berth::pool::{NewRequest, NodeId, NodeState, Pool, RequestState};
+use berth::pool::{NewRequest, NodeId, NodeState, Pool, Request, RequestState};
 use berth::runtime::{self, Handle, Service, StartOptions};
 use berth::sim::{Knobs, SimCloud};
 
@@ -58,17 +58,22 @@ pub async fn start(config: Config) -> Service {
 }
 
 /// Polls `check` on the pool every 20 ms until it holds (at most `secs`).
-pub async fn until(handle: &Handle, secs: u64, what: &str, check: fn(&Pool) -> bool) {
+pub async fn until<F>(handle: &Handle, secs: u64, what: &str, check: F)
+where
+    F: Fn(&Pool) -> bool + Clone + Send + 'static,
+{
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     loop {
-        if handle.inspect(check).await.expect("pool runs") {
+        if handle.inspect(check.clone()).await.expect("pool runs") {
             return;
         }
         if tokio::time::Instant::now() > deadline {
             let state = handle
                 .inspect(|p| {
                     p.nodes()
-                        .map(|n| format!("{} {} {}", n.id, n.state.name(), n.label.0))
+                        .map(|n| {
+                            format!("{} {} {} {:?}", n.id, n.state.name(), n.label.0, n.instance)
+                        })
                         .collect::<Vec<_>>()
                 })
                 .await;
@@ -88,6 +93,30 @@ pub async fn until(handle: &Handle, secs: u64, what: &str, check: fn(&Pool) -> b
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Live nodes (not gone or failed) by id, with their instance ids.
+pub fn live_nodes(p: &Pool) -> BTreeMap<NodeId, Option<String>> {
+    p.nodes()
+        .filter(|n| !matches!(n.state, NodeState::Gone { .. } | NodeState::Failed { .. }))
+        .map(|n| (n.id, n.instance.clone()))
+        .collect()
+}
+
+/// Submits a request of `requestor` for `wants`, waits for it and checks
+/// it was fulfilled.
+pub async fn fulfil(h: &Handle, requestor: &str, wants: Vec<(LabelIx, u32)>) -> Request {
+    let id = h
+        .submit(NewRequest {
+            requestor: requestor.into(),
+            priority: 0,
+            wants,
+        })
+        .await
+        .expect("request taken");
+    let r = h.wait(id).await.unwrap().expect("request exists");
+    assert!(matches!(r.state, RequestState::Fulfilled { .. }), "{r:?}");
+    r
 }
 
 fn label(handle: &Handle, name: &str) -> LabelIx {

@@ -6,6 +6,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// The conformance kit's steps that exercise a driver's contract (after
+/// load, describe and configure): every driver must pass each.
+pub const KIT_STEPS: [&str; 7] = [
+    "create with tags",
+    "listed with tags",
+    "seen by another instance",
+    "set-tags visible",
+    "foreign pool isolation",
+    "gone after delete",
+    "delete again",
+];
+
 /// The workspace root (host/ is one below it).
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
