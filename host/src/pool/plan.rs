@@ -188,38 +188,29 @@ impl Pool {
                 spared.insert(backing);
             }
         }
-        // Candidates per provider, oldest ready first.
+        // Candidates per provider, oldest ready first: the free ready nodes
+        // of the other labels, and the ready backing nodes with every slot
+        // free of the other slot labels (kept only for those labels'
+        // min-ready, and never handed out themselves, not even to a request
+        // for their own machine label).
         let mut candidates: Vec<Vec<(Time, NodeId)>> = vec![Vec::new(); self.ix.providers.len()];
         for (i, rt) in self.ix.labels.iter().enumerate() {
-            let label = LabelIx(i as u16);
-            if spared.contains(&label) {
+            if spared.contains(&LabelIx(i as u16)) {
                 continue;
             }
-            for &(since, n) in &rt.free_ready {
+            let idle_backings = rt.backings.iter().filter_map(|&b| {
+                let node = self.nodes.get(&b)?;
+                let NodeState::Ready { since } = node.state else {
+                    return None;
+                };
+                let Role::Backing { slots, .. } = &node.role else {
+                    return None;
+                };
+                (node.idle == Idle::Run && slots.iter().all(Option::is_none)).then_some((since, b))
+            });
+            for (since, n) in rt.free_ready.iter().copied().chain(idle_backings) {
                 if let Some(node) = self.nodes.get(&n) {
                     candidates[node.provider.0 as usize].push((since, n));
-                }
-            }
-        }
-        // Ready backing nodes with every slot free, of slot labels the
-        // request does not want: kept only for those labels' min-ready, like
-        // a free ready node, and never handed out themselves (not even to a
-        // request for their own machine label).
-        for (i, rt) in self.ix.labels.iter().enumerate() {
-            let label = LabelIx(i as u16);
-            if req.wants.iter().any(|&(l, _)| l == label) {
-                continue;
-            }
-            for b in &rt.backings {
-                let Some(node) = self.nodes.get(b) else {
-                    continue;
-                };
-                let NodeState::Ready { since } = node.state else {
-                    continue;
-                };
-                let idle = matches!(&node.role, Role::Backing { slots, .. } if slots.iter().all(Option::is_none));
-                if idle && node.idle == Idle::Run {
-                    candidates[node.provider.0 as usize].push((since, *b));
                 }
             }
         }
