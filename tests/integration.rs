@@ -9,6 +9,7 @@ mod serve;
 mod static_hosts;
 mod support;
 
+use std::ffi::OsStr;
 use std::time::Duration;
 
 use berth::conformance::{self, TestConfig};
@@ -17,6 +18,7 @@ use berth::plugin::{
     AllowedHost, CallErrorKind, LoadErrorKind, LoadSource, Provider, ProviderConfig, Rejection,
     Runtime, RuntimeConfig, SandboxLimits, Trap,
 };
+use support::server::run_berth;
 use support::{KIT_STEPS, LogCapture, SimServer, plugin};
 
 fn runtime() -> Runtime {
@@ -124,19 +126,20 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
         serde_json::json!({"config": {"endpoint": sim.url()}, "allow_hosts": [sim.addr().to_string()]}).to_string(),
     )
     .unwrap();
-    let bin = env!("CARGO_BIN_EXE_berth");
-    let check = tokio::process::Command::new(bin)
-        .args(["driver", "check"])
-        .arg(plugin("sim"))
-        .output()
-        .await
-        .unwrap();
-    let out = String::from_utf8_lossy(&check.stdout);
-    assert!(check.status.success(), "{out}");
-    assert!(out.contains("berth:driver/driver@0.1.0"), "{out}");
-    assert!(out.contains(", 0 failed"), "{out}");
+    let sim_wasm = plugin("sim");
+    let check = run_berth(
+        [OsStr::new("driver"), "check".as_ref(), sim_wasm.as_ref()],
+        &[],
+    )
+    .await;
+    assert!(check.success(), "{check}");
+    assert!(
+        check.stdout.contains("berth:driver/driver@0.1.0"),
+        "{check}"
+    );
+    assert!(check.stdout.contains(", 0 failed"), "{check}");
 
-    driver_test_passes(&plugin("sim"), &config, &dir.path().join("cache")).await;
+    driver_test_passes(&sim_wasm, &config, &dir.path().join("cache")).await;
 
     // A failing run exits non-zero: the driver cannot reach a host it is not allowed.
     std::fs::write(
@@ -144,21 +147,19 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
         serde_json::json!({"config": {"endpoint": sim.url()}, "allow_hosts": []}).to_string(),
     )
     .unwrap();
-    let denied = tokio::process::Command::new(bin)
-        .args(["driver", "test"])
-        .arg(plugin("sim"))
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(
-        denied.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&denied.stdout)
-    );
-    assert!(String::from_utf8_lossy(&denied.stdout).contains("FAIL"));
+    let denied = run_berth(
+        [
+            OsStr::new("driver"),
+            "test".as_ref(),
+            sim_wasm.as_ref(),
+            "--config".as_ref(),
+            config.as_ref(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(denied.code(), Some(1), "{denied}");
+    assert!(denied.stdout.contains("FAIL"), "{denied}");
 }
 
 #[tokio::test]
@@ -595,8 +596,8 @@ async fn a_bad_config_is_a_typed_error_naming_the_provider() {
     );
 }
 
-#[test]
-fn config_check_prints_every_problem_with_its_path() {
+#[tokio::test]
+async fn config_check_prints_every_problem_with_its_path() {
     let dir = tempfile::tempdir().expect("tempdir");
     let good = dir.path().join("good.toml");
     std::fs::write(
@@ -613,27 +614,21 @@ fn config_check_prints_every_problem_with_its_path() {
         "pool-id = \"p\"\nsync-interval = \"soon\"\n[providers.a]\ndriver = \"missing.wasm\"\nrate = -1\n",
     )
     .unwrap();
-    let run = |file: &std::path::Path| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args(["config", "check"])
-            .arg(file)
-            .output()
-            .expect("berth runs")
+    let run = |file: std::path::PathBuf| async move {
+        run_berth([OsStr::new("config"), "check".as_ref(), file.as_ref()], &[]).await
     };
-    let out = run(&good);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
-    assert!(stdout.contains("ok (1 providers, 0 labels)"), "{stdout}");
+    let out = run(good).await;
+    assert_eq!(out.code(), Some(0), "{out}");
+    assert!(out.stdout.contains("ok (1 providers, 0 labels)"), "{out}");
 
-    let out = run(&bad);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let out = run(bad).await;
+    assert_eq!(out.code(), Some(1), "{out}");
     assert!(
-        stdout.contains("sync-interval: duration `soon`"),
-        "{stdout}"
+        out.stdout.contains("sync-interval: duration `soon`"),
+        "{out}"
     );
-    assert!(stdout.contains("providers.a.rate: must be"), "{stdout}");
-    assert!(stdout.contains("2 problems"), "{stdout}");
+    assert!(out.stdout.contains("providers.a.rate: must be"), "{out}");
+    assert!(out.stdout.contains("2 problems"), "{out}");
 }
 
 /// The sim cloud wants a bearer token; the host holds it and adds it to the
@@ -707,22 +702,19 @@ async fn driver_test_passes(
     config: &std::path::Path,
     cache: &std::path::Path,
 ) {
-    let test = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["driver", "test"])
-        .arg(wasm)
-        .arg("--config")
-        .arg(config)
-        .env("BERTH_CACHE_DIR", cache)
-        .output()
-        .await
-        .unwrap();
-    let out = String::from_utf8_lossy(&test.stdout);
-    assert!(
-        test.status.success(),
-        "{}: {out}\n{}",
-        wasm.display(),
-        String::from_utf8_lossy(&test.stderr)
-    );
+    let test = run_berth(
+        [
+            OsStr::new("driver"),
+            "test".as_ref(),
+            wasm.as_ref(),
+            "--config".as_ref(),
+            config.as_ref(),
+        ],
+        &[("BERTH_CACHE_DIR", cache.as_ref())],
+    )
+    .await;
+    assert!(test.success(), "{}: {test}", wasm.display());
+    let out = &test.stdout;
     for step in KIT_STEPS {
         assert!(
             out.contains(&format!("PASS  {step}")),

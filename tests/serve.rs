@@ -2,15 +2,13 @@
 //! this test process, and plain HTTP. Every wait is a bounded poll.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
 
-use crate::support::{SimServer, plugin};
+use crate::support::disk::{Tmpfs, skip};
+use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
+use crate::support::{SimServer, plugin, scripted_plugin};
 
 const CI: &str = "ci-token-0123456789abcdef";
 const OTHER: &str = "other-token-0123456789ab";
@@ -19,6 +17,12 @@ const OPS: &str = "ops-token-0123456789abcde";
 /// A config for `berth serve` against `sim`, with client tokens `ci` and
 /// `other`, admin `ops`, and a 3 s lease.
 fn serve_config(sim: &SimServer, dir: &Path) -> std::path::PathBuf {
+    serve_config_on(sim, dir, &plugin("sim"))
+}
+
+/// [`serve_config`] with the provider on `driver`, a driver of the sim
+/// cloud's API.
+fn serve_config_on(sim: &SimServer, dir: &Path, driver: &Path) -> std::path::PathBuf {
     let text = format!(
         r#"
 pool-id = "serve-test"
@@ -55,156 +59,13 @@ ram = "1GiB"
 price = 0.1
 "#,
         state = dir.join("state").display().to_string(),
-        driver = plugin("sim").display().to_string(),
+        driver = driver.display().to_string(),
         addr = sim.addr(),
         url = sim.url(),
     );
     let path = dir.join("berth.toml");
     std::fs::write(&path, text).expect("write config");
     path
-}
-
-/// A running `berth serve`, killed if still running when dropped.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    async fn start(args: &[&str], dir: &Path) -> Server {
-        Self::start_logging(args, dir, Stdio::inherit(), "berth=warn").await
-    }
-
-    /// As [`Server::start`], with the log at `level` going to `log`.
-    async fn start_logging(args: &[&str], dir: &Path, log: Stdio, level: &str) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
-            .arg("serve")
-            .args(args)
-            .current_dir(dir)
-            .env("BERTH_LOG", level)
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn berth serve");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let addr = tokio::time::timeout(Duration::from_secs(120), async {
-            while let Some(line) = lines.next_line().await.expect("read stdout") {
-                if let Some(a) = line.strip_prefix("berth listening on http://") {
-                    return a.to_owned();
-                }
-            }
-            panic!("berth serve exited before listening");
-        })
-        .await
-        .expect("berth serve listens within 120 s");
-        // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Server {
-            child,
-            base: format!("http://{addr}"),
-        }
-    }
-
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let (status, text) = http(&self.base, method, path, token, body).await;
-        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, v)
-    }
-
-    /// SIGTERM, then the exit status.
-    async fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().expect("running") as i32;
-        // SAFETY: sending a signal to our own child.
-        unsafe { libc_kill(pid, 15) };
-        tokio::time::timeout(Duration::from_secs(60), self.child.wait())
-            .await
-            .expect("stops within 60 s")
-            .expect("wait")
-    }
-}
-
-unsafe extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
-}
-
-/// One HTTP/1.1 request with `Connection: close`; the status and body.
-async fn http(
-    base: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, String) {
-    let addr = base.strip_prefix("http://").expect("http url");
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    if !body.is_empty() {
-        req.push_str("Content-Type: application/json\r\n");
-    }
-    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes()).await.expect("send");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
-    let status: u16 = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(rest)
-    } else {
-        rest.to_owned()
-    };
-    (status, body)
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = &rest[n + 2..];
-    }
-    out
-}
-
-/// Polls `check` every 50 ms until it gives `Some` (at most `secs`).
-async fn until<T, F: std::future::Future<Output = Option<T>>>(
-    secs: u64,
-    what: &str,
-    mut check: impl FnMut() -> F,
-) -> T {
-    let end = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(t) = check().await {
-            return t;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn code(v: &Value) -> &str {
@@ -217,7 +78,7 @@ async fn serve_end_to_end_through_the_binary() {
     let dir = tempfile::tempdir().unwrap();
     let config = serve_config(&sim, dir.path());
     let cfg = config.display().to_string();
-    let server = Server::start(&["--config", &cfg], dir.path()).await;
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
 
     // Health, readiness (after the first list), the description.
     assert_eq!(server.call("GET", "/healthz", None, None).await.0, 200);
@@ -490,9 +351,8 @@ async fn serve_end_to_end_through_the_binary() {
         .iter()
         .filter(|c| c.method == "POST" && c.path == "/v1/instances")
         .count();
-    let status = server.terminate().await;
-    assert!(status.success(), "{status}");
-    let server = Server::start(&["--config", &cfg], dir.path()).await;
+    server.terminate().await.assert_success();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
     until(30, "ready again", || async {
         (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
     })
@@ -524,13 +384,13 @@ async fn serve_end_to_end_through_the_binary() {
         .filter(|c| c.method == "POST" && c.path == "/v1/instances")
         .count();
     assert_eq!(after, creates, "no create after the restart");
-    assert!(server.terminate().await.success());
+    server.terminate().await.assert_success();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_without_a_config_runs_the_embedded_default() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&["--listen", "127.0.0.1:0"], dir.path()).await;
+    let server = Berth::start(&["--listen", "127.0.0.1:0"], dir.path()).await;
     let (s, labels) = server.call("GET", "/v1/labels", None, None).await;
     assert_eq!(s, 200);
     let names: Vec<&str> = labels
@@ -587,40 +447,37 @@ async fn serve_without_a_config_runs_the_embedded_default() {
             .all(|n| n.get("hosting").is_none())
     );
     // The CLI against the same server.
-    let cli = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args(args)
-            .env("BERTH_SERVER", &server.base)
-            .output()
-            .expect("run the CLI");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (out.status.code(), text)
+    let base = server.base.clone();
+    let cli = |args: &'static [&'static str]| {
+        let base = base.clone();
+        async move { run_berth(args, &[("BERTH_SERVER", base.as_ref())]).await }
     };
-    let (code, text) = cli(&["request", "small=1", "--wait=60s"]);
-    assert_eq!(code, Some(0), "{text}");
-    assert!(text.contains("fulfilled"), "{text}");
-    let (code, text) = cli(&["nodes", "--state", "in-use"]);
-    assert_eq!(code, Some(0), "{text}");
+    let out = cli(&["request", "small=1", "--wait=60s"]).await;
+    assert_eq!(out.code(), Some(0), "{out}");
+    assert!(out.stdout.contains("fulfilled"), "{out}");
+    let out = cli(&["nodes", "--state", "in-use"]).await;
+    assert_eq!(out.code(), Some(0), "{out}");
     assert!(
-        text.lines().next().unwrap_or("").starts_with("ID"),
-        "{text}"
+        out.stdout.lines().next().unwrap_or("").starts_with("ID"),
+        "{out}"
     );
     assert!(
-        text.lines().count() >= 5,
-        "3 + 1 in use, and the header: {text}"
+        out.stdout.lines().count() >= 5,
+        "3 + 1 in use, and the header: {out}"
     );
-    let (_, text) = cli(&["nodes"]);
-    let host_line = text
+    let out = cli(&["nodes"]).await;
+    let host_line = out
+        .stdout
         .lines()
         .find(|l| l.starts_with(backing[0]))
-        .unwrap_or_else(|| panic!("{text}"));
-    assert!(host_line.contains("(hosts 2/4 shared)"), "{text}");
-    let (code, _) = cli(&["release", "n-0000000000000000"]);
-    assert_eq!(code, Some(1), "an API error exits 1");
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(host_line.contains("(hosts 2/4 shared)"), "{out}");
+    let out = cli(&["release", "n-0000000000000000"]).await;
+    assert_eq!(out.code(), Some(1), "an API error exits 1: {out}");
     let (_, d) = server.call("GET", "/v1/drivers", None, None).await;
     assert_eq!(d[0]["file"], "sim", "{d}");
     assert!(dir.path().join("berth-data/berth.db").exists());
-    assert!(server.terminate().await.success());
+    server.terminate().await.assert_success();
 }
 
 #[tokio::test]
@@ -635,21 +492,10 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
     let dir = tempfile::tempdir().unwrap();
     let config = serve_config(&sim, dir.path());
     let cfg = config.display().to_string();
-    let log_path = dir.path().join("serve.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let server = Server::start_logging(
-        &[
-            "--config",
-            &cfg,
-            "--stop-grace",
-            "1s",
-            "--log-format",
-            "json",
-        ],
-        dir.path(),
-        log.into(),
-        "berth=info",
-    )
+    let server = Berth::launch(Launch {
+        json: true,
+        ..Launch::new(&["--config", &cfg, "--stop-grace", "1s"], dir.path())
+    })
     .await;
     until(30, "two creates under way", || async {
         let (_, nodes) = server.call("GET", "/v1/nodes", Some(OPS), None).await;
@@ -662,7 +508,8 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
     })
     .await;
     let stopping = std::time::Instant::now();
-    assert!(server.terminate().await.success());
+    let exited = server.terminate().await;
+    exited.assert_success();
     // Not the 8 s the calls take: the grace, then out.
     assert!(
         stopping.elapsed() < Duration::from_secs(6),
@@ -670,7 +517,7 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
         stopping.elapsed()
     );
     // The log is JSON lines, and says what was left.
-    let text = std::fs::read_to_string(&log_path).unwrap();
+    let text = exited.log_text();
     let lines: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
@@ -687,7 +534,7 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
 
     // The next start resolves the two creates: two nodes ready, two
     // instances in the cloud, none twice.
-    let server = Server::start(&["--config", &cfg], dir.path()).await;
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
     until(60, "two ready nodes", || async {
         let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
         (l[0]["ready"].as_u64() == Some(2)).then_some(())
@@ -700,5 +547,108 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
         .filter(|i| i.state != berth::sim::InstanceState::Terminated)
         .count();
     assert_eq!(live, 2);
-    assert!(server.terminate().await.success());
+    server.terminate().await.assert_success();
+}
+
+/// Regression: a graceful stop sometimes exited non-zero. Signals were only
+/// handled once the API listened, so a SIGTERM that came earlier (in CI, one
+/// sent the moment the API answered, before the main thread had reached the
+/// line that registered the handler) met the default action and killed
+/// berth. A stop asked for at any moment of the start is a clean stop: here,
+/// while a Python driver compiles, which takes seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_a_driver_compiles_is_a_clean_stop() {
+    let wasm = tokio::task::spawn_blocking(|| scripted_plugin("python-example"))
+        .await
+        .unwrap();
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config_on(&sim, dir.path(), &wasm);
+    let cfg = config.display().to_string();
+    let starting = Berth::spawn(Launch::new(&["--config", &cfg], dir.path()));
+    starting.log_says("loading a driver", 60).await;
+    starting.signal(SIGTERM);
+    let exited = starting.exit_within(Duration::from_secs(60)).await;
+    exited.assert_success();
+    let log = exited.log_text();
+    assert!(log.contains("stopped while starting"), "{log}");
+    // It did not wait for the compile to end.
+    assert!(!log.contains("driver loaded"), "{log}");
+}
+
+/// A store that cannot be written (here a full file system) stops the pool
+/// at once: the change that could not be stored is answered
+/// `503 store_unwritable`, the log says why at ERROR, and berth exits with
+/// code 3 so that a supervisor restarts it, instead of staying up as a
+/// service that refuses everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_be_written_ends_berth_with_code_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = match Tmpfs::mount(&dir.path().join("state"), "8m") {
+        Ok(disk) => disk,
+        Err(why) => {
+            return skip(
+                "a_store_that_cannot_be_written_ends_berth_with_code_3",
+                &why,
+            );
+        }
+    };
+    let sim = SimServer::start().await;
+    let config = serve_config(&sim, dir.path());
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    until(30, "two ready nodes", || async {
+        let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
+        (l[0]["ready"].as_u64() == Some(2)).then_some(())
+    })
+    .await;
+    disk.fill();
+    // Each request adds rows; soon one cannot be stored.
+    let refused = until(60, "a request the store cannot take", || async {
+        let answer = server
+            .try_call(
+                "POST",
+                "/v1/requests",
+                Some(CI),
+                Some(json!({"labels": {"small": 1}})),
+            )
+            .await;
+        match answer {
+            Ok((201, _)) => None,
+            Ok((status, e)) => Some(Ok((status, e))),
+            Err(e) => Some(Err(e.to_string())),
+        }
+    })
+    .await;
+    let (status, e) = refused.unwrap_or_else(|e| {
+        panic!(
+            "berth went away without answering: {e}\n{}",
+            crate::support::server::tail(&server.log)
+        )
+    });
+    assert_eq!((status, code(&e)), (503, "store_unwritable"), "{e}");
+    let exited = server.exit_within(Duration::from_secs(60)).await;
+    exited.assert_code(3);
+    let log = exited.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("the store could not be written")),
+        "{log}"
+    );
+    drop(disk);
+}
+
+/// A config berth cannot use ends the start with code 2 and says why.
+#[tokio::test]
+async fn a_config_it_cannot_use_ends_berth_with_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("berth.toml");
+    std::fs::write(&cfg, "pool-id = \"x\"\nsync-interval = \"soon\"\n").unwrap();
+    let cfg = cfg.display().to_string();
+    let exited = Berth::spawn(Launch::new(&["--config", &cfg], dir.path()))
+        .exit_within(Duration::from_secs(60))
+        .await;
+    exited.assert_code(2);
+    let log = exited.log_text();
+    assert!(log.contains("sync-interval"), "{log}");
 }

@@ -1,6 +1,13 @@
 //! Shared test fixtures: the plugins built for wasm32-wasip2, an in-process
 //! sim cloud on 127.0.0.1:0, and a log capture.
 
+// Paths relative to this file, so that the benchmarks, which include it by
+// path, find them too.
+#[path = "support/disk.rs"]
+pub mod disk;
+#[path = "support/server.rs"]
+pub mod server;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;

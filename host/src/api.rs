@@ -261,6 +261,9 @@ impl From<ServiceError> for ApiError {
         let message = e.to_string();
         match e {
             ServiceError::Stopped => ApiError::stopping(),
+            ServiceError::StoreFailed(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unwritable", message)
+            }
             ServiceError::Refused(Refused::Empty) => ApiError::bad("labels", message),
             ServiceError::Refused(Refused::DuplicateLabel(_)) => ApiError::bad("labels", message),
             ServiceError::Refused(Refused::TooMany { .. }) => {
@@ -328,8 +331,13 @@ impl Api {
 
 // ---- health, metrics, the description -----------------------------------
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// 200 while the pool runs; 503 once its store could not be written (the
+/// process is about to exit so that a supervisor restarts it).
+async fn healthz(State(api): State<Api>) -> Response {
+    match api.handle().failure() {
+        Some(e) => ApiError::from(e).into_response(),
+        None => "ok\n".into_response(),
+    }
 }
 
 async fn readyz(State(api): State<Api>) -> Response {

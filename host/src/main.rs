@@ -2,6 +2,7 @@
 //! conformance kit for driver authors, config checking and the simulated
 //! cloud. Thin by design: the work is in the library.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -126,18 +127,27 @@ fn main() -> ExitCode {
             Err(e) => exit(Err(e)),
         };
     }
-    exit(runtime.block_on(run(cli.command)))
+    let code = exit(runtime.block_on(run(cli.command)));
+    // Whatever is still running is abandoned, not waited for: driver calls
+    // left at the end of a stop's grace (their intents are stored) or a
+    // driver still compiling when a stop came during the start.
+    runtime.shutdown_background();
+    code
 }
 
 /// The one place outcomes become exit codes: 0 success, 1 a check or test
-/// failed, 2 berth itself could not run.
+/// failed, 2 berth itself could not run, 3 the store could not be written
+/// (docs/api.md, "Stopping").
 fn exit(outcome: anyhow::Result<bool>) -> ExitCode {
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
             eprintln!("berth: {e:#}");
-            ExitCode::from(2)
+            let store = e
+                .chain()
+                .any(|cause| cause.is::<berth::store::StoreError>());
+            ExitCode::from(if store { 3 } else { 2 })
         }
     }
 }
@@ -211,7 +221,8 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             Ok(false)
         }
         Command::Sim(args) => {
-            berth::sim::run(args, berth::serve::signal()).await?;
+            let stop = berth::serve::shutdown_signals().context("listening for signals")?;
+            berth::sim::run(args, stop).await?;
             Ok(true)
         }
         Command::Client(_) => unreachable!("client commands are run in main"),
@@ -224,13 +235,15 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                 );
                 return Ok(true);
             }
+            // Before anything else: from here on a signal is a clean stop.
+            let stop = berth::serve::shutdown_signals().context("listening for signals")?;
             let options = berth::serve::ServeOptions {
                 config: args.config,
                 listen: args.listen,
                 state_dir: Some(args.state_dir),
                 stop_grace: Some(args.stop_grace),
             };
-            berth::serve::serve(options, berth::serve::signal(), |addr, config| {
+            berth::serve::serve(options, stop, |addr, config| {
                 println!("berth listening on http://{addr}");
                 let labels: Vec<&str> = config.labels.iter().map(|l| l.name.as_str()).collect();
                 println!("labels: {}", labels.join(", "));
@@ -255,8 +268,10 @@ fn default_cache_dir() -> Option<PathBuf> {
 fn init_tracing(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Colours only for a terminal, never into a file or a pipe.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),

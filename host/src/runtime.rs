@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -24,7 +24,7 @@ use crate::pool::{
     Changes, Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refused, Request,
     RequestId, RequestState, Time,
 };
-use crate::store::{SqliteStore, Store};
+use crate::store::{SqliteStore, Store, StoreError};
 
 /// Wall-clock time as the core sees it, advanced by tokio's clock so that
 /// tests with paused time control it.
@@ -69,6 +69,23 @@ pub enum ServiceError {
     Conflict(#[from] Conflict),
     #[error("the pool has stopped")]
     Stopped,
+    /// The store could not be written, so the pool stopped deciding: what
+    /// was asked is not done.
+    #[error("the store could not be written ({0}); nothing was changed")]
+    StoreFailed(Arc<str>),
+}
+
+/// Why a pool's task ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The store could not be written. The pool stopped at once: acting on
+    /// the cloud, or telling a client, without a stored intent is how
+    /// machines leak and nodes get handed out twice.
+    #[error("the store could not be written")]
+    Store(#[source] StoreError),
+    /// The pool's task panicked.
+    #[error("the pool's task panicked: {0}")]
+    Panicked(String),
 }
 
 type Reply<T> = oneshot::Sender<Result<T, ServiceError>>;
@@ -177,6 +194,9 @@ pub struct Handle {
     tx: mpsc::UnboundedSender<Event>,
     config: Arc<Config>,
     drivers: Arc<Vec<LoadedDriver>>,
+    /// Why the pool's task ended, if it ended by itself; a command sent
+    /// after that is answered with it rather than a plain `Stopped`.
+    ended: Arc<OnceLock<ServiceError>>,
 }
 
 /// A driver the pool loaded, and the providers that use it.
@@ -204,8 +224,19 @@ impl Handle {
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Event) -> Result<T, ServiceError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(make(tx)).map_err(|_| ServiceError::Stopped)?;
-        rx.await.map_err(|_| ServiceError::Stopped)?
+        self.tx.send(make(tx)).map_err(|_| self.gone())?;
+        rx.await.map_err(|_| self.gone())?
+    }
+
+    /// Why a command could not reach the pool.
+    fn gone(&self) -> ServiceError {
+        self.ended.get().cloned().unwrap_or(ServiceError::Stopped)
+    }
+
+    /// Why the pool's task ended by itself (its store could not be
+    /// written), if it did.
+    pub fn failure(&self) -> Option<ServiceError> {
+        self.ended.get().cloned()
     }
 
     /// Takes a request; see [`Handle::wait`] for its outcome.
@@ -243,10 +274,8 @@ impl Handle {
     /// there is no such request.
     pub async fn wait(&self, id: RequestId) -> Result<Option<Request>, ServiceError> {
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Event::Wait(id, tx))
-            .map_err(|_| ServiceError::Stopped)?;
-        rx.await.map_err(|_| ServiceError::Stopped)
+        self.tx.send(Event::Wait(id, tx)).map_err(|_| self.gone())?;
+        rx.await.map_err(|_| self.gone())
     }
 
     /// Reads the pool's state on its own task.
@@ -258,15 +287,17 @@ impl Handle {
         let event = Event::Inspect(Box::new(move |pool| {
             let _ = tx.send(f(pool));
         }));
-        self.tx.send(event).map_err(|_| ServiceError::Stopped)?;
-        rx.await.map_err(|_| ServiceError::Stopped)
+        self.tx.send(event).map_err(|_| self.gone())?;
+        rx.await.map_err(|_| self.gone())
     }
 }
 
 /// A running pool: its handle and its task.
 pub struct Service {
     pub handle: Handle,
-    task: JoinHandle<anyhow::Result<()>>,
+    task: JoinHandle<Result<(), PoolError>>,
+    /// The task's outcome, once [`Service::ended`] has seen it.
+    outcome: Option<Result<(), PoolError>>,
     shutdown: Option<oneshot::Sender<Duration>>,
 }
 
@@ -286,7 +317,9 @@ impl Service {
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = oneshot::channel();
         let config = pool.config().clone();
+        let ended = Arc::new(OnceLock::new());
         let run = Loop {
+            ended: ended.clone(),
             pool,
             providers: parts.providers,
             store: parts.store,
@@ -304,9 +337,21 @@ impl Service {
                 tx,
                 config,
                 drivers: Arc::new(parts.drivers),
+                ended,
             },
             task,
+            outcome: None,
             shutdown: Some(stop_tx),
+        }
+    }
+
+    /// Completes if the pool's task ends by itself, which it only does when
+    /// it fails (its store cannot be written, or it panicked). Cancel-safe:
+    /// [`Service::stop_within`] still reports the outcome afterwards.
+    pub async fn ended(&mut self) {
+        if self.outcome.is_none() {
+            let joined = (&mut self.task).await;
+            self.outcome = Some(joined.unwrap_or_else(|e| Err(panicked(e))));
         }
     }
 
@@ -315,16 +360,32 @@ impl Service {
     /// stored, and no new call is started. Returns the task's outcome. A
     /// call still running after `grace` is abandoned; its intent is stored,
     /// so the next start resolves it.
-    pub async fn stop_within(mut self, grace: Duration) -> anyhow::Result<()> {
+    pub async fn stop_within(mut self, grace: Duration) -> Result<(), PoolError> {
+        if let Some(outcome) = self.outcome.take() {
+            return outcome;
+        }
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(grace);
         }
-        self.task.await.context("pool task panicked")?
+        self.task.await.unwrap_or_else(|e| Err(panicked(e)))
     }
 
     /// [`Service::stop_within`] with [`DEFAULT_STOP_GRACE`].
-    pub async fn stop(self) -> anyhow::Result<()> {
+    pub async fn stop(self) -> Result<(), PoolError> {
         self.stop_within(DEFAULT_STOP_GRACE).await
+    }
+}
+
+fn panicked(e: tokio::task::JoinError) -> PoolError {
+    match e.try_into_panic() {
+        Ok(payload) => PoolError::Panicked(
+            payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into()),
+        ),
+        Err(e) => PoolError::Panicked(e.to_string()),
     }
 }
 
@@ -364,6 +425,7 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
         let i = match by_path.get(&p.driver) {
             Some(&i) => i,
             None => {
+                tracing::info!(provider = %p.name, driver = %p.driver.display(), "loading a driver");
                 let driver = runtime
                     .load_file(&p.driver)
                     .await
@@ -422,6 +484,8 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
 }
 
 struct Loop {
+    /// Shared with every [`Handle`]: why the task ended, if by itself.
+    ended: Arc<OnceLock<ServiceError>>,
     pool: Pool,
     providers: Vec<Arc<Provider>>,
     store: Box<dyn Store>,
@@ -431,17 +495,25 @@ struct Loop {
     waiters: HashMap<RequestId, Vec<oneshot::Sender<Option<Request>>>>,
     effects: Vec<Effect>,
     /// Answers to commands, sent after the step's changes are stored.
-    replies: Vec<Box<dyn FnOnce() + Send>>,
+    replies: Vec<Answer>,
     /// Driver calls started whose outcome has not come back.
     in_flight: usize,
 }
 
+/// A command's answer, sent once its changes are stored: called with
+/// `None` to send the pool's result, or with the error that kept the
+/// changes from being stored, to send that instead.
+type Answer = Box<dyn FnOnce(Option<ServiceError>) + Send>;
+
 fn answer<T: Send + 'static, E: Into<ServiceError> + Send + 'static>(
     reply: Reply<T>,
     result: Result<T, E>,
-) -> Box<dyn FnOnce() + Send> {
-    Box::new(move || {
-        let _ = reply.send(result.map_err(Into::into));
+) -> Answer {
+    Box::new(move |failed| {
+        let _ = reply.send(match failed {
+            Some(e) => Err(e),
+            None => result.map_err(Into::into),
+        });
     })
 }
 
@@ -453,8 +525,24 @@ impl Loop {
     async fn run(
         mut self,
         mut rx: mpsc::UnboundedReceiver<Event>,
+        stop: oneshot::Receiver<Duration>,
+    ) -> Result<(), PoolError> {
+        let outcome = match self.serve(&mut rx, stop).await {
+            Ok(grace) => self.drain(&mut rx, grace).await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(&mut rx, e)),
+        }
+    }
+
+    /// The pool's life until it is told to stop; returns the stop's grace.
+    async fn serve(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
         mut stop: oneshot::Receiver<Duration>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<Duration, StoreError> {
         // The first step is owed at once (the first lists, prewarming): a
         // pool nobody talks to must not wait for an event to start.
         self.step()?;
@@ -480,16 +568,38 @@ impl Loop {
             }
             self.step()?;
         };
-        self.drain(&mut rx, grace).await
+        Ok(grace)
+    }
+
+    /// The store could not be written: nothing more is decided, acted on or
+    /// answered as done. Commands waiting for their commit, queued, or sent
+    /// from now on are answered with the failure; calls in flight are left
+    /// (their intents are stored, so the next start resolves them).
+    fn fail(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>, e: StoreError) -> PoolError {
+        tracing::error!(
+            error = %e,
+            "the store could not be written; the pool stopped deciding, so that nothing is done or answered without a stored record"
+        );
+        let failed = ServiceError::StoreFailed(e.to_string().into());
+        let _ = self.ended.set(failed.clone());
+        for reply in self.replies.drain(..) {
+            reply(Some(failed.clone()));
+        }
+        rx.close();
+        while let Ok(event) = rx.try_recv() {
+            refuse(event, &failed);
+        }
+        self.waiters.clear();
+        PoolError::Store(e)
     }
 
     /// Stopping: no new call starts and commands are refused, while the
     /// outcomes of calls in flight come in (up to `grace`) and are stored.
     async fn drain(
-        mut self,
+        &mut self,
         rx: &mut mpsc::UnboundedReceiver<Event>,
         grace: Duration,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), StoreError> {
         let deadline = tokio::time::Instant::now() + grace;
         loop {
             self.commit_and_answer()?;
@@ -513,36 +623,34 @@ impl Loop {
                     self.in_flight -= 1;
                     self.outcome(event, now);
                 }
-                other => refuse(other),
+                other => refuse(other, &ServiceError::Stopped),
             }
         }
         // Whatever is still queued is refused, so no client waits for ever.
         rx.close();
         while let Ok(e) = rx.try_recv() {
-            refuse(e);
+            refuse(e, &ServiceError::Stopped);
         }
-        for (_, waiters) in self.waiters.drain() {
-            drop(waiters);
-        }
+        self.waiters.clear();
         self.commit_and_answer()
     }
 
     /// Stores what changed, then answers the commands that changed it.
-    fn commit_and_answer(&mut self) -> anyhow::Result<()> {
+    fn commit_and_answer(&mut self) -> Result<(), StoreError> {
         let changes = self.pool.take_changes();
         self.commit(&changes)?;
         // Clients hear of what they asked only once it is stored: a request
         // id a client holds survives a crash.
         for reply in self.replies.drain(..) {
-            reply();
+            reply(None);
         }
         Ok(())
     }
 
     /// Writes `changes`, if any. A store that cannot be written stops the
-    /// pool: acting on the cloud without a stored intent is how machines
-    /// leak.
-    fn commit(&mut self, changes: &Changes) -> anyhow::Result<()> {
+    /// pool (see [`Loop::fail`]): acting on the cloud without a stored
+    /// intent is how machines leak.
+    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
         if changes.is_empty() {
             return Ok(());
         }
@@ -552,7 +660,7 @@ impl Loop {
         // worker's queue to another thread with `block_in_place` first cost
         // more than it saved: lone requests and one-client loops were slower
         // and the commits themselves took longer.
-        self.store.commit(changes).context("writing the store")?;
+        self.store.commit(changes)?;
         self.observer.committed(started.elapsed());
         Ok(())
     }
@@ -614,7 +722,7 @@ impl Loop {
     }
 
     /// Decide, store, then act.
-    fn step(&mut self) -> anyhow::Result<()> {
+    fn step(&mut self) -> Result<(), StoreError> {
         let now = self.clock.now();
         self.pool.tick(now, &mut self.effects);
         let changes = self.pool.take_changes();
@@ -629,7 +737,7 @@ impl Loop {
         // Clients hear of what they asked only once it is stored: a request
         // id a client holds survives a crash.
         for reply in self.replies.drain(..) {
-            reply();
+            reply(None);
         }
         for notice in self.pool.take_notices() {
             self.observer.notice(self.pool.config(), &notice);
@@ -788,15 +896,16 @@ fn call(
     });
 }
 
-/// Answers a command that came in while stopping.
-fn refuse(event: Event) {
+/// Answers a command the pool no longer takes with `why`.
+fn refuse(event: Event, why: &ServiceError) {
+    let why = why.clone();
     match event {
-        Event::Submit(_, _, r) => drop(r.send(Err(ServiceError::Stopped))),
+        Event::Submit(_, _, r) => drop(r.send(Err(why))),
         Event::Cancel(_, r)
         | Event::Release(_, r)
         | Event::SetIdle(_, _, r)
-        | Event::Delete(_, r) => drop(r.send(Err(ServiceError::Stopped))),
-        Event::Renew(_, _, r) => drop(r.send(Err(ServiceError::Stopped))),
+        | Event::Delete(_, r) => drop(r.send(Err(why))),
+        Event::Renew(_, _, r) => drop(r.send(Err(why))),
         Event::Wait(_, r) => drop(r),
         Event::Inspect(_) => {}
         Event::Created(..) | Event::Deleted(..) | Event::Listed(..) | Event::Tagged(..) => {}

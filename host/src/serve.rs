@@ -8,6 +8,8 @@
 //! Stopping (SIGTERM or SIGINT): the API refuses new changes and `/readyz`
 //! turns 503, driver calls in flight are finished and stored, then the
 //! listener closes. Nodes stay in the cloud and are adopted on the next start.
+//! A store that cannot be written stops the pool at once and ends `serve`
+//! with an error (docs/api.md, "Stopping", has the exit statuses).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,7 +21,7 @@ use anyhow::Context;
 
 use crate::api::{Api, Telemetry};
 use crate::config::{self, Config};
-use crate::runtime::{self, StartOptions};
+use crate::runtime::{self, Service, StartOptions};
 use crate::sim::{Knobs, SimCloud};
 
 /// What `berth serve` was asked to do.
@@ -131,11 +133,81 @@ impl EmbeddedSim {
 
 /// Runs the service until `shutdown` completes, then stops it gracefully.
 /// `ready` hears the address it listens on once it does.
+///
+/// `shutdown` is watched from the first moment, starting included: a stop
+/// asked for while drivers load ends the start and returns `Ok`. Create it
+/// with [`shutdown_signals`] before calling this, so that a signal is never
+/// met by its default action.
+///
+/// Returns an error (with [`runtime::PoolError::Store`] in its chain) when the store
+/// could not be written, whether while running or in the stop's last
+/// commit: the pool stopped deciding at once, and the process should exit
+/// non-zero so that a supervisor restarts it once the store is writable.
 pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
     ready: impl FnOnce(SocketAddr, &Config),
 ) -> anyhow::Result<()> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let started = tokio::select! {
+        biased;
+        () = &mut shutdown => None,
+        started = start(&options) => Some(started?),
+    };
+    let Some(Started {
+        mut service,
+        api,
+        listener,
+        sim,
+    }) = started
+    else {
+        tracing::info!("stopped while starting; nothing had been started yet");
+        return Ok(());
+    };
+    let addr = listener.local_addr()?;
+    ready(addr, service.handle.config());
+    let (close, closed) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        axum::serve(listener, api.router())
+            .with_graceful_shutdown(async move {
+                let _ = closed.await;
+            })
+            .into_future(),
+    );
+
+    let asked = tokio::select! {
+        () = &mut shutdown => true,
+        () = service.ended() => false,
+    };
+    if asked {
+        tracing::info!("stopping: refusing changes, finishing driver calls in flight");
+        api.stopping();
+    }
+    let stopped = service
+        .stop_within(options.stop_grace.unwrap_or(runtime::DEFAULT_STOP_GRACE))
+        .await;
+    let _ = close.send(());
+    let served = server.await.context("the HTTP server panicked")?;
+    if let Some(sim) = sim {
+        sim.stop().await;
+    }
+    stopped.context("stopping the pool")?;
+    served.context("serving HTTP")?;
+    tracing::info!("stopped; nodes stay in the cloud and are adopted on the next start");
+    Ok(())
+}
+
+/// A service that has started and not yet listened.
+struct Started {
+    service: Service,
+    api: Api,
+    listener: tokio::net::TcpListener,
+    sim: Option<EmbeddedSim>,
+}
+
+/// Everything before serving: the config (or the embedded default and its
+/// sim cloud), the pool and the listener.
+async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
     let (config, sim) = match &options.config {
         Some(file) => {
             let config = config::load(file).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -193,32 +265,12 @@ pub async fn serve(
             return Err(anyhow::Error::new(e).context(format!("listening on {listen}")));
         }
     };
-    let addr = listener.local_addr()?;
-    ready(addr, service.handle.config());
-    let (close, closed) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        axum::serve(listener, api.router())
-            .with_graceful_shutdown(async move {
-                let _ = closed.await;
-            })
-            .into_future(),
-    );
-
-    shutdown.await;
-    tracing::info!("stopping: refusing changes, finishing driver calls in flight");
-    api.stopping();
-    let stopped = service
-        .stop_within(options.stop_grace.unwrap_or(runtime::DEFAULT_STOP_GRACE))
-        .await;
-    let _ = close.send(());
-    let served = server.await.context("the HTTP server panicked")?;
-    if let Some(sim) = sim {
-        sim.stop().await;
-    }
-    stopped.context("stopping the pool")?;
-    served.context("serving HTTP")?;
-    tracing::info!("stopped; nodes stay in the cloud and are adopted on the next start");
-    Ok(())
+    Ok(Started {
+        service,
+        api,
+        listener,
+        sim,
+    })
 }
 
 #[cfg(feature = "embedded-sim")]
@@ -235,25 +287,27 @@ fn write_sim_driver(_: &Path) -> anyhow::Result<()> {
     )
 }
 
-/// Completes on SIGTERM or SIGINT (Ctrl-C).
-pub async fn signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = match signal(SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
+/// SIGTERM and SIGINT (Ctrl-C), registered now: the future completes on
+/// the first of them. Call this before anything slow starts, so that a
+/// signal arriving at any later moment, while drivers load or before the
+/// API listens, asks for a clean stop instead of killing the process.
+#[cfg(unix)]
+pub fn shutdown_signals() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
         tokio::select! {
             _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = interrupt.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
+    })
+}
+
+/// Ctrl-C, registered now (see the Unix version).
+#[cfg(not(unix))]
+pub fn shutdown_signals() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    Ok(async {
         let _ = tokio::signal::ctrl_c().await;
-    }
+    })
 }

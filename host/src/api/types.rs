@@ -259,7 +259,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable, for programs: `bad_request`, `unauthorized`, `forbidden`,
     /// `not_found`, `conflict`, `unknown_label`, `unsatisfiable`,
-    /// `stopping`, `not_ready`.
+    /// `stopping`, `not_ready`, `store_unwritable`.
     pub code: String,
     /// For people.
     pub message: String,
