@@ -630,6 +630,7 @@ async fn signed_provider(
             },
             credentials,
             state: None,
+            deny: Vec::new(),
         },
     )
 }
@@ -833,6 +834,7 @@ async fn the_guest_never_sees_the_secret_and_the_host_signs_its_requests() {
                 limits: p.sandbox.clone(),
                 credentials,
                 state: None,
+                deny: Vec::new(),
             },
         )
     };

@@ -63,6 +63,7 @@ async fn provider(
             limits,
             credentials: Vec::new(),
             state: None,
+            deny: Vec::new(),
         },
     )
 }
@@ -343,7 +344,7 @@ async fn cloud_metadata_is_denied_even_when_allow_listed() {
     assert!(err.to_string().contains("DestinationIpProhibited"), "{err}");
     assert_eq!(p.denied_requests(), 1);
     assert!(
-        logs.contents().contains("link-local or cloud metadata"),
+        logs.contents().contains("is link-local, cloud metadata"),
         "{}",
         logs.contents()
     );
@@ -670,6 +671,7 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
                 limits: SandboxLimits::default(),
                 credentials,
                 state: None,
+                deny: Vec::new(),
             },
         )
     };

@@ -312,7 +312,6 @@ allow-hosts = ["{addr}"]
 config = {{ endpoint = "{url}" }}
 
 [labels.large]
-min-ready = 2
 [labels.large.providers.sim]
 instance-type = "big"
 image = "img"
@@ -330,10 +329,15 @@ ram = "32GiB"
     );
     let service = start(pool_config(&sim, dir.path(), &extra)).await;
     let h = service.handle.clone();
-    until(&h, 20, "two large ready on sim-b", |p| {
-        p.free_ready(LabelIx(0)) == 2
+    // Once both providers are listed (they start in the background, in
+    // either order), two large nodes are asked for: the preferred `sim`
+    // first, which has no capacity for `big`.
+    until(&h, 20, "both providers listed", |p| {
+        (0..2).all(|i| p.provider_status(berth::config::ProviderIx(i)).listed)
     })
     .await;
+    let request = fulfil(&h, "ci", vec![(LabelIx(0), 2)]).await;
+    assert_eq!(request.nodes.len(), 2);
     let types: BTreeSet<String> = sim
         .cloud
         .instances()
@@ -449,6 +453,7 @@ async fn a_leaked_instance_is_deleted_and_a_tagged_one_adopted() {
                 limits: Default::default(),
                 credentials: Vec::new(),
                 state: None,
+                deny: Vec::new(),
             },
         )
     };

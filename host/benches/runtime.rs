@@ -110,6 +110,7 @@ fn provider(
             },
             credentials: vec![],
             state: None,
+            deny: Vec::new(),
         },
     )
 }
@@ -226,6 +227,7 @@ async fn run() {
                 },
                 credentials: vec![],
                 state: None,
+                deny: Vec::new(),
             },
         );
         let mut instance = p.instance();

@@ -31,7 +31,7 @@ pub use auth::Caller;
 pub use telemetry::Telemetry;
 
 use crate::pool::{Conflict, Idle, NewRequest, NodeId, Refused, RequestId};
-use crate::runtime::{Handle, ServiceError};
+use crate::runtime::{Handle, Health, ServiceError};
 
 /// The longest a `wait` long-poll is held.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -344,29 +344,33 @@ async fn readyz(State(api): State<Api>) -> Response {
     if api.inner.stopping.load(Ordering::SeqCst) {
         return ApiError::stopping().into_response();
     }
-    let unlisted = api
+    let providers = api.handle().providers().clone();
+    let waiting = api
         .handle()
-        .inspect(|pool| {
+        .inspect(move |pool| {
             let config = pool.config();
             (0..config.providers.len())
-                .filter(|&i| {
-                    !pool
-                        .provider_status(crate::config::ProviderIx(i as u16))
-                        .listed
+                .map(|i| crate::config::ProviderIx(i as u16))
+                .filter(|&p| !pool.provider_status(p).listed)
+                .map(|p| match providers.health(p) {
+                    Health::Failed { error, .. } => {
+                        format!("{} (could not start: {error})", config[p].name)
+                    }
+                    Health::Starting => format!("{} (starting)", config[p].name),
+                    Health::Up => format!("{} (not listed yet)", config[p].name),
                 })
-                .map(|i| config.providers[i].name.clone())
                 .collect::<Vec<_>>()
         })
         .await;
-    match unlisted {
+    match waiting {
         Err(e) => ApiError::from(e).into_response(),
-        Ok(u) if u.is_empty() => (StatusCode::OK, "ready\n").into_response(),
-        Ok(u) => ApiError::new(
+        Ok(w) if w.is_empty() => (StatusCode::OK, "ready\n").into_response(),
+        Ok(w) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
             format!(
-                "providers not listed yet since start: {}; nothing is created on them until they are",
-                u.join(", ")
+                "providers not listed since start: {}; nothing is created on them until they are",
+                w.join("; ")
             ),
         )
         .into_response(),
@@ -376,9 +380,10 @@ async fn readyz(State(api): State<Api>) -> Response {
 async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
     api.caller(&headers)?;
     let telemetry = api.inner.telemetry.clone();
+    let providers = api.handle().providers().clone();
     let text = api
         .handle()
-        .inspect(move |pool| telemetry.render(pool))
+        .inspect(move |pool| telemetry.render(pool, &providers))
         .await?;
     Ok((
         [(
@@ -706,16 +711,20 @@ async fn labels(State(api): State<Api>, headers: HeaderMap) -> Result<Response> 
 async fn providers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
     api.caller(&headers)?;
     let telemetry = api.inner.telemetry.clone();
+    let providers = api.handle().providers().clone();
     let list = api
         .handle()
-        .inspect(move |pool| views::providers(pool, &telemetry))
+        .inspect(move |pool| views::providers(pool, &telemetry, &providers))
         .await?;
     Ok(json(StatusCode::OK, list))
 }
 
 async fn drivers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
     api.caller(&headers)?;
-    Ok(json(StatusCode::OK, views::drivers(api.handle().drivers())))
+    Ok(json(
+        StatusCode::OK,
+        views::drivers(&api.handle().drivers()),
+    ))
 }
 
 async fn renew_lease(

@@ -287,6 +287,7 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
             },
             credentials,
             state: None,
+            deny: Vec::new(),
         },
     );
     let started = Instant::now();

@@ -13,6 +13,7 @@
 //! - [`api`]: the HTTP API on a running pool, with auth and metrics.
 //! - [`serve`]: `berth serve`, the pool and its API as one service.
 //! - [`client`]: the CLI's client commands for a running service.
+//! - [`text`]: making text from outside safe to show.
 
 pub mod api;
 pub mod client;
@@ -30,3 +31,4 @@ pub mod runtime;
 pub mod serve;
 pub mod sim;
 pub mod store;
+pub mod text;

@@ -10,6 +10,8 @@
 mod bindings;
 mod cache;
 mod credentials;
+mod guest_log;
+mod guests;
 mod inspect;
 mod provider;
 mod sandbox;
@@ -17,7 +19,6 @@ mod state;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -26,6 +27,7 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::driver::DriverInfo;
 use bindings::DriverPluginPre;
+use guests::Guests;
 use sandbox::StoreState;
 
 pub use cache::LoadSource;
@@ -48,6 +50,9 @@ pub struct RuntimeConfig {
     pub max_instances: u32,
     /// The largest memory cap any provider may set, in bytes.
     pub max_memory_bytes: u64,
+    /// Threads that run guest code (apart from berth's own, and at a lower
+    /// priority); by default one per core.
+    pub guest_threads: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -57,6 +62,7 @@ impl Default for RuntimeConfig {
             epoch_tick: Duration::from_millis(10),
             max_instances: 64,
             max_memory_bytes: 1 << 30,
+            guest_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
 }
@@ -72,13 +78,9 @@ struct RuntimeInner {
     linker: Linker<StoreState>,
     cache: Option<cache::ArtifactCache>,
     config: RuntimeConfig,
-    ticker_stop: Arc<AtomicBool>,
-}
-
-impl Drop for RuntimeInner {
-    fn drop(&mut self) {
-        self.ticker_stop.store(true, Ordering::Relaxed);
-    }
+    /// Where guest code runs, and the epoch ticker; every driver loaded
+    /// here holds it too, so it outlives this value as long as they do.
+    guests: Arc<Guests>,
 }
 
 /// A driver file that could not be loaded, and why.
@@ -119,6 +121,7 @@ struct DriverInner {
     source: LoadSource,
     load_time: Duration,
     max_memory_bytes: u64,
+    guests: Arc<Guests>,
 }
 
 impl Driver {
@@ -159,7 +162,8 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Runtime {
-    /// Builds the engine and linker and starts the epoch ticker.
+    /// Builds the engine and linker and starts the guests' threads and the
+    /// epoch ticker.
     pub fn new(config: RuntimeConfig) -> anyhow::Result<Self> {
         let mut pool = PoolingAllocationConfig::new();
         let n = config.max_instances.max(1);
@@ -208,20 +212,7 @@ impl Runtime {
         )
         .map_err(anyhow::Error::from)?;
 
-        let ticker_stop = Arc::new(AtomicBool::new(false));
-        {
-            let engine = engine.clone();
-            let stop = ticker_stop.clone();
-            let tick = config.epoch_tick;
-            std::thread::Builder::new()
-                .name("berth-epoch".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(tick);
-                        engine.increment_epoch();
-                    }
-                })?;
-        }
+        let guests = Guests::start(&engine, config.epoch_tick, config.guest_threads)?;
         let cache = config
             .cache_dir
             .clone()
@@ -232,7 +223,7 @@ impl Runtime {
                 linker,
                 cache,
                 config,
-                ticker_stop,
+                guests,
             }),
         })
     }
@@ -253,12 +244,17 @@ impl Runtime {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let info = provider::describe(&pre, &file_name, self.inner.config.max_memory_bytes)
-            .await
-            .map_err(|e| LoadError {
-                path: path.clone(),
-                kind: LoadErrorKind::Describe(e),
-            })?;
+        let info = provider::describe(
+            &self.inner.guests,
+            &pre,
+            &file_name,
+            self.inner.config.max_memory_bytes,
+        )
+        .await
+        .map_err(|e| LoadError {
+            path: path.clone(),
+            kind: LoadErrorKind::Describe(e),
+        })?;
         let load_time = started.elapsed();
         tracing::info!(driver = %info.name, version = %info.version, ?source, load_ms = load_time.as_secs_f64() * 1e3, "driver loaded");
         Ok(Driver {
@@ -271,6 +267,7 @@ impl Runtime {
                 source,
                 load_time,
                 max_memory_bytes: self.inner.config.max_memory_bytes,
+                guests: self.inner.guests.clone(),
             }),
         })
     }

@@ -7,8 +7,10 @@
 //!
 //! Clients talk to it through a cloneable [`Handle`].
 
+mod providers;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,12 +21,14 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ProviderIx};
 use crate::driver::DriverError;
 use crate::driver::{Instance, POOL_TAG, Tags};
-use crate::plugin::{self, CallError, CallErrorKind, DriverState, Provider, ProviderConfig, Trap};
+use crate::plugin::{self, CallError, CallErrorKind, DriverState, Trap};
 use crate::pool::{
     Changes, Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refused, Request,
     RequestId, RequestState, Time,
 };
 use crate::store::{SqliteStore, Store, StoreError};
+
+pub use providers::{Health, LoadedDriver, Providers};
 
 /// Wall-clock time as the core sees it, advanced by tokio's clock so that
 /// tests with paused time control it.
@@ -113,7 +117,7 @@ impl CallKind {
 /// How a driver call ended, in a word: `ok`, the contract's error kind
 /// (`rate-limited`, `quota-exceeded`, `capacity`, `not-found`,
 /// `unauthorized`, `invalid-config`, `transient`, `permanent`), `trap`,
-/// `start-failed` or `stopped`.
+/// `start-failed`, `not-started` or `stopped`.
 pub fn outcome_name(result: Result<(), &CallError>) -> &'static str {
     let Err(e) = result else {
         return "ok";
@@ -131,6 +135,7 @@ pub fn outcome_name(result: Result<(), &CallError>) -> &'static str {
         },
         CallErrorKind::Trap(_) => "trap",
         CallErrorKind::Start(_) => "start-failed",
+        CallErrorKind::NotStarted(_) => "not-started",
         CallErrorKind::Stopped => "stopped",
     }
 }
@@ -193,17 +198,10 @@ enum Event {
 pub struct Handle {
     tx: mpsc::UnboundedSender<Event>,
     config: Arc<Config>,
-    drivers: Arc<Vec<LoadedDriver>>,
+    providers: Arc<Providers>,
     /// Why the pool's task ended, if it ended by itself; a command sent
     /// after that is answered with it rather than a plain `Stopped`.
     ended: Arc<OnceLock<ServiceError>>,
-}
-
-/// A driver the pool loaded, and the providers that use it.
-#[derive(Clone, Debug)]
-pub struct LoadedDriver {
-    pub driver: plugin::Driver,
-    pub providers: Vec<String>,
 }
 
 impl Handle {
@@ -211,9 +209,14 @@ impl Handle {
         &self.config
     }
 
-    /// The drivers loaded at start.
-    pub fn drivers(&self) -> &[LoadedDriver] {
-        &self.drivers
+    /// The drivers loaded so far.
+    pub fn drivers(&self) -> Vec<LoadedDriver> {
+        self.providers.drivers()
+    }
+
+    /// The providers: how each one's start went, its driver's stats.
+    pub fn providers(&self) -> &Arc<Providers> {
+        &self.providers
     }
 
     /// Renews `requestor`'s lease for `ttl` (see [`Pool::renew`]); returns
@@ -303,9 +306,8 @@ pub struct Service {
 
 /// The parts a pool's task runs with besides the pool itself.
 pub struct Parts {
-    /// One per configured provider, in the config's order.
-    pub providers: Vec<Arc<Provider>>,
-    pub drivers: Vec<LoadedDriver>,
+    /// Every configured provider, in the config's order.
+    pub providers: Arc<Providers>,
     pub store: Box<dyn Store>,
     pub clock: Clock,
     pub observer: Arc<dyn Observer>,
@@ -321,7 +323,7 @@ impl Service {
         let run = Loop {
             ended: ended.clone(),
             pool,
-            providers: parts.providers,
+            providers: parts.providers.clone(),
             store: parts.store,
             clock: parts.clock,
             observer: parts.observer,
@@ -336,7 +338,7 @@ impl Service {
             handle: Handle {
                 tx,
                 config,
-                drivers: Arc::new(parts.drivers),
+                providers: parts.providers,
                 ended,
             },
             task,
@@ -399,6 +401,9 @@ pub struct StartOptions {
     pub seed: Option<u64>,
     /// Hears driver calls, notices and fulfilments (metrics); none if `None`.
     pub observer: Option<Arc<dyn Observer>>,
+    /// Addresses no driver may reach whatever its allow-list says: the
+    /// API's own.
+    pub deny: Vec<SocketAddr>,
 }
 
 /// Loads the configured drivers, opens the store in the state directory,
@@ -415,48 +420,12 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
         cache_dir: Some(config.state_dir.join("cache")),
         ..Default::default()
     })?;
-    let mut drivers: Vec<LoadedDriver> = Vec::new();
-    let mut by_path: HashMap<PathBuf, usize> = HashMap::new();
-    let mut providers = Vec::new();
     let state_path = config.state_dir.join("driver-state.sqlite");
     let driver_state = DriverState::open(&state_path)
         .with_context(|| format!("opening the driver records {}", state_path.display()))?;
-    for p in &config.providers {
-        let i = match by_path.get(&p.driver) {
-            Some(&i) => i,
-            None => {
-                tracing::info!(provider = %p.name, driver = %p.driver.display(), "loading a driver");
-                let driver = runtime
-                    .load_file(&p.driver)
-                    .await
-                    .with_context(|| format!("provider `{}`: loading its driver", p.name))?;
-                drivers.push(LoadedDriver {
-                    driver,
-                    providers: Vec::new(),
-                });
-                by_path.insert(p.driver.clone(), drivers.len() - 1);
-                drivers.len() - 1
-            }
-        };
-        drivers[i].providers.push(p.name.clone());
-        let provider = Provider::start(
-            &drivers[i].driver,
-            ProviderConfig {
-                name: p.name.clone(),
-                pool_id: config.pool_id.clone(),
-                driver_config: p.driver_config.clone(),
-                allowed_hosts: p.allowed_hosts.clone(),
-                limits: p.sandbox.clone(),
-                credentials: p.credentials.clone(),
-                state: Some(driver_state.clone()),
-            },
-        );
-        provider
-            .warm()
-            .await
-            .with_context(|| format!("provider `{}`: starting its driver", p.name))?;
-        providers.push(Arc::new(provider));
-    }
+    // In the background: a driver that fails to start costs its own
+    // provider, not the service.
+    let providers = Providers::start(runtime, &config, driver_state, options.deny);
     let path = config.state_dir.join("berth.db");
     let mut store = SqliteStore::open(&path, config.clone())
         .with_context(|| format!("opening the store {}", path.display()))?;
@@ -475,7 +444,6 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
     );
     let parts = Parts {
         providers,
-        drivers,
         store: Box::new(store),
         clock,
         observer: options.observer.unwrap_or_else(|| Arc::new(Deaf)),
@@ -487,7 +455,7 @@ struct Loop {
     /// Shared with every [`Handle`]: why the task ended, if by itself.
     ended: Arc<OnceLock<ServiceError>>,
     pool: Pool,
-    providers: Vec<Arc<Provider>>,
+    providers: Arc<Providers>,
     store: Box<dyn Store>,
     clock: Clock,
     observer: Arc<dyn Observer>,
@@ -601,6 +569,8 @@ impl Loop {
         grace: Duration,
     ) -> Result<(), StoreError> {
         let deadline = tokio::time::Instant::now() + grace;
+        // Calls waiting for a provider to start are not worth the grace.
+        self.providers.close();
         loop {
             self.commit_and_answer()?;
             if self.in_flight == 0 {
@@ -843,7 +813,7 @@ fn failure(e: CallError) -> Failure {
 /// Carries out one effect on its own task; the outcome comes back as an event.
 fn call(
     effect: Effect,
-    providers: &[Arc<Provider>],
+    providers: &Arc<Providers>,
     pool_id: &str,
     clock: Clock,
     events: mpsc::UnboundedSender<Event>,
@@ -855,12 +825,43 @@ fn call(
         | Effect::List { provider }
         | Effect::SetTags { provider, .. } => *provider,
     };
-    let provider = providers[p.0 as usize].clone();
+    let providers = providers.clone();
+    let name: Arc<str> = providers_name(&providers, p);
     let pool_id = pool_id.to_owned();
     tokio::spawn(async move {
         let started = tokio::time::Instant::now();
         let heard = |kind: CallKind, r: Result<(), &CallError>| {
-            observer.call(provider.name(), kind, r, started.elapsed());
+            observer.call(&name, kind, r, started.elapsed());
+        };
+        // A provider still starting is waited for; one whose start failed
+        // fails the call at once, and the core treats it as any failed call.
+        let provider = match providers.get(p).await {
+            Ok(provider) => provider,
+            Err(why) => {
+                let (kind, call) = match &effect {
+                    Effect::Create { .. } => (CallKind::Create, crate::driver::Call::Create),
+                    Effect::Delete { .. } => (CallKind::Delete, crate::driver::Call::Delete),
+                    Effect::List { .. } => (CallKind::List, crate::driver::Call::List),
+                    Effect::SetTags { .. } => (CallKind::SetTags, crate::driver::Call::SetTags),
+                };
+                let e = CallError {
+                    provider: name.clone(),
+                    call,
+                    kind: CallErrorKind::NotStarted(why),
+                };
+                heard(kind, Err(&e));
+                let failed = failure(e);
+                let event = match effect {
+                    Effect::Create { node, .. } => Event::Created(node, Err(failed)),
+                    Effect::Delete { node, instance, .. } => {
+                        Event::Deleted(p, node, instance, Err(failed))
+                    }
+                    Effect::List { .. } => Event::Listed(p, clock.now(), Err(failed)),
+                    Effect::SetTags { node, .. } => Event::Tagged(node, Err(failed)),
+                };
+                let _ = events.send(event);
+                return;
+            }
         };
         let event = match effect {
             Effect::Create { node, spec, .. } => {
@@ -894,6 +895,10 @@ fn call(
         // The pool may have stopped; its stored intents cover the outcome.
         let _ = events.send(event);
     });
+}
+
+fn providers_name(providers: &Providers, p: ProviderIx) -> Arc<str> {
+    providers.name(p).into()
 }
 
 /// Answers a command the pool no longer takes with `why`.

@@ -248,23 +248,22 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
              reaches it could take and delete nodes; add tokens or listen on 127.0.0.1"
         );
     }
+    // Listening first, so that the drivers are started knowing the API's
+    // address, which none of them may reach.
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
     let telemetry = Arc::new(Telemetry::new(&config));
     let service = runtime::start(
         config,
         StartOptions {
             observer: Some(telemetry.clone()),
+            deny: vec![listener.local_addr()?],
             ..Default::default()
         },
     )
     .await?;
     let api = Api::new(service.handle.clone(), telemetry);
-    let listener = match tokio::net::TcpListener::bind(listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = service.stop().await;
-            return Err(anyhow::Error::new(e).context(format!("listening on {listen}")));
-        }
-    };
     Ok(Started {
         service,
         api,

@@ -706,6 +706,7 @@ fn full_provider() -> Provider {
         leaks_pending: 0,
         leaks_deleted: 0,
         calls: full_call_stats(),
+        start_error: Some(s("loading its driver: describe failed")),
     }
 }
 

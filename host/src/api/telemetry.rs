@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use super::types::{self, rfc3339};
 use super::views;
-use crate::config::Config;
+use crate::config::{Config, ProviderIx};
 use crate::metrics::{Counter, DEFAULT_BUCKETS, Gauge, Histogram, Registry};
 use crate::plugin::CallError;
 use crate::pool::{NodeState, Notice, Pool, Request, RequestState, Role};
-use crate::runtime::{CallKind, Observer, outcome_name, trap_name};
+use crate::runtime::{CallKind, Health, Observer, Providers, outcome_name, trap_name};
 
 /// How many recent calls per provider `/v1/providers` summarises.
 const RECENT: usize = 200;
@@ -40,6 +40,9 @@ pub struct Telemetry {
     vcpus: Gauge,
     ram: Gauge,
     price: Gauge,
+    provider_started: Gauge,
+    log_dropped: Counter,
+    outbound_denied: Counter,
     recent: HashMap<String, Mutex<Recent>>,
 }
 
@@ -142,6 +145,21 @@ impl Telemetry {
             "Hourly price of the instances held, by provider, in use or not.",
             &["provider", "in_use"],
         );
+        let provider_started = r.gauge(
+            "berth_provider_started",
+            "1 once a provider's driver has loaded and started, 0 while it starts or after its start failed.",
+            &["provider"],
+        );
+        let log_dropped = r.counter(
+            "berth_driver_log_dropped_total",
+            "Driver log records (log import and stdio lines) dropped over the provider's log-rate.",
+            &["provider"],
+        );
+        let outbound_denied = r.counter(
+            "berth_sandbox_denied_total",
+            "Outbound requests and probes of a driver that the sandbox refused.",
+            &["provider"],
+        );
         let recent = config
             .providers
             .iter()
@@ -167,14 +185,31 @@ impl Telemetry {
             vcpus,
             ram,
             price,
+            provider_started,
+            log_dropped,
+            outbound_denied,
             recent,
         }
     }
 
     /// The metrics text, with the pool's gauges as of now. Runs on the
     /// pool's task.
-    pub fn render(&self, pool: &Pool) -> String {
+    pub fn render(&self, pool: &Pool, providers: &Providers) -> String {
         let config = pool.config();
+        for (i, p) in config.providers.iter().enumerate() {
+            let up = providers.health(ProviderIx(i as u16)) == Health::Up;
+            self.provider_started
+                .with(&[&p.name])
+                .set(if up { 1.0 } else { 0.0 });
+        }
+        for (name, provider) in providers.started() {
+            let catch_up = |c: &Counter, total: u64| {
+                let child = c.with(&[&name]);
+                child.inc_by(total.saturating_sub(child.get()));
+            };
+            catch_up(&self.log_dropped, provider.log_dropped());
+            catch_up(&self.outbound_denied, provider.denied_requests());
+        }
         self.nodes.reset();
         for ((label, provider, state), n) in views::node_counts(pool) {
             self.nodes

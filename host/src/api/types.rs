@@ -164,7 +164,9 @@ pub struct Provider {
     /// The driver's file name.
     pub driver: String,
     pub priority: i32,
-    /// `ok`, or why creates or calls are held right now.
+    /// `ok`; `starting` or `failed` (its driver: see `start_error`); or why
+    /// creates or calls are held right now (`rate-limited`, `quota-paused`,
+    /// `not-listed-yet`, `capacity-paused`).
     pub status: String,
     pub limits: Limits,
     pub usage: Usage,
@@ -181,6 +183,10 @@ pub struct Provider {
     pub leaks_deleted: u64,
     /// The latest driver calls' outcome and duration.
     pub calls: CallStats,
+    /// Why the provider's driver could not start (status `failed`); it is
+    /// tried again with backoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_error: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

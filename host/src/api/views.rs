@@ -8,7 +8,7 @@ use super::types::{self, rfc3339};
 use super::{ApiError, Caller, Telemetry, no_other_params};
 use crate::config::{Config, LabelIx, LabelKind, ProviderIx};
 use crate::pool::{Node, NodeState, Pool, Request, RequestId, RequestState, Role};
-use crate::runtime::LoadedDriver;
+use crate::runtime::{Health, LoadedDriver, Providers};
 use axum::http::StatusCode;
 
 /// The requestor a node is handed out or set aside to, if any.
@@ -284,7 +284,11 @@ pub(super) fn labels(pool: &Pool) -> Vec<types::Label> {
         .collect()
 }
 
-pub(super) fn providers(pool: &Pool, telemetry: &Telemetry) -> Vec<types::Provider> {
+pub(super) fn providers(
+    pool: &Pool,
+    telemetry: &Telemetry,
+    started: &Providers,
+) -> Vec<types::Provider> {
     let config = pool.config();
     let now = pool.last_tick();
     let at = |t: crate::pool::Time| rfc3339(t.as_millis());
@@ -294,6 +298,7 @@ pub(super) fn providers(pool: &Pool, telemetry: &Telemetry) -> Vec<types::Provid
         .enumerate()
         .map(|(i, p)| {
             let s = pool.provider_status(ProviderIx(i as u16));
+            let health = started.health(ProviderIx(i as u16));
             let quota = s.quota_paused_until.filter(|t| *t > now);
             let held = s.held_until.filter(|t| *t > now);
             let capacity: BTreeMap<String, String> = s
@@ -302,7 +307,11 @@ pub(super) fn providers(pool: &Pool, telemetry: &Telemetry) -> Vec<types::Provid
                 .filter(|(_, t)| *t > now)
                 .map(|(ty, t)| (ty.clone().unwrap_or_else(|| "*".into()), at(*t)))
                 .collect();
-            let status = if held.is_some() {
+            let status = if matches!(health, Health::Failed { .. }) {
+                "failed"
+            } else if health == Health::Starting {
+                "starting"
+            } else if held.is_some() {
                 "rate-limited"
             } else if quota.is_some() {
                 "quota-paused"
@@ -339,6 +348,10 @@ pub(super) fn providers(pool: &Pool, telemetry: &Telemetry) -> Vec<types::Provid
                 leaks_pending: s.leaks_pending,
                 leaks_deleted: s.leaks_deleted,
                 calls: telemetry.recent_calls(&p.name),
+                start_error: match health {
+                    Health::Failed { error, .. } => Some(error.to_string()),
+                    _ => None,
+                },
             }
         })
         .collect()

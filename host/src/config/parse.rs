@@ -698,6 +698,30 @@ impl Walker<'_> {
             if let Some(m) = self.size(&mut b, "max-response") {
                 sandbox.max_response_bytes = m;
             }
+            if let Some(n) = self.int::<usize>(&mut b, "max-outbound", "1 or more") {
+                if n == 0 {
+                    self.problem(b.at("max-outbound"), "must be 1 or more");
+                }
+                sandbox.max_outbound = n.max(1);
+            }
+            if let Some(n) = self.int::<usize>(&mut b, "max-outbound-per-instance", "1 or more") {
+                if n == 0 {
+                    self.problem(b.at("max-outbound-per-instance"), "must be 1 or more");
+                }
+                sandbox.max_outbound_per_instance = n.max(1);
+            }
+            if let Some(m) = self.size(&mut b, "host-memory") {
+                if m < 1 << 20 {
+                    self.problem(b.at("host-memory"), "must be at least 1MiB");
+                }
+                sandbox.host_memory_bytes = m.max(1 << 20);
+            }
+            if let Some(n) = self.int::<u32>(&mut b, "log-rate", "1 or more") {
+                if n == 0 {
+                    self.problem(b.at("log-rate"), "must be 1 or more");
+                }
+                sandbox.log_rate = n.max(1);
+            }
             self.finish(b);
         }
         let mut limits = ProviderLimits::default();

@@ -1,6 +1,7 @@
 //! One configured provider running on a driver: a bounded set of driver
-//! instances. A call checks an idle instance out, runs on the caller's task
-//! and puts it back, so each `Store` is owned by exactly one task at a time.
+//! instances. A call checks an idle instance out, runs on a guest thread
+//! (`guests.rs`) and puts it back, so each `Store` is owned by exactly one
+//! task at a time.
 //! A trap discards the instance that trapped; a later call instantiates and
 //! configures a fresh one. Other instances and other providers are untouched.
 
@@ -13,8 +14,10 @@ use tracing::Instrument;
 use wasmtime::Store;
 
 use super::Driver;
-use super::bindings::{self, DriverPlugin, DriverPluginPre, tags_to_wit};
+use super::bindings::{DriverPlugin, DriverPluginPre, tags_to_wit};
 use super::credentials::Credential;
+use super::guest_log::LogGate;
+use super::guests::{Guests, TaskLost};
 use super::sandbox::{
     AllowedHost, DeadlineExceeded, HttpPolicy, MemoryCapExceeded, SandboxLimits, StoreState,
 };
@@ -39,6 +42,9 @@ pub struct ProviderConfig {
     /// Where the driver's `state` records live; `None` keeps them in memory
     /// for as long as the provider lives.
     pub state: Option<DriverState>,
+    /// Addresses the driver may never reach, whatever its allow-list says:
+    /// berth's own API.
+    pub deny: Vec<std::net::SocketAddr>,
 }
 
 /// A failed call: which provider, which call, what went wrong.
@@ -62,6 +68,10 @@ pub enum CallErrorKind {
     /// A fresh instance could not be started or configured.
     #[error("driver could not start: {0}")]
     Start(Box<CallErrorKind>),
+    /// The provider has not started (its driver did not load or its first
+    /// instance failed); the reason.
+    #[error("the provider has not started: {0}")]
+    NotStarted(Arc<str>),
     /// The provider was closed.
     #[error("provider stopped")]
     Stopped,
@@ -153,6 +163,8 @@ struct Shared {
     policy: Arc<HttpPolicy>,
     state: StateSpace,
     pre: DriverPluginPre<StoreState>,
+    /// What the driver may log, shared by its instances.
+    log: Arc<LogGate>,
     /// Plain mutex: held only to bump counters, never across an await.
     stats: Mutex<CallStats>,
 }
@@ -164,16 +176,17 @@ pub struct Provider {
     shared: Arc<Shared>,
     driver: Driver,
     idle: Arc<Idle>,
+    /// Where its calls run; held here (not by the calls themselves) so the
+    /// guests' runtime is never dropped on one of its own threads.
+    guests: Arc<Guests>,
 }
 
 /// The provider's instances that are not running a call.
 ///
-/// Why not one task per instance fed by a channel: handing a call to another
-/// task and the answer back costs two cross-thread wake-ups, which measured
-/// ~35 µs per call here against ~1.6 µs for the call itself
-/// (docs/BENCHMARKS.md). Checking the instance out to the caller's task keeps
-/// the same guarantee (each `Store` owned by one task at a time, moved, never
-/// shared) without the hand-off.
+/// Why not one task per instance fed by a channel: a call checked out to
+/// the task that runs it keeps the same guarantee (each `Store` owned by one
+/// task at a time, moved, never shared) with one hand-off per call (to a
+/// guest thread and back) instead of one per instance and call.
 struct Idle {
     /// One permit per instance that may exist; bounds concurrency.
     permits: Semaphore,
@@ -199,12 +212,15 @@ impl Provider {
         let shared = Arc::new(Shared {
             policy: Arc::new(
                 HttpPolicy::new(name.clone(), config.allowed_hosts)
-                    .with_credentials(config.credentials),
+                    .with_credentials(config.credentials)
+                    .denying(config.deny)
+                    .limited(&limits),
             ),
             state: config
                 .state
                 .unwrap_or_else(DriverState::in_memory)
                 .space(&name),
+            log: Arc::new(LogGate::new(name.clone(), limits.log_rate)),
             name,
             pool_id: config.pool_id,
             driver_config: config.driver_config,
@@ -220,6 +236,7 @@ impl Provider {
             shared,
             driver: driver.clone(),
             idle,
+            guests: driver.inner.guests.clone(),
         }
     }
 
@@ -247,6 +264,11 @@ impl Provider {
         self.shared.policy.denied_count()
     }
 
+    /// Log records of the driver dropped over its rate limit so far.
+    pub fn log_dropped(&self) -> u64 {
+        self.shared.log.dropped()
+    }
+
     /// Stops taking calls: calls already running finish, later ones fail
     /// with `Stopped`.
     pub fn close(&self) {
@@ -260,31 +282,44 @@ impl Provider {
             call,
             kind,
         };
-        let _permit = self
-            .idle
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| err(CallErrorKind::Stopped))?;
-        // Most recently used first, so a lightly loaded provider keeps few
-        // instances warm.
-        let mut instance = self
-            .idle
-            .instances
-            .lock()
-            .ok()
-            .and_then(|mut idle| idle.pop())
-            .unwrap_or_else(|| DriverInstance {
-                shared: self.shared.clone(),
-                live: None,
-            });
-        // If the caller is cancelled mid-call, the instance is dropped with
-        // this future and its permit freed: a later call starts a fresh one.
-        let result = instance.dispatch(request).await;
-        if let Ok(mut idle) = self.idle.instances.lock() {
-            idle.push(instance);
+        let (shared, idle) = (self.shared.clone(), self.idle.clone());
+        // Dropping the task (the caller was cancelled) cancels the call: the
+        // instance is dropped with it and its permit freed, and a later call
+        // starts a fresh one.
+        let task = self.guests.spawn(async move {
+            let _permit = idle
+                .permits
+                .acquire()
+                .await
+                .map_err(|_| CallErrorKind::Stopped)?;
+            // Most recently used first, so a lightly loaded provider keeps
+            // few instances warm.
+            let mut instance = idle
+                .instances
+                .lock()
+                .ok()
+                .and_then(|mut idle| idle.pop())
+                .unwrap_or_else(|| DriverInstance {
+                    shared,
+                    live: None,
+                    _guests: None,
+                });
+            let result = instance.dispatch(request).await;
+            if let Ok(mut idle) = idle.instances.lock() {
+                idle.push(instance);
+            }
+            result
+        });
+        match task.await {
+            Ok(result) => result.map_err(err),
+            Err(TaskLost::Cancelled) => Err(err(CallErrorKind::Stopped)),
+            Err(TaskLost::Panicked(why)) => {
+                tracing::error!(provider = %self.shared.name, %call, %why, "the host panicked in a driver call");
+                Err(err(CallErrorKind::Trap(Trap::Crashed(format!(
+                    "the host panicked in the call: {why}"
+                )))))
+            }
         }
-        result.map_err(err)
     }
 
     /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
@@ -298,17 +333,42 @@ impl Provider {
         DriverInstance {
             shared: self.shared.clone(),
             live: None,
+            _guests: Some(self.guests.clone()),
         }
     }
 }
 
-/// Calls `describe` on a throwaway instance with no network access.
+/// Calls `describe` on a throwaway instance with no network access, on a
+/// guest thread.
 pub(super) async fn describe(
+    guests: &Guests,
     pre: &DriverPluginPre<StoreState>,
     name: &str,
     memory_bytes: u64,
 ) -> Result<DriverInfo, CallError> {
     let name: Arc<str> = name.into();
+    let (pre, task_name) = (pre.clone(), name.clone());
+    let task = guests.spawn(async move { describe_here(&pre, task_name, memory_bytes).await });
+    match task.await {
+        Ok(result) => result,
+        Err(lost) => Err(CallError {
+            provider: name,
+            call: Call::Describe,
+            kind: match lost {
+                TaskLost::Cancelled => CallErrorKind::Stopped,
+                TaskLost::Panicked(why) => CallErrorKind::Trap(Trap::Crashed(format!(
+                    "the host panicked in the call: {why}"
+                ))),
+            },
+        }),
+    }
+}
+
+async fn describe_here(
+    pre: &DriverPluginPre<StoreState>,
+    name: Arc<str>,
+    memory_bytes: u64,
+) -> Result<DriverInfo, CallError> {
     let limits = SandboxLimits {
         memory_bytes: memory_bytes.min(SandboxLimits::default().memory_bytes),
         ..SandboxLimits::default()
@@ -321,7 +381,8 @@ pub(super) async fn describe(
     };
     let budget = limits.call_deadline;
     let state = DriverState::in_memory().space(&name);
-    let mut live = instantiate(pre, name.clone(), &limits, policy, state)
+    let log = Arc::new(LogGate::new(name.clone(), limits.log_rate));
+    let mut live = instantiate(pre, name.clone(), &limits, policy, state, log)
         .await
         .map_err(|e| err(CallErrorKind::Trap(classify(e, budget, None))))?;
     guarded(&mut live, budget, async |live: &mut Live| {
@@ -341,8 +402,12 @@ async fn instantiate(
     limits: &SandboxLimits,
     policy: Arc<HttpPolicy>,
     state: StateSpace,
+    log: Arc<LogGate>,
 ) -> wasmtime::Result<Live> {
-    let mut store = Store::new(pre.engine(), StoreState::new(name, limits, policy, state));
+    let mut store = Store::new(
+        pre.engine(),
+        StoreState::new(name, limits, policy, state, log),
+    );
     store.limiter(|s| &mut s.limiter);
     // Installed once per store; each call only moves `deadline`. The
     // callback yields to the executor every tick (so a busy guest never
@@ -363,7 +428,6 @@ async fn instantiate(
 /// Sets the deadline of the next call.
 fn arm(store: &mut Store<StoreState>, budget: Duration) {
     store.data_mut().deadline = Instant::now() + budget;
-    store.data_mut().log_records = 0;
     store.set_epoch_deadline(1);
 }
 
@@ -426,6 +490,9 @@ fn trap_kind(t: &Trap) -> &'static str {
 pub struct DriverInstance {
     shared: Arc<Shared>,
     live: Option<Live>,
+    /// Keeps the epoch ticker going for an instance an embedder holds
+    /// (`None` in a provider's own set: the provider holds it).
+    _guests: Option<Arc<Guests>>,
 }
 
 impl DriverInstance {
@@ -592,6 +659,7 @@ async fn start(shared: &Shared) -> Result<Live, CallErrorKind> {
         &shared.limits,
         shared.policy.clone(),
         shared.state.clone(),
+        shared.log.clone(),
     )
     .await
     .map_err(|e| CallErrorKind::Trap(classify(e, budget, None)))?;
@@ -609,46 +677,5 @@ async fn start(shared: &Shared) -> Result<Live, CallErrorKind> {
         Err(trap) => Err(CallErrorKind::Trap(trap)),
         Ok(Err(e)) => Err(CallErrorKind::Driver(e.into())),
         Ok(Ok(())) => Ok(live),
-    }
-}
-
-impl bindings::berth::driver::log::Host for StoreState {
-    async fn log(
-        &mut self,
-        level: bindings::berth::driver::log::Level,
-        message: String,
-        fields: Vec<(String, String)>,
-    ) -> wasmtime::Result<()> {
-        use bindings::berth::driver::log::Level;
-        /// Records per call past which a driver's log is dropped.
-        const MAX_RECORDS: u32 = 1000;
-        /// Longest message kept.
-        const MAX_LEN: usize = 4096;
-        self.log_records += 1;
-        if self.log_records > MAX_RECORDS {
-            return Ok(());
-        }
-        let mut message = message;
-        if message.len() > MAX_LEN {
-            let mut cut = MAX_LEN;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-        }
-        let fields = fields
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let p = &self.provider;
-        match level {
-            Level::Trace => tracing::trace!(provider = %p, %fields, "driver: {message}"),
-            Level::Debug => tracing::debug!(provider = %p, %fields, "driver: {message}"),
-            Level::Info => tracing::info!(provider = %p, %fields, "driver: {message}"),
-            Level::Warn => tracing::warn!(provider = %p, %fields, "driver: {message}"),
-            Level::Error => tracing::error!(provider = %p, %fields, "driver: {message}"),
-        }
-        Ok(())
     }
 }

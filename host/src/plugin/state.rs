@@ -118,8 +118,13 @@ impl StateSpace {
             .await
     }
 
-    /// Every key starting with `prefix`, in key order.
-    pub async fn scan(&self, prefix: String) -> Result<Vec<(String, String)>, String> {
+    /// Every key starting with `prefix`, in key order; an error instead if
+    /// the keys and values would come to more than `max_bytes`.
+    pub async fn scan(
+        &self,
+        prefix: String,
+        max_bytes: u64,
+    ) -> Result<Vec<(String, String)>, String> {
         check_len("prefix", &prefix, MAX_KEY)?;
         let provider = self.provider.clone();
         self.state
@@ -129,10 +134,23 @@ impl StateSpace {
                     "SELECT key, value FROM records WHERE provider = ?1
                      AND substr(key, 1, length(?2)) = ?2 ORDER BY key",
                 )?;
-                st.query_map(params![&*provider, prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect()
+                let mut rows = st.query(params![&*provider, prefix])?;
+                let mut out = Vec::new();
+                let mut bytes = 0u64;
+                while let Some(row) = rows.next()? {
+                    let (key, value): (String, String) = (row.get(0)?, row.get(1)?);
+                    bytes += (key.len() + value.len()) as u64;
+                    if bytes > max_bytes {
+                        return Ok(Err(format!(
+                            "the records under this prefix come to more than the {max_bytes} bytes \
+                             one answer may hold; scan a longer prefix"
+                        )));
+                    }
+                    out.push((key, value));
+                }
+                Ok(Ok(out))
             })
-            .await
+            .await?
     }
 
     /// Stores `value` (`None` removes) if the current value is `expected`.
@@ -218,7 +236,7 @@ impl bindings::berth::driver::state::Host for StoreState {
         &mut self,
         prefix: String,
     ) -> wasmtime::Result<Result<Vec<(String, String)>, String>> {
-        Ok(self.state.scan(prefix).await)
+        Ok(self.state.scan(prefix, self.host_memory_bytes).await)
     }
 
     async fn compare_and_swap(
@@ -292,9 +310,12 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            a.scan("k".into()).await,
+            a.scan("k".into(), 1 << 20).await,
             Ok(vec![("k".into(), "3".into()), ("k%2".into(), "y".into())])
         );
+        // Over the answer's budget: an error, not a part.
+        let e = a.scan("k".into(), 4).await.unwrap_err();
+        assert!(e.contains("more than the 4 bytes"), "{e}");
         assert_eq!(
             a.compare_and_swap("k".into(), Some("3".into()), None).await,
             Ok(true)
