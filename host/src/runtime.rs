@@ -380,13 +380,7 @@ impl Service {
 
 fn panicked(e: tokio::task::JoinError) -> PoolError {
     match e.try_into_panic() {
-        Ok(payload) => PoolError::Panicked(
-            payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "no message".into()),
-        ),
+        Ok(payload) => PoolError::Panicked(crate::text::panic_message(&*payload)),
         Err(e) => PoolError::Panicked(e.to_string()),
     }
 }

@@ -54,6 +54,15 @@ pub fn truncated(text: &str, max: usize) -> Cow<'_, str> {
     Cow::Owned(format!("{}…", &text[..cut]))
 }
 
+/// What a panic said, from its payload (a `&str` or a `String`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

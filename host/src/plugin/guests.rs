@@ -133,13 +133,7 @@ impl<T> Future for Task<T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.0).poll(cx).map(|joined| {
             joined.map_err(|e| match e.try_into_panic() {
-                Ok(payload) => TaskLost::Panicked(
-                    payload
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| payload.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "no message".into()),
-                ),
+                Ok(payload) => TaskLost::Panicked(crate::text::panic_message(&*payload)),
                 Err(_) => TaskLost::Cancelled,
             })
         })
