@@ -2,6 +2,8 @@
 //! what it answers. WIT-generated types never leave `plugin::bindings`; the rest
 //! of berth speaks these.
 
+pub mod check;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;

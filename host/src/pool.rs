@@ -115,6 +115,14 @@ struct ProviderRt {
     want_tags: BTreeSet<NodeId>,
     /// Non-final nodes with an instance id on this provider.
     with_instance: HashSet<NodeId>,
+    /// The same by instance id: the one live node that holds each instance.
+    /// A list or a create that claims an instance held here for another
+    /// node is not believed.
+    holders: HashMap<String, NodeId>,
+    /// Leak deletes, apart from (and within) the provider's own rate: a
+    /// driver that lists thousands of owned orphans gets them deleted at
+    /// this pace, not all at once.
+    leak_bucket: Bucket,
     /// Owned instances no live node accounts for, by instance id.
     leaks: HashMap<String, Leak>,
     foreign_said: bool,
@@ -127,6 +135,9 @@ struct Leak {
     due: Time,
     busy: bool,
 }
+
+/// Leak deletes per second per provider, at most (see `ProviderRt`).
+pub const LEAK_DELETES_PER_SECOND: f64 = 10.0;
 
 /// What a provider has, counting creating, booting and deleting nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -221,6 +232,8 @@ impl Pool {
                 want_delete: BTreeSet::new(),
                 want_tags: BTreeSet::new(),
                 with_instance: HashSet::new(),
+                holders: HashMap::new(),
+                leak_bucket: Bucket::new(LEAK_DELETES_PER_SECOND, LEAK_DELETES_PER_SECOND as u32),
                 leaks: HashMap::new(),
                 foreign_said: false,
                 leaks_deleted: 0,
@@ -327,6 +340,14 @@ impl Pool {
             leaks_pending: rt.leaks.len(),
             leaks_deleted: rt.leaks_deleted,
         }
+    }
+
+    /// The live node that holds `instance` on provider `p`, if any.
+    pub(crate) fn holder(&self, p: ProviderIx, instance: &str) -> Option<NodeId> {
+        self.ix.providers[p.0 as usize]
+            .holders
+            .get(instance)
+            .copied()
     }
 
     /// Records changed since the last call: store them before carrying out
@@ -534,6 +555,9 @@ impl Pool {
             if owes && let Some(b) = &rt.bucket {
                 at(b.next_token());
             }
+            if leak_owed {
+                at(rt.leak_bucket.next_token());
+            }
         }
         for (i, rt) in self.ix.labels.iter().enumerate() {
             if rt.failures > 0 && self.config.labels[i].min_ready > 0 {
@@ -697,11 +721,15 @@ impl Indexes {
                     p.deleting.sub(n.resources);
                 }
             }
-            if n.instance.is_some() {
+            if let Some(instance) = &n.instance {
                 if add {
                     p.with_instance.insert(n.id);
+                    p.holders.insert(instance.clone(), n.id);
                 } else {
                     p.with_instance.remove(&n.id);
+                    if p.holders.get(instance) == Some(&n.id) {
+                        p.holders.remove(instance);
+                    }
                 }
             }
         }

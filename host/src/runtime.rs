@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, ProviderIx};
 use crate::driver::DriverError;
+use crate::driver::check::{self, BadAnswer};
 use crate::driver::{Instance, POOL_TAG, Tags};
 use crate::plugin::{self, CallError, CallErrorKind, DriverState, Trap};
 use crate::pool::{
@@ -169,6 +170,9 @@ pub trait Observer: Send + Sync {
     fn fulfilled(&self, _request: &Request, _latency: Duration) {}
     /// The store took `took` to commit one batch of changes.
     fn committed(&self, _took: Duration) {}
+    /// Instances a driver answered that failed berth's checks (see
+    /// [`crate::driver::check`]); the pool never saw them.
+    fn refused(&self, _provider: &str, _refused: &[BadAnswer]) {}
 }
 
 /// An observer that hears nothing.
@@ -703,9 +707,40 @@ impl Loop {
         for reply in self.replies.drain(..) {
             reply(None);
         }
+        // Leak deletes and refused adoptions can come by the thousand (a
+        // driver that lists thousands of orphans): one line per provider and
+        // kind per step, with a count.
+        let mut summed: HashMap<(ProviderIx, &'static str), (usize, String)> = HashMap::new();
         for notice in self.pool.take_notices() {
             self.observer.notice(self.pool.config(), &notice);
-            self.log(notice);
+            match notice {
+                Notice::LeakDeleted { provider, instance } => {
+                    let e = summed.entry((provider, "leak")).or_insert((0, instance));
+                    e.0 += 1;
+                }
+                Notice::NotAdopted { provider, instance } => {
+                    let e = summed.entry((provider, "over")).or_insert((0, instance));
+                    e.0 += 1;
+                }
+                notice => self.log(notice),
+            }
+        }
+        for ((provider, kind), (count, first)) in summed {
+            let provider = self.pool.config()[provider].name.as_str();
+            match kind {
+                "leak" => tracing::warn!(
+                    provider,
+                    count,
+                    first = %first,
+                    "deleted leaked instances (owned by this pool, no node accounts for them)"
+                ),
+                _ => tracing::warn!(
+                    provider,
+                    count,
+                    first = %first,
+                    "instances with this pool's tags not adopted: the provider's limits are full; each is deleted as a leak after leak-grace if it is still there"
+                ),
+            }
         }
         if !self.waiters.is_empty() {
             let pool = &self.pool;
@@ -742,11 +777,7 @@ impl Loop {
                 count,
                 "instances without this pool's id are listed; berth leaves them alone"
             ),
-            Notice::LeakDeleted { provider, instance } => tracing::warn!(
-                provider = pname(provider),
-                %instance,
-                "deleted a leaked instance (owned by this pool, no node accounts for it)"
-            ),
+            Notice::LeakDeleted { .. } | Notice::NotAdopted { .. } => {}
             Notice::Adopted { node, instance } => {
                 tracing::info!(%node, %instance, "adopted an instance from its tags")
             }
@@ -857,11 +888,32 @@ fn call(
                 return;
             }
         };
+        // What the driver answers is checked before the pool sees it.
+        let refused = |r: &[BadAnswer]| {
+            if !r.is_empty() {
+                tracing::warn!(
+                    provider = %name,
+                    count = r.len(),
+                    first = %r[0],
+                    "refused what the driver answered: the pool acts as if it had not been said"
+                );
+                observer.refused(&name, r);
+            }
+        };
         let event = match effect {
             Effect::Create { node, spec, .. } => {
                 let r = provider.create(spec).await;
                 heard(CallKind::Create, r.as_ref().map(|_| ()));
-                Event::Created(node, r.map_err(failure))
+                let r = r
+                    .map_err(failure)
+                    .and_then(|inst| match check::instance(&inst) {
+                        Ok(()) => Ok(inst),
+                        Err(bad) => {
+                            refused(std::slice::from_ref(&bad));
+                            Err(Failure::Host(format!("the driver answered {bad}")))
+                        }
+                    });
+                Event::Created(node, r)
             }
             Effect::Delete { node, instance, .. } => {
                 let r = provider.delete(&instance).await;
@@ -873,7 +925,12 @@ fn call(
                 let filter: Tags = [(POOL_TAG.to_owned(), pool_id)].into();
                 let r = provider.list(filter).await;
                 heard(CallKind::List, r.as_ref().map(|_| ()));
-                Event::Listed(p, listed_from, r.map_err(failure))
+                let r = r.map_err(failure).map(|all| {
+                    let (kept, bad) = check::listing(all);
+                    refused(&bad);
+                    kept
+                });
+                Event::Listed(p, listed_from, r)
             }
             Effect::SetTags {
                 node,

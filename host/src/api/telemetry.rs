@@ -31,6 +31,8 @@ pub struct Telemetry {
     rate_limit_holds: Counter,
     capacity_pauses: Counter,
     leaks_deleted: Counter,
+    not_adopted: Counter,
+    refused: Counter,
     leases_expired: Counter,
     requests_failed: Counter,
     nodes: Gauge,
@@ -107,6 +109,16 @@ impl Telemetry {
             "Instances with this pool's id that no node accounted for, deleted.",
             &["provider"],
         );
+        let not_adopted = r.counter(
+            "berth_adoptions_refused_total",
+            "Instances with this pool's tags not adopted because the provider's limits were full.",
+            &["provider"],
+        );
+        let refused = r.counter(
+            "berth_driver_answers_refused_total",
+            "Instances a driver answered that failed berth's checks, by provider and rule (id, duplicate, type, tags, address, connection).",
+            &["provider", "rule"],
+        );
         let leases_expired = r.counter(
             "berth_leases_expired_total",
             "Requestors whose lease expired with requests or nodes to take back.",
@@ -176,6 +188,8 @@ impl Telemetry {
             rate_limit_holds,
             capacity_pauses,
             leaks_deleted,
+            not_adopted,
+            refused,
             leases_expired,
             requests_failed,
             nodes,
@@ -336,9 +350,16 @@ impl Observer for Telemetry {
             Notice::LeakDeleted { provider, .. } => {
                 self.leaks_deleted.with(&[name(*provider)]).inc()
             }
+            Notice::NotAdopted { provider, .. } => self.not_adopted.with(&[name(*provider)]).inc(),
             Notice::LeaseExpired { .. } => self.leases_expired.with(&[]).inc(),
             Notice::RequestFailed { .. } => self.requests_failed.with(&[]).inc(),
             Notice::Foreign { .. } | Notice::Adopted { .. } | Notice::Vanished { .. } => {}
+        }
+    }
+
+    fn refused(&self, provider: &str, refused: &[crate::driver::check::BadAnswer]) {
+        for r in refused {
+            self.refused.with(&[provider, r.rule]).inc();
         }
     }
 

@@ -107,7 +107,12 @@ impl Pool {
                 instance,
             });
         }
-        if let Some((instance, leak)) = rt.leaks.iter_mut().find(|(_, l)| !l.busy && l.due <= now) {
+        let leak_due = rt.leaks.values().any(|l| !l.busy && l.due <= now);
+        if leak_due
+            && rt.leak_bucket.try_take(now)
+            && let Some((instance, leak)) =
+                rt.leaks.iter_mut().find(|(_, l)| !l.busy && l.due <= now)
+        {
             leak.busy = true;
             return Some(Effect::Delete {
                 provider: p,
@@ -177,16 +182,17 @@ impl Pool {
                 provider,
                 node,
                 instance,
-            } => {
-                if let Some(leak) = self.ix.providers[provider.0 as usize]
-                    .leaks
-                    .get_mut(instance)
-                {
-                    leak.busy = false;
-                } else if let Some(id) = node {
-                    self.set_busy(*id, false);
+            } => match node {
+                Some(id) if self.busy.contains(id) => self.set_busy(*id, false),
+                _ => {
+                    if let Some(leak) = self.ix.providers[provider.0 as usize]
+                        .leaks
+                        .get_mut(instance)
+                    {
+                        leak.busy = false;
+                    }
                 }
-            }
+            },
             Effect::Create { node, .. } => self.set_busy(*node, false),
             Effect::SetTags { provider, node, .. } => {
                 self.set_busy(*node, false);
@@ -240,6 +246,27 @@ impl Pool {
             return;
         };
         let state = node.state.clone();
+        // A create cannot have made an instance another node holds, nor one
+        // a list showed under other tags (a leak): the answer is wrong, and
+        // believing it would put one machine under two owners.
+        let wrong = result.as_ref().ok().and_then(|inst| {
+            if let Some(other) = self.holder(p, &inst.id).filter(|&other| other != id) {
+                Some(format!("instance {}, which node {other} holds", inst.id))
+            } else if self.ix.providers[p.0 as usize].leaks.contains_key(&inst.id) {
+                Some(format!(
+                    "instance {}, which a list showed under other tags",
+                    inst.id
+                ))
+            } else {
+                None
+            }
+        });
+        let result = match (result, wrong) {
+            (Ok(_), Some(what)) => Err(Failure::Host(format!(
+                "the driver answered this create with {what}"
+            ))),
+            (result, _) => result,
+        };
         match result {
             Ok(inst) => {
                 // Tags changed while the create was in flight (an idle
@@ -399,8 +426,12 @@ impl Pool {
         result: Result<(), Failure>,
     ) {
         let rate_limited = self.call_done(p, result.as_ref().err(), now);
+        // A node's own delete has the node busy; a leak delete (which may
+        // name a node long gone) does not. The instance id alone cannot
+        // tell them apart.
+        let node_delete = node.is_some_and(|id| self.busy.contains(&id));
         let rt = &mut self.ix.providers[p.0 as usize];
-        if let Some(leak) = rt.leaks.get_mut(instance) {
+        if !node_delete && let Some(leak) = rt.leaks.get_mut(instance) {
             leak.busy = false;
             match &result {
                 Ok(()) => {

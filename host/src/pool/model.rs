@@ -439,6 +439,13 @@ pub enum Notice {
     },
     /// An instance with berth's tags and no node was adopted.
     Adopted { node: NodeId, instance: String },
+    /// An instance with berth's tags and no node was not adopted: the
+    /// provider's limits are full. It is deleted as a leak after
+    /// `leak-grace` if it is still there.
+    NotAdopted {
+        provider: ProviderIx,
+        instance: String,
+    },
     /// A node's instance disappeared.
     Vanished { node: NodeId },
     /// A request failed.

@@ -118,6 +118,8 @@ enum Op {
     Crash,
     /// An owned instance no node accounts for, or a foreign one.
     Plant(u16, bool),
+    /// The provider's driver lies this many times.
+    Lie(u16, Lie, u32),
 }
 
 /// One line per op, so a shrunk failure reads as a script. An index shows
@@ -147,6 +149,7 @@ impl std::fmt::Debug for Op {
                 "plant {} instance on p{p}",
                 if *owned { "leaked" } else { "foreign" }
             ),
+            Op::Lie(p, lie, n) => write!(f, "p{p} lies {lie:?} x{n}"),
         }
     }
 }
@@ -180,6 +183,16 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (0u64..90_000).prop_map(Op::Advance),
         1 => Just(Op::Crash),
         1 => (0u16..2, any::<bool>()).prop_map(|(p, owned)| Op::Plant(p, owned)),
+        2 => (0u16..2, lie(), 1u32..4).prop_map(|(p, l, n)| Op::Lie(p, l, n)),
+    ]
+}
+
+fn lie() -> impl Strategy<Value = Lie> {
+    prop_oneof![
+        Just(Lie::Twin),
+        Just(Lie::Relabel),
+        Just(Lie::Phantom),
+        Just(Lie::HeldCreate),
     ]
 }
 
@@ -290,6 +303,7 @@ impl Run {
                 };
                 h.cloud.plant(*p, "t0", tags, now);
             }
+            Op::Lie(p, lie, times) => h.cloud.providers[usize::from(*p)].lies.push((*lie, *times)),
         }
         h.persist();
         h.step();
@@ -301,6 +315,7 @@ impl Run {
         let h = &mut self.h;
         for fp in &mut h.cloud.providers {
             fp.faults.clear();
+            fp.lies.clear();
             fp.out_of_capacity.clear();
         }
         h.dt = Duration::from_secs(2);
@@ -529,6 +544,33 @@ fn regression_big_request_behind_slot_backing() {
         latency_ms: 1746,
         reach_late: false,
         boot_ms: 10000,
+        linger_ms: 0,
+    };
+    run(&ops, &cloud).unwrap();
+}
+
+/// A case the property test found once the driver could lie: a create
+/// answered with a leaked instance (owned, held by no node).
+#[test]
+fn regression_create_answers_a_leaked_instance() {
+    use Op::*;
+    let ops = vec![
+        Submit(vec![(0, 1), (3, 1)], 0, 0),
+        Submit(vec![(0, 2)], 0, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Submit(vec![(2, 1)], 0, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Plant(0, true),
+        Submit(vec![(0, 1)], 0, 0),
+        Op::Lie(0, super::testkit::Lie::HeldCreate, 1),
+        Submit(vec![(0, 1)], 0, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Advance(3500),
+    ];
+    let cloud = Cloudiness {
+        latency_ms: 1500,
+        reach_late: true,
+        boot_ms: 0,
         linger_ms: 0,
     };
     run(&ops, &cloud).unwrap();

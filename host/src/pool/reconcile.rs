@@ -41,6 +41,7 @@ impl Pool {
         let first = !self.ix.providers[pix].listed;
         self.ix.providers[pix].listed = true;
         let mut seen: HashSet<NodeId> = HashSet::with_capacity(instances.len());
+        let mut ids: HashSet<&str> = HashSet::with_capacity(instances.len());
         let mut leak_seen: HashSet<&str> = HashSet::new();
         let mut foreign = 0usize;
         for inst in &instances {
@@ -48,31 +49,52 @@ impl Pool {
                 foreign += 1;
                 continue;
             }
+            // The runtime refuses a list that names an instance twice; the
+            // core does not rely on it.
+            if !ids.insert(inst.id.as_str()) {
+                continue;
+            }
             let live = !matches!(
                 inst.state,
                 InstanceState::Terminated | InstanceState::Stopping
             );
             let node_id = inst.tags.get(NODE_TAG).and_then(|t| t.parse().ok());
+            // The live node that holds this instance already, if any, is its
+            // owner whatever its tags say: no other node may take it, and a
+            // list that shows it under another node id has still shown it.
+            let holder = self.holder(p, &inst.id);
             let ours = node_id.and_then(|id| self.nodes.get(&id)).is_some_and(|n| {
                 n.provider == p
                     && !matches!(n.role, Role::Slot { .. })
                     && n.instance.as_deref().is_none_or(|i| i == inst.id)
             });
-            if let (true, Some(id)) = (ours, node_id) {
+            let owner = holder.or(if ours { node_id } else { None });
+            if let Some(id) = owner {
                 seen.insert(id);
                 if self.observe(id, inst, live, now) {
                     continue;
                 }
             }
-            if !live {
+            if !live || holder.is_some() {
+                // Held by a node: accounted for, not a leak.
                 continue;
             }
-            if !ours
+            if owner.is_none()
                 && let Some(adopt) = self.adoptable(p, inst)
                 && !self.nodes.contains_key(&adopt.id)
             {
-                self.adopt(p, inst, adopt, now);
-                continue;
+                if self.fits(p, inst, &adopt) {
+                    self.adopt(p, inst, adopt, now);
+                    continue;
+                }
+                // Adopting it would take the provider past its limits: it
+                // is deleted as a leak, unless it goes away first.
+                if !self.ix.providers[pix].leaks.contains_key(&inst.id) {
+                    self.notices.push(Notice::NotAdopted {
+                        provider: p,
+                        instance: inst.id.clone(),
+                    });
+                }
             }
             // Owned, live, and no live node accounts for it.
             leak_seen.insert(inst.id.as_str());
@@ -248,15 +270,36 @@ impl Pool {
         })
     }
 
-    fn adopt(&mut self, p: ProviderIx, inst: &Instance, a: Adoptable, now: Time) {
-        let Some(offer) = self
-            .machine_offers(a.label)
+    /// The offer an adopted instance is counted as.
+    fn adopted_offer(
+        &self,
+        p: ProviderIx,
+        inst: &Instance,
+        a: &Adoptable,
+    ) -> Option<crate::config::Offer> {
+        self.machine_offers(a.label)
             .iter()
             .filter(|o| o.provider == p)
             .find(|o| o.instance_type == inst.instance_type)
             .or_else(|| self.offer_for(a.label, p))
             .cloned()
-        else {
+    }
+
+    /// Whether taking `inst` back keeps provider `p` within its limits.
+    fn fits(&self, p: ProviderIx, inst: &Instance, a: &Adoptable) -> bool {
+        let Some(offer) = self.adopted_offer(p, inst, a) else {
+            return false;
+        };
+        let u = self.ix.providers[p.0 as usize].usage;
+        let r = Resources::from(&offer);
+        let l = &self.config[p].limits;
+        l.max_instances.is_none_or(|m| u.instances < m)
+            && l.max_cores.is_none_or(|m| u.vcpus + r.vcpus <= m)
+            && l.max_ram_mib.is_none_or(|m| u.ram_mib + r.ram_mib <= m)
+    }
+
+    fn adopt(&mut self, p: ProviderIx, inst: &Instance, a: Adoptable, now: Time) {
+        let Some(offer) = self.adopted_offer(p, inst, &a) else {
             return;
         };
         let role = match a.slots {

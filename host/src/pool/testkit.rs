@@ -118,6 +118,23 @@ pub(super) struct Fault {
     pub reached: bool,
 }
 
+/// A lie the fake cloud tells in its answers, for the next `times` calls it
+/// applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Lie {
+    /// A list names an owned live instance twice, the copy under another
+    /// node id (the runtime's checks refuse both).
+    Twin,
+    /// A list names an owned live instance under a new node id that a label
+    /// could adopt, instead of its own.
+    Relabel,
+    /// A list names an adoptable instance that does not exist.
+    Phantom,
+    /// A create answers with an owned live instance that is already there
+    /// instead of making one.
+    HeldCreate,
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct FakeInstance {
     pub id: String,
@@ -140,6 +157,10 @@ pub(super) struct FakeProvider {
     /// How long a terminated instance stays listed.
     pub linger: Duration,
     pub faults: Vec<Fault>,
+    /// Lies still to tell, and how many times each.
+    pub lies: Vec<(Lie, u32)>,
+    /// Where the lies' made-up node ids are counted.
+    pub invented: u64,
     /// Every call that reached the cloud, when.
     pub calls: Vec<(Time, Call)>,
     /// The rate-limit window this provider announced, as the pool learned it.
@@ -151,6 +172,20 @@ pub(super) struct FakeProvider {
 impl FakeProvider {
     pub(super) fn live(&self) -> impl Iterator<Item = &FakeInstance> {
         self.instances.values().filter(|i| i.terminated.is_none())
+    }
+
+    /// Takes one lie of those that apply to `call`, if any is left.
+    fn lie(&mut self, call: Call) -> Option<Lie> {
+        let (lie, times) = self.lies.iter_mut().find(|(l, t)| {
+            *t > 0
+                && match call {
+                    Call::Create => *l == Lie::HeldCreate,
+                    Call::List => *l != Lie::HeldCreate,
+                    _ => false,
+                }
+        })?;
+        *times -= 1;
+        Some(*lie)
     }
 
     fn fault(&mut self, call: Call) -> Option<Fault> {
@@ -270,7 +305,14 @@ impl Cloud {
                 Effect::SetTags { node, .. } => Outcome::Tagged(*node, Err(e)),
             };
         }
+        let lie = self.providers[p].lie(call);
         let outcome = match effect {
+            Effect::Create { node, .. }
+                if lie == Some(Lie::HeldCreate)
+                    && let Some(held) = self.owned_live(p).next() =>
+            {
+                Outcome::Created(*node, Ok(self.report(p, held, now)))
+            }
             Effect::Create { node, spec, .. } => {
                 let fp = &self.providers[p];
                 let result = if fp.quota.is_some_and(|q| fp.live().count() as u32 >= q) {
@@ -293,8 +335,15 @@ impl Cloud {
             }
             Effect::List { provider } => {
                 let fp = &self.providers[p];
-                let all = fp.instances.values().map(|i| self.report(p, i, now));
-                Outcome::Listed(*provider, Ok(all.collect()))
+                let mut all: Vec<Instance> = fp
+                    .instances
+                    .values()
+                    .map(|i| self.report(p, i, now))
+                    .collect();
+                if let Some(lie) = lie {
+                    self.tell(p, lie, &mut all, now);
+                }
+                Outcome::Listed(*provider, Ok(all))
             }
             Effect::Delete {
                 provider,
@@ -337,6 +386,48 @@ impl Cloud {
                 Outcome::Tagged(n, _) => Outcome::Tagged(n, Err(f.failure)),
             },
             None => outcome,
+        }
+    }
+}
+
+impl Cloud {
+    fn owned_live(&self, p: usize) -> impl Iterator<Item = &FakeInstance> {
+        self.providers[p]
+            .live()
+            .filter(|i| i.tags.contains_key(crate::driver::NODE_TAG))
+    }
+
+    /// Changes a list answer as `lie` says.
+    fn tell(&mut self, p: usize, lie: Lie, all: &mut Vec<Instance>, now: Time) {
+        self.providers[p].invented += 1;
+        let invented = format!("n-{:016x}", 0xdead_0000_0000 + self.providers[p].invented);
+        let first = self.owned_live(p).next().map(|i| self.report(p, i, now));
+        match (lie, first) {
+            (Lie::Twin, Some(real)) => {
+                let mut twin = real;
+                twin.tags.insert(crate::driver::NODE_TAG.into(), invented);
+                all.push(twin);
+            }
+            (Lie::Relabel, Some(real)) => {
+                if let Some(entry) = all.iter_mut().find(|i| i.id == real.id) {
+                    entry.tags.insert(crate::driver::NODE_TAG.into(), invented);
+                }
+            }
+            (Lie::Phantom, _) => all.push(Instance {
+                id: format!("i-phantom-{p}-{}", self.providers[p].invented),
+                state: InstanceState::Running,
+                instance_type: if p == 0 { "t0" } else { "t1" }.into(),
+                tags: [
+                    (crate::driver::POOL_TAG.to_string(), "pool-1".to_string()),
+                    (crate::driver::NODE_TAG.to_string(), invented),
+                    (crate::driver::LABEL_TAG.to_string(), "a".to_string()),
+                ]
+                .into(),
+                addresses: Addresses::default(),
+                created_at_ms: Some(now.as_millis()),
+                connection: Connection::default(),
+            }),
+            _ => {}
         }
     }
 }
@@ -568,10 +659,20 @@ impl Harness {
             fp.held_until = Some(fp.held_until.map_or(until, |t| t.max(until)));
         }
         let now = self.now;
+        // What a driver answers passes the runtime's checks first.
         match outcome {
-            Outcome::Created(id, r) => self.pool.created(now, id, r),
+            Outcome::Created(id, r) => {
+                let r = r.and_then(|i| match crate::driver::check::instance(&i) {
+                    Ok(()) => Ok(i),
+                    Err(bad) => Err(Failure::Host(bad.to_string())),
+                });
+                self.pool.created(now, id, r)
+            }
             Outcome::Deleted(p, node, instance, r) => self.pool.deleted(now, p, node, &instance, r),
-            Outcome::Listed(p, r) => self.pool.listed(now, p, call.made, r),
+            Outcome::Listed(p, r) => {
+                let r = r.map(|all| crate::driver::check::listing(all).0);
+                self.pool.listed(now, p, call.made, r)
+            }
             Outcome::Tagged(id, r) => self.pool.tagged(now, id, r),
         }
         self.persist();
@@ -832,6 +933,19 @@ impl Harness {
                     }
                 }
                 _ => {}
+            }
+        }
+        // No instance held by two live nodes (a backing node's slots share
+        // its instance through it, not by holding it).
+        let mut holder: HashMap<(ProviderIx, &str), NodeId> = HashMap::new();
+        for n in pool.nodes() {
+            if n.state.is_final() || matches!(n.role, Role::Slot { .. }) {
+                continue;
+            }
+            if let Some(i) = n.instance.as_deref()
+                && let Some(other) = holder.insert((n.provider, i), n.id)
+            {
+                return Err(format!("instance {i} held by {other} and {}", n.id));
             }
         }
         // The store holds what the pool holds.
