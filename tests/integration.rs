@@ -5,6 +5,7 @@
 mod ec2;
 mod in_berth;
 mod pool;
+mod sandbox;
 mod serve;
 mod static_hosts;
 mod support;

@@ -34,8 +34,8 @@ pub fn workspace() -> PathBuf {
 }
 
 /// Builds every plugin once per test process and returns the path of the one
-/// named `name` (`sim`, `example`, `hostile`, `wrong-version`, `aws-ec2`,
-/// `static`).
+/// named `name` (`sim`, `example`, `hostile`, `broken`, `wrong-version`,
+/// `aws-ec2`, `static`).
 pub fn plugin(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir =
@@ -44,6 +44,7 @@ pub fn plugin(name: &str) -> PathBuf {
         "sim" => "berth_driver_sim",
         "example" => "berth_driver_example",
         "hostile" => "berth_fixture_hostile",
+        "broken" => "berth_fixture_broken",
         "wrong-version" => "berth_fixture_wrong_version",
         "aws-ec2" => "berth_driver_aws_ec2",
         "static" => "berth_driver_static",
@@ -76,6 +77,8 @@ pub fn build_plugins() -> Result<PathBuf, String> {
             "berth-driver-example",
             "-p",
             "berth-fixture-hostile",
+            "-p",
+            "berth-fixture-broken",
             "-p",
             "berth-fixture-wrong-version",
             "-p",

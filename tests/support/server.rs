@@ -129,7 +129,15 @@ impl Berth {
         token: Option<&str>,
         body: Option<Value>,
     ) -> std::io::Result<(u16, Value)> {
-        let (status, text) = http(&self.base, method, path, token, body).await?;
+        // Bounded, so that a berth that stopped answering fails the test
+        // instead of hanging it (long-polls in tests wait at most 60 s).
+        let answer = tokio::time::timeout(
+            Duration::from_secs(90),
+            http(&self.base, method, path, token, body),
+        )
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 90 s"))?;
+        let (status, text) = answer?;
         let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Ok((status, v))
     }
@@ -157,6 +165,11 @@ impl Berth {
             status,
             log: std::mem::take(&mut self.log),
         }
+    }
+
+    /// The child's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The exit status and log tail, for a failure message.

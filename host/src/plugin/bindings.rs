@@ -80,26 +80,44 @@ impl From<wit::Instance> for d::Instance {
     }
 }
 
+/// Text a driver supplies for people (error messages, its description):
+/// cut to `max` bytes and escaped, so it can go into a log line, an API
+/// answer or a table as it is. (Instances are not cut: they are checked,
+/// and refused if wrong; see `driver::check`.)
+fn said(text: String, max: usize) -> String {
+    use crate::text::{is_unsafe, printable, truncated};
+    if text.len() <= max && !text.chars().any(is_unsafe) {
+        return text;
+    }
+    printable(&truncated(&text, max)).into_owned()
+}
+
+/// Longest error message kept, in bytes.
+const MAX_MESSAGE: usize = 1024;
+
 impl From<wit::Error> for d::DriverError {
     fn from(e: wit::Error) -> Self {
+        let m = |m| said(m, MAX_MESSAGE);
         match e {
             wit::Error::RateLimited(r) => d::DriverError::RateLimited {
                 retry_after: std::time::Duration::from_millis(r.retry_after_ms),
-                message: r.message,
+                message: m(r.message),
             },
-            wit::Error::QuotaExceeded(m) => d::DriverError::QuotaExceeded(m),
+            wit::Error::QuotaExceeded(e) => d::DriverError::QuotaExceeded(m(e)),
             wit::Error::Capacity(c) => d::DriverError::Capacity {
                 scope: match c.scope {
-                    wit::CapacityScope::InstanceType(t) => d::CapacityScope::InstanceType(t),
+                    wit::CapacityScope::InstanceType(t) => {
+                        d::CapacityScope::InstanceType(said(t, 256))
+                    }
                     wit::CapacityScope::General => d::CapacityScope::General,
                 },
-                message: c.message,
+                message: m(c.message),
             },
-            wit::Error::NotFound(m) => d::DriverError::NotFound(m),
-            wit::Error::Unauthorized(m) => d::DriverError::Unauthorized(m),
-            wit::Error::InvalidConfig(m) => d::DriverError::InvalidConfig(m),
-            wit::Error::Transient(m) => d::DriverError::Transient(m),
-            wit::Error::Permanent(m) => d::DriverError::Permanent(m),
+            wit::Error::NotFound(e) => d::DriverError::NotFound(m(e)),
+            wit::Error::Unauthorized(e) => d::DriverError::Unauthorized(m(e)),
+            wit::Error::InvalidConfig(e) => d::DriverError::InvalidConfig(m(e)),
+            wit::Error::Transient(e) => d::DriverError::Transient(m(e)),
+            wit::Error::Permanent(e) => d::DriverError::Permanent(m(e)),
         }
     }
 }
@@ -120,11 +138,11 @@ impl From<wit::FieldType> for d::FieldType {
 impl From<wit::ConfigField> for d::ConfigField {
     fn from(f: wit::ConfigField) -> Self {
         d::ConfigField {
-            name: f.name,
+            name: said(f.name, 128),
             field_type: f.field_type.into(),
             required: f.required,
-            default: f.default,
-            doc: f.doc,
+            default: f.default.map(|d| said(d, MAX_MESSAGE)),
+            doc: said(f.doc, MAX_MESSAGE),
         }
     }
 }
@@ -132,9 +150,9 @@ impl From<wit::ConfigField> for d::ConfigField {
 impl From<wit::DriverInfo> for d::DriverInfo {
     fn from(i: wit::DriverInfo) -> Self {
         d::DriverInfo {
-            name: i.name,
-            version: i.version,
-            description: i.description,
+            name: said(i.name, 128),
+            version: said(i.version, 128),
+            description: said(i.description, MAX_MESSAGE),
             config: i.config.into_iter().map(Into::into).collect(),
             label_options: i.label_options.into_iter().map(Into::into).collect(),
             capabilities: d::Capabilities {

@@ -39,9 +39,14 @@ pub(crate) struct LogGate {
 
 struct Gate {
     bucket: Bucket,
-    /// Dropped since the last record let through.
+    /// Dropped and not yet said.
     dropped: u64,
+    /// When the last summary was written.
+    said: Option<Time>,
 }
+
+/// How often at most a provider's dropped records are summed up in the log.
+const SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl LogGate {
     /// `rate` records per second, up to five seconds' worth at once.
@@ -53,18 +58,25 @@ impl LogGate {
             bucket: Mutex::new(Gate {
                 bucket: Bucket::new(rate, (rate * 5.0).ceil() as u32),
                 dropped: 0,
+                said: None,
             }),
             dropped_total: AtomicU64::new(0),
         }
     }
 
-    /// Whether one more record may be written now; `Some(n)`: yes, and `n`
-    /// were dropped since the last one.
+    /// Whether one more record may be written now; `Some(n)`: yes, and say
+    /// first that `n` were dropped (at most once per [`SUMMARY_EVERY`]).
     fn admit(&self) -> Option<u64> {
         let now = Time(self.started.elapsed().as_millis() as u64);
         let mut gate = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
         if gate.bucket.try_take(now) {
-            Some(std::mem::take(&mut gate.dropped))
+            let due = gate.said.is_none_or(|t| now.since(t) >= SUMMARY_EVERY);
+            if gate.dropped > 0 && due {
+                gate.said = Some(now);
+                Some(std::mem::take(&mut gate.dropped))
+            } else {
+                Some(0)
+            }
         } else {
             gate.dropped += 1;
             self.dropped_total.fetch_add(1, Ordering::Relaxed);

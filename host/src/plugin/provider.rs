@@ -409,6 +409,9 @@ async fn instantiate(
         StoreState::new(name, limits, policy, state, log),
     );
     store.limiter(|s| &mut s.limiter);
+    // What one import call may pass to the host (strings, lists) is bounded
+    // by the same budget as what the host holds for the instance.
+    store.set_hostcall_fuel(usize::try_from(limits.host_memory_bytes).unwrap_or(usize::MAX));
     // Installed once per store; each call only moves `deadline`. The
     // callback yields to the executor every tick (so a busy guest never
     // starves other tasks) and traps once the deadline has passed.
@@ -469,7 +472,9 @@ fn classify(e: wasmtime::Error, budget: Duration, store: Option<&Store<StoreStat
                 })
             }
             Some(t) => Trap::Crashed(t.to_string()),
-            None => Trap::Crashed(format!("{e:#}")),
+            // Backtraces carry the module's own function names: the
+            // driver's text, escaped like the rest of it.
+            None => Trap::Crashed(crate::text::printable(&format!("{e:#}")).into_owned()),
         }
     }
 }
