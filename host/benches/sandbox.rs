@@ -66,6 +66,22 @@ call-deadline = "5s"
     path
 }
 
+/// CPU time (user and system) the process has used, in seconds (Linux).
+fn cpu_seconds(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the whole line.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn percentile(sorted: &[Duration], q: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
@@ -174,7 +190,23 @@ async fn main() {
         } else {
             format!("{spinners} drivers spinning on {cores} cores")
         };
+        let cpu_before = cpu_seconds(server.pid());
+        let wall = Instant::now();
         let (health, handout) = measure(&what, &server.base).await;
+        let busy = (cpu_seconds(server.pid()) - cpu_before) / wall.elapsed().as_secs_f64();
+        let (_, m) = http(&server.base, "GET", "/metrics", None, None)
+            .await
+            .expect("metrics");
+        let traps: f64 = m
+            .lines()
+            .filter(|l| {
+                l.starts_with("berth_sandbox_traps_total{") && l.contains("kind=\"deadline\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, |a, b| a + b);
+        println!(
+            "  meanwhile berth used {busy:.2} cores of {cores}; deadline traps so far: {traps}"
+        );
         if spinners > 0 {
             let target = Duration::from_millis(10);
             println!(
