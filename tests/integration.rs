@@ -3,6 +3,7 @@
 //! over real HTTP on 127.0.0.1.
 
 mod ec2;
+mod faults;
 mod in_berth;
 mod pool;
 mod sandbox;

@@ -5,6 +5,8 @@
 // path, find them too.
 #[path = "support/disk.rs"]
 pub mod disk;
+#[path = "support/fault_proxy.rs"]
+pub mod fault_proxy;
 #[path = "support/server.rs"]
 pub mod server;
 

@@ -30,7 +30,7 @@ use serde_json::Value;
 pub use auth::Caller;
 pub use telemetry::Telemetry;
 
-use crate::pool::{Conflict, Idle, NewRequest, NodeId, Refused, RequestId};
+use crate::pool::{Conflict, Idle, ListHealth, NewRequest, NodeId, Refused, RequestId};
 use crate::runtime::{Handle, Health, ServiceError};
 
 /// The longest a `wait` long-poll is held.
@@ -349,15 +349,35 @@ async fn readyz(State(api): State<Api>) -> Response {
         .handle()
         .inspect(move |pool| {
             let config = pool.config();
+            let now = pool.last_tick();
+            let sync = config.timings.sync_interval;
             (0..config.providers.len())
                 .map(|i| crate::config::ProviderIx(i as u16))
-                .filter(|&p| !pool.provider_status(p).listed)
-                .map(|p| match providers.health(p) {
-                    Health::Failed { error, .. } => {
-                        format!("{} (could not start: {error})", config[p].name)
+                .filter_map(|p| {
+                    let s = pool.provider_status(p);
+                    let name = &config[p].name;
+                    // Lists not believed for a whole sync interval.
+                    let stale = match &s.list {
+                        ListHealth::Failing { since, .. } | ListHealth::Suspect { since, .. }
+                            if now.since(*since) >= sync =>
+                        {
+                            Some(format!(
+                                "{name} (its lists are not believed since {}s)",
+                                now.since(*since).as_secs()
+                            ))
+                        }
+                        _ => None,
+                    };
+                    if s.listed {
+                        return stale;
                     }
-                    Health::Starting => format!("{} (starting)", config[p].name),
-                    Health::Up => format!("{} (not listed yet)", config[p].name),
+                    Some(match providers.health(p) {
+                        Health::Failed { error, .. } => {
+                            format!("{name} (could not start: {error})")
+                        }
+                        Health::Starting => format!("{name} (starting)"),
+                        Health::Up => stale.unwrap_or_else(|| format!("{name} (not listed yet)")),
+                    })
                 })
                 .collect::<Vec<_>>()
         })
@@ -369,7 +389,7 @@ async fn readyz(State(api): State<Api>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
             format!(
-                "providers not listed since start: {}; nothing is created on them until they are",
+                "providers not ready: {}; nothing is created on a provider until it has been listed",
                 w.join("; ")
             ),
         )

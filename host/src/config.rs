@@ -119,6 +119,9 @@ pub struct Timings {
     /// How long after a delete an instance still listed is deleted again
     /// (`delete-retry`).
     pub delete_retry: Duration,
+    /// How long a node's instance must stay missing from complete lists (two
+    /// at least) before berth believes it is gone (`missing-confirm`).
+    pub missing_confirm: Duration,
     /// How long creates stay paused after quota-exceeded if no instance goes
     /// away first (`quota-pause`).
     pub quota_pause: Duration,
@@ -135,6 +138,7 @@ impl Timings {
     pub const DEFAULT_BOOT_POLL_INTERVAL: Duration = Duration::from_secs(5);
     pub const DEFAULT_LEAK_GRACE: Duration = Duration::from_secs(120);
     pub const DEFAULT_DELETE_RETRY: Duration = Duration::from_secs(60);
+    pub const DEFAULT_MISSING_CONFIRM: Duration = Duration::from_secs(60);
     pub const DEFAULT_QUOTA_PAUSE: Duration = Duration::from_secs(60);
     pub const DEFAULT_CAPACITY_PAUSE: Duration = Duration::from_secs(300);
     pub const DEFAULT_HISTORY: Duration = Duration::from_secs(3600);
@@ -147,6 +151,7 @@ impl Default for Timings {
             boot_poll_interval: Self::DEFAULT_BOOT_POLL_INTERVAL,
             leak_grace: Self::DEFAULT_LEAK_GRACE,
             delete_retry: Self::DEFAULT_DELETE_RETRY,
+            missing_confirm: Self::DEFAULT_MISSING_CONFIRM,
             quota_pause: Self::DEFAULT_QUOTA_PAUSE,
             capacity_pause: Self::DEFAULT_CAPACITY_PAUSE,
             history: Self::DEFAULT_HISTORY,

@@ -125,6 +125,17 @@ struct ProviderRt {
     leak_bucket: Bucket,
     /// Owned instances no live node accounts for, by instance id.
     leaks: HashMap<String, Leak>,
+    /// Nodes whose instance the latest complete lists did not show:
+    /// suspected, not gone (see `reconcile`).
+    missing: HashMap<NodeId, Missing>,
+    /// Lists in a row that failed or were not believed, for the backoff.
+    list_failures: u32,
+    /// How the provider's lists are going.
+    list_health: ListHealth,
+    /// When the last believed list started.
+    last_listed: Option<Time>,
+    /// When a list problem was last said (notices are rate-limited).
+    list_said: Option<Time>,
     foreign_said: bool,
     leaks_deleted: u64,
 }
@@ -171,6 +182,12 @@ pub struct ProviderStatus {
     pub listed: bool,
     pub leaks_pending: usize,
     pub leaks_deleted: u64,
+    /// How its lists are going.
+    pub list: ListHealth,
+    /// When the last list berth believed started.
+    pub last_listed: Option<Time>,
+    /// Nodes whose instance is suspected missing (or confirmed, in use).
+    pub missing: usize,
 }
 
 /// Something to look at again at a time. A timer is checked against the
@@ -235,6 +252,11 @@ impl Pool {
                 holders: HashMap::new(),
                 leak_bucket: Bucket::new(LEAK_DELETES_PER_SECOND, LEAK_DELETES_PER_SECOND as u32),
                 leaks: HashMap::new(),
+                missing: HashMap::new(),
+                list_failures: 0,
+                list_health: ListHealth::Ok,
+                last_listed: None,
+                list_said: None,
                 foreign_said: false,
                 leaks_deleted: 0,
             })
@@ -339,7 +361,20 @@ impl Pool {
             listed: rt.listed,
             leaks_pending: rt.leaks.len(),
             leaks_deleted: rt.leaks_deleted,
+            list: rt.list_health.clone(),
+            last_listed: rt.last_listed,
+            missing: rt.missing.len(),
         }
+    }
+
+    /// Whether a node's instance is suspected missing (or confirmed, for a
+    /// node kept in use), and since when.
+    pub fn missing(&self, id: NodeId) -> Option<Missing> {
+        let n = self.nodes.get(&id)?;
+        self.ix.providers[n.provider.0 as usize]
+            .missing
+            .get(&id)
+            .copied()
     }
 
     /// The live node that holds `instance` on provider `p`, if any.

@@ -782,8 +782,45 @@ impl Loop {
                 tracing::info!(%node, %instance, "adopted an instance from its tags")
             }
             Notice::Vanished { node } => {
-                tracing::warn!(%node, "the node's instance disappeared")
+                tracing::warn!(%node, "the node's instance is gone (confirmed missing, or listed as terminated); the node is given up")
             }
+            Notice::Missing { node, instance } => tracing::warn!(
+                %node,
+                %instance,
+                "a list did not show the node's instance: suspected missing, not gone; nothing changes unless later lists confirm it"
+            ),
+            Notice::Reappeared { node } => {
+                tracing::info!(%node, "the node's instance is listed again; no longer suspected")
+            }
+            Notice::LostInUse { node } => tracing::warn!(
+                %node,
+                "the node's instance is gone while the node is in use: it stays with its holder and is deleted once released"
+            ),
+            Notice::Revived { node, instance } => tracing::warn!(
+                %node,
+                %instance,
+                "an instance given up as vanished is listed again: its node is back"
+            ),
+            Notice::ListFailing {
+                provider,
+                failures,
+                error,
+            } => tracing::warn!(
+                provider = pname(provider),
+                failures,
+                %error,
+                "listing the provider fails; nothing is decided on its answers until one works (said again at most once a minute)"
+            ),
+            Notice::ListSuspect { provider, known } => tracing::warn!(
+                provider = pname(provider),
+                known,
+                "the provider's list shows none of the instances berth holds there; it is not believed (said again at most once a minute)"
+            ),
+            Notice::ListRecovered { provider, since } => tracing::info!(
+                provider = pname(provider),
+                since_ms = since.as_millis(),
+                "the provider's lists are believed again"
+            ),
             Notice::RequestFailed { request, reason } => {
                 tracing::warn!(%request, %reason, "request failed")
             }

@@ -598,6 +598,10 @@ fn full_node() -> Node {
             used: 2,
             slots: 4,
         }),
+        missing: Some(MissingInstance {
+            since: s(AT),
+            state: s("suspected"),
+        }),
         addresses: Some(full_addresses()),
         connection: Some(full_connection()),
     }
@@ -707,6 +711,9 @@ fn full_provider() -> Provider {
         leaks_deleted: 0,
         calls: full_call_stats(),
         start_error: Some(s("loading its driver: describe failed")),
+        list_error: Some(s("lists fail since 2026-11-23T11:04:05.123Z: transient")),
+        last_listed: Some(s(AT)),
+        missing: 1,
     }
 }
 
@@ -834,6 +841,9 @@ fn schemas_mirror_the_types() {
     });
     check("Hosting", &|d, n| {
         check_schema(d, n, &full_node().hosting.unwrap())
+    });
+    check("MissingInstance", &|d, n| {
+        check_schema(d, n, &full_node().missing.unwrap())
     });
     check("Addresses", &|d, n| check_schema(d, n, &full_addresses()));
     check("Connection", &|d, n| check_schema(d, n, &full_connection()));

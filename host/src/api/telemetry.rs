@@ -43,6 +43,9 @@ pub struct Telemetry {
     ram: Gauge,
     price: Gauge,
     provider_started: Gauge,
+    lists_believed: Gauge,
+    last_list_age: Gauge,
+    nodes_missing: Gauge,
     log_dropped: Counter,
     outbound_denied: Counter,
     recent: HashMap<String, Mutex<Recent>>,
@@ -162,6 +165,21 @@ impl Telemetry {
             "1 once a provider's driver has loaded and started, 0 while it starts or after its start failed.",
             &["provider"],
         );
+        let lists_believed = r.gauge(
+            "berth_provider_lists_believed",
+            "1 while a provider's last list was believed, 0 while its lists fail or show none of the instances berth holds there.",
+            &["provider"],
+        );
+        let last_list_age = r.gauge(
+            "berth_provider_last_list_age_seconds",
+            "Time since the start of a provider's last believed list (absent before the first).",
+            &["provider"],
+        );
+        let nodes_missing = r.gauge(
+            "berth_nodes_missing",
+            "Nodes whose instance the provider's lists stopped showing (suspected, or confirmed while in use).",
+            &["provider"],
+        );
         let log_dropped = r.counter(
             "berth_driver_log_dropped_total",
             "Driver log records (log import and stdio lines) dropped over the provider's log-rate.",
@@ -200,6 +218,9 @@ impl Telemetry {
             ram,
             price,
             provider_started,
+            lists_believed,
+            last_list_age,
+            nodes_missing,
             log_dropped,
             outbound_denied,
             recent,
@@ -211,10 +232,22 @@ impl Telemetry {
     pub fn render(&self, pool: &Pool, providers: &Providers) -> String {
         let config = pool.config();
         for (i, p) in config.providers.iter().enumerate() {
-            let up = providers.health(ProviderIx(i as u16)) == Health::Up;
+            let ix = ProviderIx(i as u16);
+            let up = providers.health(ix) == Health::Up;
             self.provider_started
                 .with(&[&p.name])
                 .set(if up { 1.0 } else { 0.0 });
+            let s = pool.provider_status(ix);
+            let believed = s.list == crate::pool::ListHealth::Ok;
+            self.lists_believed
+                .with(&[&p.name])
+                .set(if believed { 1.0 } else { 0.0 });
+            if let Some(t) = s.last_listed {
+                self.last_list_age
+                    .with(&[&p.name])
+                    .set(pool.last_tick().since(t).as_secs_f64());
+            }
+            self.nodes_missing.with(&[&p.name]).set(s.missing as f64);
         }
         for (name, provider) in providers.started() {
             let catch_up = |c: &Counter, total: u64| {
@@ -353,7 +386,16 @@ impl Observer for Telemetry {
             Notice::NotAdopted { provider, .. } => self.not_adopted.with(&[name(*provider)]).inc(),
             Notice::LeaseExpired { .. } => self.leases_expired.with(&[]).inc(),
             Notice::RequestFailed { .. } => self.requests_failed.with(&[]).inc(),
-            Notice::Foreign { .. } | Notice::Adopted { .. } | Notice::Vanished { .. } => {}
+            Notice::Foreign { .. }
+            | Notice::Adopted { .. }
+            | Notice::Vanished { .. }
+            | Notice::Missing { .. }
+            | Notice::Reappeared { .. }
+            | Notice::LostInUse { .. }
+            | Notice::Revived { .. }
+            | Notice::ListFailing { .. }
+            | Notice::ListSuspect { .. }
+            | Notice::ListRecovered { .. } => {}
         }
     }
 

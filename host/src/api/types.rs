@@ -76,10 +76,24 @@ pub struct Node {
     /// never handed out itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosting: Option<Hosting>,
+    /// Set when the provider's lists stopped showing its instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<MissingInstance>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addresses: Option<Addresses>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection: Option<Connection>,
+}
+
+/// A node whose instance the provider's lists stopped showing.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MissingInstance {
+    /// When a list first did not show it.
+    pub since: String,
+    /// `suspected` (lists do not show it; nothing changes until it is
+    /// confirmed) or `confirmed` (gone while in use: the node stays with its
+    /// holder and is deleted once released).
+    pub state: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -164,9 +178,10 @@ pub struct Provider {
     /// The driver's file name.
     pub driver: String,
     pub priority: i32,
-    /// `ok`; `starting` or `failed` (its driver: see `start_error`); or why
-    /// creates or calls are held right now (`rate-limited`, `quota-paused`,
-    /// `not-listed-yet`, `capacity-paused`).
+    /// `ok`; `starting` or `failed` (its driver: see `start_error`);
+    /// `list-failing` or `list-suspect` (its lists: see `list_error`); or
+    /// why creates or calls are held right now (`rate-limited`,
+    /// `quota-paused`, `not-listed-yet`, `capacity-paused`).
     pub status: String,
     pub limits: Limits,
     pub usage: Usage,
@@ -187,6 +202,15 @@ pub struct Provider {
     /// tried again with backoff.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_error: Option<String>,
+    /// Why its lists are not believed (status `list-failing` or
+    /// `list-suspect`), and since when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list_error: Option<String>,
+    /// When the last list berth believed started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_listed: Option<String>,
+    /// Nodes whose instance its lists stopped showing.
+    pub missing: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

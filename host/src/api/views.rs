@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::types::{self, rfc3339};
 use super::{ApiError, Caller, Telemetry, no_other_params};
 use crate::config::{Config, LabelIx, LabelKind, ProviderIx};
-use crate::pool::{Node, NodeState, Pool, Request, RequestId, RequestState, Role};
+use crate::pool::{ListHealth, Node, NodeState, Pool, Request, RequestId, RequestState, Role};
 use crate::runtime::{Health, LoadedDriver, Providers};
 use axum::http::StatusCode;
 
@@ -50,7 +50,17 @@ pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
         ),
         _ => (None, None),
     };
+    let missing = pool.missing(n.id).map(|m| types::MissingInstance {
+        since: rfc3339(m.since.as_millis()),
+        state: if m.confirmed {
+            "confirmed"
+        } else {
+            "suspected"
+        }
+        .to_owned(),
+    });
     types::Node {
+        missing,
         id: n.id.to_string(),
         label: config[n.label].name.clone(),
         provider: config[n.provider].name.clone(),
@@ -307,10 +317,24 @@ pub(super) fn providers(
                 .filter(|(_, t)| *t > now)
                 .map(|(ty, t)| (ty.clone().unwrap_or_else(|| "*".into()), at(*t)))
                 .collect();
+            let list_error = match &s.list {
+                ListHealth::Ok => None,
+                ListHealth::Failing { since, error } => {
+                    Some(format!("lists fail since {}: {error}", at(*since)))
+                }
+                ListHealth::Suspect { since, known } => Some(format!(
+                    "lists since {} show none of the {known} instances berth holds there; not believed",
+                    at(*since)
+                )),
+            };
             let status = if matches!(health, Health::Failed { .. }) {
                 "failed"
             } else if health == Health::Starting {
                 "starting"
+            } else if matches!(s.list, ListHealth::Failing { .. }) {
+                "list-failing"
+            } else if matches!(s.list, ListHealth::Suspect { .. }) {
+                "list-suspect"
             } else if held.is_some() {
                 "rate-limited"
             } else if quota.is_some() {
@@ -352,6 +376,9 @@ pub(super) fn providers(
                     Health::Failed { error, .. } => Some(error.to_string()),
                     _ => None,
                 },
+                list_error,
+                last_listed: s.last_listed.map(at),
+                missing: s.missing,
             }
         })
         .collect()

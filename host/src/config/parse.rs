@@ -466,6 +466,7 @@ impl Walker<'_> {
             boot_poll_interval: timing(self, "boot-poll-interval", d.boot_poll_interval),
             leak_grace: timing(self, "leak-grace", d.leak_grace),
             delete_retry: timing(self, "delete-retry", d.delete_retry),
+            missing_confirm: timing(self, "missing-confirm", d.missing_confirm),
             quota_pause: timing(self, "quota-pause", d.quota_pause),
             capacity_pause: timing(self, "capacity-pause", d.capacity_pause),
             history: timing(self, "history", d.history),

@@ -446,8 +446,33 @@ pub enum Notice {
         provider: ProviderIx,
         instance: String,
     },
-    /// A node's instance disappeared.
+    /// A node's instance disappeared: confirmed missing, or listed as
+    /// terminated.
     Vanished { node: NodeId },
+    /// A list did not show a node's instance: it is suspected missing, not
+    /// gone, until later lists confirm it.
+    Missing { node: NodeId, instance: String },
+    /// A suspected instance was listed again.
+    Reappeared { node: NodeId },
+    /// A node in use lost its instance (confirmed missing, or listed as
+    /// terminated): kept in use for its holder, deleted once released.
+    LostInUse { node: NodeId },
+    /// An instance of a node berth had given up as vanished was listed
+    /// again: the node is back.
+    Revived { node: NodeId, instance: String },
+    /// A provider's lists fail (said at the first failure in a row, then at
+    /// most once a minute).
+    ListFailing {
+        provider: ProviderIx,
+        failures: u32,
+        error: String,
+    },
+    /// A provider's list showed none of the `known` instances berth holds
+    /// there, and is not believed (said as `ListFailing` is).
+    ListSuspect { provider: ProviderIx, known: usize },
+    /// A provider's lists are believed again after failing or not being
+    /// believed since `since`.
+    ListRecovered { provider: ProviderIx, since: Time },
     /// A request failed.
     RequestFailed { request: RequestId, reason: String },
     /// A provider's creates are paused.
@@ -467,6 +492,33 @@ pub enum Notice {
         failed: usize,
         reclaimed: usize,
     },
+}
+
+/// How a provider's lists are going.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListHealth {
+    /// The last list was believed.
+    Ok,
+    /// Lists fail (an error, a trap, a deadline) since `since`.
+    Failing { since: Time, error: String },
+    /// Lists answer, but showed none of the instances berth knows there,
+    /// since `since`; they are not believed until that has lasted
+    /// `missing-confirm` over two lists at least.
+    Suspect { since: Time, known: usize },
+}
+
+/// A node whose instance a complete list did not show: suspected missing,
+/// not gone. Lists that keep not showing it confirm it (two at least, over
+/// `missing-confirm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Missing {
+    /// When a list first did not show it.
+    pub since: Time,
+    /// Lists in a row that did not show it.
+    pub lists: u32,
+    /// Confirmed gone while the node was in use: it is kept for its holder
+    /// (never deleted for it) and deleted once released.
+    pub confirmed: bool,
 }
 
 /// Records that changed since the last [`super::Pool::take_changes`]: what the

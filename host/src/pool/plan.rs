@@ -675,7 +675,13 @@ impl Pool {
             self.free_slot_node(id, GoneReason::SlotFreed, now);
             return;
         }
+        let lost = self.ix.providers[node.provider.0 as usize]
+            .missing
+            .get(&id)
+            .is_some_and(|m| m.confirmed);
         match node.idle {
+            // Its instance is gone: nothing to keep or reuse.
+            _ if lost => self.begin_delete(id, DeleteReason::Released, now),
             Idle::Hold => {}
             Idle::Drain => self.begin_delete(id, DeleteReason::Drained, now),
             Idle::Run if self.config[node.label].reuse => self.set_ready(id, now),
@@ -1029,10 +1035,39 @@ impl Pool {
     }
 
     /// A node's instance is no longer there.
+    /// Whether someone uses the node: it is in use, or it is a backing node
+    /// one of whose slots is.
+    pub(super) fn in_use(&self, node: &Node) -> bool {
+        match &node.role {
+            Role::Backing { slots, .. } => slots.iter().flatten().any(|s| {
+                self.nodes
+                    .get(s)
+                    .is_some_and(|n| matches!(n.state, NodeState::InUse { .. }))
+            }),
+            _ => matches!(node.state, NodeState::InUse { .. }),
+        }
+    }
+
     pub(super) fn lost(&mut self, id: NodeId, now: Time) {
         let Some(node) = self.nodes.get(&id) else {
             return;
         };
+        // A node someone is using is never taken from them because the cloud
+        // says its instance went: it stays in use, marked, and is deleted
+        // (not reused) once released.
+        if self.in_use(node) {
+            let p = node.provider.0 as usize;
+            let m = self.ix.providers[p].missing.entry(id).or_insert(Missing {
+                since: now,
+                lists: 0,
+                confirmed: false,
+            });
+            if !m.confirmed {
+                m.confirmed = true;
+                self.notices.push(Notice::LostInUse { node: id });
+            }
+            return;
+        }
         match node.state {
             NodeState::Deleting { .. } => self.gone(id, GoneReason::Deleted, now),
             NodeState::Creating { .. } | NodeState::Booting { .. } => {

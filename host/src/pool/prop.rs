@@ -70,6 +70,7 @@ fn prop_config() -> Config {
         boot_poll_interval: Duration::from_secs(5),
         leak_grace: Duration::from_secs(60),
         delete_retry: Duration::from_secs(30),
+        missing_confirm: Duration::from_secs(20),
         quota_pause: Duration::from_secs(30),
         capacity_pause: Duration::from_secs(60),
         history: Duration::from_secs(600),
@@ -193,6 +194,8 @@ fn lie() -> impl Strategy<Value = Lie> {
         Just(Lie::Relabel),
         Just(Lie::Phantom),
         Just(Lie::HeldCreate),
+        Just(Lie::Empty),
+        Just(Lie::Truncated),
     ]
 }
 

@@ -1,5 +1,18 @@
 //! The reconciler: what a provider's list of instances carrying the pool id
 //! means for the nodes. The cloud's own tags are the truth after a restart.
+//!
+//! A list is a claim, not a fact. An instance missing from one list is only
+//! *suspected* missing: nothing changes for its node. It is confirmed gone
+//! once complete lists have not shown it for `missing-confirm`, two of them
+//! at least; then a free node is given up and replaced, and a node in use is
+//! kept for its holder (never deleted for it) until it is released. An
+//! instance listed again while suspected is simply there again, and one
+//! listed again after its node was given up brings the node back. A list
+//! that shows none of several instances berth knows is not believed at all
+//! until that, too, has lasted `missing-confirm` over two lists. Until a
+//! node is confirmed gone it counts against its provider's limits, so no
+//! answer of a list can make room for creates. docs/missing-instances.md
+//! says the same for operators.
 
 use std::collections::HashSet;
 
@@ -29,18 +42,38 @@ impl Pool {
         let rate_limited = self.call_done(p, result.as_ref().err(), now);
         let instances = match result {
             Ok(instances) => instances,
-            Err(_) => {
-                if !rate_limited {
-                    // Listing is what everything else rests on: try again soon.
-                    let soon = self.config.timings.boot_poll_interval;
-                    self.ix.providers[pix].next_list = now + soon;
+            Err(e) => {
+                let error = e.to_string();
+                if !matches!(
+                    &self.ix.providers[pix].list_health,
+                    ListHealth::Failing { .. }
+                ) {
+                    self.ix.providers[pix].list_health = ListHealth::Failing {
+                        since: now,
+                        error: error.clone(),
+                    };
+                } else if let ListHealth::Failing { error: e, .. } =
+                    &mut self.ix.providers[pix].list_health
+                {
+                    *e = error.clone();
                 }
+                self.list_not_believed(p, now, rate_limited, |failures| Notice::ListFailing {
+                    provider: p,
+                    failures,
+                    error,
+                });
                 return;
             }
         };
+        if self.suspect_list(p, &instances, started, now) {
+            return;
+        }
+        self.list_believed(p, started, now);
         let first = !self.ix.providers[pix].listed;
         self.ix.providers[pix].listed = true;
         let mut seen: HashSet<NodeId> = HashSet::with_capacity(instances.len());
+        // Of those, the ones listed alive: only that ends a suspicion.
+        let mut seen_live: HashSet<NodeId> = HashSet::with_capacity(instances.len());
         let mut ids: HashSet<&str> = HashSet::with_capacity(instances.len());
         let mut leak_seen: HashSet<&str> = HashSet::new();
         let mut foreign = 0usize;
@@ -71,6 +104,9 @@ impl Pool {
             let owner = holder.or(if ours { node_id } else { None });
             if let Some(id) = owner {
                 seen.insert(id);
+                if live {
+                    seen_live.insert(id);
+                }
                 if self.observe(id, inst, live, now) {
                     continue;
                 }
@@ -98,6 +134,32 @@ impl Pool {
             }
             // Owned, live, and no live node accounts for it.
             leak_seen.insert(inst.id.as_str());
+            // A node given up as vanished whose instance is listed again is
+            // back (its instance never went), if the provider's limits have
+            // room for it; if not, it is a leak like any other.
+            if let Some(id) = node_id
+                && let Some(n) = self.nodes.get(&id)
+                && matches!(
+                    n.state,
+                    NodeState::Gone {
+                        reason: GoneReason::Vanished,
+                        ..
+                    }
+                )
+                && n.provider == p
+                && n.instance.as_deref() == Some(inst.id.as_str())
+            {
+                if self.room_for(p, n.resources) {
+                    self.revive(id, inst, now);
+                    continue;
+                }
+                if !self.ix.providers[pix].leaks.contains_key(&inst.id) {
+                    self.notices.push(Notice::NotAdopted {
+                        provider: p,
+                        instance: inst.id.clone(),
+                    });
+                }
+            }
             let stale = node_id
                 .and_then(|id| self.nodes.get(&id))
                 .and_then(|n| match n.state {
@@ -130,7 +192,8 @@ impl Pool {
             .leaks
             .retain(|id, l| l.busy || leak_seen.contains(id.as_str()));
         // Nodes whose instance is missing from a list that started after
-        // berth learned of it are gone.
+        // berth learned of it are suspected missing; lists that keep not
+        // showing it confirm it.
         let missing: Vec<NodeId> = self.ix.providers[pix]
             .with_instance
             .iter()
@@ -139,9 +202,7 @@ impl Pool {
             .filter(|id| self.attached_at.get(id).is_none_or(|t| *t < started))
             .filter(|id| !self.busy.contains(id))
             .collect();
-        for id in missing {
-            self.lost(id, now);
-        }
+        self.suspect_missing(p, &missing, &seen_live, now);
         // A node being deleted whose create may have been sent before a
         // restart, and which the list does not show: nothing to delete.
         if first {
@@ -184,6 +245,174 @@ impl Pool {
             t.sync_interval
         };
         self.ix.providers[pix].next_list = now + wait;
+    }
+
+    /// A list that failed or was not believed: the next comes after a backoff
+    /// (unless the driver said when), and the problem is said at the first
+    /// in a row, then at most once a minute.
+    fn list_not_believed(
+        &mut self,
+        p: ProviderIx,
+        now: Time,
+        rate_limited: bool,
+        notice: impl FnOnce(u32) -> Notice,
+    ) {
+        let t = &self.config.timings;
+        let (boot, sync) = (t.boot_poll_interval, t.sync_interval);
+        let rt = &mut self.ix.providers[p.0 as usize];
+        rt.list_failures += 1;
+        if !rate_limited {
+            // Listing is what everything else rests on: try again soon, but
+            // back off while it keeps failing.
+            let doubling = boot.saturating_mul(1 << (rt.list_failures - 1).min(16));
+            rt.next_list = now + doubling.min(sync.max(boot));
+        }
+        let due = rt
+            .list_said
+            .is_none_or(|t| now.since(t) >= std::time::Duration::from_secs(60));
+        if rt.list_failures == 1 || due {
+            rt.list_said = Some(now);
+            let n = notice(rt.list_failures);
+            self.notices.push(n);
+        }
+    }
+
+    /// A list berth believes: the provider's lists are fine again.
+    fn list_believed(&mut self, p: ProviderIx, started: Time, now: Time) {
+        let rt = &mut self.ix.providers[p.0 as usize];
+        let was = std::mem::replace(&mut rt.list_health, ListHealth::Ok);
+        rt.list_failures = 0;
+        rt.list_said = None;
+        rt.last_listed = Some(started);
+        match was {
+            ListHealth::Failing { since, .. } | ListHealth::Suspect { since, .. } => {
+                self.notices
+                    .push(Notice::ListRecovered { provider: p, since });
+                let _ = now;
+            }
+            ListHealth::Ok => {}
+        }
+    }
+
+    /// Whether a list is not to be believed as a whole: it shows none of
+    /// the instances (two or more) berth knows on the provider. Once such
+    /// answers have lasted `missing-confirm` over two lists, they are
+    /// believed (their instances are then suspected one by one).
+    fn suspect_list(
+        &mut self,
+        p: ProviderIx,
+        instances: &[Instance],
+        started: Time,
+        now: Time,
+    ) -> bool {
+        let pix = p.0 as usize;
+        let known: Vec<&str> = self.ix.providers[pix]
+            .with_instance
+            .iter()
+            .filter(|id| self.attached_at.get(id).is_none_or(|t| *t < started))
+            .filter_map(|id| self.nodes.get(id).and_then(|n| n.instance.as_deref()))
+            .collect();
+        if known.len() < 2 {
+            return false;
+        }
+        let listed: HashSet<&str> = instances.iter().map(|i| i.id.as_str()).collect();
+        if known.iter().any(|i| listed.contains(i)) {
+            return false;
+        }
+        let known = known.len();
+        let confirm = self.config.timings.missing_confirm;
+        let rt = &mut self.ix.providers[pix];
+        let since = match rt.list_health {
+            ListHealth::Suspect { since, .. } => since,
+            _ => {
+                rt.list_health = ListHealth::Suspect { since: now, known };
+                rt.list_failures = 0;
+                now
+            }
+        };
+        // Two suspect answers at least (the counter counts them), over the
+        // confirmation time: the cloud may really have lost everything.
+        if rt.list_failures >= 1 && now.since(since) >= confirm {
+            return false;
+        }
+        self.list_not_believed(p, now, false, |_| Notice::ListSuspect {
+            provider: p,
+            known,
+        });
+        true
+    }
+
+    /// Nodes a believed list did not show are suspected; those it showed
+    /// alive are cleared. A suspicion that has lasted two lists and
+    /// `missing-confirm` is confirmed: the node is given up, or kept for its
+    /// holder if it is in use.
+    fn suspect_missing(
+        &mut self,
+        p: ProviderIx,
+        missing: &[NodeId],
+        seen: &HashSet<NodeId>,
+        now: Time,
+    ) {
+        let pix = p.0 as usize;
+        let confirm = self.config.timings.missing_confirm;
+        // Suspicions of nodes that were listed again, or are gone, end.
+        let mut reappeared = Vec::new();
+        let rt = &mut self.ix.providers[pix];
+        let with_instance = &rt.with_instance;
+        rt.missing.retain(|id, m| {
+            if seen.contains(id) {
+                if !m.confirmed {
+                    reappeared.push(*id);
+                }
+                return false;
+            }
+            with_instance.contains(id)
+        });
+        for node in reappeared {
+            self.notices.push(Notice::Reappeared { node });
+        }
+        let mut confirmed = Vec::new();
+        for &id in missing {
+            let rt = &mut self.ix.providers[pix];
+            // Kept for its holder until now: once nobody uses it, it goes.
+            if rt.missing.get(&id).is_some_and(|m| m.confirmed) {
+                if self.nodes.get(&id).is_some_and(|n| !self.in_use(n)) {
+                    self.ix.providers[pix].missing.remove(&id);
+                    confirmed.push(id);
+                }
+                continue;
+            }
+            let new = !rt.missing.contains_key(&id);
+            let m = rt.missing.entry(id).or_insert(Missing {
+                since: now,
+                lists: 0,
+                confirmed: false,
+            });
+            m.lists += 1;
+            if !m.confirmed && m.lists >= 2 && now.since(m.since) >= confirm {
+                confirmed.push(id);
+            }
+            if new {
+                let instance = self.nodes[&id].instance.clone().unwrap_or_default();
+                self.notices.push(Notice::Missing { node: id, instance });
+            }
+        }
+        for id in confirmed {
+            self.lost(id, now);
+        }
+    }
+
+    /// A node given up as vanished whose instance is listed again.
+    fn revive(&mut self, id: NodeId, inst: &Instance, now: Time) {
+        self.update(id, |n| n.state = NodeState::Booting { since: now });
+        self.attach(id, inst, now);
+        self.notices.push(Notice::Revived {
+            node: id,
+            instance: inst.id.clone(),
+        });
+        if inst.state == InstanceState::Running {
+            self.set_ready(id, now);
+        }
     }
 
     /// Brings a node in line with its listed instance. Returns whether the
@@ -290,8 +519,12 @@ impl Pool {
         let Some(offer) = self.adopted_offer(p, inst, a) else {
             return false;
         };
+        self.room_for(p, Resources::from(&offer))
+    }
+
+    /// Whether one more instance of `r` keeps provider `p` within its limits.
+    fn room_for(&self, p: ProviderIx, r: Resources) -> bool {
         let u = self.ix.providers[p.0 as usize].usage;
-        let r = Resources::from(&offer);
         let l = &self.config[p].limits;
         l.max_instances.is_none_or(|m| u.instances < m)
             && l.max_cores.is_none_or(|m| u.vcpus + r.vcpus <= m)

@@ -133,6 +133,10 @@ pub(super) enum Lie {
     /// A create answers with an owned live instance that is already there
     /// instead of making one.
     HeldCreate,
+    /// A list answers with nothing at all.
+    Empty,
+    /// A list answers with its first half only (a lost page).
+    Truncated,
 }
 
 #[derive(Clone, Debug)]
@@ -413,6 +417,8 @@ impl Cloud {
                     entry.tags.insert(crate::driver::NODE_TAG.into(), invented);
                 }
             }
+            (Lie::Empty, _) => all.clear(),
+            (Lie::Truncated, _) => all.truncate(all.len() / 2),
             (Lie::Phantom, _) => all.push(Instance {
                 id: format!("i-phantom-{p}-{}", self.providers[p].invented),
                 state: InstanceState::Running,
@@ -473,6 +479,22 @@ impl Store {
     fn apply(&mut self, c: Changes) -> Vec<String> {
         let mut wrong = Vec::new();
         for n in c.nodes {
+            // A node in use is never given up because lists stopped showing
+            // its instance: it stays with its holder until released.
+            let was_in_use = self
+                .nodes
+                .get(&n.id)
+                .is_some_and(|old| matches!(old.state, NodeState::InUse { .. }));
+            let lost = matches!(
+                n.state,
+                NodeState::Gone {
+                    reason: GoneReason::Vanished,
+                    ..
+                }
+            );
+            if was_in_use && lost {
+                wrong.push(format!("{} went from in use to {:?}", n.id, n.state));
+            }
             self.nodes.insert(n.id, n);
         }
         for r in c.requests {
@@ -630,6 +652,19 @@ impl Harness {
             self.violations.push(format!(
                 "{} calls in flight to provider {p}, at most {max}",
                 fp.in_flight
+            ));
+        }
+        // A node in use never loses its instance to berth, whatever lists say.
+        if let Effect::Delete { instance, .. } = &effect
+            && let Some(holder) = self.pool.holder(effect_provider(&effect), instance)
+            && self
+                .pool
+                .node(holder)
+                .is_some_and(|n| matches!(n.state, NodeState::InUse { .. }))
+        {
+            self.violations.push(format!(
+                "{effect:?} at {:?}: the instance of {holder}, which is in use",
+                self.now
             ));
         }
         self.log.push((self.now, effect.clone()));

@@ -1197,7 +1197,7 @@ fn an_owned_instance_no_node_accounts_for_is_deleted_after_leak_grace() {
 }
 
 #[test]
-fn a_node_whose_instance_vanished_is_gone_and_its_request_served_again() {
+fn a_node_whose_instance_is_confirmed_missing_is_gone_and_its_request_served_again() {
     let mut h = Harness::new(config(
         vec![provider("p0"), provider("p1")],
         vec![
@@ -1210,10 +1210,16 @@ fn a_node_whose_instance_vanished_is_gone_and_its_request_served_again() {
     settle(&mut h);
     let a = h.nodes("a", "ready")[0].id;
     assert_eq!(h.pool.node(a).unwrap().assigned, Some(r));
-    // The a instance disappears behind berth's back.
+    // The a instance disappears behind berth's back: the next list makes
+    // it a suspicion only; lists over `missing-confirm` confirm it.
     let inst = h.pool.node(a).unwrap().instance.clone().unwrap();
     h.cloud.providers[0].instances.remove(&inst);
-    h.advance(h.config.timings.sync_interval + secs(1));
+    let t = h.config.timings.clone();
+    h.advance(t.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "ready");
+    assert!(h.pool.missing(a).is_some_and(|m| !m.confirmed));
+    h.advance(t.missing_confirm + t.sync_interval);
     ok(&h);
     assert!(matches!(
         h.pool.node(a).unwrap().state,
@@ -1502,4 +1508,184 @@ fn slot_nodes_filled_while_their_backing_launched_get_its_address() {
         assert_eq!(n.instance, b.instance);
         assert!(n.endpoint.is_some() && n.endpoint == b.endpoint, "{n:?}");
     }
+}
+
+/// Two nodes of label `a` on provider p0, both in use, settled.
+fn two_nodes() -> (Harness, NodeId, NodeId) {
+    let mut h = one(|_| {});
+    let r = h.submit(&[("a", 2)], 0);
+    settle(&mut h);
+    let nodes = h.pool.request(r).unwrap().nodes.clone();
+    assert!(h.fulfilled(r));
+    (h, nodes[0], nodes[1])
+}
+
+#[test]
+fn one_empty_list_changes_nothing() {
+    let (mut h, a, b) = two_nodes();
+    let creates_before = h.calls(0, Call::Create).len();
+    h.cloud.providers[0].lies.push((Lie::Empty, 1));
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    // None of the known instances listed: the answer is not believed.
+    let s = h.pool.provider_status(ProviderIx(0));
+    assert!(
+        matches!(s.list, ListHealth::Suspect { known: 2, .. }),
+        "{s:?}"
+    );
+    assert_eq!(s.missing, 0);
+    for n in [a, b] {
+        assert_eq!(h.pool.node(n).unwrap().state.name(), "in-use");
+    }
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::ListSuspect { .. }))
+    );
+    // The next list is true: believed, and nothing happened.
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).list, ListHealth::Ok);
+    assert_eq!(h.calls(0, Call::Create).len(), creates_before);
+    assert!(h.calls(0, Call::Delete).is_empty());
+}
+
+#[test]
+fn a_suspected_instance_listed_again_is_simply_there() {
+    let (mut h, _, _) = two_nodes();
+    // A page lost once: one of the two instances not shown.
+    h.cloud.providers[0].lies.push((Lie::Truncated, 1));
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    let missing: Vec<NodeId> = h
+        .pool
+        .nodes()
+        .map(|n| n.id)
+        .filter(|&n| h.pool.missing(n).is_some())
+        .collect();
+    assert_eq!(missing.len(), 1, "one suspected");
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).missing, 0);
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::Reappeared { .. }))
+    );
+    assert!(h.pool.nodes().all(|n| n.state.name() == "in-use"));
+    assert!(h.calls(0, Call::Delete).is_empty());
+}
+
+#[test]
+fn a_node_in_use_whose_instance_is_gone_stays_with_its_holder_until_released() {
+    let (mut h, a, _) = two_nodes();
+    let inst = h.pool.node(a).unwrap().instance.clone().unwrap();
+    h.cloud.providers[0].instances.remove(&inst);
+    let t = h.config.timings.clone();
+    h.advance(t.missing_confirm + 3 * t.sync_interval);
+    ok(&h);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "in-use");
+    assert!(h.pool.missing(a).is_some_and(|m| m.confirmed));
+    assert!(h.notices.contains(&Notice::LostInUse { node: a }));
+    // It still counts against the provider until it is gone.
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).usage.instances, 2);
+    h.release(a);
+    settle(&mut h);
+    h.advance(t.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "gone");
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).usage.instances, 1);
+}
+
+#[test]
+fn lists_that_show_nothing_are_believed_once_that_has_lasted() {
+    let mut h = one(|c| c.labels[0].min_ready = 2);
+    settle(&mut h);
+    h.advance(secs(5));
+    assert_eq!(h.nodes("a", "ready").len(), 2);
+    // The account really lost everything.
+    for i in h.cloud.providers[0].instances.values_mut() {
+        i.terminated = Some(T0);
+    }
+    h.cloud.providers[0].instances.clear();
+    let t = h.config.timings.clone();
+    h.advance(t.sync_interval + secs(1));
+    assert!(matches!(
+        h.pool.provider_status(ProviderIx(0)).list,
+        ListHealth::Suspect { .. }
+    ));
+    assert_eq!(h.nodes("a", "ready").len(), 2, "not believed yet");
+    // Believed after `missing-confirm`; then each node is suspected and
+    // confirmed in turn, and the label is refilled.
+    h.advance(2 * t.missing_confirm + 4 * t.sync_interval);
+    ok(&h);
+    assert_eq!(h.nodes("a", "ready").len(), 2);
+    assert_eq!(h.cloud.providers[0].live().count(), 2);
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::Vanished { .. }))
+    );
+}
+
+#[test]
+fn a_node_given_up_whose_instance_is_listed_again_is_back() {
+    let mut h = one(|c| c.labels[0].min_ready = 1);
+    settle(&mut h);
+    h.advance(secs(5));
+    let a = h.nodes("a", "ready")[0].id;
+    let inst = h.pool.node(a).unwrap().instance.clone().unwrap();
+    let hidden = h.cloud.providers[0].instances.remove(&inst).unwrap();
+    let t = h.config.timings.clone();
+    h.advance(t.missing_confirm + 3 * t.sync_interval);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "gone");
+    // It was there all along, and the label was refilled meanwhile: the
+    // node comes back (the provider has room) rather than being deleted.
+    h.cloud.providers[0].instances.insert(inst.clone(), hidden);
+    h.advance(t.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "ready");
+    assert!(h.notices.contains(&Notice::Revived {
+        node: a,
+        instance: inst
+    }));
+    assert!(h.calls(0, Call::Delete).is_empty());
+}
+
+#[test]
+fn failed_lists_back_off_and_are_said_once_a_minute() {
+    let mut h = one(|_| {});
+    settle(&mut h);
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::List,
+        failure: transient(),
+        times: 1000,
+        reached: false,
+    });
+    let t = h.config.timings.clone();
+    let from = h.now;
+    h.advance(t.sync_interval + secs(5 * 60));
+    let lists: Vec<Time> = h
+        .calls(0, Call::List)
+        .into_iter()
+        .filter(|&c| c > from)
+        .collect();
+    // Doubling from boot-poll-interval up to sync-interval: far fewer than
+    // one per boot-poll-interval.
+    assert!(lists.len() < 20, "{} lists in 6 minutes", lists.len());
+    let gaps: Vec<u64> = lists
+        .windows(2)
+        .map(|w| w[1].since(w[0]).as_secs())
+        .collect();
+    assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
+    let said = h
+        .notices
+        .iter()
+        .filter(|n| matches!(n, Notice::ListFailing { .. }))
+        .count();
+    assert!((5..=8).contains(&said), "said {said} times in 6 minutes");
+    assert!(matches!(
+        h.pool.provider_status(ProviderIx(0)).list,
+        ListHealth::Failing { .. }
+    ));
 }
