@@ -1,7 +1,8 @@
 //! The pool through its HTTP API, against a sim cloud that creates instantly:
 //! the scenarios Nodepool's figures exist for, plus a sustained closed loop.
 //!
-//! `cargo bench -p berth --bench api`. Everything runs in this process on
+//! `cargo bench -p berth --bench api`, or `... -- normal` for the store's
+//! `sync = "normal"` (the default is `full`). Everything runs in this process on
 //! 127.0.0.1: a sim cloud, `berth serve` (sim driver in its sandbox, SQLite
 //! store), and clients that each keep one HTTP/1.1 connection. A request's
 //! time is from its POST until a `wait` long-poll says fulfilled.
@@ -271,9 +272,16 @@ async fn main() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let sim = listener.local_addr().unwrap();
     tokio::spawn(cloud.serve(listener, std::future::pending()));
+    let sync = if std::env::args().any(|a| a == "normal") {
+        "normal"
+    } else {
+        "full"
+    };
+    println!("store sync: {sync}");
     let text = CONFIG
         .replace("{state}", &dir.path().display().to_string())
-        .replace("{sim}", &sim.to_string());
+        .replace("{sim}", &sim.to_string())
+        + &format!("\n[store]\nsync = \"{sync}\"\n");
     let config = dir.path().join("berth.toml");
     std::fs::write(&config, text).unwrap();
 

@@ -42,8 +42,29 @@ pub struct Config {
     pub providers: Vec<Provider>,
     /// Labels, in the order the file names them.
     pub labels: Vec<Label>,
-    /// The HTTP service: where it listens, client leases, tokens.
+    /// The HTTP service: where it listens, client leases, tokens, limits.
     pub api: Api,
+    /// The pool's store (`[store]`).
+    pub store: StoreSettings,
+}
+
+/// The pool's store (`[store]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreSettings {
+    /// How far a commit is made durable before berth acts on it (`sync`).
+    pub sync: StoreSync,
+}
+
+/// How far a commit is made durable before berth acts on it or answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StoreSync {
+    /// On disk (fsync) before anything is done or answered: a hand-out a
+    /// client has seen survives power loss (`full`, the default).
+    #[default]
+    Full,
+    /// Written, and on disk at the next checkpoint (within a second or
+    /// two): survives the process dying, not the machine (`normal`).
+    Normal,
 }
 
 /// The HTTP service's settings (`[api]`).
@@ -57,6 +78,15 @@ pub struct Api {
     /// Bearer tokens (`[api.tokens.NAME]`). None configured: every caller is
     /// an admin, which is only allowed on a loopback address.
     pub tokens: Vec<Token>,
+    /// How long a client may take to send a request's header, counted from
+    /// the connection (or the end of its previous answer): also how long a
+    /// kept-alive connection may sit idle (`header-timeout`).
+    pub header_timeout: Duration,
+    /// How long a client may take to send a request's body (`body-timeout`).
+    pub body_timeout: Duration,
+    /// Connections open at once; at the cap, the one idle longest is closed
+    /// for a new one (`max-connections`).
+    pub max_connections: usize,
 }
 
 impl Api {
@@ -64,6 +94,9 @@ impl Api {
         std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 8080),
     );
     pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(600);
+    pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 }
 
 impl Default for Api {
@@ -72,6 +105,9 @@ impl Default for Api {
             listen: Self::DEFAULT_LISTEN,
             lease_ttl: Self::DEFAULT_LEASE_TTL,
             tokens: Vec::new(),
+            header_timeout: Self::DEFAULT_HEADER_TIMEOUT,
+            body_timeout: Self::DEFAULT_BODY_TIMEOUT,
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::config::Config;
+use crate::config::{Config, StoreSync};
 use crate::pool::{Changes, Snapshot};
 
 /// Where the pool's records are kept. Object safe, so the runtime can hold a
@@ -224,11 +224,16 @@ impl SqliteStore {
                 "the store's file system does not support WAL; commits will be slower"
             );
         }
-        // In WAL mode, NORMAL syncs the log at checkpoints, not at every
-        // commit: a committed transaction survives the process dying at any
-        // point (SIGKILL included), which is the crash berth must survive;
-        // only an OS crash or power loss may take the last commits back.
-        conn.pragma_update(None, "synchronous", "NORMAL")
+        // FULL syncs the log at every commit, so what berth acts on or tells
+        // a client survives power loss too: a hand-out once answered is
+        // never handed out again after the machine comes back. NORMAL syncs
+        // it only at checkpoints: a commit survives the process dying, not
+        // the machine. docs/BENCHMARKS.md has the cost of each.
+        let level = match config.store.sync {
+            StoreSync::Full => "FULL",
+            StoreSync::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", level)
             .map_err(sql("setting synchronous"))?;
         // No foreign keys: the load checks every reference itself and drops
         // what does not join with a note, where a foreign key could only

@@ -477,6 +477,10 @@ impl Walker<'_> {
             Some(t) => self.api(t),
             None => Api::default(),
         };
+        let store = match self.table(&mut s, "store") {
+            Some(t) => self.store(t),
+            None => StoreSettings::default(),
+        };
         self.finish(s);
 
         let mut providers = Vec::new();
@@ -530,7 +534,25 @@ impl Walker<'_> {
             providers,
             labels,
             api,
+            store,
         }
+    }
+
+    fn store(&mut self, t: &Table) -> StoreSettings {
+        let mut s = Section::new("store".into(), t);
+        let sync = match self.string(&mut s, "sync").as_deref() {
+            None | Some("full") => StoreSync::Full,
+            Some("normal") => StoreSync::Normal,
+            Some(other) => {
+                self.problem(
+                    "store.sync",
+                    format!("`{other}` is not a sync level; expected full or normal"),
+                );
+                StoreSync::Full
+            }
+        };
+        self.finish(s);
+        StoreSettings { sync }
     }
 
     fn api(&mut self, t: &Table) -> Api {
@@ -552,6 +574,21 @@ impl Walker<'_> {
         let lease_ttl = self.duration(&mut s, "lease-ttl").unwrap_or(d.lease_ttl);
         if lease_ttl.is_zero() {
             self.problem("api.lease-ttl", "must be more than zero");
+        }
+        let mut positive = |w: &mut Self, key: &'static str, default: Duration| {
+            let d = w.duration(&mut s, key).unwrap_or(default);
+            if d.is_zero() {
+                w.problem(format!("api.{key}"), "must be more than zero");
+            }
+            d
+        };
+        let header_timeout = positive(self, "header-timeout", d.header_timeout);
+        let body_timeout = positive(self, "body-timeout", d.body_timeout);
+        let max_connections = self
+            .int::<usize>(&mut s, "max-connections", "1 or more")
+            .unwrap_or(d.max_connections);
+        if max_connections == 0 {
+            self.problem("api.max-connections", "must be 1 or more");
         }
         let mut tokens: Vec<Token> = Vec::new();
         if let Some(t) = self.table(&mut s, "tokens") {
@@ -583,6 +620,9 @@ impl Walker<'_> {
             listen,
             lease_ttl,
             tokens,
+            header_timeout,
+            body_timeout,
+            max_connections: max_connections.max(1),
         }
     }
 

@@ -42,9 +42,9 @@ impl DriverState {
         let conn = Connection::open(path)
             .map_err(|e| anyhow::anyhow!("opening driver state {}: {e}", path.display()))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        // As for the pool's store: a committed write survives the process
-        // dying at any point.
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // A record a driver has been told it stored (a host it allocated)
+        // survives power loss, as the pool's own records do by default.
+        conn.pragma_update(None, "synchronous", "FULL")?;
         Self::setup(conn)
     }
 

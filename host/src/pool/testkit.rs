@@ -82,6 +82,7 @@ pub(super) fn config(providers: Vec<Provider>, labels: Vec<Label>) -> Config {
         providers,
         labels,
         api: Default::default(),
+        store: Default::default(),
     }
 }
 

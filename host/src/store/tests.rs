@@ -78,6 +78,7 @@ fn config() -> Config {
             label("small", machine(B)),
         ],
         api: Default::default(),
+        store: Default::default(),
     }
 }
 
