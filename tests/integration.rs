@@ -4,6 +4,7 @@
 
 mod ec2;
 mod faults;
+mod http_edge;
 mod in_berth;
 mod pool;
 mod sandbox;

@@ -10,13 +10,13 @@ use crate::support::disk::{Tmpfs, skip};
 use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
 use crate::support::{SimServer, plugin, scripted_plugin};
 
-const CI: &str = "ci-token-0123456789abcdef";
+pub(crate) const CI: &str = "ci-token-0123456789abcdef";
 const OTHER: &str = "other-token-0123456789ab";
-const OPS: &str = "ops-token-0123456789abcde";
+pub(crate) const OPS: &str = "ops-token-0123456789abcde";
 
 /// A config for `berth serve` against `sim`, with client tokens `ci` and
 /// `other`, admin `ops`, and a 3 s lease.
-fn serve_config(sim: &SimServer, dir: &Path) -> std::path::PathBuf {
+pub(crate) fn serve_config(sim: &SimServer, dir: &Path) -> std::path::PathBuf {
     serve_config_on(sim, dir, &plugin("sim"))
 }
 
@@ -68,7 +68,7 @@ price = 0.1
     path
 }
 
-fn code(v: &Value) -> &str {
+pub(crate) fn code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("")
 }
 
@@ -634,6 +634,39 @@ async fn a_store_that_cannot_be_written_ends_berth_with_code_3() {
     assert!(
         log.lines()
             .any(|l| l.contains("ERROR") && l.contains("the store could not be written")),
+        "{log}"
+    );
+    drop(disk);
+}
+
+/// Started on a state directory it cannot write, berth does not come up
+/// "healthy" to refuse every change: it ends at once with code 3 and names
+/// the directory.
+#[tokio::test]
+async fn a_read_only_state_directory_ends_the_start_with_code_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = match Tmpfs::mount(&dir.path().join("state"), "8m") {
+        Ok(disk) => disk,
+        Err(why) => {
+            return skip(
+                "a_read_only_state_directory_ends_the_start_with_code_3",
+                &why,
+            );
+        }
+    };
+    disk.read_only();
+    let sim = SimServer::start().await;
+    let config = serve_config(&sim, dir.path());
+    let cfg = config.display().to_string();
+    let exited = Berth::spawn(Launch::new(&["--config", &cfg], dir.path()))
+        .exit_within(Duration::from_secs(60))
+        .await;
+    exited.assert_code(3);
+    let log = exited.log_text();
+    let state = dir.path().join("state").display().to_string();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&state) && l.contains("cannot be written")),
         "{log}"
     );
     drop(disk);

@@ -89,6 +89,10 @@ impl Api {
             .route_layer(axum::middleware::from_fn(no_query_where_none_is_taken))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                bounded_body,
+            ))
             .layer(axum::middleware::from_fn(errors_as_json))
             .with_state(self.clone())
     }
@@ -145,6 +149,100 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
             uri.path()
         ),
     )
+}
+
+/// The most a request body may hold: every body of this API is a small
+/// JSON object.
+pub const MAX_BODY: usize = 1 << 20;
+
+/// Reads a request's body before any handler runs, so that no handler
+/// waits on a client: a body must be JSON (`Content-Type:
+/// application/json`), at most [`MAX_BODY`], and arrive whole within
+/// `body-timeout`. A body declared too large is refused before it is read.
+/// The refusals close the connection.
+async fn bounded_body(
+    State(api): State<Api>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let has_body =
+        parts.headers.contains_key(header::TRANSFER_ENCODING) || declared.is_some_and(|n| n > 0);
+    if !has_body {
+        let req = axum::extract::Request::from_parts(parts, axum::body::Body::empty());
+        return next.run(req).await;
+    }
+    let closing = |e: ApiError| {
+        let mut r = e.into_response();
+        r.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        r
+    };
+    let too_large = || {
+        closing(ApiError {
+            field: Some("body".into()),
+            ..ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("body: larger than the {MAX_BODY} bytes any request of this API needs"),
+            )
+        })
+    };
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return too_large();
+    }
+    let json = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        let sent = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| crate::text::printable(&String::from_utf8_lossy(v.as_bytes())).into_owned());
+        return closing(ApiError {
+            field: Some("Content-Type".into()),
+            ..ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                match sent {
+                    Some(t) => format!("Content-Type: `{t}`; bodies are application/json"),
+                    None => "Content-Type: missing; bodies are application/json".to_owned(),
+                },
+            )
+        });
+    }
+    let within = api.handle().config().api.body_timeout;
+    let read = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, MAX_BODY));
+    match tokio::time::timeout(within, read).await {
+        Err(_) => {
+            api.inner.telemetry.http_connection_closed("body_timeout");
+            closing(ApiError {
+                field: Some("body".into()),
+                ..ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    format!("body: not received whole within {within:?} (body-timeout)"),
+                )
+            })
+        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => too_large(),
+        Ok(Err(e)) => closing(ApiError::bad("body", format!("could not be read: {e}"))),
+        Ok(Ok(collected)) => {
+            let body = axum::body::Body::from(collected.to_bytes());
+            next.run(axum::extract::Request::from_parts(parts, body))
+                .await
+        }
+    }
 }
 
 /// Gives every error the JSON body of the API, also those that axum itself
@@ -288,10 +386,78 @@ fn object(body: &Bytes) -> Result<serde_json::Map<String, Value>> {
     if body.is_empty() {
         return Err(ApiError::bad("body", "missing; send a JSON object"));
     }
-    match serde_json::from_slice::<Value>(body) {
+    match serde_json::from_slice::<Strict>(body).map(|s| s.0) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(ApiError::bad("body", "must be a JSON object")),
         Err(e) => Err(ApiError::bad("body", format!("not valid JSON: {e}"))),
+    }
+}
+
+/// A JSON value whose objects hold each key once: a body that says
+/// `"labels"` twice is refused, not read as whichever came last.
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Strict, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> std::result::Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut m = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if m.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key `{}` is given twice",
+                    crate::text::printable(&key)
+                )));
+            }
+            let Strict(v) = map.next_value()?;
+            m.insert(key, v);
+        }
+        Ok(Value::Object(m))
     }
 }
 
@@ -454,6 +620,15 @@ async fn create_request(
     }
     let mut wants = Vec::new();
     for (name, count) in labels {
+        if name.is_empty() || name.chars().any(crate::text::is_unsafe) {
+            return Err(ApiError::bad(
+                "labels",
+                format!(
+                    "`{}` is not a label name: names hold no control or direction-changing characters",
+                    crate::text::printable(name)
+                ),
+            ));
+        }
         let field = format!("labels.{name}");
         let count = count
             .as_u64()
@@ -487,7 +662,7 @@ async fn create_request(
         Some(_) => {
             return Err(ApiError::bad(
                 "requestor",
-                "must be 1 to 128 printable characters",
+                "must be 1 to 128 printable characters, with no control or direction-changing ones",
             ));
         }
     };
@@ -521,7 +696,7 @@ async fn create_request(
 }
 
 fn valid_requestor(r: &str) -> bool {
-    (1..=128).contains(&r.chars().count()) && r.chars().all(|c| !c.is_control())
+    (1..=128).contains(&r.chars().count()) && !r.chars().any(crate::text::is_unsafe)
 }
 
 async fn list_requests(

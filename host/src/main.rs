@@ -143,13 +143,31 @@ fn exit(outcome: anyhow::Result<bool>) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("berth: {e:#}");
+            eprintln!("berth: {}", chain_text(&e));
             let store = e
                 .chain()
                 .any(|cause| cause.is::<berth::store::StoreError>());
             ExitCode::from(if store { 3 } else { 2 })
         }
     }
+}
+
+/// An error and its causes as one line, `a: b: c`, leaving out a cause
+/// whose text the message before it already ends with (many errors include
+/// their source in their own message).
+fn chain_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 async fn run(command: Command) -> anyhow::Result<bool> {

@@ -414,6 +414,9 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
             config.state_dir.display()
         )
     })?;
+    // Before anything else uses it: a read-only or full state directory is
+    // a clear error now, not a failed commit later.
+    crate::store::check_writable(&config.state_dir)?;
     let runtime = plugin::Runtime::new(plugin::RuntimeConfig {
         cache_dir: Some(config.state_dir.join("cache")),
         ..Default::default()

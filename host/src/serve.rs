@@ -11,6 +11,8 @@
 //! A store that cannot be written stops the pool at once and ends `serve`
 //! with an error (docs/api.md, "Stopping", has the exit statuses).
 
+mod http;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -157,6 +159,7 @@ pub async fn serve(
     let Some(Started {
         mut service,
         api,
+        telemetry,
         listener,
         sim,
     }) = started
@@ -166,14 +169,32 @@ pub async fn serve(
     };
     let addr = listener.local_addr()?;
     ready(addr, service.handle.config());
+    let limits = {
+        let config = &service.handle.config().api;
+        let (max_connections, fd_limit) = http::connection_cap(config.max_connections);
+        if max_connections < config.max_connections {
+            tracing::warn!(
+                max_connections,
+                open_file_limit = fd_limit,
+                "the API takes at most half the open-file limit in connections, fewer than max-connections ({}); raise the limit (LimitNOFILE=, ulimit -n) to allow more",
+                config.max_connections
+            );
+        }
+        http::Limits {
+            header_timeout: config.header_timeout,
+            max_connections,
+        }
+    };
     let (close, closed) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        axum::serve(listener, api.router())
-            .with_graceful_shutdown(async move {
-                let _ = closed.await;
-            })
-            .into_future(),
-    );
+    let server = tokio::spawn(http::serve(
+        listener,
+        api.router(),
+        limits,
+        telemetry,
+        async move {
+            let _ = closed.await;
+        },
+    ));
 
     let asked = tokio::select! {
         () = &mut shutdown => true,
@@ -187,12 +208,11 @@ pub async fn serve(
         .stop_within(options.stop_grace.unwrap_or(runtime::DEFAULT_STOP_GRACE))
         .await;
     let _ = close.send(());
-    let served = server.await.context("the HTTP server panicked")?;
+    server.await.context("the HTTP server panicked")?;
     if let Some(sim) = sim {
         sim.stop().await;
     }
     stopped.context("stopping the pool")?;
-    served.context("serving HTTP")?;
     tracing::info!("stopped; nodes stay in the cloud and are adopted on the next start");
     Ok(())
 }
@@ -201,6 +221,7 @@ pub async fn serve(
 struct Started {
     service: Service,
     api: Api,
+    telemetry: Arc<Telemetry>,
     listener: tokio::net::TcpListener,
     sim: Option<EmbeddedSim>,
 }
@@ -250,9 +271,7 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
     }
     // Listening first, so that the drivers are started knowing the API's
     // address, which none of them may reach.
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("listening on {listen}"))?;
+    let listener = http::listen(listen).with_context(|| format!("listening on {listen}"))?;
     let telemetry = Arc::new(Telemetry::new(&config));
     let service = runtime::start(
         config,
@@ -263,10 +282,11 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
         },
     )
     .await?;
-    let api = Api::new(service.handle.clone(), telemetry);
+    let api = Api::new(service.handle.clone(), telemetry.clone());
     Ok(Started {
         service,
         api,
+        telemetry,
         listener,
         sim,
     })

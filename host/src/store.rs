@@ -100,6 +100,13 @@ pub enum StoreError {
     /// A record cannot be put into a row.
     #[error("cannot store node {node}: {what}")]
     Unstorable { node: String, what: String },
+    /// The store's directory cannot be written (read-only, full, no
+    /// permission): berth would not be able to record anything it does.
+    #[error("the state directory {path} cannot be written: {source}")]
+    Unwritable {
+        path: String,
+        source: std::io::Error,
+    },
     /// The WAL checkpoint thread could not be started.
     #[error("starting the store's checkpoint thread: {0}")]
     Checkpointer(String),
@@ -148,11 +155,26 @@ impl Checkpointer {
         let thread = std::thread::Builder::new()
             .name("berth-checkpoint".into())
             .spawn(move || {
-                let checkpoint = |mode: &str| {
-                    if let Err(e) =
-                        conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(()))
-                    {
-                        tracing::warn!(error = %e, "checkpointing the store's WAL");
+                // A failing checkpoint (a full disk) is said at once at ERROR,
+                // then once a minute while it goes on, and when it recovers.
+                let mut failing: Option<std::time::Instant> = None;
+                let mut checkpoint = |mode: &str| {
+                    match conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(())) {
+                        Ok(()) => {
+                            if failing.take().is_some() {
+                                tracing::info!("checkpointing the store's WAL works again");
+                            }
+                        }
+                        Err(e) => {
+                            let due = failing.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+                            if due {
+                                failing = Some(std::time::Instant::now());
+                                tracing::error!(
+                                    error = %e,
+                                    "the store's WAL cannot be checkpointed into the database file (is the disk full?); commits go on in the WAL until it cannot grow"
+                                );
+                            }
+                        }
                     }
                 };
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
@@ -180,10 +202,28 @@ impl Drop for Checkpointer {
     }
 }
 
+/// Writes, syncs and removes a file in `dir`, so that a read-only or full
+/// file system is found at start with a clear message, not at the first
+/// commit.
+pub fn check_writable(dir: &Path) -> Result<(), StoreError> {
+    use std::io::Write;
+    let probe = dir.join(".berth-write-check");
+    let result = std::fs::File::create(&probe)
+        .and_then(|mut f| f.write_all(b"berth").and_then(|()| f.sync_all()));
+    let _ = std::fs::remove_file(&probe);
+    result.map_err(|source| StoreError::Unwritable {
+        path: dir.display().to_string(),
+        source,
+    })
+}
+
 impl SqliteStore {
     /// Opens the store at `path`, creating the file if it is missing (not its
     /// directory), and brings its schema up to date.
     pub fn open(path: &Path, config: Arc<Config>) -> Result<SqliteStore, StoreError> {
+        if let Some(dir) = path.parent() {
+            check_writable(dir)?;
+        }
         let open_err = |source| StoreError::Open {
             path: path.display().to_string(),
             source,

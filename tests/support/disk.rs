@@ -44,6 +44,22 @@ impl Tmpfs {
         })
     }
 
+    /// Makes the file system read-only (a remount), as a kernel does after
+    /// an I/O error.
+    pub fn read_only(&self) {
+        let out = Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&self.path)
+            .output()
+            .expect("running mount");
+        assert!(
+            out.status.success(),
+            "remounting {} read-only: {}",
+            self.path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Writes a file until the file system is full; returns its size.
     pub fn fill(&self) -> u64 {
         let mut f = std::fs::File::create(self.path.join("filler")).expect("create the filler");

@@ -38,6 +38,8 @@ pub struct Launch<'a> {
     pub level: &'a str,
     pub json: bool,
     pub env: &'a [(&'a str, &'a str)],
+    /// The child's open-file limit (soft and hard), if not inherited.
+    pub nofile: Option<u64>,
 }
 
 impl<'a> Launch<'a> {
@@ -48,6 +50,7 @@ impl<'a> Launch<'a> {
             level: "berth=info",
             json: false,
             env: &[],
+            nofile: None,
         }
     }
 }
@@ -80,6 +83,22 @@ impl Berth {
             .kill_on_drop(true);
         for (k, v) in launch.env {
             cmd.env(k, v);
+        }
+        if let Some(n) = launch.nofile {
+            // SAFETY: only setrlimit, async-signal-safe, between fork and
+            // exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let child = cmd.spawn().expect("spawn berth serve");
         Starting {
@@ -322,7 +341,6 @@ pub async fn http(
     body: Option<Value>,
 ) -> std::io::Result<(u16, String)> {
     let addr = base.strip_prefix("http://").expect("http url");
-    let mut s = TcpStream::connect(addr).await?;
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     if let Some(t) = token {
@@ -332,7 +350,15 @@ pub async fn http(
         req.push_str("Content-Type: application/json\r\n");
     }
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-    s.write_all(req.as_bytes()).await?;
+    http_raw(base, req.as_bytes()).await
+}
+
+/// Sends `request` as it is (it should ask for `Connection: close`) and
+/// reads the answer to its end: the status and body.
+pub async fn http_raw(base: &str, request: &[u8]) -> std::io::Result<(u16, String)> {
+    let addr = base.strip_prefix("http://").expect("http url");
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(request).await?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).await?;
     let text = String::from_utf8_lossy(&raw).into_owned();

@@ -48,6 +48,8 @@ pub struct Telemetry {
     nodes_missing: Gauge,
     log_dropped: Counter,
     outbound_denied: Counter,
+    http_open: Gauge,
+    http_closed: Counter,
     recent: HashMap<String, Mutex<Recent>>,
 }
 
@@ -185,6 +187,16 @@ impl Telemetry {
             "Driver log records (log import and stdio lines) dropped over the provider's log-rate.",
             &["provider"],
         );
+        let http_open = r.gauge(
+            "berth_http_connections",
+            "Connections to the API open now.",
+            &[],
+        );
+        let http_closed = r.counter(
+            "berth_http_connections_closed_total",
+            "API connections berth closed itself, by reason (header_timeout, body_timeout, evicted to make room at max-connections, refused with every connection busy).",
+            &["reason"],
+        );
         let outbound_denied = r.counter(
             "berth_sandbox_denied_total",
             "Outbound requests and probes of a driver that the sandbox refused.",
@@ -223,12 +235,29 @@ impl Telemetry {
             nodes_missing,
             log_dropped,
             outbound_denied,
+            http_open,
+            http_closed,
             recent,
         }
     }
 
     /// The metrics text, with the pool's gauges as of now. Runs on the
     /// pool's task.
+    /// How many API connections are open.
+    pub fn http_connections_open(&self, n: usize) {
+        self.http_open.set_u64(&[], n as u64);
+    }
+
+    /// An API connection berth closed, and why.
+    pub fn http_connection_closed(&self, reason: &str) {
+        self.http_connections_closed(reason, 1);
+    }
+
+    /// `n` API connections berth closed, and why.
+    pub fn http_connections_closed(&self, reason: &str, n: usize) {
+        self.http_closed.inc_by(&[reason], n as u64);
+    }
+
     pub fn render(&self, pool: &Pool, providers: &Providers) -> String {
         let config = pool.config();
         for (i, p) in config.providers.iter().enumerate() {

@@ -808,11 +808,11 @@ fn migrations_apply_in_order_and_a_failed_step_changes_nothing() {
 }
 
 #[test]
-fn opening_in_a_missing_directory_is_an_open_error() {
+fn opening_in_a_missing_directory_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no-such-dir").join("berth.db");
     match SqliteStore::open(&path, Arc::new(config())) {
-        Err(StoreError::Open { path: p, .. }) => assert!(p.contains("no-such-dir")),
+        Err(StoreError::Unwritable { path: p, .. }) => assert!(p.contains("no-such-dir")),
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("opened"),
     }
