@@ -7,6 +7,7 @@ mod faults;
 mod http_edge;
 mod in_berth;
 mod pool;
+mod power_loss;
 mod sandbox;
 mod serve;
 mod static_hosts;

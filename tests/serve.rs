@@ -11,7 +11,7 @@ use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
 use crate::support::{SimServer, plugin, scripted_plugin};
 
 pub(crate) const CI: &str = "ci-token-0123456789abcdef";
-const OTHER: &str = "other-token-0123456789ab";
+pub(crate) const OTHER: &str = "other-token-0123456789ab";
 pub(crate) const OPS: &str = "ops-token-0123456789abcde";
 
 /// A config for `berth serve` against `sim`, with client tokens `ci` and

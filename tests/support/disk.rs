@@ -1,7 +1,9 @@
-//! Small file systems for disk-fault tests: a tmpfs of a given size,
-//! mounted for the test and unmounted after it. Mounting needs root (and a
-//! kernel that lets this process mount); elsewhere [`Tmpfs::mount`] says why
-//! it cannot and the test skips itself.
+//! Small file systems for disk-fault tests: a tmpfs of a given size, and an
+//! ext4 file system on a loop device whose backing image can be copied as a
+//! power loss would leave it, each mounted for the test and unmounted after
+//! it. Mounting needs root (and a kernel that lets this process mount);
+//! elsewhere [`Tmpfs::mount`] and [`LoopFs::create`] say why it cannot be
+//! done and the test skips itself.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -82,6 +84,94 @@ impl Drop for Tmpfs {
         // Lazy: a process of the test may still hold files open.
         let _ = Command::new("umount").arg("-l").arg(&self.path).status();
     }
+}
+
+/// An ext4 file system in an image file, mounted through a loop device;
+/// unmounted when dropped.
+///
+/// What a process has written but not synced is in the page cache of the
+/// file system on top, not yet in the image; what it has synced went
+/// through the loop device into the image. So a copy of the image taken at
+/// any moment ([`LoopFs::power_cut`]) holds what the disk would hold after a
+/// power loss at that moment.
+pub struct LoopFs {
+    image: PathBuf,
+    path: PathBuf,
+}
+
+impl LoopFs {
+    /// Makes an ext4 image of `mib` MiB at `image` and mounts it at `path`.
+    pub fn create(image: &Path, path: &Path, mib: u64) -> Result<LoopFs, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { geteuid() } != 0 {
+            return Err("not root, so no loop device can be mounted".into());
+        }
+        let f = std::fs::File::create(image).map_err(|e| format!("creating the image: {e}"))?;
+        f.set_len(mib << 20)
+            .map_err(|e| format!("sizing the image: {e}"))?;
+        run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(image))?;
+        Self::mount(image, path)
+    }
+
+    /// Mounts an existing image (a copy made by [`LoopFs::power_cut`]): the
+    /// kernel replays its journal as after a crash.
+    pub fn mount(image: &Path, path: &Path) -> Result<LoopFs, String> {
+        std::fs::create_dir_all(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let out = Command::new("mount")
+            .args(["-t", "ext4", "-o", "loop"])
+            .arg(image)
+            .arg(path)
+            .output()
+            .map_err(|e| format!("running mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -o loop failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(LoopFs {
+            image: image.to_path_buf(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Copies the image as it is on the "disk" now, to `to`.
+    pub fn power_cut(&self, to: &Path) {
+        run(Command::new("cp")
+            .arg("--sparse=always")
+            .arg(&self.image)
+            .arg(to))
+        .unwrap_or_else(|e| panic!("copying {}: {e}", self.image.display()));
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        if Command::new("umount")
+            .arg(&self.path)
+            .status()
+            .map_or(true, |s| !s.success())
+        {
+            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        }
+    }
+}
+
+/// Runs a command to its end; `Err` says how it failed.
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let out = cmd
+        .output()
+        .map_err(|e| format!("running {program}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
 }
 
 unsafe extern "C" {
