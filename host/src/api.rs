@@ -155,11 +155,17 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// JSON object.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// The most of a refused body that is read and thrown away before the
+/// answer, so that the client, still sending, is not reset before it can
+/// read the answer. A body declared larger is refused without reading it.
+const DRAIN_MAX: u64 = 16 << 20;
+
 /// Reads a request's body before any handler runs, so that no handler
 /// waits on a client: a body must be JSON (`Content-Type:
 /// application/json`), at most [`MAX_BODY`], and arrive whole within
-/// `body-timeout`. A body declared too large is refused before it is read.
-/// The refusals close the connection.
+/// `body-timeout`. A refused body is read and dropped up to [`DRAIN_MAX`]
+/// (within `body-timeout`) before the answer; one declared larger than that
+/// is refused at once. The refusals close the connection.
 async fn bounded_body(
     State(api): State<Api>,
     req: axum::extract::Request,
@@ -195,7 +201,11 @@ async fn bounded_body(
             )
         })
     };
+    let within = api.handle().config().api.body_timeout;
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        if declared.is_some_and(|n| n <= DRAIN_MAX) {
+            let _ = tokio::time::timeout(within, read_body(body, 0)).await;
+        }
         return too_large();
     }
     let json = parts
@@ -209,6 +219,7 @@ async fn bounded_body(
             .headers
             .get(header::CONTENT_TYPE)
             .map(|v| crate::text::printable(&String::from_utf8_lossy(v.as_bytes())).into_owned());
+        let _ = tokio::time::timeout(within, read_body(body, 0)).await;
         return closing(ApiError {
             field: Some("Content-Type".into()),
             ..ApiError::new(
@@ -221,9 +232,7 @@ async fn bounded_body(
             )
         });
     }
-    let within = api.handle().config().api.body_timeout;
-    let read = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, MAX_BODY));
-    match tokio::time::timeout(within, read).await {
+    match tokio::time::timeout(within, read_body(body, MAX_BODY)).await {
         Err(_) => {
             api.inner.telemetry.http_connection_closed("body_timeout");
             closing(ApiError {
@@ -235,13 +244,51 @@ async fn bounded_body(
                 )
             })
         }
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => too_large(),
-        Ok(Err(e)) => closing(ApiError::bad("body", format!("could not be read: {e}"))),
-        Ok(Ok(collected)) => {
-            let body = axum::body::Body::from(collected.to_bytes());
+        Ok(BodyRead::TooLarge) => too_large(),
+        Ok(BodyRead::Failed(e)) => {
+            closing(ApiError::bad("body", format!("could not be read: {e}")))
+        }
+        Ok(BodyRead::Whole(bytes)) => {
+            let body = axum::body::Body::from(bytes);
             next.run(axum::extract::Request::from_parts(parts, body))
                 .await
         }
+    }
+}
+
+enum BodyRead {
+    Whole(Bytes),
+    /// Over what was kept; read (and dropped) up to [`DRAIN_MAX`].
+    TooLarge,
+    Failed(String),
+}
+
+/// Reads `body` to its end, keeping it if it is at most `keep` bytes, and
+/// reading no more than [`DRAIN_MAX`].
+async fn read_body(mut body: axum::body::Body, keep: usize) -> BodyRead {
+    use http_body_util::BodyExt;
+    let mut kept = bytes::BytesMut::new();
+    let mut seen = 0u64;
+    while let Some(frame) = body.frame().await {
+        let data = match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_) => continue,
+            },
+            Err(e) => return BodyRead::Failed(e.to_string()),
+        };
+        seen += data.len() as u64;
+        if seen > DRAIN_MAX {
+            return BodyRead::TooLarge;
+        }
+        if seen <= keep as u64 {
+            kept.extend_from_slice(&data);
+        }
+    }
+    if seen > keep as u64 {
+        BodyRead::TooLarge
+    } else {
+        BodyRead::Whole(kept.freeze())
     }
 }
 

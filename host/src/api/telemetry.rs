@@ -194,7 +194,7 @@ impl Telemetry {
         );
         let http_closed = r.counter(
             "berth_http_connections_closed_total",
-            "API connections berth closed itself, by reason (header_timeout, body_timeout, evicted to make room at max-connections, refused with every connection busy).",
+            "API connections berth closed itself, by reason (header_timeout, body_timeout, evicted: idle, closed to make room at max-connections; refused: new at the cap, without a request or with every connection busy).",
             &["reason"],
         );
         let outbound_denied = r.counter(
@@ -250,12 +250,7 @@ impl Telemetry {
 
     /// An API connection berth closed, and why.
     pub fn http_connection_closed(&self, reason: &str) {
-        self.http_connections_closed(reason, 1);
-    }
-
-    /// `n` API connections berth closed, and why.
-    pub fn http_connections_closed(&self, reason: &str, n: usize) {
-        self.http_closed.inc_by(&[reason], n as u64);
+        self.http_closed.inc(&[reason]);
     }
 
     pub fn render(&self, pool: &Pool, providers: &Providers) -> String {

@@ -11,10 +11,15 @@
 //!   get them as well.
 //! - **Connections** (`max-connections`, and never more than half the
 //!   process's open-file limit, so that drivers and the store keep fds): at
-//!   the cap, the connections that have waited longest for a request are
-//!   closed for new ones; a connection whose request is being answered, or
-//!   whose request has arrived unread, is never cut. Only when every
-//!   connection is busy is the new one closed (after a short wait).
+//!   the cap, a new connection that has sent nothing is closed at once, and
+//!   one whose request has come closes the connections that have waited
+//!   longest for a request; a connection whose request is being answered,
+//!   or has arrived unread, is never cut. Only when every connection is
+//!   busy is a new one with a request closed (after a short wait).
+//! - **Deferred accept** (Linux `TCP_DEFER_ACCEPT`): a connection reaches
+//!   berth once its first bytes come, or after a second without any, so an
+//!   idle flood waits in the kernel and costs no fd, and a connection just
+//!   accepted has its request there already.
 //! - **Stop**: the listener closes, idle connections close, and answers in
 //!   progress are finished (for at most [`STOP_WAIT`]).
 
@@ -40,7 +45,8 @@ pub const STOP_WAIT: Duration = Duration::from_secs(10);
 /// being held half-open by the kernel for seconds.
 const BACKLOG: u32 = 4096;
 
-/// Listens on `addr` with [`BACKLOG`].
+/// Listens on `addr` with [`BACKLOG`], and on Linux with
+/// `TCP_DEFER_ACCEPT`.
 pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
@@ -48,9 +54,38 @@ pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
         tokio::net::TcpSocket::new_v6()?
     };
     socket.set_reuseaddr(true)?;
+    defer_accept(&socket);
     socket.bind(addr)?;
     socket.listen(BACKLOG)
 }
+
+/// A connection is handed to berth once its first bytes have come (or,
+/// without any, after about a second): a flood of connections that send
+/// nothing waits in the kernel, costing berth no fd, and a connection berth
+/// accepts almost always has its request there already, so it is never
+/// taken for an idle one. (nginx's `deferred`.) Best effort: without it the
+/// rules above still hold.
+#[cfg(target_os = "linux")]
+fn defer_accept(socket: &tokio::net::TcpSocket) {
+    use std::os::fd::AsRawFd;
+    let seconds: libc::c_int = 1;
+    // SAFETY: setsockopt reads one int from the pointer it is given.
+    let set = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&seconds as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if set != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "TCP_DEFER_ACCEPT not set");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn defer_accept(_: &tokio::net::TcpSocket) {}
 
 /// How long the accept loop, at the cap with no connection to close, waits
 /// for one before it refuses the new connection.
@@ -249,14 +284,19 @@ pub async fn serve(
                 continue;
             }
         };
-        // At the cap: close the connections that have waited longest for a
-        // request, and wait for a socket to go. With none to close (all
-        // busy, or with a request just arrived), wait up to EVICT_PATIENCE
-        // for one, then refuse the new connection.
+        // At the cap, a new connection that has sent nothing (with
+        // TCP_DEFER_ACCEPT: nothing in its first second) is closed at once;
+        // one whose request is there makes room: the connections that have
+        // waited longest for a request are closed, and it waits for a
+        // socket to go. With none to close (all busy, or with a request just
+        // arrived), it waits up to EVICT_PATIENCE for one, then is refused.
         let mut patience = Instant::now() + EVICT_PATIENCE;
         let permit = loop {
             if let Ok(permit) = permits.clone().try_acquire_owned() {
                 break Some(permit);
+            }
+            if !unread_data(raw_fd(&stream)) {
+                break None;
             }
             // Several at once, so that a flood does not make every accept
             // wait for one socket to close.
@@ -265,7 +305,6 @@ pub async fn serve(
                 .unwrap_or_else(|e| e.into_inner())
                 .evict_longest_waiting(limits.max_connections.div_ceil(16));
             if evicted > 0 {
-                telemetry.http_connections_closed("evicted", evicted);
                 patience = Instant::now() + EVICT_PATIENCE;
                 let acquired =
                     tokio::time::timeout(Duration::from_secs(1), permits.clone().acquire_owned());
@@ -318,15 +357,31 @@ pub async fn serve(
         let (conns, telemetry) = (conns.clone(), telemetry.clone());
         tokio::spawn(async move {
             let mut connection = Box::pin(connection);
-            tokio::select! {
-                served = &mut connection => {
-                    if let Err(e) = served
-                        && e.is_timeout()
-                    {
-                        telemetry.http_connection_closed("header_timeout");
+            loop {
+                tokio::select! {
+                    served = &mut connection => {
+                        if let Err(e) = served
+                            && e.is_timeout()
+                        {
+                            telemetry.http_connection_closed("header_timeout");
+                        }
+                        break;
+                    }
+                    () = conn.evict.notified() => {
+                        // Looked at again at the last moment: a request that
+                        // came since the accept loop chose this connection
+                        // is answered, not reset.
+                        if conn.busy.load(Ordering::SeqCst) == 0 && !unread_data(conn.fd) {
+                            telemetry.http_connection_closed("evicted");
+                            break;
+                        }
+                        conns
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .open
+                            .insert(id, conn.clone());
                     }
                 }
-                () = conn.evict.notified() => {}
             }
             {
                 let mut table = conns.lock().unwrap_or_else(|e| e.into_inner());
