@@ -268,19 +268,23 @@ pub async fn serve(
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,
+            // A connection that went away before it was accepted is
+            // nothing to say or wait for.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                continue;
+            }
+            // Anything else (no fds) is said, and waited out, or this spins.
             Err(e) => {
                 if accept_failing.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
                     accept_failing = Some(Instant::now());
                     tracing::error!(error = %e, "the API cannot accept connections");
                 }
-                // A connection that went away before it was accepted needs
-                // no pause; anything else (no fds) does, or this spins.
-                if !matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
-                ) {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
