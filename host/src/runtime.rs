@@ -414,9 +414,13 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
             config.state_dir.display()
         )
     })?;
-    // Before anything else uses it: a read-only or full state directory is
-    // a clear error now, not a failed commit later.
-    crate::store::check_writable(&config.state_dir)?;
+    // The store first: opening it checks that the state directory can be
+    // written (a read-only or full one is a clear error now, not a failed
+    // commit later), before any driver starts loading.
+    let path = config.state_dir.join("berth.db");
+    let mut store = SqliteStore::open(&path, config.clone())
+        .with_context(|| format!("opening the store {}", path.display()))?;
+    let loaded = store.load(&config).context("loading the store")?;
     let runtime = plugin::Runtime::new(plugin::RuntimeConfig {
         cache_dir: Some(config.state_dir.join("cache")),
         ..Default::default()
@@ -427,10 +431,6 @@ pub async fn start(config: Config, options: StartOptions) -> anyhow::Result<Serv
     // In the background: a driver that fails to start costs its own
     // provider, not the service.
     let providers = Providers::start(runtime, &config, driver_state, options.deny);
-    let path = config.state_dir.join("berth.db");
-    let mut store = SqliteStore::open(&path, config.clone())
-        .with_context(|| format!("opening the store {}", path.display()))?;
-    let loaded = store.load(&config).context("loading the store")?;
     for note in &loaded.dropped {
         tracing::warn!("store: {note}");
     }

@@ -205,7 +205,7 @@ impl Drop for Checkpointer {
 /// Writes, syncs and removes a file in `dir`, so that a read-only or full
 /// file system is found at start with a clear message, not at the first
 /// commit.
-pub fn check_writable(dir: &Path) -> Result<(), StoreError> {
+fn check_writable(dir: &Path) -> Result<(), StoreError> {
     use std::io::Write;
     let probe = dir.join(".berth-write-check");
     let result = std::fs::File::create(&probe)
