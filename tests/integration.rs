@@ -2,6 +2,7 @@
 //! wasm32-wasip2, loaded into the real sandbox, talking to the simulated cloud
 //! over real HTTP on 127.0.0.1.
 
+mod commands;
 mod ec2;
 mod faults;
 mod http_edge;

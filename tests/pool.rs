@@ -797,3 +797,52 @@ ram = "1GiB"
         );
     }
 }
+
+/// The command queue is bounded: while the pool's task is busy, commands
+/// beyond [`runtime::COMMAND_QUEUE`] are refused at once with `Busy`
+/// instead of queueing without end, and the queued ones are all served
+/// once the task is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_command_queue_refuses_at_once_and_loses_nothing_queued() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let service = start(pool_config(&sim, dir.path(), "")).await;
+    let h = service.handle.clone();
+    // Hold the pool's task until everything below is sent.
+    let (free_tx, free_rx) = std::sync::mpsc::channel::<()>();
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let holder = tokio::spawn({
+        let h = h.clone();
+        async move {
+            h.inspect(move |_| {
+                let _ = held_tx.send(());
+                let _ = free_rx.recv_timeout(Duration::from_secs(30));
+            })
+            .await
+        }
+    });
+    held_rx.await.expect("the task is held");
+    let mut queued = Vec::new();
+    let mut busy = 0;
+    for _ in 0..runtime::COMMAND_QUEUE + 50 {
+        let mut call = Box::pin(h.inspect(|p| p.nodes().count()));
+        // Polled once: a command is queued (pending) or refused at once.
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+        match first {
+            std::task::Poll::Pending => queued.push(call),
+            std::task::Poll::Ready(Err(runtime::ServiceError::Busy(n))) => {
+                assert_eq!(n, runtime::COMMAND_QUEUE);
+                busy += 1;
+            }
+            std::task::Poll::Ready(other) => panic!("answered while held: {other:?}"),
+        }
+    }
+    assert_eq!(busy, 50, "refused beyond the queue");
+    assert_eq!(queued.len(), runtime::COMMAND_QUEUE);
+    free_tx.send(()).unwrap();
+    holder.await.unwrap().expect("the holding read is answered");
+    for call in queued {
+        call.await.expect("a queued command is served");
+    }
+    service.stop().await.expect("stops");
+}

@@ -23,6 +23,18 @@ pub(crate) fn serve_config(sim: &SimServer, dir: &Path) -> std::path::PathBuf {
 /// [`serve_config`] with the provider on `driver`, a driver of the sim
 /// cloud's API.
 fn serve_config_on(sim: &SimServer, dir: &Path, driver: &Path) -> std::path::PathBuf {
+    serve_config_with(sim, dir, driver, "min-ready = 2", "")
+}
+
+/// [`serve_config_on`] with `small` as the keys of `[labels.small]` and
+/// `extra` appended (tables such as `[providers.sim.limits]`).
+pub(crate) fn serve_config_with(
+    sim: &SimServer,
+    dir: &Path,
+    driver: &Path,
+    small: &str,
+    extra: &str,
+) -> std::path::PathBuf {
     let text = format!(
         r#"
 pool-id = "serve-test"
@@ -50,13 +62,14 @@ allow-hosts = ["{addr}"]
 config = {{ endpoint = "{url}" }}
 
 [labels.small]
-min-ready = 2
+{small}
 [labels.small.providers.sim]
 instance-type = "small"
 image = "img"
 vcpus = 1
 ram = "1GiB"
 price = 0.1
+{extra}
 "#,
         state = dir.join("state").display().to_string(),
         driver = driver.display().to_string(),

@@ -31,7 +31,7 @@ pub use auth::Caller;
 pub use telemetry::Telemetry;
 
 use crate::pool::{Conflict, Idle, ListHealth, NewRequest, NodeId, Refused, RequestId};
-use crate::runtime::{Handle, Health, ServiceError};
+use crate::runtime::{Change, Done, Handle, Health, ServiceError};
 
 /// The longest a `wait` long-poll is held.
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
@@ -397,6 +397,10 @@ impl IntoResponse for ApiError {
                 header::HeaderValue::from_static("Bearer realm=\"berth\""),
             );
         }
+        if self.code == "busy" {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
         r
     }
 }
@@ -406,6 +410,10 @@ impl From<ServiceError> for ApiError {
         let message = e.to_string();
         match e {
             ServiceError::Stopped => ApiError::stopping(),
+            ServiceError::Forbidden(m) => ApiError::forbidden(m),
+            ServiceError::Busy(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
+            }
             ServiceError::StoreFailed(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unwritable", message)
             }
@@ -713,12 +721,6 @@ async fn create_request(
             ));
         }
     };
-    if !caller.may_act_for(&requestor) {
-        return Err(ApiError::forbidden(format!(
-            "a client token acts only as its own requestor `{}`",
-            caller.name()
-        )));
-    }
     // A request taken is a sign of life: its requestor's lease is renewed
     // with it (a refused one renews nothing).
     let new = NewRequest {
@@ -726,15 +728,19 @@ async fn create_request(
         priority,
         wants,
     };
-    let id = api
+    let change = Change::Submit {
+        new,
+        lease: Some(config.api.lease_ttl),
+    };
+    let c = caller.clone();
+    let (id, view) = api
         .handle()
-        .submit_renewing(new, config.api.lease_ttl)
+        .act(caller, change, move |pool, done| match done {
+            Done::Submitted(id) => (id, views::request(pool, id, &c)),
+            other => unreachable!("a request answered {other:?}"),
+        })
         .await?;
-    let view = api
-        .handle()
-        .inspect(move |pool| views::request(pool, id, &caller))
-        .await?
-        .ok_or_else(|| ApiError::not_found("the request was forgotten at once"))?;
+    let view = view.ok_or_else(|| ApiError::not_found("the request was forgotten at once"))?;
     let mut r = json(StatusCode::CREATED, view);
     if let Ok(v) = header::HeaderValue::from_str(&format!("/v1/requests/{id}")) {
         r.headers_mut().insert(header::LOCATION, v);
@@ -777,37 +783,21 @@ async fn get_request(
                 .min(MAX_WAIT),
         ),
     };
-    check_owner(&api, id, &caller).await?;
+    // Whose it is never changes: checked before the wait, so a caller
+    // cannot wait on (or learn when) another requestor's request ends.
+    let c = caller.clone();
+    api.handle()
+        .inspect(move |pool| views::owned_request(pool, id, &c).map(drop))
+        .await??;
     if let Some(wait) = wait {
         // The answer is the request's state when it stops pending or the
         // wait ends, whichever is first.
         let _ = tokio::time::timeout(wait, api.handle().wait(id)).await;
     }
-    request_view(&api, id, caller).await
-}
-
-/// Refuses a request that does not exist (404) or is not the caller's (403).
-async fn check_owner(api: &Api, id: RequestId, caller: &Caller) -> Result<()> {
-    let c = caller.clone();
-    let owner = api
-        .handle()
-        .inspect(move |pool| pool.request(id).map(|r| c.may_act_for(&r.requestor)))
-        .await?;
-    match owner {
-        None => Err(ApiError::not_found(format!("no request {id}"))),
-        Some(false) => Err(ApiError::forbidden(format!(
-            "request {id} belongs to another requestor"
-        ))),
-        Some(true) => Ok(()),
-    }
-}
-
-async fn request_view(api: &Api, id: RequestId, caller: Caller) -> Result<Response> {
     let view = api
         .handle()
-        .inspect(move |pool| views::request(pool, id, &caller))
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no request {id}")))?;
+        .inspect(move |pool| views::owned_request(pool, id, &caller))
+        .await??;
     Ok(json(StatusCode::OK, view))
 }
 
@@ -833,9 +823,14 @@ async fn cancel_request(
     let caller = api.caller(&headers)?;
     api.refuse_if_stopping()?;
     let id = request_id(&id)?;
-    check_owner(&api, id, &caller).await?;
-    api.handle().cancel(id).await?;
-    request_view(&api, id, caller).await
+    let c = caller.clone();
+    let view = api
+        .handle()
+        .act(caller, Change::Cancel(id), move |pool, _| {
+            views::owned_request(pool, id, &c)
+        })
+        .await??;
+    Ok(json(StatusCode::OK, view))
 }
 
 // ---- nodes ----------------------------------------------------------------
@@ -861,7 +856,11 @@ async fn get_node(
 ) -> Result<Response> {
     let caller = api.caller(&headers)?;
     let id = node_id(&id)?;
-    node_view(&api, id, caller).await
+    let view = api
+        .handle()
+        .inspect(move |pool| views::node_by_id(pool, id, &caller))
+        .await??;
+    Ok(json(StatusCode::OK, view))
 }
 
 async fn release_node(
@@ -872,33 +871,19 @@ async fn release_node(
     let caller = api.caller(&headers)?;
     api.refuse_if_stopping()?;
     let id = node_id(&id)?;
-    let c = caller.clone();
-    let holder = api
-        .handle()
-        .inspect(move |pool| pool.node(id).map(|n| views::holder(pool, n)))
-        .await?;
-    match holder {
-        None => return Err(ApiError::not_found(format!("no node {id}"))),
-        // A node nobody holds is not the caller's to release either, but
-        // the pool says why (409): it is not in use.
-        Some(Some(h)) if !caller.may_act_for(&h) => {
-            return Err(ApiError::forbidden(format!(
-                "node {id} is not held by requestor `{}`",
-                c.name()
-            )));
-        }
-        Some(_) => {}
-    }
-    api.handle().release(id).await?;
-    node_view(&api, id, caller).await
+    node_change(&api, caller, Change::Release(id), id).await
 }
 
-async fn node_view(api: &Api, id: NodeId, caller: Caller) -> Result<Response> {
+/// Makes `change` to node `id` for `caller`; the node as it stands once
+/// the change is stored.
+async fn node_change(api: &Api, caller: Caller, change: Change, id: NodeId) -> Result<Response> {
+    let c = caller.clone();
     let view = api
         .handle()
-        .inspect(move |pool| pool.node(id).map(|n| views::node(pool, n, &caller)))
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no node {id}")))?;
+        .act(caller, change, move |pool, _| {
+            views::node_by_id(pool, id, &c)
+        })
+        .await??;
     Ok(json(StatusCode::OK, view))
 }
 
@@ -909,7 +894,6 @@ async fn set_idle(
     body: Bytes,
 ) -> Result<Response> {
     let caller = api.caller(&headers)?;
-    caller.admin("setting a node's idle behaviour")?;
     api.refuse_if_stopping()?;
     let id = node_id(&id)?;
     let m = object(&body)?;
@@ -925,8 +909,7 @@ async fn set_idle(
             ));
         }
     };
-    api.handle().set_idle(id, idle).await?;
-    node_view(&api, id, caller).await
+    node_change(&api, caller, Change::SetIdle(id, idle), id).await
 }
 
 async fn delete_node(
@@ -935,11 +918,9 @@ async fn delete_node(
     Path(id): Path<String>,
 ) -> Result<Response> {
     let caller = api.caller(&headers)?;
-    caller.admin("deleting a node")?;
     api.refuse_if_stopping()?;
     let id = node_id(&id)?;
-    api.handle().delete(id).await?;
-    node_view(&api, id, caller).await
+    node_change(&api, caller, Change::Delete(id), id).await
 }
 
 // ---- configuration and health ----------------------------------------------
@@ -981,14 +962,18 @@ async fn renew_lease(
         .get("requestor")
         .cloned()
         .unwrap_or_else(|| caller.name().to_owned());
-    if !caller.may_act_for(&requestor) {
-        return Err(ApiError::forbidden(format!(
-            "a client token renews only its own lease (`{}`)",
-            caller.name()
-        )));
-    }
     let ttl = api.handle().config().api.lease_ttl;
-    let expires = api.handle().renew(requestor.clone(), ttl).await?;
+    let change = Change::Renew {
+        requestor: requestor.clone(),
+        ttl,
+    };
+    let expires = api
+        .handle()
+        .act(caller, change, |_, done| match done {
+            Done::Renewed(at) => at,
+            other => unreachable!("a renewal answered {other:?}"),
+        })
+        .await?;
     Ok(json(
         StatusCode::OK,
         types::Lease {

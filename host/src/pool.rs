@@ -330,6 +330,12 @@ impl Pool {
         self.requests.get(&id)
     }
 
+    /// The requestor node `id` is handed out to or set aside for, if any.
+    pub fn requestor_of(&self, id: NodeId) -> Option<&str> {
+        let request = self.nodes.get(&id)?.request()?;
+        self.requests.get(&request).map(|r| r.requestor.as_str())
+    }
+
     pub fn requests(&self) -> impl Iterator<Item = &Request> {
         self.requests.values()
     }

@@ -1,12 +1,12 @@
 //! The thin async runtime around the pool core: one task owns the [`Pool`]
-//! and the store, takes commands and driver outcomes as one closed
-//! [`Event`] stream, and after each batch of events writes the core's changes
-//! to the store *before* it starts the driver calls the core asked for
-//! (intent before act). Driver calls run on their own tasks and report back
-//! as events.
+//! and the store, takes client commands (a bounded queue) and driver
+//! outcomes, and after each batch writes the core's changes to the store
+//! *before* it starts the driver calls the core asked for (intent before
+//! act). Driver calls run on their own tasks and report back as outcomes.
 //!
 //! Clients talk to it through a cloneable [`Handle`].
 
+mod commands;
 mod providers;
 
 use std::collections::HashMap;
@@ -29,6 +29,7 @@ use crate::pool::{
 };
 use crate::store::{SqliteStore, Store, StoreError};
 
+pub use commands::{Caller, Change, Done};
 pub use providers::{Health, LoadedDriver, Providers};
 
 /// Wall-clock time as the core sees it, advanced by tokio's clock so that
@@ -72,6 +73,12 @@ pub enum ServiceError {
     Refused(#[from] Refused),
     #[error(transparent)]
     Conflict(#[from] Conflict),
+    /// The caller may not do this (to this node or request).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The command queue is full: the pool is behind; try again shortly.
+    #[error("the pool has {0} commands queued; try again shortly")]
+    Busy(usize),
     #[error("the pool has stopped")]
     Stopped,
     /// The store could not be written, so the pool stopped deciding: what
@@ -92,8 +99,6 @@ pub enum PoolError {
     #[error("the pool's task panicked: {0}")]
     Panicked(String),
 }
-
-type Reply<T> = oneshot::Sender<Result<T, ServiceError>>;
 
 /// A driver call, as reported to an [`Observer`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,28 +184,38 @@ pub trait Observer: Send + Sync {
 struct Deaf;
 impl Observer for Deaf {}
 
-/// Everything the pool's task reacts to.
-enum Event {
-    /// A request, and the lease its requestor takes out or renews with it.
-    Submit(NewRequest, Option<Duration>, Reply<RequestId>),
-    Cancel(RequestId, Reply<()>),
-    Release(NodeId, Reply<()>),
-    SetIdle(NodeId, Idle, Reply<()>),
-    Delete(NodeId, Reply<()>),
-    Renew(String, Duration, Reply<Time>),
+/// What clients send the pool's task, through a bounded queue.
+enum Command {
+    /// A change and its caller, checked and made in one step; answered
+    /// once the change is stored.
+    Act(Caller, Change, Answer),
     /// Answer once the request is no longer pending.
     Wait(RequestId, oneshot::Sender<Option<Request>>),
     Inspect(Box<dyn FnOnce(&Pool) + Send>),
+}
+
+/// How a change is answered: with the pool as it stands once the change
+/// is stored, or with why it was not made.
+type Answer = Box<dyn FnOnce(Result<(&Pool, Done), ServiceError>) + Send>;
+
+/// What a driver call brought back. As many as there are calls in flight,
+/// which the core bounds.
+enum Outcome {
     Created(NodeId, Result<Instance, Failure>),
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
     Listed(ProviderIx, Time, Result<Vec<Instance>, Failure>),
     Tagged(NodeId, Result<(), Failure>),
 }
 
+/// Commands queued for the pool's task at most; one more is refused with
+/// [`ServiceError::Busy`] instead of growing memory. The API's connection
+/// cap keeps it well below this in `berth serve`.
+pub const COMMAND_QUEUE: usize = 4096;
+
 /// A client's way in to a running pool. Cheap to clone.
 #[derive(Clone)]
 pub struct Handle {
-    tx: mpsc::UnboundedSender<Event>,
+    tx: mpsc::Sender<Command>,
     config: Arc<Config>,
     providers: Arc<Providers>,
     /// Why the pool's task ended, if it ended by itself; a command sent
@@ -223,16 +238,43 @@ impl Handle {
         &self.providers
     }
 
+    /// Makes `change` for `caller`, if the caller may, in one step of the
+    /// pool; once the change is stored, `then` reads the pool for the
+    /// answer (on the pool's task: keep it short).
+    pub async fn act<R: Send + 'static>(
+        &self,
+        caller: Caller,
+        change: Change,
+        then: impl FnOnce(&Pool, Done) -> R + Send + 'static,
+    ) -> Result<R, ServiceError> {
+        let (tx, rx) = oneshot::channel();
+        let answer: Answer = Box::new(move |result| {
+            let _ = tx.send(result.map(|(pool, done)| then(pool, done)));
+        });
+        self.send(Command::Act(caller, change, answer))?;
+        rx.await.map_err(|_| self.gone())?
+    }
+
+    /// [`Handle::act`] as the embedding program, answered with what the
+    /// change did.
+    async fn embedder(&self, change: Change) -> Result<Done, ServiceError> {
+        self.act(Caller::embedder(), change, |_, done| done).await
+    }
+
+    fn send(&self, command: Command) -> Result<(), ServiceError> {
+        self.tx.try_send(command).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => ServiceError::Busy(COMMAND_QUEUE),
+            mpsc::error::TrySendError::Closed(_) => self.gone(),
+        })
+    }
+
     /// Renews `requestor`'s lease for `ttl` (see [`Pool::renew`]); returns
     /// when it now expires.
     pub async fn renew(&self, requestor: String, ttl: Duration) -> Result<Time, ServiceError> {
-        self.ask(|r| Event::Renew(requestor, ttl, r)).await
-    }
-
-    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Event) -> Result<T, ServiceError> {
-        let (tx, rx) = oneshot::channel();
-        self.tx.send(make(tx)).map_err(|_| self.gone())?;
-        rx.await.map_err(|_| self.gone())?
+        match self.embedder(Change::Renew { requestor, ttl }).await? {
+            Done::Renewed(t) => Ok(t),
+            other => unreachable!("a renewal answered {other:?}"),
+        }
     }
 
     /// Why a command could not reach the pool.
@@ -248,7 +290,7 @@ impl Handle {
 
     /// Takes a request; see [`Handle::wait`] for its outcome.
     pub async fn submit(&self, new: NewRequest) -> Result<RequestId, ServiceError> {
-        self.ask(|r| Event::Submit(new, None, r)).await
+        self.submit_with(new, None).await
     }
 
     /// Takes a request and renews its requestor's lease for `ttl` in the
@@ -258,30 +300,41 @@ impl Handle {
         new: NewRequest,
         ttl: Duration,
     ) -> Result<RequestId, ServiceError> {
-        self.ask(|r| Event::Submit(new, Some(ttl), r)).await
+        self.submit_with(new, Some(ttl)).await
+    }
+
+    async fn submit_with(
+        &self,
+        new: NewRequest,
+        lease: Option<Duration>,
+    ) -> Result<RequestId, ServiceError> {
+        match self.embedder(Change::Submit { new, lease }).await? {
+            Done::Submitted(id) => Ok(id),
+            other => unreachable!("a request answered {other:?}"),
+        }
     }
 
     pub async fn cancel(&self, id: RequestId) -> Result<(), ServiceError> {
-        self.ask(|r| Event::Cancel(id, r)).await
+        self.embedder(Change::Cancel(id)).await.map(drop)
     }
 
     pub async fn release(&self, id: NodeId) -> Result<(), ServiceError> {
-        self.ask(|r| Event::Release(id, r)).await
+        self.embedder(Change::Release(id)).await.map(drop)
     }
 
     pub async fn set_idle(&self, id: NodeId, idle: Idle) -> Result<(), ServiceError> {
-        self.ask(|r| Event::SetIdle(id, idle, r)).await
+        self.embedder(Change::SetIdle(id, idle)).await.map(drop)
     }
 
     pub async fn delete(&self, id: NodeId) -> Result<(), ServiceError> {
-        self.ask(|r| Event::Delete(id, r)).await
+        self.embedder(Change::Delete(id)).await.map(drop)
     }
 
     /// Waits until a request is fulfilled, failed or cancelled; `None` if
     /// there is no such request.
     pub async fn wait(&self, id: RequestId) -> Result<Option<Request>, ServiceError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Event::Wait(id, tx)).map_err(|_| self.gone())?;
+        self.send(Command::Wait(id, tx))?;
         rx.await.map_err(|_| self.gone())
     }
 
@@ -291,10 +344,9 @@ impl Handle {
         f: impl FnOnce(&Pool) -> R + Send + 'static,
     ) -> Result<R, ServiceError> {
         let (tx, rx) = oneshot::channel();
-        let event = Event::Inspect(Box::new(move |pool| {
+        self.send(Command::Inspect(Box::new(move |pool| {
             let _ = tx.send(f(pool));
-        }));
-        self.tx.send(event).map_err(|_| self.gone())?;
+        })))?;
         rx.await.map_err(|_| self.gone())
     }
 }
@@ -320,7 +372,8 @@ pub struct Parts {
 impl Service {
     /// Starts the pool's task on `pool` with its providers, store and clock.
     pub fn spawn(pool: Pool, parts: Parts) -> Service {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = oneshot::channel();
         let config = pool.config().clone();
         let ended = Arc::new(OnceLock::new());
@@ -331,13 +384,13 @@ impl Service {
             store: parts.store,
             clock: parts.clock,
             observer: parts.observer,
-            events: tx.clone(),
+            outcomes: outcomes_tx,
             waiters: HashMap::new(),
             effects: Vec::new(),
             replies: Vec::new(),
             in_flight: 0,
         };
-        let task = tokio::spawn(run.run(rx, stop_rx));
+        let task = tokio::spawn(run.run(rx, outcomes, stop_rx));
         Service {
             handle: Handle {
                 tx,
@@ -460,56 +513,59 @@ struct Loop {
     store: Box<dyn Store>,
     clock: Clock,
     observer: Arc<dyn Observer>,
-    events: mpsc::UnboundedSender<Event>,
+    /// Where driver calls report back.
+    outcomes: mpsc::UnboundedSender<Outcome>,
     waiters: HashMap<RequestId, Vec<oneshot::Sender<Option<Request>>>>,
     effects: Vec<Effect>,
-    /// Answers to commands, sent after the step's changes are stored.
-    replies: Vec<Answer>,
+    /// Changes made this step and how each went, answered once the step's
+    /// changes are stored.
+    replies: Vec<(Answer, Result<Done, ServiceError>)>,
     /// Driver calls started whose outcome has not come back.
     in_flight: usize,
 }
 
-/// A command's answer, sent once its changes are stored: called with
-/// `None` to send the pool's result, or with the error that kept the
-/// changes from being stored, to send that instead.
-type Answer = Box<dyn FnOnce(Option<ServiceError>) + Send>;
+/// Commands and outcomes taken in one batch before the store is written:
+/// enough to amortise a commit under load, few enough to keep latency low.
+const BATCH: usize = 256;
 
-fn answer<T: Send + 'static, E: Into<ServiceError> + Send + 'static>(
-    reply: Reply<T>,
-    result: Result<T, E>,
-) -> Answer {
-    Box::new(move |failed| {
-        let _ = reply.send(match failed {
-            Some(e) => Err(e),
-            None => result.map_err(Into::into),
-        });
-    })
+/// Where the pool's task takes its work from.
+struct Inbox {
+    commands: mpsc::Receiver<Command>,
+    outcomes: mpsc::UnboundedReceiver<Outcome>,
 }
 
-/// Events taken in one batch before the store is written: enough to
-/// amortise a commit under load, few enough to keep latency low.
-const BATCH: usize = 256;
+impl Inbox {
+    /// Refuses every command queued now or sent from now on with `why`.
+    fn close(&mut self, why: &ServiceError) {
+        self.commands.close();
+        while let Ok(command) = self.commands.try_recv() {
+            refuse(command, why);
+        }
+    }
+}
 
 impl Loop {
     async fn run(
         mut self,
-        mut rx: mpsc::UnboundedReceiver<Event>,
+        commands: mpsc::Receiver<Command>,
+        outcomes: mpsc::UnboundedReceiver<Outcome>,
         stop: oneshot::Receiver<Duration>,
     ) -> Result<(), PoolError> {
-        let outcome = match self.serve(&mut rx, stop).await {
-            Ok(grace) => self.drain(&mut rx, grace).await,
+        let mut inbox = Inbox { commands, outcomes };
+        let outcome = match self.serve(&mut inbox, stop).await {
+            Ok(grace) => self.drain(&mut inbox, grace).await,
             Err(e) => Err(e),
         };
         match outcome {
             Ok(()) => Ok(()),
-            Err(e) => Err(self.fail(&mut rx, e)),
+            Err(e) => Err(self.fail(&mut inbox, e)),
         }
     }
 
     /// The pool's life until it is told to stop; returns the stop's grace.
     async fn serve(
         &mut self,
-        rx: &mut mpsc::UnboundedReceiver<Event>,
+        inbox: &mut Inbox,
         mut stop: oneshot::Receiver<Duration>,
     ) -> Result<Duration, StoreError> {
         // The first step is owed at once (the first lists, prewarming): a
@@ -517,22 +573,23 @@ impl Loop {
         self.step()?;
         let grace = loop {
             let wake = self.pool.next_wakeup().map(|t| self.clock.instant(t));
-            let event = tokio::select! {
+            tokio::select! {
                 biased;
                 g = &mut stop => break g.unwrap_or(Duration::ZERO),
-                e = rx.recv() => match e {
-                    Some(e) => Some(e),
+                Some(o) = inbox.outcomes.recv() => self.outcome(o),
+                c = inbox.commands.recv() => match c {
+                    Some(c) => self.command(c),
                     None => break Duration::ZERO,
                 },
-                _ = sleep_until(wake) => None,
-            };
-            if let Some(e) = event {
-                self.handle(e);
-                for _ in 1..BATCH {
-                    match rx.try_recv() {
-                        Ok(e) => self.handle(e),
-                        Err(_) => break,
-                    }
+                _ = sleep_until(wake) => {}
+            }
+            for _ in 1..BATCH {
+                if let Ok(o) = inbox.outcomes.try_recv() {
+                    self.outcome(o);
+                } else if let Ok(c) = inbox.commands.try_recv() {
+                    self.command(c);
+                } else {
+                    break;
                 }
             }
             self.step()?;
@@ -544,31 +601,24 @@ impl Loop {
     /// answered as done. Commands waiting for their commit, queued, or sent
     /// from now on are answered with the failure; calls in flight are left
     /// (their intents are stored, so the next start resolves them).
-    fn fail(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>, e: StoreError) -> PoolError {
+    fn fail(&mut self, inbox: &mut Inbox, e: StoreError) -> PoolError {
         tracing::error!(
             error = %e,
             "the store could not be written; the pool stopped deciding, so that nothing is done or answered without a stored record"
         );
         let failed = ServiceError::StoreFailed(e.to_string().into());
         let _ = self.ended.set(failed.clone());
-        for reply in self.replies.drain(..) {
-            reply(Some(failed.clone()));
+        for (answer, _) in self.replies.drain(..) {
+            answer(Err(failed.clone()));
         }
-        rx.close();
-        while let Ok(event) = rx.try_recv() {
-            refuse(event, &failed);
-        }
+        inbox.close(&failed);
         self.waiters.clear();
         PoolError::Store(e)
     }
 
     /// Stopping: no new call starts and commands are refused, while the
     /// outcomes of calls in flight come in (up to `grace`) and are stored.
-    async fn drain(
-        &mut self,
-        rx: &mut mpsc::UnboundedReceiver<Event>,
-        grace: Duration,
-    ) -> Result<(), StoreError> {
+    async fn drain(&mut self, inbox: &mut Inbox, grace: Duration) -> Result<(), StoreError> {
         let deadline = tokio::time::Instant::now() + grace;
         // Calls waiting for a provider to start are not worth the grace.
         self.providers.close();
@@ -577,31 +627,20 @@ impl Loop {
             if self.in_flight == 0 {
                 break;
             }
-            let event = tokio::select! {
-                e = rx.recv() => e,
-                _ = tokio::time::sleep_until(deadline) => None,
-            };
-            let Some(event) = event else {
-                tracing::warn!(
-                    calls = self.in_flight,
-                    "driver calls still running at the end of the stop grace; the next start resolves them"
-                );
-                break;
-            };
-            let now = self.clock.now();
-            match event {
-                Event::Created(..) | Event::Deleted(..) | Event::Listed(..) | Event::Tagged(..) => {
-                    self.in_flight -= 1;
-                    self.outcome(event, now);
+            tokio::select! {
+                Some(o) = inbox.outcomes.recv() => self.outcome(o),
+                Some(c) = inbox.commands.recv() => refuse(c, &ServiceError::Stopped),
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(
+                        calls = self.in_flight,
+                        "driver calls still running at the end of the stop grace; the next start resolves them"
+                    );
+                    break;
                 }
-                other => refuse(other, &ServiceError::Stopped),
             }
         }
         // Whatever is still queued is refused, so no client waits for ever.
-        rx.close();
-        while let Ok(e) = rx.try_recv() {
-            refuse(e, &ServiceError::Stopped);
-        }
+        inbox.close(&ServiceError::Stopped);
         self.waiters.clear();
         self.commit_and_answer()
     }
@@ -610,12 +649,18 @@ impl Loop {
     fn commit_and_answer(&mut self) -> Result<(), StoreError> {
         let changes = self.pool.take_changes();
         self.commit(&changes)?;
-        // Clients hear of what they asked only once it is stored: a request
-        // id a client holds survives a crash.
-        for reply in self.replies.drain(..) {
-            reply(None);
-        }
+        self.answer();
         Ok(())
+    }
+
+    /// Answers the changes made since the last answer. Clients hear of
+    /// what they asked only once it is stored: a request id a client holds
+    /// survives a crash.
+    fn answer(&mut self) {
+        let pool = &self.pool;
+        for (answer, result) in self.replies.drain(..) {
+            answer(result.map(|done| (pool, done)));
+        }
     }
 
     /// Writes `changes`, if any. A store that cannot be written stops the
@@ -636,43 +681,27 @@ impl Loop {
         Ok(())
     }
 
-    fn outcome(&mut self, event: Event, now: Time) {
+    fn outcome(&mut self, outcome: Outcome) {
+        let now = self.clock.now();
         let pool = &mut self.pool;
-        match event {
-            Event::Created(id, r) => pool.created(now, id, r),
-            Event::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
-            Event::Listed(p, started, r) => pool.listed(now, p, started, r),
-            Event::Tagged(id, r) => pool.tagged(now, id, r),
-            _ => {}
+        self.in_flight -= 1;
+        match outcome {
+            Outcome::Created(id, r) => pool.created(now, id, r),
+            Outcome::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
+            Outcome::Listed(p, started, r) => pool.listed(now, p, started, r),
+            Outcome::Tagged(id, r) => pool.tagged(now, id, r),
         }
     }
 
-    fn handle(&mut self, event: Event) {
+    fn command(&mut self, command: Command) {
         let now = self.clock.now();
         let pool = &mut self.pool;
-        let replies = &mut self.replies;
-        match event {
-            Event::Submit(new, ttl, reply) => {
-                let requestor = ttl.map(|t| (new.requestor.clone(), t));
-                let taken = pool.submit(now, new);
-                if taken.is_ok()
-                    && let Some((r, ttl)) = requestor
-                {
-                    pool.renew(now, &r, ttl);
-                }
-                replies.push(answer(reply, taken))
+        match command {
+            Command::Act(caller, change, answer) => {
+                let result = commands::apply(pool, now, &caller, change);
+                self.replies.push((answer, result));
             }
-            Event::Cancel(id, reply) => replies.push(answer(reply, pool.cancel(now, id))),
-            Event::Release(id, reply) => replies.push(answer(reply, pool.release(now, id))),
-            Event::SetIdle(id, idle, reply) => {
-                replies.push(answer(reply, pool.set_idle(now, id, idle)))
-            }
-            Event::Delete(id, reply) => replies.push(answer(reply, pool.delete(now, id))),
-            Event::Renew(requestor, ttl, reply) => {
-                let expires = pool.renew(now, &requestor, ttl);
-                replies.push(answer(reply, Ok::<_, ServiceError>(expires)))
-            }
-            Event::Wait(id, reply) => match pool.request(id) {
+            Command::Wait(id, reply) => match pool.request(id) {
                 None => {
                     let _ = reply.send(None);
                 }
@@ -681,14 +710,7 @@ impl Loop {
                 }
                 Some(_) => self.waiters.entry(id).or_default().push(reply),
             },
-            Event::Inspect(f) => f(pool),
-            e @ (Event::Created(..)
-            | Event::Deleted(..)
-            | Event::Listed(..)
-            | Event::Tagged(..)) => {
-                self.in_flight -= 1;
-                self.outcome(e, now);
-            }
+            Command::Inspect(f) => f(pool),
         }
     }
 
@@ -705,11 +727,7 @@ impl Loop {
             }
         }
         self.commit(&changes)?;
-        // Clients hear of what they asked only once it is stored: a request
-        // id a client holds survives a crash.
-        for reply in self.replies.drain(..) {
-            reply(None);
-        }
+        self.answer();
         // Leak deletes and refused adoptions can come by the thousand (a
         // driver that lists thousands of orphans): one line per provider and
         // kind per step, with a count.
@@ -764,7 +782,7 @@ impl Loop {
                 &self.providers,
                 &self.pool.config().pool_id,
                 self.clock,
-                self.events.clone(),
+                self.outcomes.clone(),
                 self.observer.clone(),
             );
         }
@@ -881,7 +899,7 @@ fn call(
     providers: &Arc<Providers>,
     pool_id: &str,
     clock: Clock,
-    events: mpsc::UnboundedSender<Event>,
+    outcomes: mpsc::UnboundedSender<Outcome>,
     observer: Arc<dyn Observer>,
 ) {
     let p = match &effect {
@@ -916,15 +934,15 @@ fn call(
                 };
                 heard(kind, Err(&e));
                 let failed = failure(e);
-                let event = match effect {
-                    Effect::Create { node, .. } => Event::Created(node, Err(failed)),
+                let outcome = match effect {
+                    Effect::Create { node, .. } => Outcome::Created(node, Err(failed)),
                     Effect::Delete { node, instance, .. } => {
-                        Event::Deleted(p, node, instance, Err(failed))
+                        Outcome::Deleted(p, node, instance, Err(failed))
                     }
-                    Effect::List { .. } => Event::Listed(p, clock.now(), Err(failed)),
-                    Effect::SetTags { node, .. } => Event::Tagged(node, Err(failed)),
+                    Effect::List { .. } => Outcome::Listed(p, clock.now(), Err(failed)),
+                    Effect::SetTags { node, .. } => Outcome::Tagged(node, Err(failed)),
                 };
-                let _ = events.send(event);
+                let _ = outcomes.send(outcome);
                 return;
             }
         };
@@ -940,7 +958,7 @@ fn call(
                 observer.refused(&name, r);
             }
         };
-        let event = match effect {
+        let outcome = match effect {
             Effect::Create { node, spec, .. } => {
                 let r = provider.create(spec).await;
                 heard(CallKind::Create, r.as_ref().map(|_| ()));
@@ -953,12 +971,12 @@ fn call(
                             Err(Failure::Host(format!("the driver answered {bad}")))
                         }
                     });
-                Event::Created(node, r)
+                Outcome::Created(node, r)
             }
             Effect::Delete { node, instance, .. } => {
                 let r = provider.delete(&instance).await;
                 heard(CallKind::Delete, r.as_ref().map(|_| ()));
-                Event::Deleted(p, node, instance, r.map(|_| ()).map_err(failure))
+                Outcome::Deleted(p, node, instance, r.map(|_| ()).map_err(failure))
             }
             Effect::List { .. } => {
                 let listed_from = clock.now();
@@ -970,7 +988,7 @@ fn call(
                     refused(&bad);
                     kept
                 });
-                Event::Listed(p, listed_from, r)
+                Outcome::Listed(p, listed_from, r)
             }
             Effect::SetTags {
                 node,
@@ -980,11 +998,11 @@ fn call(
             } => {
                 let r = provider.set_tags(&instance, tags).await;
                 heard(CallKind::SetTags, r.as_ref().map(|_| ()));
-                Event::Tagged(node, r.map_err(failure))
+                Outcome::Tagged(node, r.map_err(failure))
             }
         };
         // The pool may have stopped; its stored intents cover the outcome.
-        let _ = events.send(event);
+        let _ = outcomes.send(outcome);
     });
 }
 
@@ -993,17 +1011,10 @@ fn providers_name(providers: &Providers, p: ProviderIx) -> Arc<str> {
 }
 
 /// Answers a command the pool no longer takes with `why`.
-fn refuse(event: Event, why: &ServiceError) {
-    let why = why.clone();
-    match event {
-        Event::Submit(_, _, r) => drop(r.send(Err(why))),
-        Event::Cancel(_, r)
-        | Event::Release(_, r)
-        | Event::SetIdle(_, _, r)
-        | Event::Delete(_, r) => drop(r.send(Err(why))),
-        Event::Renew(_, _, r) => drop(r.send(Err(why))),
-        Event::Wait(_, r) => drop(r),
-        Event::Inspect(_) => {}
-        Event::Created(..) | Event::Deleted(..) | Event::Listed(..) | Event::Tagged(..) => {}
+fn refuse(command: Command, why: &ServiceError) {
+    match command {
+        Command::Act(_, _, answer) => answer(Err(why.clone())),
+        Command::Wait(_, reply) => drop(reply),
+        Command::Inspect(_) => {}
     }
 }

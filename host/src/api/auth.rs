@@ -7,48 +7,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 
 use super::ApiError;
 use crate::config::{Role, Token};
-
-/// An authenticated caller.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Caller {
-    /// Acts only as the requestor `name`.
-    Client { name: String },
-    /// May do everything, for anyone.
-    Admin { name: String },
-}
-
-impl Caller {
-    /// The token's name: a client's requestor, an admin's default one.
-    pub fn name(&self) -> &str {
-        match self {
-            Caller::Client { name } | Caller::Admin { name } => name,
-        }
-    }
-
-    pub fn is_admin(&self) -> bool {
-        matches!(self, Caller::Admin { .. })
-    }
-
-    /// Whether the caller may make or see requests of `requestor`.
-    pub fn may_act_for(&self, requestor: &str) -> bool {
-        match self {
-            Caller::Admin { .. } => true,
-            Caller::Client { name } => name == requestor,
-        }
-    }
-
-    /// Refuses a client: `what` is for admins only.
-    pub(super) fn admin(&self, what: &str) -> Result<(), ApiError> {
-        if self.is_admin() {
-            Ok(())
-        } else {
-            Err(ApiError::forbidden(format!(
-                "{what} needs an admin token; `{}` is a client token",
-                self.name()
-            )))
-        }
-    }
-}
+pub use crate::runtime::Caller;
 
 /// The caller a request's `Authorization: Bearer …` header names.
 pub(super) fn authenticate(tokens: &[Token], headers: &HeaderMap) -> Result<Caller, ApiError> {

@@ -360,7 +360,9 @@ fn each_operation_matches_its_handler() {
 
         // Who may call it.
         let authenticated = src.contains("api.caller(");
-        let admin_only = src.contains("caller.admin(");
+        let admin_only = ["Change::SetIdle", "Change::Delete"]
+            .iter()
+            .any(|c| src.contains(c));
         let roles = strings(&op["x-berth-roles"]);
         let security = &op["security"];
         if !authenticated {
@@ -399,13 +401,21 @@ fn each_operation_matches_its_handler() {
             admin_only
                 || src.contains("forbidden(")
                 || src.contains("may_act_for")
-                || src.contains("check_owner("),
+                || src.contains("owned_request")
+                || src.contains("Change::Release")
+                || src.contains("Change::Submit")
+                || src.contains("Change::Renew"),
         );
         expect(
             "409",
-            [".cancel(", ".release(", ".set_idle(", ".delete("]
-                .iter()
-                .any(|c| src.contains(&format!("handle(){c}"))),
+            [
+                "Change::Cancel",
+                "Change::Release",
+                "Change::SetIdle",
+                "Change::Delete",
+            ]
+            .iter()
+            .any(|c| src.contains(c)),
         );
         expect("422", src.contains("UNPROCESSABLE_ENTITY"));
         if src.contains("refuse_if_stopping")
@@ -414,7 +424,7 @@ fn each_operation_matches_its_handler() {
         {
             expect("503", true);
         }
-        if ["not_found(", "node_view(", "request_view(", "check_owner("]
+        if ["not_found(", "node_change(", "node_by_id", "owned_request"]
             .iter()
             .any(|c| src.contains(c))
         {

@@ -7,26 +7,27 @@ use std::collections::{BTreeMap, HashMap};
 use super::types::{self, rfc3339};
 use super::{ApiError, Caller, Telemetry, no_other_params};
 use crate::config::{Config, LabelIx, LabelKind, ProviderIx};
-use crate::pool::{ListHealth, Node, NodeState, Pool, Request, RequestId, RequestState, Role};
+use crate::pool::{
+    ListHealth, Node, NodeId, NodeState, Pool, Request, RequestId, RequestState, Role,
+};
 use crate::runtime::{Health, LoadedDriver, Providers};
 use axum::http::StatusCode;
 
-/// The requestor a node is handed out or set aside to, if any.
-pub(super) fn holder(pool: &Pool, n: &Node) -> Option<String> {
-    let request = match n.state {
-        NodeState::InUse { request, .. } => Some(request),
-        _ => n.assigned,
-    }?;
-    pool.request(request).map(|r| r.requestor.clone())
+/// Node `id` as `caller` sees it; 404 if the pool does not have it.
+pub(super) fn node_by_id(
+    pool: &Pool,
+    id: NodeId,
+    caller: &Caller,
+) -> Result<types::Node, ApiError> {
+    pool.node(id)
+        .map(|n| node(pool, n, caller))
+        .ok_or_else(|| ApiError::not_found(format!("no node {id}")))
 }
 
 pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
     let config = pool.config();
-    let request = match n.state {
-        NodeState::InUse { request, .. } => Some(request),
-        _ => n.assigned,
-    };
-    let requestor = request.and_then(|r| pool.request(r).map(|r| r.requestor.clone()));
+    let request = n.request();
+    let requestor = pool.requestor_of(n.id).map(str::to_owned);
     let shown = caller.is_admin() || requestor.as_deref().is_some_and(|r| caller.may_act_for(r));
     let reason = match &n.state {
         NodeState::Deleting { reason, .. } => Some(reason.as_str().to_owned()),
@@ -128,6 +129,22 @@ fn request_view(pool: &Pool, r: &Request, caller: &Caller) -> types::Request {
 /// One request, if the pool still has it.
 pub(super) fn request(pool: &Pool, id: RequestId, caller: &Caller) -> Option<types::Request> {
     pool.request(id).map(|r| request_view(pool, r, caller))
+}
+
+/// Request `id` as its requestor or an admin sees it: 404 if the pool does
+/// not have it, 403 if it is another requestor's.
+pub(super) fn owned_request(
+    pool: &Pool,
+    id: RequestId,
+    caller: &Caller,
+) -> Result<types::Request, ApiError> {
+    match pool.request(id) {
+        None => Err(ApiError::not_found(format!("no request {id}"))),
+        Some(r) if !caller.may_act_for(&r.requestor) => Err(ApiError::forbidden(format!(
+            "request {id} belongs to another requestor"
+        ))),
+        Some(r) => Ok(request_view(pool, r, caller)),
+    }
 }
 
 /// `GET /v1/requests` filters.
@@ -238,7 +255,7 @@ pub(super) fn nodes(pool: &Pool, f: &NodeFilter, caller: &Caller) -> Vec<types::
         .filter(|n| {
             f.requestor
                 .as_deref()
-                .is_none_or(|r| holder(pool, n).as_deref() == Some(r))
+                .is_none_or(|r| pool.requestor_of(n.id) == Some(r))
         })
         .collect();
     list.sort_by_key(|n| (n.created, n.id));

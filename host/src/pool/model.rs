@@ -326,6 +326,16 @@ pub struct Node {
     pub endpoint: Option<Box<Endpoint>>,
 }
 
+impl Node {
+    /// The request the node is handed out to or set aside for, if any.
+    pub fn request(&self) -> Option<RequestId> {
+        match self.state {
+            NodeState::InUse { request, .. } => Some(request),
+            _ => self.assigned,
+        }
+    }
+}
+
 /// How a client reaches a node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Endpoint {
