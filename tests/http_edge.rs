@@ -396,6 +396,27 @@ async fn input_it_cannot_trust_is_refused_by_name() {
         "{e}"
     );
 
+    // serde would read a struct from an array; the API takes objects.
+    let (status, e) = refused(&server, json, r#"[{"labels": {"small": 1}}]"#).await;
+    assert_eq!(
+        (status, e["error"]["field"].as_str()),
+        (400, Some("body")),
+        "{e}"
+    );
+    // An unknown field is named, escaped.
+    let (status, e) = refused(
+        &server,
+        json,
+        &json!({"labels": {"small": 1}, "prio\u{202e}": 1}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 400, "{e}");
+    let field = e["error"]["field"].as_str().unwrap();
+    assert!(
+        field.starts_with("prio") && !field.contains('\u{202e}'),
+        "{e}"
+    );
+
     for head in ["Content-Type: text/plain\r\n", ""] {
         let (status, e) = refused(&server, head, r#"{"labels": {"small": 1}}"#).await;
         assert_eq!((status, code(&e)), (415, "unsupported_media_type"), "{e}");

@@ -436,94 +436,37 @@ fn json<T: serde::Serialize>(status: StatusCode, body: T) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// Parses a body as a JSON object, naming what is wrong.
-fn object(body: &Bytes) -> Result<serde_json::Map<String, Value>> {
-    if body.is_empty() {
-        return Err(ApiError::bad("body", "missing; send a JSON object"));
+/// Reads a body as `T`, naming the field at fault (`labels.small`): an
+/// unknown field, a wrong type and a key given twice are all refused.
+fn body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => return Err(ApiError::bad("body", "missing; send a JSON object")),
+        // serde reads a struct from an array too; the API takes objects.
+        Some(b'{') => {}
+        Some(_) => return Err(ApiError::bad("body", "must be a JSON object")),
     }
-    match serde_json::from_slice::<Strict>(body).map(|s| s.0) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad("body", "must be a JSON object")),
-        Err(e) => Err(ApiError::bad("body", format!("not valid JSON: {e}"))),
-    }
-}
-
-/// A JSON value whose objects hold each key once: a body that says
-/// `"labels"` twice is refused, not read as whichever came last.
-struct Strict(Value);
-
-impl<'de> serde::Deserialize<'de> for Strict {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Strict, D::Error> {
-        d.deserialize_any(StrictVisitor).map(Strict)
-    }
-}
-
-struct StrictVisitor;
-
-impl<'de> serde::de::Visitor<'de> for StrictVisitor {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
-        Ok(Value::from(v))
-    }
-    fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
-        Ok(Value::String(v.to_owned()))
-    }
-    fn visit_string<E>(self, v: String) -> std::result::Result<Value, E> {
-        Ok(Value::String(v))
-    }
-    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(
-        self,
-        mut seq: A,
-    ) -> std::result::Result<Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(Strict(v)) = seq.next_element()? {
-            items.push(v);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let read = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = crate::text::printable(&inner.to_string()).into_owned();
+        // serde's own word for a field given twice, in the API's words.
+        let message = match message.strip_prefix("duplicate field `") {
+            Some(rest) => format!("the key `{rest}").replacen("` at", "` is given twice at", 1),
+            None => message,
+        };
+        let field = match path.as_str() {
+            "." => "body".to_owned(),
+            _ => crate::text::printable(&path).into_owned(),
+        };
+        match inner.classify() {
+            serde_json::error::Category::Data => ApiError::bad(field, message),
+            _ => ApiError::bad("body", format!("not valid JSON: {message}")),
         }
-        Ok(Value::Array(items))
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(
-        self,
-        mut map: A,
-    ) -> std::result::Result<Value, A::Error> {
-        let mut m = serde_json::Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if m.contains_key(&key) {
-                return Err(serde::de::Error::custom(format!(
-                    "the key `{}` is given twice",
-                    crate::text::printable(&key)
-                )));
-            }
-            let Strict(v) = map.next_value()?;
-            m.insert(key, v);
-        }
-        Ok(Value::Object(m))
-    }
-}
-
-fn no_other_fields(m: &serde_json::Map<String, Value>, known: &[&str]) -> Result<()> {
-    match m.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => Err(ApiError::bad(
-            k.clone(),
-            format!("unknown field; expected {}", known.join(", ")),
-        )),
-        None => Ok(()),
-    }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::bad("body", format!("not valid JSON: {e}")))?;
+    Ok(read)
 }
 
 fn node_id(text: &str) -> Result<NodeId> {
@@ -657,24 +600,13 @@ async fn create_request(
 ) -> Result<Response> {
     let caller = api.caller(&headers)?;
     api.refuse_if_stopping()?;
-    let m = object(&body)?;
-    no_other_fields(&m, &["labels", "requestor", "priority"])?;
+    let asked: types::NewRequest = self::body(&body)?;
     let config = api.handle().config().clone();
-    let labels = match m.get("labels") {
-        None => return Err(ApiError::bad("labels", "missing; e.g. {\"small\": 2}")),
-        Some(Value::Object(l)) => l,
-        Some(_) => {
-            return Err(ApiError::bad(
-                "labels",
-                "must be an object of label name to count, e.g. {\"small\": 2}",
-            ));
-        }
-    };
-    if labels.is_empty() {
+    if asked.labels.is_empty() {
         return Err(ApiError::bad("labels", "ask for at least one node"));
     }
     let mut wants = Vec::new();
-    for (name, count) in labels {
+    for (name, &count) in &asked.labels {
         if name.is_empty() || name.chars().any(crate::text::is_unsafe) {
             return Err(ApiError::bad(
                 "labels",
@@ -685,10 +617,12 @@ async fn create_request(
             ));
         }
         let field = format!("labels.{name}");
-        let count = count
-            .as_u64()
-            .filter(|n| (1..=10_000).contains(n))
-            .ok_or_else(|| ApiError::bad(&field, "must be a whole number from 1 to 10000"))?;
+        if !(1..=10_000).contains(&count) {
+            return Err(ApiError::bad(
+                &field,
+                "must be a whole number from 1 to 10000",
+            ));
+        }
         let Some(ix) = config.label(name) else {
             let known: Vec<&str> = config.labels.iter().map(|l| l.name.as_str()).collect();
             return Err(ApiError {
@@ -700,20 +634,12 @@ async fn create_request(
                 )
             });
         };
-        wants.push((ix, count as u32));
+        wants.push((ix, count));
     }
-    let priority = match m.get("priority") {
-        None => 0,
-        Some(v) => v
-            .as_i64()
-            .and_then(|p| i32::try_from(p).ok())
-            .ok_or_else(|| {
-                ApiError::bad("priority", "must be a whole number; lower is served first")
-            })?,
-    };
-    let requestor = match m.get("requestor") {
+    let priority = asked.priority;
+    let requestor = match asked.requestor {
         None => caller.name().to_owned(),
-        Some(Value::String(r)) if valid_requestor(r) => r.clone(),
+        Some(r) if valid_requestor(&r) => r,
         Some(_) => {
             return Err(ApiError::bad(
                 "requestor",
@@ -896,19 +822,16 @@ async fn set_idle(
     let caller = api.caller(&headers)?;
     api.refuse_if_stopping()?;
     let id = node_id(&id)?;
-    let m = object(&body)?;
-    no_other_fields(&m, &["idle"])?;
-    let idle = match m.get("idle") {
-        None => return Err(ApiError::bad("idle", "missing; run, hold or drain")),
-        Some(Value::String(s)) => Idle::parse(s)
-            .ok_or_else(|| ApiError::bad("idle", format!("`{s}` is not run, hold or drain")))?,
-        Some(_) => {
-            return Err(ApiError::bad(
-                "idle",
-                "must be \"run\", \"hold\" or \"drain\"",
-            ));
-        }
-    };
+    let asked: types::SetIdle = self::body(&body)?;
+    let idle = Idle::parse(&asked.idle).ok_or_else(|| {
+        ApiError::bad(
+            "idle",
+            format!(
+                "`{}` is not run, hold or drain",
+                crate::text::printable(&asked.idle)
+            ),
+        )
+    })?;
     node_change(&api, caller, Change::SetIdle(id, idle), id).await
 }
 

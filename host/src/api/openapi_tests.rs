@@ -430,9 +430,14 @@ fn each_operation_matches_its_handler() {
         {
             expect("404", true);
         }
-        if ["object(&body)", "_id(&id)", "no_other_params", "::parse(&q"]
-            .iter()
-            .any(|c| src.contains(c))
+        if [
+            "self::body(&body)",
+            "_id(&id)",
+            "no_other_params",
+            "::parse(&q",
+        ]
+        .iter()
+        .any(|c| src.contains(c))
         {
             expect("400", true);
         }
@@ -464,7 +469,7 @@ fn each_operation_matches_its_handler() {
             query_params_of(&r.handler),
             "{what}: query parameters"
         );
-        let has_body = src.contains("object(&body)");
+        let has_body = src.contains("self::body(&body)");
         assert_eq!(
             op.get("requestBody").is_some(),
             has_body,

@@ -12,6 +12,7 @@ pub use crate::duration::rfc3339;
 #[serde(deny_unknown_fields)]
 pub struct NewRequest {
     /// Label name → how many nodes of it; all are handed out together.
+    #[serde(deserialize_with = "each_key_once")]
     pub labels: BTreeMap<String, u32>,
     /// Who the nodes are for. A client token acts as its own name and may
     /// leave this out; an admin names anyone (default: its token's name).
@@ -20,6 +21,38 @@ pub struct NewRequest {
     /// Lower is served first; default 0.
     #[serde(default)]
     pub priority: i32,
+}
+
+/// A map whose keys are each given once: `{"small": 1, "small": 2}` is
+/// refused, not read as whichever came last.
+fn each_key_once<'de, D: serde::Deserializer<'de>, V: Deserialize<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, V>, D::Error> {
+    struct Once<V>(std::marker::PhantomData<V>);
+    impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Once<V> {
+        type Value = BTreeMap<String, V>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of label name to count, e.g. {\"small\": 2}")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if out.contains_key(&key) {
+                    return Err(serde::de::Error::custom(format!(
+                        "the key `{}` is given twice",
+                        crate::text::printable(&key)
+                    )));
+                }
+                let value = map.next_value()?;
+                out.insert(key, value);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Once(std::marker::PhantomData))
 }
 
 /// A node-set request as the API shows it.
