@@ -8,8 +8,7 @@
 //! with a stable code.
 
 mod auth;
-#[cfg(test)]
-mod openapi_tests;
+mod doc;
 mod telemetry;
 pub mod types;
 mod views;
@@ -24,8 +23,6 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use serde_json::Value;
 
 pub use auth::Caller;
 pub use telemetry::Telemetry;
@@ -71,21 +68,8 @@ impl Api {
 
     /// The routes.
     pub fn router(&self) -> Router {
-        Router::new()
-            .route("/healthz", get(healthz))
-            .route("/readyz", get(readyz))
-            .route("/metrics", get(metrics))
-            .route("/openapi.json", get(openapi))
-            .route("/v1/requests", post(create_request).get(list_requests))
-            .route("/v1/requests/{id}", get(get_request).delete(cancel_request))
-            .route("/v1/nodes", get(list_nodes))
-            .route("/v1/nodes/{id}", get(get_node).delete(delete_node))
-            .route("/v1/nodes/{id}/release", post(release_node))
-            .route("/v1/nodes/{id}/idle", put(set_idle))
-            .route("/v1/labels", get(labels))
-            .route("/v1/providers", get(providers))
-            .route("/v1/drivers", get(drivers))
-            .route("/v1/lease", post(renew_lease))
+        let (routes, _) = doc::routes().split_for_parts();
+        routes
             .route_layer(axum::middleware::from_fn(no_query_where_none_is_taken))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
@@ -98,23 +82,24 @@ impl Api {
     }
 }
 
-/// The operations that take no query parameters, read from the OpenAPI
-/// document (whose tests hold it to the handlers): a parameter sent to one
-/// of them is a mistake worth a 400, not something to ignore. Operations
-/// that take parameters check them themselves.
+/// The operations that take no query parameters, read from the generated
+/// OpenAPI document: a parameter sent to one of them is a mistake worth a
+/// 400, not something to ignore. Operations that take parameters check them
+/// themselves.
 fn takes_no_query(method: &axum::http::Method, path: &str) -> bool {
+    use utoipa::openapi::path::ParameterIn;
     static NONE: std::sync::LazyLock<std::collections::HashSet<(String, String)>> =
         std::sync::LazyLock::new(|| {
-            let doc: Value =
-                serde_json::from_str(include_str!("api/openapi.json")).expect("openapi.json");
             let mut none = std::collections::HashSet::new();
-            for (path, item) in doc["paths"].as_object().into_iter().flatten() {
-                for (method, op) in item.as_object().into_iter().flatten() {
-                    let query = op["parameters"]
-                        .as_array()
-                        .is_some_and(|ps| ps.iter().any(|p| p["in"] == "query"));
+            for (path, item) in &doc::document().paths.paths {
+                for (method, op) in doc::operations(item) {
+                    let query = op
+                        .parameters
+                        .iter()
+                        .flatten()
+                        .any(|p| matches!(p.parameter_in, ParameterIn::Query));
                     if !query {
-                        none.insert((method.to_ascii_uppercase(), path.clone()));
+                        none.insert((method.to_owned(), path.clone()));
                     }
                 }
             }
@@ -497,6 +482,21 @@ impl Api {
 
 /// 200 while the pool runs; 503 once its store could not be written (the
 /// process is about to exit so that a supervisor restarts it).
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "health",
+    summary = "Liveness",
+    description = "Answers 200 while the pool runs. Once its store could not be written the pool stops deciding and berth exits (code 3) so that a supervisor restarts it; until it has, this answers 503.",
+    security(()),
+    extensions(("x-berth-roles" = json!([]))),
+    responses(
+        (status = 200, description = "Alive.", body = String, content_type = "text/plain"),
+        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
+        (status = 503, description = "The store could not be written (code `store_unwritable`).", body = types::ErrorBody)
+    )
+)]
 async fn healthz(State(api): State<Api>) -> Response {
     match api.handle().failure() {
         Some(e) => ApiError::from(e).into_response(),
@@ -504,6 +504,21 @@ async fn healthz(State(api): State<Api>) -> Response {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "health",
+    summary = "Readiness",
+    description = "Ready once every provider has been listed at least once since start; nothing is created on a provider until then.",
+    security(()),
+    extensions(("x-berth-roles" = json!([]))),
+    responses(
+        (status = 200, description = "Ready.", body = String, content_type = "text/plain"),
+        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
+        (status = 503, description = "Not ready: code `not_ready` (the message names the providers not listed yet) or `stopping` (shutting down).", body = types::ErrorBody)
+    )
+)]
 async fn readyz(State(api): State<Api>) -> Response {
     if api.inner.stopping.load(Ordering::SeqCst) {
         return ApiError::stopping().into_response();
@@ -561,6 +576,22 @@ async fn readyz(State(api): State<Api>) -> Response {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "health",
+    summary = "Prometheus metrics",
+    description = "Any valid token.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    responses(
+        (status = 200, description = "Metrics in the Prometheus text format 0.0.4.", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
+        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+    )
+)]
 async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
     api.caller(&headers)?;
     let telemetry = api.inner.telemetry.clone();
@@ -579,12 +610,21 @@ async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response>
         .into_response())
 }
 
-async fn openapi() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        include_str!("api/openapi.json"),
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "openapi",
+    tag = "health",
+    summary = "This document",
+    security(()),
+    extensions(("x-berth-roles" = json!([]))),
+    responses(
+        (status = 200, description = "This OpenAPI document.", body = Object),
+        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody)
     )
-        .into_response()
+)]
+async fn openapi() -> Response {
+    axum::Json(doc::document()).into_response()
 }
 
 async fn not_found() -> ApiError {
@@ -593,6 +633,26 @@ async fn not_found() -> ApiError {
 
 // ---- requests -------------------------------------------------------------
 
+#[utoipa::path(
+    post,
+    path = "/v1/requests",
+    operation_id = "create_request",
+    tag = "requests",
+    summary = "Ask for nodes",
+    description = "Asks for a set of nodes, handed out together once all are ready. Creating a request renews the requestor's lease (`api.lease-ttl`). A client token acts only as its own requestor; an admin may name any. Answers 201 with the new request and a `Location` header; follow it with `GET /v1/requests/{id}?wait=…`.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    request_body(content = types::NewRequest),
+    responses(
+        (status = 201, description = "Created; the request as it is now (normally `pending`).", body = types::Request, headers(("Location" = String, description = "`/v1/requests/{id}` of the new request."))),
+        (status = 400, description = "Malformed body (code `bad_request`); `field` names what is wrong: `body`, `labels`, `labels.NAME`, `priority`, `requestor` or an unknown field's name.", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 403, description = "A client token named a requestor other than itself (code `forbidden`).", body = types::ErrorBody),
+        (status = 404, description = "The request was forgotten at once (code `not_found`); should not happen.", body = types::ErrorBody),
+        (status = 422, description = "Code `unknown_label` (no such label; `field` is `labels.NAME`) or `unsatisfiable` (a count the providers' configured limits can never allow).", body = types::ErrorBody),
+        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+    )
+)]
 async fn create_request(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -678,6 +738,26 @@ fn valid_requestor(r: &str) -> bool {
     (1..=128).contains(&r.chars().count()) && !r.chars().any(crate::text::is_unsafe)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/requests",
+    operation_id = "list_requests",
+    tag = "requests",
+    summary = "List requests",
+    description = "Requests the caller may see, oldest first: a client sees only its own, an admin all.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    params(
+        ("state" = inline(Option<types::RequestStateName>), Query, description = "Only requests in this state."),
+        ("requestor" = Option<String>, Query, description = "Only this requestor's requests.")
+    ),
+    responses(
+        (status = 200, description = "The requests.", body = [types::Request]),
+        (status = 400, description = "An unknown parameter or a bad `state` (code `bad_request`, `field` set).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+    )
+)]
 async fn list_requests(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -692,6 +772,28 @@ async fn list_requests(
     Ok(json(StatusCode::OK, list))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/requests/{id}",
+    operation_id = "get_request",
+    tag = "requests",
+    summary = "Get a request, optionally waiting",
+    description = "With `wait`, a long poll: answers with the request's state as soon as it stops being pending, or when the wait ends, whichever is first (so a 200 may still say `pending`). A client may read only its own requests.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    params(
+        ("id" = String, Path, description = "A request id, as berth gives it (`r-` and 16 hex digits). Anything else is a 400 with `field` `id`.", pattern = "^r-[0-9a-f]{16}$", example = "r-000000000000002c"),
+        ("wait" = Option<String>, Query, description = "How long to wait for the request to stop pending: a whole number with `ms`, `s`, `m` or `h` (e.g. `30s`), or `0`. Capped at 300 s.", pattern = "^(0|[0-9]+(ms|s|m|h))$", example = "30s")
+    ),
+    responses(
+        (status = 200, description = "The request.", body = types::Request),
+        (status = 400, description = "A malformed `id`, a bad `wait` or an unknown parameter (code `bad_request`, `field` set).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 403, description = "The request belongs to another requestor (code `forbidden`).", body = types::ErrorBody),
+        (status = 404, description = "No such request (code `not_found`).", body = types::ErrorBody),
+        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+    )
+)]
 async fn get_request(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -741,6 +843,28 @@ fn no_other_params(q: &BTreeMap<String, String>, known: &[&str]) -> Result<()> {
     }
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/requests/{id}",
+    operation_id = "cancel_request",
+    tag = "requests",
+    summary = "Cancel a pending request",
+    description = "Withdraws a pending request; nodes set aside for it go back to the pool. A client may cancel only its own requests.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    params(
+        ("id" = String, Path, description = "A request id, as berth gives it (`r-` and 16 hex digits). Anything else is a 400 with `field` `id`.", pattern = "^r-[0-9a-f]{16}$", example = "r-000000000000002c")
+    ),
+    responses(
+        (status = 200, description = "The request, now `cancelled`.", body = types::Request),
+        (status = 400, description = "A malformed `id` (code `bad_request`, `field` `id`).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 403, description = "The request belongs to another requestor (code `forbidden`).", body = types::ErrorBody),
+        (status = 404, description = "No such request (code `not_found`).", body = types::ErrorBody),
+        (status = 409, description = "The request is not pending any more (code `conflict`).", body = types::ErrorBody),
+        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+    )
+)]
 async fn cancel_request(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -761,6 +885,29 @@ async fn cancel_request(
 
 // ---- nodes ----------------------------------------------------------------
 
+#[utoipa::path(
+    get,
+    path = "/v1/nodes",
+    operation_id = "list_nodes",
+    tag = "nodes",
+    summary = "List nodes",
+    description = "Every node matching the filters, oldest first. Every caller sees every node; `addresses` and `connection` are shown only to an admin or to the requestor holding the node.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    params(
+        ("label" = Option<String>, Query, description = "Only nodes of this configured label."),
+        ("provider" = Option<String>, Query, description = "Only nodes of this configured provider."),
+        ("state" = inline(Option<types::NodeStateName>), Query, description = "Only nodes in this state."),
+        ("requestor" = Option<String>, Query, description = "Only nodes handed out or set aside to this requestor.")
+    ),
+    responses(
+        (status = 200, description = "The nodes.", body = [types::Node]),
+        (status = 400, description = "An unknown parameter or state (code `bad_request`, `field` set).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 422, description = "Code `unknown_label` or `unknown_provider`: the `label` or `provider` filter names nothing configured (`field` set).", body = types::ErrorBody),
+        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+    )
+)]
 async fn list_nodes(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -775,6 +922,26 @@ async fn list_nodes(
     Ok(json(StatusCode::OK, list))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/nodes/{id}",
+    operation_id = "get_node",
+    tag = "nodes",
+    summary = "Get a node",
+    description = "`addresses` and `connection` are shown only to an admin or to the requestor holding the node.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    params(
+        ("id" = String, Path, description = "A node id, as berth gives it (`n-` and 16 hex digits). Anything else is a 400 with `field` `id`.", pattern = "^n-[0-9a-f]{16}$", example = "n-00000000000000a1")
+    ),
+    responses(
+        (status = 200, description = "The node.", body = types::Node),
+        (status = 400, description = "A malformed `id` (code `bad_request`, `field` `id`).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 404, description = "No such node (code `not_found`).", body = types::ErrorBody),
+        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+    )
+)]
 async fn get_node(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -789,6 +956,28 @@ async fn get_node(
     Ok(json(StatusCode::OK, view))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/nodes/{id}/release",
+    operation_id = "release_node",
+    tag = "nodes",
+    summary = "Give a node back",
+    description = "Releases a node in use. A client may release only nodes its requestor holds; an admin any. No body.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    params(
+        ("id" = String, Path, description = "A node id, as berth gives it (`n-` and 16 hex digits). Anything else is a 400 with `field` `id`.", pattern = "^n-[0-9a-f]{16}$", example = "n-00000000000000a1")
+    ),
+    responses(
+        (status = 200, description = "The node after release.", body = types::Node),
+        (status = 400, description = "A malformed `id` (code `bad_request`, `field` `id`).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 403, description = "The node is not held by the caller's requestor (code `forbidden`).", body = types::ErrorBody),
+        (status = 404, description = "No such node (code `not_found`).", body = types::ErrorBody),
+        (status = 409, description = "The node is not in use (code `conflict`).", body = types::ErrorBody),
+        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+    )
+)]
 async fn release_node(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -813,6 +1002,29 @@ async fn node_change(api: &Api, caller: Caller, change: Change, id: NodeId) -> R
     Ok(json(StatusCode::OK, view))
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/nodes/{id}/idle",
+    operation_id = "set_idle",
+    tag = "nodes",
+    summary = "Set a node's idle behaviour (admin)",
+    description = "What berth does with the node when nobody uses it: `run` (normal), `hold` (keep it) or `drain` (delete it once idle). Admin only.",
+    security(("bearerAuth" = ["admin"])),
+    extensions(("x-berth-roles" = json!(["admin"]))),
+    params(
+        ("id" = String, Path, description = "A node id, as berth gives it (`n-` and 16 hex digits). Anything else is a 400 with `field` `id`.", pattern = "^n-[0-9a-f]{16}$", example = "n-00000000000000a1")
+    ),
+    request_body(content = types::SetIdle),
+    responses(
+        (status = 200, description = "The node.", body = types::Node),
+        (status = 400, description = "A malformed `id` or body (code `bad_request`); `field` is `id`, `body`, `idle` or an unknown field's name.", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 403, description = "Not an admin token (code `forbidden`).", body = types::ErrorBody),
+        (status = 404, description = "No such node (code `not_found`).", body = types::ErrorBody),
+        (status = 409, description = "The node is gone or failed (code `conflict`).", body = types::ErrorBody),
+        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+    )
+)]
 async fn set_idle(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -835,6 +1047,28 @@ async fn set_idle(
     node_change(&api, caller, Change::SetIdle(id, idle), id).await
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/nodes/{id}",
+    operation_id = "delete_node",
+    tag = "nodes",
+    summary = "Delete a node (admin)",
+    description = "Deletes the node whatever it is doing. Admin only.",
+    security(("bearerAuth" = ["admin"])),
+    extensions(("x-berth-roles" = json!(["admin"]))),
+    params(
+        ("id" = String, Path, description = "A node id, as berth gives it (`n-` and 16 hex digits). Anything else is a 400 with `field` `id`.", pattern = "^n-[0-9a-f]{16}$", example = "n-00000000000000a1")
+    ),
+    responses(
+        (status = 200, description = "The node, now deleting.", body = types::Node),
+        (status = 400, description = "A malformed `id` (code `bad_request`, `field` `id`).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 403, description = "Not an admin token (code `forbidden`).", body = types::ErrorBody),
+        (status = 404, description = "No such node (code `not_found`).", body = types::ErrorBody),
+        (status = 409, description = "The node is already deleting, gone or failed (code `conflict`).", body = types::ErrorBody),
+        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+    )
+)]
 async fn delete_node(
     State(api): State<Api>,
     headers: HeaderMap,
@@ -848,12 +1082,44 @@ async fn delete_node(
 
 // ---- configuration and health ----------------------------------------------
 
+#[utoipa::path(
+    get,
+    path = "/v1/labels",
+    operation_id = "labels",
+    tag = "config",
+    summary = "Configured labels",
+    description = "Every configured label with what the pool has of it now.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    responses(
+        (status = 200, description = "The labels, in configuration order.", body = [types::Label]),
+        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+    )
+)]
 async fn labels(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
     api.caller(&headers)?;
     let list = api.handle().inspect(views::labels).await?;
     Ok(json(StatusCode::OK, list))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/providers",
+    operation_id = "providers",
+    tag = "config",
+    summary = "Configured providers",
+    description = "Every configured provider with its limits, usage and health.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    responses(
+        (status = 200, description = "The providers, in configuration order.", body = [types::Provider]),
+        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+    )
+)]
 async fn providers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
     api.caller(&headers)?;
     let telemetry = api.inner.telemetry.clone();
@@ -865,6 +1131,20 @@ async fn providers(State(api): State<Api>, headers: HeaderMap) -> Result<Respons
     Ok(json(StatusCode::OK, list))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/drivers",
+    operation_id = "drivers",
+    tag = "config",
+    summary = "Loaded drivers",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    responses(
+        (status = 200, description = "The loaded drivers.", body = [types::Driver]),
+        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`.")))
+    )
+)]
 async fn drivers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
     api.caller(&headers)?;
     Ok(json(
@@ -873,6 +1153,26 @@ async fn drivers(State(api): State<Api>, headers: HeaderMap) -> Result<Response>
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/lease",
+    operation_id = "renew_lease",
+    tag = "requests",
+    summary = "Renew a lease (heartbeat)",
+    description = "Renews the requestor's lease until now plus `api.lease-ttl`. A requestor that lets its lease expire has its pending requests failed and its nodes in use taken back. A client renews only its own lease. No body.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    params(
+        ("requestor" = Option<String>, Query, description = "Whose lease; default the token's name. Only an admin may name another.")
+    ),
+    responses(
+        (status = 200, description = "The renewed lease.", body = types::Lease),
+        (status = 400, description = "An unknown parameter (code `bad_request`, `field` set).", body = types::ErrorBody),
+        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 403, description = "A client token named a requestor other than itself (code `forbidden`).", body = types::ErrorBody),
+        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+    )
+)]
 async fn renew_lease(
     State(api): State<Api>,
     headers: HeaderMap,

@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 pub use crate::duration::rfc3339;
 
 /// `POST /v1/requests`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewRequest {
     /// Label name → how many nodes of it; all are handed out together.
@@ -56,7 +57,7 @@ fn each_key_once<'de, D: serde::Deserializer<'de>, V: Deserialize<'de>>(
 }
 
 /// A node-set request as the API shows it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Request {
     pub id: String,
     pub requestor: String,
@@ -78,7 +79,7 @@ pub struct Request {
 
 /// A node as the API shows it. `addresses` and `connection` are left out for
 /// a client that does not hold the node.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Node {
     pub id: String,
     pub label: String,
@@ -119,7 +120,7 @@ pub struct Node {
 }
 
 /// A node whose instance the provider's lists stopped showing.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct MissingInstance {
     /// When a list first did not show it.
     pub since: String,
@@ -129,13 +130,13 @@ pub struct MissingInstance {
     pub state: String,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Slot {
     pub backing: String,
     pub index: u16,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Hosting {
     /// The slot label whose nodes it hosts.
     pub label: String,
@@ -144,7 +145,7 @@ pub struct Hosting {
     pub slots: u16,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Addresses {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_ipv4: Option<String>,
@@ -156,7 +157,7 @@ pub struct Addresses {
     pub hostname: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Connection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
@@ -167,7 +168,7 @@ pub struct Connection {
 }
 
 /// `PUT /v1/nodes/{id}/idle`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetIdle {
     /// `run`, `hold` or `drain`.
@@ -175,7 +176,7 @@ pub struct SetIdle {
 }
 
 /// A configured label, with what the pool has of it now.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Label {
     pub name: String,
     /// `machine` or `slots`.
@@ -194,7 +195,7 @@ pub struct Label {
     pub offers: Vec<Offer>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Offer {
     pub provider: String,
     pub instance_type: String,
@@ -205,7 +206,7 @@ pub struct Offer {
 }
 
 /// A configured provider and its health.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Provider {
     pub name: String,
     /// The driver's file name.
@@ -246,7 +247,7 @@ pub struct Provider {
     pub missing: usize,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_instances: Option<u32>,
@@ -256,7 +257,7 @@ pub struct Limits {
     pub max_ram_mib: Option<u64>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Usage {
     pub instances: u32,
     pub vcpus: u32,
@@ -264,7 +265,7 @@ pub struct Usage {
 }
 
 /// Recent driver calls of one provider.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct CallStats {
     /// How many of the recent calls are summarised here.
     pub recent: usize,
@@ -279,7 +280,7 @@ pub struct CallStats {
     pub last_errors: Vec<CallError>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct CallError {
     pub at: String,
     /// `create`, `list`, `delete` or `set-tags`.
@@ -288,7 +289,7 @@ pub struct CallError {
 }
 
 /// A loaded driver.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Driver {
     /// The file name without `.wasm`.
     pub file: String,
@@ -305,7 +306,7 @@ pub struct Driver {
 }
 
 /// `POST /v1/lease`: the caller's lease, renewed.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Lease {
     pub requestor: String,
     pub expires: String,
@@ -313,16 +314,15 @@ pub struct Lease {
 }
 
 /// Every error body.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ErrorDetail {
-    /// Stable, for programs: `bad_request`, `unauthorized`, `forbidden`,
-    /// `not_found`, `conflict`, `unknown_label`, `unsatisfiable`,
-    /// `stopping`, `not_ready`, `store_unwritable`.
+    /// Stable, for programs (see [`ErrorCode`]).
+    #[schema(value_type = ErrorCode)]
     pub code: String,
     /// For people.
     pub message: String,
@@ -349,4 +349,51 @@ mod tests {
             serde_json::from_str::<NewRequest>(r#"{"labels": {"a": 1}, "prio": 1}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `prio`"), "{e}");
     }
+}
+
+/// A request's state, as `GET /v1/requests?state=` takes it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RequestStateName {
+    Pending,
+    Fulfilled,
+    Failed,
+    Cancelled,
+}
+
+/// A node's state, as `GET /v1/nodes?state=` takes it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeStateName {
+    Creating,
+    Booting,
+    Ready,
+    InUse,
+    Used,
+    Deleting,
+    Gone,
+    Failed,
+}
+
+/// The codes an error body carries: stable, for programs.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    BodyTimeout,
+    Conflict,
+    TooLarge,
+    UnsupportedMediaType,
+    UnknownLabel,
+    UnknownProvider,
+    Unsatisfiable,
+    Stopping,
+    Busy,
+    NotReady,
+    StoreUnwritable,
+    Internal,
 }

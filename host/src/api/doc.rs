@@ -1,0 +1,84 @@
+//! The OpenAPI document, generated from the code: each handler's
+//! `#[utoipa::path]` says what it takes and answers, the types derive their
+//! schemas, and the router is built from those same handlers
+//! ([`routes`]), so a route cannot be served without being described.
+//! `tests/openapi.rs` holds the published document to what the `berth serve`
+//! binary answers.
+
+use std::sync::LazyLock;
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{self, OpenApi as Document};
+use utoipa::{Modify, OpenApi};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "berth",
+        description = "Keeps pools of cloud machines ready and hands them out.\n\nClients ask for nodes by label (`POST /v1/requests`), wait for the request to be fulfilled, use the nodes and release them. Each requestor holds a lease, renewed by creating a request or by `POST /v1/lease`; if it is not renewed within `api.lease-ttl`, the requestor's pending requests fail and its nodes in use are taken back.\n\nAuth: `Authorization: Bearer <token>`. A client token acts only as the requestor of its name: it creates, reads and cancels its own requests, lists and reads nodes (connection details only for nodes it holds), releases nodes it holds, renews its own lease, and reads labels, providers, drivers and metrics. An admin token may do everything, for anyone. `/healthz`, `/readyz` and `/openapi.json` need no token.\n\nErrors are `ErrorBody` with a stable `code`; a 400 names the `field` at fault."
+    ),
+    tags((name = "health"), (name = "requests"), (name = "nodes"), (name = "config")),
+    modifiers(&BearerAuth)
+)]
+struct Info;
+
+/// The bearer scheme every authenticated operation names.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, doc: &mut Document) {
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some("A token from `[api.tokens.NAME]` with role `client` or `admin`; admin-only operations list `admin` here. With no tokens configured (allowed only on a loopback address), every caller is an admin named `anonymous`."))
+            .build();
+        doc.components
+            .get_or_insert_with(openapi::Components::default)
+            .add_security_scheme("bearerAuth", SecurityScheme::Http(scheme));
+    }
+}
+
+/// Every route with its handler, and what each is documented to take and
+/// answer.
+pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<super::Api> {
+    use super::*;
+    use utoipa_axum::routes;
+    utoipa_axum::router::OpenApiRouter::with_openapi(Info::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+        .routes(routes!(create_request, list_requests))
+        .routes(routes!(get_request, cancel_request))
+        .routes(routes!(list_nodes))
+        .routes(routes!(get_node, delete_node))
+        .routes(routes!(release_node))
+        .routes(routes!(set_idle))
+        .routes(routes!(labels))
+        .routes(routes!(providers))
+        .routes(routes!(drivers))
+        .routes(routes!(renew_lease))
+}
+
+/// The document, built once.
+pub fn document() -> &'static Document {
+    static DOC: LazyLock<Document> = LazyLock::new(|| routes().split_for_parts().1);
+    &DOC
+}
+
+/// An operation's methods (upper case) and the operations.
+pub(super) fn operations(
+    item: &openapi::PathItem,
+) -> impl Iterator<Item = (&'static str, &openapi::path::Operation)> {
+    [
+        ("GET", &item.get),
+        ("PUT", &item.put),
+        ("POST", &item.post),
+        ("DELETE", &item.delete),
+        ("PATCH", &item.patch),
+        ("HEAD", &item.head),
+        ("OPTIONS", &item.options),
+        ("TRACE", &item.trace),
+    ]
+    .into_iter()
+    .filter_map(|(m, op)| op.as_ref().map(|op| (m, op)))
+}

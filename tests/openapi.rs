@@ -1,0 +1,379 @@
+//! The OpenAPI document `berth serve` publishes, held to what the same
+//! binary answers: the document parses as OpenAPI 3.1, every method the
+//! router serves on a path is described there (any other is 405), and every
+//! status an operation answers in a walk through the API is one the
+//! document lists for it; so is every error code.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+use crate::serve::{CI, OPS, OTHER, serve_config};
+use crate::support::SimServer;
+use crate::support::server::{Berth, until};
+
+const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
+
+/// Statuses seen, per documented operation (method, path template).
+type Seen = BTreeMap<(String, String), BTreeSet<u16>>;
+
+struct Walk<'a> {
+    server: &'a Berth,
+    doc: &'a Value,
+    codes: BTreeSet<String>,
+    seen: Seen,
+}
+
+impl Walk<'_> {
+    /// Calls `method path` and records its status against the operation
+    /// `template` names; checks the status and any error code are documented.
+    async fn call(
+        &mut self,
+        method: &str,
+        template: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let (status, v) = self.server.call(method, path, token, body).await;
+        let op = &self.doc["paths"][template][method.to_ascii_lowercase()];
+        assert!(op.is_object(), "{method} {template} is not documented");
+        assert!(
+            op["responses"][status.to_string()].is_object(),
+            "{method} {path} answered {status}, which the document does not list for {method} {template}: {v}"
+        );
+        if let Some(code) = v["error"]["code"].as_str() {
+            assert!(
+                self.codes.contains(code),
+                "{method} {path}: error code `{code}` is not in the document's ErrorCode"
+            );
+        }
+        self.seen
+            .entry((method.to_owned(), template.to_owned()))
+            .or_default()
+            .insert(status);
+        (status, v)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_published_document_describes_every_route_and_status_the_binary_serves() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config(&sim, dir.path());
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    until(30, "ready", || async {
+        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
+    })
+    .await;
+
+    let (status, doc) = server.call("GET", "/openapi.json", None, None).await;
+    assert_eq!(status, 200);
+    let spec = oas3::from_json(doc.to_string()).expect("the document parses as OpenAPI");
+    assert!(spec.openapi.starts_with("3.1"), "{}", spec.openapi);
+    let paths = spec.paths.as_ref().expect("paths");
+    let documented: BTreeSet<(String, String)> = paths
+        .iter()
+        .flat_map(|(path, item)| {
+            item.methods()
+                .into_iter()
+                .map(move |(m, _)| (m.as_str().to_owned(), path.clone()))
+        })
+        .collect();
+    assert_eq!(documented.len(), 17, "{documented:?}");
+    let codes: BTreeSet<String> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+        .as_array()
+        .expect("ErrorCode enum")
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+
+    // Every method the router serves on a documented path is documented:
+    // any other is 405. An undocumented path is 404.
+    for path in paths.keys() {
+        let concrete = path
+            .replace("{id}", "x")
+            .replace("/v1/requests/x", "/v1/requests/r-0000000000000001")
+            .replace("/v1/nodes/x", "/v1/nodes/n-0000000000000001");
+        for method in METHODS {
+            if documented.contains(&(method.to_owned(), path.clone())) {
+                continue;
+            }
+            let (status, e) = server.call(method, &concrete, Some(OPS), None).await;
+            assert_eq!(
+                status, 405,
+                "{method} {concrete} is served but not documented: {e}"
+            );
+        }
+    }
+    for path in ["/v1", "/v1/requests/r-0000000000000001/x", "/v2/nodes"] {
+        assert_eq!(server.call("GET", path, Some(OPS), None).await.0, 404);
+    }
+
+    let mut walk = Walk {
+        server: &server,
+        doc: &doc,
+        codes,
+        seen: Seen::new(),
+    };
+    // Each operation without a token, with a malformed id, an unknown id,
+    // and an unknown query parameter.
+    for (method, template) in &documented {
+        let unknown = template
+            .replace("/v1/requests/{id}", "/v1/requests/r-0000000000000001")
+            .replace("/v1/nodes/{id}", "/v1/nodes/n-0000000000000001");
+        let body = match (method.as_str(), template.as_str()) {
+            ("POST", "/v1/requests") => Some(json!({"labels": {"small": 1}})),
+            ("PUT", _) => Some(json!({"idle": "hold"})),
+            _ => None,
+        };
+        walk.call(method, template, &unknown, None, body.clone())
+            .await;
+        if template.contains("{id}") {
+            walk.call(method, template, &unknown, Some(OPS), body.clone())
+                .await;
+            let malformed = template.replace("{id}", "x");
+            walk.call(method, template, &malformed, Some(OPS), body.clone())
+                .await;
+        }
+        walk.call(
+            method,
+            template,
+            &format!("{unknown}?nope=1"),
+            Some(OPS),
+            body,
+        )
+        .await;
+    }
+
+    // A walk through the API as clients and an operator use it.
+    let (s, r) = walk
+        .call(
+            "POST",
+            "/v1/requests",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"small": 1}})),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let rid = r["id"].as_str().unwrap().to_owned();
+    let rpath = format!("/v1/requests/{rid}");
+    let (s, r) = walk
+        .call(
+            "GET",
+            "/v1/requests/{id}",
+            &format!("{rpath}?wait=20s"),
+            Some(CI),
+            None,
+        )
+        .await;
+    assert_eq!((s, r["state"].as_str()), (200, Some("fulfilled")), "{r}");
+    let nid = r["nodes"][0]["id"].as_str().unwrap().to_owned();
+    let npath = format!("/v1/nodes/{nid}");
+    let bad_bodies = [
+        json!({"labels": {"small": 0}}),
+        json!({"labels": {"huge": 1}}),
+        json!({"labels": {"small": 9999}}),
+        json!({"labels": {"small": 1}, "requestor": "other"}),
+    ];
+    for body in bad_bodies {
+        walk.call("POST", "/v1/requests", "/v1/requests", Some(CI), Some(body))
+            .await;
+    }
+    walk.call(
+        "GET",
+        "/v1/requests",
+        "/v1/requests?state=pending",
+        Some(CI),
+        None,
+    )
+    .await;
+    walk.call(
+        "GET",
+        "/v1/requests",
+        "/v1/requests?state=soon",
+        Some(CI),
+        None,
+    )
+    .await;
+    walk.call("GET", "/v1/requests/{id}", &rpath, Some(OTHER), None)
+        .await;
+    walk.call("DELETE", "/v1/requests/{id}", &rpath, Some(OTHER), None)
+        .await;
+    walk.call("DELETE", "/v1/requests/{id}", &rpath, Some(CI), None)
+        .await;
+    for state in doc["paths"]["/v1/nodes"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "state")
+        .unwrap()["schema"]["enum"]
+        .as_array()
+        .unwrap()
+    {
+        let (s, e) = walk
+            .call(
+                "GET",
+                "/v1/nodes",
+                &format!("/v1/nodes?state={}", state.as_str().unwrap()),
+                Some(CI),
+                None,
+            )
+            .await;
+        assert_eq!(s, 200, "documented state {state} refused: {e}");
+    }
+    for filter in ["state=soon", "label=huge", "provider=elsewhere"] {
+        walk.call(
+            "GET",
+            "/v1/nodes",
+            &format!("/v1/nodes?{filter}"),
+            Some(CI),
+            None,
+        )
+        .await;
+    }
+    walk.call("GET", "/v1/nodes/{id}", &npath, Some(OTHER), None)
+        .await;
+    let release = format!("{npath}/release");
+    walk.call(
+        "POST",
+        "/v1/nodes/{id}/release",
+        &release,
+        Some(OTHER),
+        None,
+    )
+    .await;
+    let idle = format!("{npath}/idle");
+    walk.call(
+        "PUT",
+        "/v1/nodes/{id}/idle",
+        &idle,
+        Some(CI),
+        Some(json!({"idle": "hold"})),
+    )
+    .await;
+    walk.call(
+        "PUT",
+        "/v1/nodes/{id}/idle",
+        &idle,
+        Some(OPS),
+        Some(json!({"idle": "sleep"})),
+    )
+    .await;
+    walk.call(
+        "PUT",
+        "/v1/nodes/{id}/idle",
+        &idle,
+        Some(OPS),
+        Some(json!({"idle": "run"})),
+    )
+    .await;
+    walk.call("POST", "/v1/nodes/{id}/release", &release, Some(CI), None)
+        .await;
+    walk.call("POST", "/v1/nodes/{id}/release", &release, Some(CI), None)
+        .await;
+    // A node gone for good takes no idle behaviour.
+    until(30, "the released node to be gone", || async {
+        let (_, n) = server.call("GET", &npath, Some(OPS), None).await;
+        (n["state"] == "gone").then_some(())
+    })
+    .await;
+    let (s, e) = walk
+        .call(
+            "PUT",
+            "/v1/nodes/{id}/idle",
+            &idle,
+            Some(OPS),
+            Some(json!({"idle": "hold"})),
+        )
+        .await;
+    assert_eq!(s, 409, "{e}");
+    walk.call("DELETE", "/v1/nodes/{id}", &npath, Some(CI), None)
+        .await;
+    // An operator deletes a ready node, then again.
+    let ready = until(30, "a ready node", || async {
+        let (_, list) = server
+            .call("GET", "/v1/nodes?state=ready", Some(OPS), None)
+            .await;
+        list[0]["id"].as_str().map(str::to_owned)
+    })
+    .await;
+    let rpath = format!("/v1/nodes/{ready}");
+    for _ in 0..2 {
+        walk.call("DELETE", "/v1/nodes/{id}", &rpath, Some(OPS), None)
+            .await;
+    }
+    // A request still pending (nothing boots for a minute) is cancelled.
+    sim.cloud
+        .set_knobs(berth::sim::Knobs {
+            boot_delay_ms: 60_000,
+            ..Default::default()
+        })
+        .expect("knobs");
+    let (s, r) = walk
+        .call(
+            "POST",
+            "/v1/requests",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"small": 5}})),
+        )
+        .await;
+    assert_eq!((s, r["state"].as_str()), (201, Some("pending")), "{r}");
+    let pending = format!("/v1/requests/{}", r["id"].as_str().unwrap());
+    let (s, r) = walk
+        .call("DELETE", "/v1/requests/{id}", &pending, Some(CI), None)
+        .await;
+    assert_eq!((s, r["state"].as_str()), (200, Some("cancelled")), "{r}");
+    walk.call("POST", "/v1/lease", "/v1/lease", Some(CI), None)
+        .await;
+    walk.call(
+        "POST",
+        "/v1/lease",
+        "/v1/lease?requestor=other",
+        Some(CI),
+        None,
+    )
+    .await;
+    for path in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/v1/labels",
+        "/v1/providers",
+        "/v1/drivers",
+    ] {
+        walk.call("GET", path, path, Some(CI), None).await;
+    }
+
+    // Every documented status was seen, but those the walk cannot
+    // provoke: a stop or a full disk or queue (503), and a request
+    // forgotten between its commit and its answer (404).
+    let seen = walk.seen;
+    for (method, path) in &documented {
+        let op = &doc["paths"][path][method.to_ascii_lowercase()];
+        let listed: BTreeSet<u16> = op["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let mut unseen: BTreeSet<u16> = listed
+            .difference(&seen[&(method.clone(), path.clone())])
+            .copied()
+            .collect();
+        unseen.remove(&503);
+        if (method.as_str(), path.as_str()) == ("POST", "/v1/requests") {
+            unseen.remove(&404);
+        }
+        assert!(
+            unseen.is_empty(),
+            "{method} {path}: documented statuses never answered in the walk: {unseen:?} (seen {:?})",
+            seen[&(method.clone(), path.clone())]
+        );
+    }
+    server.terminate().await.assert_success();
+}
