@@ -56,6 +56,20 @@ impl Walk<'_> {
     }
 }
 
+/// Every `$ref` in `v`.
+fn collect_refs<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::String(r)) = m.get("$ref") {
+                out.push(r);
+            }
+            m.values().for_each(|v| collect_refs(v, out));
+        }
+        Value::Array(a) => a.iter().for_each(|v| collect_refs(v, out)),
+        _ => {}
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_published_document_describes_every_route_and_status_the_binary_serves() {
     let sim = SimServer::start().await;
@@ -82,6 +96,17 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
         })
         .collect();
     assert_eq!(documented.len(), 17, "{documented:?}");
+    // Every reference points at something the document holds.
+    let mut refs = Vec::new();
+    collect_refs(&doc, &mut refs);
+    assert!(refs.len() > 50, "{} refs", refs.len());
+    for r in refs {
+        let target = r
+            .strip_prefix('#')
+            .and_then(|pointer| doc.pointer(pointer))
+            .unwrap_or(&Value::Null);
+        assert!(target.is_object(), "`{r}` resolves to nothing");
+    }
     let codes: BTreeSet<String> = doc["components"]["schemas"]["ErrorCode"]["enum"]
         .as_array()
         .expect("ErrorCode enum")

@@ -493,7 +493,7 @@ impl Api {
     extensions(("x-berth-roles" = json!([]))),
     responses(
         (status = 200, description = "Alive.", body = String, content_type = "text/plain"),
-        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
+        (status = 400, response = doc::TakesNoQuery),
         (status = 503, description = "The store could not be written (code `store_unwritable`).", body = types::ErrorBody)
     )
 )]
@@ -515,7 +515,7 @@ async fn healthz(State(api): State<Api>) -> Response {
     extensions(("x-berth-roles" = json!([]))),
     responses(
         (status = 200, description = "Ready.", body = String, content_type = "text/plain"),
-        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
+        (status = 400, response = doc::TakesNoQuery),
         (status = 503, description = "Not ready: code `not_ready` (the message names the providers not listed yet) or `stopping` (shutting down).", body = types::ErrorBody)
     )
 )]
@@ -587,9 +587,9 @@ async fn readyz(State(api): State<Api>) -> Response {
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     responses(
         (status = 200, description = "Metrics in the Prometheus text format 0.0.4.", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
-        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
-        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+        (status = 400, response = doc::TakesNoQuery),
+        (status = 401, response = doc::Unauthorized),
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
@@ -620,7 +620,7 @@ async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response>
     extensions(("x-berth-roles" = json!([]))),
     responses(
         (status = 200, description = "This OpenAPI document.", body = Object),
-        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody)
+        (status = 400, response = doc::TakesNoQuery)
     )
 )]
 async fn openapi() -> Response {
@@ -646,11 +646,11 @@ async fn not_found() -> ApiError {
     responses(
         (status = 201, description = "Created; the request as it is now (normally `pending`).", body = types::Request, headers(("Location" = String, description = "`/v1/requests/{id}` of the new request."))),
         (status = 400, description = "Malformed body (code `bad_request`); `field` names what is wrong: `body`, `labels`, `labels.NAME`, `priority`, `requestor` or an unknown field's name.", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 401, response = doc::Unauthorized),
         (status = 403, description = "A client token named a requestor other than itself (code `forbidden`).", body = types::ErrorBody),
         (status = 404, description = "The request was forgotten at once (code `not_found`); should not happen.", body = types::ErrorBody),
         (status = 422, description = "Code `unknown_label` (no such label; `field` is `labels.NAME`) or `unsatisfiable` (a count the providers' configured limits can never allow).", body = types::ErrorBody),
-        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn create_request(
@@ -754,8 +754,8 @@ fn valid_requestor(r: &str) -> bool {
     responses(
         (status = 200, description = "The requests.", body = [types::Request]),
         (status = 400, description = "An unknown parameter or a bad `state` (code `bad_request`, `field` set).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
-        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+        (status = 401, response = doc::Unauthorized),
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn list_requests(
@@ -788,10 +788,10 @@ async fn list_requests(
     responses(
         (status = 200, description = "The request.", body = types::Request),
         (status = 400, description = "A malformed `id`, a bad `wait` or an unknown parameter (code `bad_request`, `field` set).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 401, response = doc::Unauthorized),
         (status = 403, description = "The request belongs to another requestor (code `forbidden`).", body = types::ErrorBody),
         (status = 404, description = "No such request (code `not_found`).", body = types::ErrorBody),
-        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn get_request(
@@ -858,11 +858,11 @@ fn no_other_params(q: &BTreeMap<String, String>, known: &[&str]) -> Result<()> {
     responses(
         (status = 200, description = "The request, now `cancelled`.", body = types::Request),
         (status = 400, description = "A malformed `id` (code `bad_request`, `field` `id`).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 401, response = doc::Unauthorized),
         (status = 403, description = "The request belongs to another requestor (code `forbidden`).", body = types::ErrorBody),
         (status = 404, description = "No such request (code `not_found`).", body = types::ErrorBody),
         (status = 409, description = "The request is not pending any more (code `conflict`).", body = types::ErrorBody),
-        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn cancel_request(
@@ -903,9 +903,9 @@ async fn cancel_request(
     responses(
         (status = 200, description = "The nodes.", body = [types::Node]),
         (status = 400, description = "An unknown parameter or state (code `bad_request`, `field` set).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 401, response = doc::Unauthorized),
         (status = 422, description = "Code `unknown_label` or `unknown_provider`: the `label` or `provider` filter names nothing configured (`field` set).", body = types::ErrorBody),
-        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn list_nodes(
@@ -937,9 +937,9 @@ async fn list_nodes(
     responses(
         (status = 200, description = "The node.", body = types::Node),
         (status = 400, description = "A malformed `id` (code `bad_request`, `field` `id`).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 401, response = doc::Unauthorized),
         (status = 404, description = "No such node (code `not_found`).", body = types::ErrorBody),
-        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn get_node(
@@ -971,11 +971,11 @@ async fn get_node(
     responses(
         (status = 200, description = "The node after release.", body = types::Node),
         (status = 400, description = "A malformed `id` (code `bad_request`, `field` `id`).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 401, response = doc::Unauthorized),
         (status = 403, description = "The node is not held by the caller's requestor (code `forbidden`).", body = types::ErrorBody),
         (status = 404, description = "No such node (code `not_found`).", body = types::ErrorBody),
         (status = 409, description = "The node is not in use (code `conflict`).", body = types::ErrorBody),
-        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn release_node(
@@ -1018,11 +1018,11 @@ async fn node_change(api: &Api, caller: Caller, change: Change, id: NodeId) -> R
     responses(
         (status = 200, description = "The node.", body = types::Node),
         (status = 400, description = "A malformed `id` or body (code `bad_request`); `field` is `id`, `body`, `idle` or an unknown field's name.", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 401, response = doc::Unauthorized),
         (status = 403, description = "Not an admin token (code `forbidden`).", body = types::ErrorBody),
         (status = 404, description = "No such node (code `not_found`).", body = types::ErrorBody),
         (status = 409, description = "The node is gone or failed (code `conflict`).", body = types::ErrorBody),
-        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn set_idle(
@@ -1062,11 +1062,11 @@ async fn set_idle(
     responses(
         (status = 200, description = "The node, now deleting.", body = types::Node),
         (status = 400, description = "A malformed `id` (code `bad_request`, `field` `id`).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 401, response = doc::Unauthorized),
         (status = 403, description = "Not an admin token (code `forbidden`).", body = types::ErrorBody),
         (status = 404, description = "No such node (code `not_found`).", body = types::ErrorBody),
         (status = 409, description = "The node is already deleting, gone or failed (code `conflict`).", body = types::ErrorBody),
-        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn delete_node(
@@ -1093,9 +1093,9 @@ async fn delete_node(
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     responses(
         (status = 200, description = "The labels, in configuration order.", body = [types::Label]),
-        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
-        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+        (status = 400, response = doc::TakesNoQuery),
+        (status = 401, response = doc::Unauthorized),
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn labels(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
@@ -1115,9 +1115,9 @@ async fn labels(State(api): State<Api>, headers: HeaderMap) -> Result<Response> 
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     responses(
         (status = 200, description = "The providers, in configuration order.", body = [types::Provider]),
-        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
-        (status = 503, description = "The pool has stopped (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After`).", body = types::ErrorBody)
+        (status = 400, response = doc::TakesNoQuery),
+        (status = 401, response = doc::Unauthorized),
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn providers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
@@ -1141,8 +1141,8 @@ async fn providers(State(api): State<Api>, headers: HeaderMap) -> Result<Respons
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     responses(
         (status = 200, description = "The loaded drivers.", body = [types::Driver]),
-        (status = 400, description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`.")))
+        (status = 400, response = doc::TakesNoQuery),
+        (status = 401, response = doc::Unauthorized)
     )
 )]
 async fn drivers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
@@ -1168,9 +1168,9 @@ async fn drivers(State(api): State<Api>, headers: HeaderMap) -> Result<Response>
     responses(
         (status = 200, description = "The renewed lease.", body = types::Lease),
         (status = 400, description = "An unknown parameter (code `bad_request`, `field` set).", body = types::ErrorBody),
-        (status = 401, description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.", body = types::ErrorBody, headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))),
+        (status = 401, response = doc::Unauthorized),
         (status = 403, description = "A client token named a requestor other than itself (code `forbidden`).", body = types::ErrorBody),
-        (status = 503, description = "berth is shutting down (code `stopping`), or its store could not be written (code `store_unwritable`); try again once it is back.", body = types::ErrorBody)
+        (status = 503, response = doc::Unavailable)
     )
 )]
 async fn renew_lease(

@@ -7,9 +7,10 @@
 
 use std::sync::LazyLock;
 
+use super::types::ErrorBody;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{self, OpenApi as Document};
-use utoipa::{Modify, OpenApi};
+use utoipa::{Modify, OpenApi, ToResponse};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -18,6 +19,7 @@ use utoipa::{Modify, OpenApi};
         description = "Keeps pools of cloud machines ready and hands them out.\n\nClients ask for nodes by label (`POST /v1/requests`), wait for the request to be fulfilled, use the nodes and release them. Each requestor holds a lease, renewed by creating a request or by `POST /v1/lease`; if it is not renewed within `api.lease-ttl`, the requestor's pending requests fail and its nodes in use are taken back.\n\nAuth: `Authorization: Bearer <token>`. A client token acts only as the requestor of its name: it creates, reads and cancels its own requests, lists and reads nodes (connection details only for nodes it holds), releases nodes it holds, renews its own lease, and reads labels, providers, drivers and metrics. An admin token may do everything, for anyone. `/healthz`, `/readyz` and `/openapi.json` need no token.\n\nErrors are `ErrorBody` with a stable `code`; a 400 names the `field` at fault."
     ),
     tags((name = "health"), (name = "requests"), (name = "nodes"), (name = "config")),
+    components(responses(Unauthorized, TakesNoQuery, Unavailable)),
     modifiers(&BearerAuth)
 )]
 struct Info;
@@ -36,6 +38,34 @@ impl Modify for BearerAuth {
             .add_security_scheme("bearerAuth", SecurityScheme::Http(scheme));
     }
 }
+
+// Answers many operations share, described once (`#/components/responses`).
+// Only their schemas are read, so the types are never built.
+
+/// No valid bearer token (code `unauthorized`).
+#[derive(ToResponse)]
+#[response(
+    description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.",
+    headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))
+)]
+#[allow(dead_code)]
+pub(super) struct Unauthorized(ErrorBody);
+
+/// A query parameter sent to an operation that takes none.
+#[derive(ToResponse)]
+#[response(
+    description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter)."
+)]
+#[allow(dead_code)]
+pub(super) struct TakesNoQuery(ErrorBody);
+
+/// The pool cannot take the call now: every operation that reaches it.
+#[derive(ToResponse)]
+#[response(
+    description = "berth is shutting down (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After: 1`); try again shortly."
+)]
+#[allow(dead_code)]
+pub(super) struct Unavailable(ErrorBody);
 
 /// Every route with its handler, and what each is documented to take and
 /// answer.
