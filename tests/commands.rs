@@ -27,29 +27,13 @@ fn one_reused_node(sim: &SimServer, dir: &Path) -> String {
 
 /// Creates a request for one `small` node as `token`; its id.
 async fn ask(server: &Berth, token: &str) -> String {
-    let (s, r) = server
-        .call(
-            "POST",
-            "/v1/requests",
-            Some(token),
-            Some(json!({"labels": {"small": 1}})),
-        )
-        .await;
-    assert_eq!(s, 201, "{r}");
+    let r = server.request(token, json!({"small": 1})).await;
     r["id"].as_str().unwrap().to_owned()
 }
 
 /// Waits for request `id` to be fulfilled; its one node's id.
 async fn handed(server: &Berth, token: &str, id: &str) -> String {
-    let (s, r) = server
-        .call(
-            "GET",
-            &format!("/v1/requests/{id}?wait=30s"),
-            Some(token),
-            None,
-        )
-        .await;
-    assert_eq!((s, r["state"].as_str()), (200, Some("fulfilled")), "{r}");
+    let r = server.fulfilled(token, id).await;
     r["nodes"][0]["id"].as_str().unwrap().to_owned()
 }
 

@@ -77,19 +77,8 @@ async fn trial(dir: &Path, sync: &str, delay: Duration) -> Result<Found, String>
         (l[0]["ready"].as_u64() == Some(2)).then_some(())
     })
     .await;
-    let (status, request) = server
-        .call(
-            "POST",
-            "/v1/requests",
-            Some(CI),
-            Some(json!({"labels": {"small": 2}})),
-        )
-        .await;
-    assert_eq!(
-        (status, request["state"].as_str()),
-        (201, Some("fulfilled")),
-        "{request}"
-    );
+    let request = server.request(CI, json!({"small": 2})).await;
+    assert_eq!(request["state"], "fulfilled", "{request}");
     // The client has seen its nodes; the power goes.
     tokio::time::sleep(delay).await;
     let cut = dir.join("cut.img");
@@ -112,15 +101,7 @@ async fn trial(dir: &Path, sync: &str, delay: Duration) -> Result<Found, String>
                 .push(format!("{node}: {} for {}", n["state"], n["requestor"]));
         }
     }
-    let (status, b) = server
-        .call(
-            "POST",
-            "/v1/requests",
-            Some(OTHER),
-            Some(json!({"labels": {"small": 2}})),
-        )
-        .await;
-    assert_eq!(status, 201, "{b}");
+    let b = server.request(OTHER, json!({"small": 2})).await;
     let id = b["id"].as_str().unwrap().to_owned();
     let b = until(60, "the second request fulfilled", || async {
         let (_, r) = server

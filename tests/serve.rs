@@ -192,25 +192,9 @@ async fn serve_end_to_end_through_the_binary() {
     }
 
     // Request → fulfilled (long-poll) → release → deleted.
-    let (s, r) = server
-        .call(
-            "POST",
-            "/v1/requests",
-            Some(CI),
-            Some(json!({"labels": {"small": 1}})),
-        )
-        .await;
-    assert_eq!(s, 201, "{r}");
+    let r = server.request(CI, json!({"small": 1})).await;
     let id = r["id"].as_str().unwrap().to_owned();
-    let (s, r) = server
-        .call(
-            "GET",
-            &format!("/v1/requests/{id}?wait=20s"),
-            Some(CI),
-            None,
-        )
-        .await;
-    assert_eq!((s, r["state"].as_str()), (200, Some("fulfilled")), "{r}");
+    let r = server.fulfilled(CI, &id).await;
     let node = r["nodes"][0].clone();
     assert!(
         node["addresses"].is_object() && node["connection"].is_object(),

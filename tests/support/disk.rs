@@ -18,29 +18,9 @@ impl Tmpfs {
     /// Mounts a tmpfs of `size` (e.g. `"8m"`) at `path` (created if
     /// missing); `Err` says why it cannot be done here.
     pub fn mount(path: &Path, size: &str) -> Result<Tmpfs, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { geteuid() } != 0 {
-            return Err("not root, so no tmpfs can be mounted".into());
-        }
-        std::fs::create_dir_all(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
-        let out = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0755"),
-                "tmpfs",
-            ])
-            .arg(path)
-            .output()
-            .map_err(|e| format!("running mount: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "mount -t tmpfs failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        root("no tmpfs can be mounted")?;
+        let options = format!("size={size},mode=0755");
+        mount(path, &["-t", "tmpfs", "-o", &options, "tmpfs"])?;
         Ok(Tmpfs {
             path: path.to_path_buf(),
         })
@@ -102,10 +82,7 @@ pub struct LoopFs {
 impl LoopFs {
     /// Makes an ext4 image of `mib` MiB at `image` and mounts it at `path`.
     pub fn create(image: &Path, path: &Path, mib: u64) -> Result<LoopFs, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { geteuid() } != 0 {
-            return Err("not root, so no loop device can be mounted".into());
-        }
+        root("no loop device can be mounted")?;
         let f = std::fs::File::create(image).map_err(|e| format!("creating the image: {e}"))?;
         f.set_len(mib << 20)
             .map_err(|e| format!("sizing the image: {e}"))?;
@@ -116,20 +93,8 @@ impl LoopFs {
     /// Mounts an existing image (a copy made by [`LoopFs::power_cut`]): the
     /// kernel replays its journal as after a crash.
     pub fn mount(image: &Path, path: &Path) -> Result<LoopFs, String> {
-        std::fs::create_dir_all(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
-        let out = Command::new("mount")
-            .args(["-t", "ext4", "-o", "loop"])
-            .arg(image)
-            .arg(path)
-            .output()
-            .map_err(|e| format!("running mount: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "mount -o loop failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        let image_arg = image.to_string_lossy();
+        mount(path, &["-t", "ext4", "-o", "loop", &image_arg])?;
         Ok(LoopFs {
             image: image.to_path_buf(),
             path: path.to_path_buf(),
@@ -159,6 +124,21 @@ impl Drop for LoopFs {
 }
 
 /// Runs a command to its end; `Err` says how it failed.
+/// Refuses unless this process is root: `why` says what cannot be done.
+fn root(why: &str) -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { geteuid() } != 0 {
+        return Err(format!("not root, so {why}"));
+    }
+    Ok(())
+}
+
+/// `mount ARGS PATH`, creating `path` first.
+fn mount(path: &Path, args: &[&str]) -> Result<(), String> {
+    std::fs::create_dir_all(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    run(Command::new("mount").args(args).arg(path))
+}
+
 fn run(cmd: &mut Command) -> Result<(), String> {
     let program = cmd.get_program().to_string_lossy().into_owned();
     let out = cmd

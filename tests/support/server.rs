@@ -10,7 +10,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
@@ -116,6 +116,36 @@ impl Berth {
     }
 
     /// The process id, for signals.
+    /// `POST /v1/requests` with `labels` as `token`: the new request
+    /// (answered 201).
+    pub async fn request(&self, token: &str, labels: Value) -> Value {
+        let (s, r) = self
+            .call(
+                "POST",
+                "/v1/requests",
+                Some(token),
+                Some(json!({ "labels": labels })),
+            )
+            .await;
+        assert_eq!(s, 201, "{r}");
+        r
+    }
+
+    /// Long-polls request `id` as `token` (30 s at most): the request, which
+    /// must be fulfilled by then.
+    pub async fn fulfilled(&self, token: &str, id: &str) -> Value {
+        let (s, r) = self
+            .call(
+                "GET",
+                &format!("/v1/requests/{id}?wait=30s"),
+                Some(token),
+                None,
+            )
+            .await;
+        assert_eq!((s, r["state"].as_str()), (200, Some("fulfilled")), "{r}");
+        r
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id().expect("running") as i32
     }
