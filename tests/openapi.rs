@@ -25,6 +25,13 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
+    /// [`Walk::call`] for each `(method, template, path, token, body)`.
+    async fn each(&mut self, calls: Vec<(&str, &str, String, &str, Option<Value>)>) {
+        for (method, template, path, token, body) in calls {
+            self.call(method, template, &path, Some(token), body).await;
+        }
+    }
+
     /// Calls `method path` and records its status against the operation
     /// `template` names; checks the status and any error code are documented.
     async fn call(
@@ -207,28 +214,26 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
         walk.call("POST", "/v1/requests", "/v1/requests", Some(CI), Some(body))
             .await;
     }
-    walk.call(
-        "GET",
-        "/v1/requests",
-        "/v1/requests?state=pending",
-        Some(CI),
-        None,
-    )
+    walk.each(vec![
+        (
+            "GET",
+            "/v1/requests",
+            "/v1/requests?state=pending".into(),
+            CI,
+            None,
+        ),
+        (
+            "GET",
+            "/v1/requests",
+            "/v1/requests?state=soon".into(),
+            CI,
+            None,
+        ),
+        ("GET", "/v1/requests/{id}", rpath.clone(), OTHER, None),
+        ("DELETE", "/v1/requests/{id}", rpath.clone(), OTHER, None),
+        ("DELETE", "/v1/requests/{id}", rpath.clone(), CI, None),
+    ])
     .await;
-    walk.call(
-        "GET",
-        "/v1/requests",
-        "/v1/requests?state=soon",
-        Some(CI),
-        None,
-    )
-    .await;
-    walk.call("GET", "/v1/requests/{id}", &rpath, Some(OTHER), None)
-        .await;
-    walk.call("DELETE", "/v1/requests/{id}", &rpath, Some(OTHER), None)
-        .await;
-    walk.call("DELETE", "/v1/requests/{id}", &rpath, Some(CI), None)
-        .await;
     for state in doc["paths"]["/v1/nodes"]["get"]["parameters"]
         .as_array()
         .unwrap()
@@ -259,46 +264,31 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
         )
         .await;
     }
-    walk.call("GET", "/v1/nodes/{id}", &npath, Some(OTHER), None)
-        .await;
     let release = format!("{npath}/release");
-    walk.call(
-        "POST",
-        "/v1/nodes/{id}/release",
-        &release,
-        Some(OTHER),
-        None,
-    )
-    .await;
     let idle = format!("{npath}/idle");
-    walk.call(
-        "PUT",
-        "/v1/nodes/{id}/idle",
-        &idle,
-        Some(CI),
-        Some(json!({"idle": "hold"})),
-    )
+    let set = |idle: &str| Some(json!({ "idle": idle }));
+    walk.each(vec![
+        ("GET", "/v1/nodes/{id}", npath.clone(), OTHER, None),
+        (
+            "POST",
+            "/v1/nodes/{id}/release",
+            release.clone(),
+            OTHER,
+            None,
+        ),
+        ("PUT", "/v1/nodes/{id}/idle", idle.clone(), CI, set("hold")),
+        (
+            "PUT",
+            "/v1/nodes/{id}/idle",
+            idle.clone(),
+            OPS,
+            set("sleep"),
+        ),
+        ("PUT", "/v1/nodes/{id}/idle", idle.clone(), OPS, set("run")),
+        ("POST", "/v1/nodes/{id}/release", release.clone(), CI, None),
+        ("POST", "/v1/nodes/{id}/release", release, CI, None),
+    ])
     .await;
-    walk.call(
-        "PUT",
-        "/v1/nodes/{id}/idle",
-        &idle,
-        Some(OPS),
-        Some(json!({"idle": "sleep"})),
-    )
-    .await;
-    walk.call(
-        "PUT",
-        "/v1/nodes/{id}/idle",
-        &idle,
-        Some(OPS),
-        Some(json!({"idle": "run"})),
-    )
-    .await;
-    walk.call("POST", "/v1/nodes/{id}/release", &release, Some(CI), None)
-        .await;
-    walk.call("POST", "/v1/nodes/{id}/release", &release, Some(CI), None)
-        .await;
     // A node gone for good takes no idle behaviour.
     until(30, "the released node to be gone", || async {
         let (_, n) = server.call("GET", &npath, Some(OPS), None).await;

@@ -88,7 +88,7 @@ impl Api {
 /// themselves.
 fn takes_no_query(method: &axum::http::Method, path: &str) -> bool {
     use utoipa::openapi::path::ParameterIn;
-    static NONE: std::sync::LazyLock<std::collections::HashSet<(String, String)>> =
+    static NONE: std::sync::LazyLock<std::collections::HashSet<(&str, &str)>> =
         std::sync::LazyLock::new(|| {
             let mut none = std::collections::HashSet::new();
             for (path, item) in &doc::document().paths.paths {
@@ -99,13 +99,13 @@ fn takes_no_query(method: &axum::http::Method, path: &str) -> bool {
                         .flatten()
                         .any(|p| matches!(p.parameter_in, ParameterIn::Query));
                     if !query {
-                        none.insert((method.to_owned(), path.clone()));
+                        none.insert((method, path.as_str()));
                     }
                 }
             }
             none
         });
-    NONE.contains(&(method.as_str().to_owned(), path.to_owned()))
+    NONE.contains(&(method.as_str(), path))
 }
 
 async fn no_query_where_none_is_taken(
@@ -436,8 +436,11 @@ fn body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T> {
         let inner = e.into_inner();
         let message = crate::text::printable(&inner.to_string()).into_owned();
         // serde's own word for a field given twice, in the API's words.
-        let message = match message.strip_prefix("duplicate field `") {
-            Some(rest) => format!("the key `{rest}").replacen("` at", "` is given twice at", 1),
+        let message = match message
+            .strip_prefix("duplicate field `")
+            .and_then(|rest| rest.split_once('`'))
+        {
+            Some((name, rest)) => format!("the key `{name}` is given twice{rest}"),
             None => message,
         };
         let field = match path.as_str() {
