@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use berth::config::{self, Config, ProviderIx};
+use berth::config::{self, ProviderIx, Settings};
 use berth::conformance::{self, TestConfig};
 use berth::driver::{CapacityScope, CreateSpec, DriverError, LABEL_TAG, NODE_TAG, POOL_TAG};
 use berth::plugin::{
@@ -471,7 +471,7 @@ async fn forward(
         .await
         .map_err(|e| e.to_string())?;
     let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(wasmtime_wasi_http::io::TokioIo::new(stream))
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
             .map_err(|e| e.to_string())?;
     tokio::spawn(connection);
@@ -715,12 +715,12 @@ ram = "1GiB"
     )
 }
 
-fn parse_config(text: &str, state: &Path, secret_var: &str, secret: &str) -> Config {
+fn parse_config(text: &str, state: &Path, secret_var: &str, secret: &str) -> Settings {
     let env = |name: &str| (name == secret_var).then(|| secret.to_owned());
     config::parse(text, state, &env).unwrap_or_else(|e| panic!("config: {e}\n{text}"))
 }
 
-async fn start(config: Config) -> Service {
+async fn start(config: Settings) -> Service {
     runtime::start(
         config,
         StartOptions {
@@ -811,7 +811,7 @@ async fn the_guest_never_sees_the_secret_and_the_host_signs_its_requests() {
     const VAR: &str = "BERTH_ITEST_EC2_GUEST_SECRET";
     let text = pool_config_text(&moto, &proxy, state.path(), VAR, 0, "60s");
     let config = parse_config(&text, state.path(), VAR, &moto.secret);
-    let p = &config.providers[0];
+    let p = &config.drivers[0];
     // What `configure` gets is the driver config alone: region and endpoint.
     assert!(!p.driver_config.contains(&moto.secret));
     assert_eq!(
@@ -828,7 +828,7 @@ async fn the_guest_never_sees_the_secret_and_the_host_signs_its_requests() {
             &driver,
             ProviderConfig {
                 name: "ec2".into(),
-                pool_id: config.pool_id.clone(),
+                pool_id: config.pool.pool_id.clone(),
                 driver_config: p.driver_config.clone(),
                 allowed_hosts: p.allowed_hosts.clone(),
                 limits: p.sandbox.clone(),
@@ -1058,7 +1058,7 @@ async fn berth_keeps_an_ec2_pool_through_the_proxy() {
     const VAR: &str = "BERTH_ITEST_EC2_POOL_SECRET";
     let text = pool_config_text(&moto, &proxy, dir.path(), VAR, 2, "1s");
     let config = parse_config(&text, dir.path(), VAR, &moto.secret);
-    let ci = config.label("ci").expect("label");
+    let ci = config.pool.label("ci").expect("label");
     seed_compiled(dir.path()).await;
 
     let service = start(config.clone()).await;
@@ -1199,7 +1199,7 @@ async fn ec2_api_calls_per_node_lifecycle() {
     // pool (a periodic sync every minute is shared by all the pool's nodes).
     let text = pool_config_text(&moto, &proxy, dir.path(), VAR, 0, "60s");
     let config = parse_config(&text, dir.path(), VAR, &moto.secret);
-    let ci = config.label("ci").expect("label");
+    let ci = config.pool.label("ci").expect("label");
     const NODES: u32 = 12;
     seed_compiled(dir.path()).await;
 

@@ -7,6 +7,7 @@ mod ec2;
 mod faults;
 mod http_edge;
 mod in_berth;
+mod layers;
 mod openapi;
 mod pool;
 mod power_loss;

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use berth::config::{self, Config, LabelIx};
+use berth::config::{self, LabelIx, Settings};
 use berth::driver::{NODE_TAG, POOL_TAG};
 use berth::pool::{NewRequest, NodeId, NodeState, Pool, Request, RequestState};
 use berth::runtime::{self, Handle, Service, StartOptions};
@@ -17,7 +17,7 @@ use berth::sim::{Knobs, SimCloud};
 use crate::support::{SimServer, plugin};
 
 /// A config for one sim provider (plus `extra` TOML), with short timings.
-pub fn pool_config(sim: &SimServer, state: &Path, extra: &str) -> Config {
+pub fn pool_config(sim: &SimServer, state: &Path, extra: &str) -> Settings {
     let text = format!(
         r#"
 pool-id = "itest"
@@ -45,7 +45,7 @@ config = {{ endpoint = "{url}" }}
     config::parse(&text, state, &|_| None).unwrap_or_else(|e| panic!("config: {e}\n{text}"))
 }
 
-pub async fn start(config: Config) -> Service {
+pub async fn start(config: Settings) -> Service {
     runtime::start(
         config,
         StartOptions {
@@ -273,7 +273,8 @@ async fn rate_limited_holds_every_call_until_retry_after() {
     let extra = SMALL.replace("min-ready = 3", "min-ready = 12");
     let mut config = pool_config(&sim, dir.path(), &extra);
     // One call at a time, so no call is already on its way when a 429 comes.
-    config.providers[0].sandbox.max_instances = 1;
+    config.drivers[0].sandbox.max_instances = 1;
+    config.pool.providers[0].max_calls = 1;
     let service = start(config).await;
     let h = service.handle.clone();
     until(&h, 30, "twelve ready", |p| p.free_ready(LabelIx(0)) == 12).await;
@@ -746,10 +747,14 @@ ram = "1GiB"
     }
     assert!(submitted.len() > 10, "too little churn: {log}");
 
-    let config = Arc::new(config::load(&config_path).unwrap());
-    let mut store =
-        berth::store::SqliteStore::open(&config.state_dir.join("berth.db"), config.clone())
-            .unwrap();
+    let settings = config::load(&config_path).unwrap();
+    let config = Arc::new(settings.pool.clone());
+    let mut store = berth::store::SqliteStore::open(
+        &settings.state_dir.join("berth.db"),
+        config.clone(),
+        settings.store.sync,
+    )
+    .unwrap();
     use berth::store::Store;
     let snapshot = store.load(&config).unwrap().snapshot;
     // No lost request: every request a client was told of is in the store,

@@ -55,7 +55,9 @@ image = "img"
 vcpus = 2
 ram = "4GiB"
 "#;
-    config::parse(text, Path::new("."), &|_| None).expect("config")
+    config::parse(text, Path::new("."), &|_| None)
+        .expect("config")
+        .pool
 }
 
 fn instance(i: usize) -> Instance {

@@ -2,33 +2,30 @@
 //! Every cloud driver is a sandboxed WebAssembly component loaded at run time
 //! against one WIT contract (`wit/driver.wit`).
 //!
-//! - [`driver`]: the contract as plain host types.
-//! - [`contract`]: the contract's WIT files, for `berth driver wit`.
-//! - [`plugin`]: loading, sandboxing and calling driver components.
-//! - [`config`]: the config file, checked into typed data.
-//! - [`pool`]: the pool core: nodes, requests, quotas, slots, reconciling.
-//! - [`store`]: the embedded SQLite store of the pool's records.
-//! - [`runtime`]: the async runtime that runs the core against drivers and the store.
-//! - [`sim`]: a simulated cloud for tests, benchmarks and the embedded default.
-//! - [`api`]: the HTTP API on a running pool, with auth and metrics.
-//! - [`serve`]: `berth serve`, the pool and its API as one service.
-//! - [`client`]: the CLI's client commands for a running service.
-//! - [`text`]: making text from outside safe to show.
+//! This crate is the `berth` binary and, for a program that embeds berth,
+//! one place that names the workspace's crates by what they hold:
+//!
+//! - [`driver`], [`pool`], [`duration`], [`text`] (`berth-core`): the
+//!   contract as host types and the pure pool core.
+//! - [`config`] (`berth-config`): the config file, checked into settings.
+//! - [`plugin`], [`conformance`], [`contract`] (`berth-plugin`): loading,
+//!   sandboxing and calling driver components, and the conformance kit.
+//! - [`store`] (`berth-store`): the store of the pool's records.
+//! - [`runtime`], [`api`], [`metrics`], [`serve`] (`berth-server`): the
+//!   service.
+//! - [`sim`] (`berth-sim`): a simulated cloud.
+//! - [`client`] (`berth-client`): a client of the HTTP API.
+//! - [`cli`]: the CLI's commands against a running service.
 
-pub mod api;
-pub mod client;
-pub mod config;
-pub mod conformance;
-pub mod contract;
-pub mod driver;
-pub mod duration;
+pub mod cli;
+
+pub use berth_client as client;
+pub use berth_config as config;
+pub use berth_core::{driver, duration, pool, text};
+pub use berth_plugin as plugin;
+pub use berth_plugin::{conformance, contract};
 #[cfg(feature = "embedded-sim")]
-pub mod embedded;
-pub mod metrics;
-pub mod plugin;
-pub mod pool;
-pub mod runtime;
-pub mod serve;
-pub mod sim;
-pub mod store;
-pub mod text;
+pub use berth_server::embedded;
+pub use berth_server::{api, metrics, runtime, serve};
+pub use berth_sim as sim;
+pub use berth_store as store;

@@ -46,7 +46,7 @@ enum Command {
     /// state in ./berth-data).
     Serve(ServeArgs),
     #[command(flatten)]
-    Client(berth::client::ClientCommand),
+    Client(berth::cli::ClientCommand),
 }
 
 #[derive(clap::Args)]
@@ -122,7 +122,7 @@ fn main() -> ExitCode {
     };
     if let Command::Client(cmd) = cli.command {
         // Client commands say what went wrong and pick their exit code.
-        return match runtime.block_on(berth::client::run(cmd)) {
+        return match runtime.block_on(berth::cli::run(cmd)) {
             Ok(code) => code,
             Err(e) => exit(Err(e)),
         };
@@ -221,8 +221,8 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                         println!(
                             "{}: ok ({} providers, {} labels)",
                             file.display(),
-                            config.providers.len(),
-                            config.labels.len()
+                            config.pool.providers.len(),
+                            config.pool.labels.len()
                         );
                         return Ok(true);
                     }

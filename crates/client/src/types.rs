@@ -1,0 +1,402 @@
+//! The JSON bodies of the HTTP API, shared by the server and the CLI client.
+//! Field names are the API's: changing one is a breaking change of `/v1`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+pub use berth_core::duration::rfc3339;
+
+/// `POST /v1/requests`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewRequest {
+    /// Label name → how many nodes of it; all are handed out together.
+    #[serde(deserialize_with = "each_key_once")]
+    pub labels: BTreeMap<String, u32>,
+    /// Who the nodes are for. A client token acts as its own name and may
+    /// leave this out; an admin names anyone (default: its token's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requestor: Option<String>,
+    /// Lower is served first; default 0.
+    #[serde(default)]
+    pub priority: i32,
+}
+
+/// A map whose keys are each given once: `{"small": 1, "small": 2}` is
+/// refused, not read as whichever came last.
+fn each_key_once<'de, D: serde::Deserializer<'de>, V: Deserialize<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, V>, D::Error> {
+    struct Once<V>(std::marker::PhantomData<V>);
+    impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Once<V> {
+        type Value = BTreeMap<String, V>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of label name to count, e.g. {\"small\": 2}")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if out.contains_key(&key) {
+                    return Err(serde::de::Error::custom(format!(
+                        "the key `{}` is given twice",
+                        berth_core::text::printable(&key)
+                    )));
+                }
+                let value = map.next_value()?;
+                out.insert(key, value);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Once(std::marker::PhantomData))
+}
+
+/// A node-set request as the API shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Request {
+    pub id: String,
+    pub requestor: String,
+    pub priority: i32,
+    /// `pending`, `fulfilled`, `failed` or `cancelled`.
+    pub state: String,
+    /// Why it failed, in words a person can act on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub labels: BTreeMap<String, u32>,
+    /// RFC 3339, UTC.
+    pub created: String,
+    /// When it stopped being pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished: Option<String>,
+    /// Its nodes: once fulfilled, every node with its connection details.
+    pub nodes: Vec<Node>,
+}
+
+/// A node as the API shows it. `addresses` and `connection` are left out for
+/// a client that does not hold the node.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Node {
+    pub id: String,
+    pub label: String,
+    pub provider: String,
+    /// `creating`, `booting`, `ready`, `in-use`, `used`, `deleting`, `gone`
+    /// or `failed`.
+    pub state: String,
+    /// Why it is deleting, gone or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `run`, `hold` or `drain`.
+    pub idle: String,
+    pub instance_type: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// The request it is handed out to (in use) or set aside for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requestor: Option<String>,
+    /// When it entered its state.
+    pub since: String,
+    pub created: String,
+    /// For a slot node, the node whose instance it shares and its slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<Slot>,
+    /// For a backing node, the slot nodes its instance hosts. Such a node is
+    /// never handed out itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosting: Option<Hosting>,
+    /// Set when the provider's lists stopped showing its instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<MissingInstance>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<Addresses>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<Connection>,
+}
+
+/// A node whose instance the provider's lists stopped showing.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct MissingInstance {
+    /// When a list first did not show it.
+    pub since: String,
+    /// `suspected` (lists do not show it; nothing changes until it is
+    /// confirmed) or `confirmed` (gone while in use: the node stays with its
+    /// holder and is deleted once released).
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Slot {
+    pub backing: String,
+    pub index: u16,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Hosting {
+    /// The slot label whose nodes it hosts.
+    pub label: String,
+    /// Slots taken by a node.
+    pub used: u16,
+    pub slots: u16,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Addresses {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ipv4: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_ipv4: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Connection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_keys: Vec<String>,
+}
+
+/// `PUT /v1/nodes/{id}/idle`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetIdle {
+    /// `run`, `hold` or `drain`.
+    pub idle: String,
+}
+
+/// A configured label, with what the pool has of it now.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Label {
+    pub name: String,
+    /// `machine` or `slots`.
+    pub kind: String,
+    pub min_ready: u32,
+    /// Nodes (or free slots) ready to hand out now.
+    pub ready: usize,
+    /// Live nodes by state.
+    pub nodes: BTreeMap<String, usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing_label: Option<String>,
+    /// Where a machine label's nodes can be launched.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offers: Vec<Offer>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Offer {
+    pub provider: String,
+    pub instance_type: String,
+    pub vcpus: u32,
+    pub ram_mib: u64,
+    /// Per hour.
+    pub price: f64,
+}
+
+/// A configured provider and its health.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Provider {
+    pub name: String,
+    /// The driver's file name.
+    pub driver: String,
+    pub priority: i32,
+    /// `ok`; `starting` or `failed` (its driver: see `start_error`);
+    /// `list-failing` or `list-suspect` (its lists: see `list_error`); or
+    /// why creates or calls are held right now (`rate-limited`,
+    /// `quota-paused`, `not-listed-yet`, `capacity-paused`).
+    pub status: String,
+    pub limits: Limits,
+    pub usage: Usage,
+    /// Listed at least once since start (creates wait for that).
+    pub listed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_paused_until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limited_until: Option<String>,
+    /// Instance types without capacity (`*`: all), until when.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capacity_paused: BTreeMap<String, String>,
+    pub leaks_pending: usize,
+    pub leaks_deleted: u64,
+    /// The latest driver calls' outcome and duration.
+    pub calls: CallStats,
+    /// Why the provider's driver could not start (status `failed`); it is
+    /// tried again with backoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_error: Option<String>,
+    /// Why its lists are not believed (status `list-failing` or
+    /// `list-suspect`), and since when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list_error: Option<String>,
+    /// When the last list berth believed started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_listed: Option<String>,
+    /// Nodes whose instance its lists stopped showing.
+    pub missing: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Limits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_instances: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cores: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ram_mib: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Usage {
+    pub instances: u32,
+    pub vcpus: u32,
+    pub ram_mib: u64,
+}
+
+/// Recent driver calls of one provider.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CallStats {
+    /// How many of the recent calls are summarised here.
+    pub recent: usize,
+    pub errors: usize,
+    /// Milliseconds, over the recent calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p50_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99_ms: Option<f64>,
+    /// The latest errors, newest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_errors: Vec<CallError>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CallError {
+    pub at: String,
+    /// `create`, `list`, `delete` or `set-tags`.
+    pub call: String,
+    pub error: String,
+}
+
+/// A loaded driver.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Driver {
+    /// The file name without `.wasm`.
+    pub file: String,
+    pub path: String,
+    /// What the driver calls itself, and its version.
+    pub name: String,
+    pub version: String,
+    pub sha256: String,
+    /// `compiled` or `cache`.
+    pub loaded_from: String,
+    pub load_ms: f64,
+    /// Providers that use it.
+    pub providers: Vec<String>,
+}
+
+/// `POST /v1/lease`: the caller's lease, renewed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Lease {
+    pub requestor: String,
+    pub expires: String,
+    pub ttl_seconds: u64,
+}
+
+/// Every error body.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, for programs (see [`ErrorCode`]).
+    #[schema(value_type = ErrorCode)]
+    pub code: String,
+    /// For people.
+    pub message: String,
+    /// The request field at fault (`bad_request`, `unknown_label`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// The longest a `wait` long-poll is held.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_of_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_431_845_123), "2026-11-23T11:04:05.123Z");
+        assert_eq!(rfc3339(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn a_new_request_refuses_unknown_fields() {
+        let e =
+            serde_json::from_str::<NewRequest>(r#"{"labels": {"a": 1}, "prio": 1}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `prio`"), "{e}");
+    }
+}
+
+/// A request's state, as `GET /v1/requests?state=` takes it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RequestStateName {
+    Pending,
+    Fulfilled,
+    Failed,
+    Cancelled,
+}
+
+/// A node's state, as `GET /v1/nodes?state=` takes it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeStateName {
+    Creating,
+    Booting,
+    Ready,
+    InUse,
+    Used,
+    Deleting,
+    Gone,
+    Failed,
+}
+
+/// The codes an error body carries: stable, for programs.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    BodyTimeout,
+    Conflict,
+    TooLarge,
+    UnsupportedMediaType,
+    UnknownLabel,
+    UnknownProvider,
+    Unsatisfiable,
+    Stopping,
+    Busy,
+    NotReady,
+    StoreUnwritable,
+    Internal,
+}

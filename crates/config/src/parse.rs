@@ -1,0 +1,1075 @@
+//! From TOML text to a checked [`Config`], walking the document by hand so
+//! that every problem is found in one pass, each with its dotted path.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use toml::{Table, Value};
+
+use super::*;
+use crate::{AllowedHost, Auth, Credential, SandboxLimits, Secret};
+
+/// One problem in a config file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted path of the key (`labels.small.min-ready`); empty for the file.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in a config file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigErrors {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Reads and checks a config file. Relative paths in it are relative to the
+/// file's directory; `${ENV}` comes from the process environment.
+pub fn load(path: &Path) -> Result<Settings, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigErrors {
+        problems: vec![Problem {
+            path: String::new(),
+            message: format!("reading {}: {e}", path.display()),
+        }],
+    })?;
+    parse(&text, base_dir(path), &|name| std::env::var(name).ok())
+}
+
+/// Reads credentials tables outside a config file (`berth driver test`'s
+/// JSON), with the same keys and checks as `[[providers.NAME.credentials]]`.
+pub fn credentials(
+    tables: &[toml::Value],
+    allowed: &[AllowedHost],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<Credential>, ConfigErrors> {
+    let mut w = Walker {
+        problems: Vec::new(),
+        env,
+    };
+    let mut out = Vec::new();
+    for (i, v) in tables.iter().enumerate() {
+        let at = format!("credentials[{i}]");
+        match v {
+            Value::Table(t) => out.extend(w.credential(at, t, allowed)),
+            v => w.wrong_type(at, "an object", v),
+        }
+    }
+    if w.problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(ConfigErrors {
+            problems: w.problems,
+        })
+    }
+}
+
+/// The directory a config file's relative paths are relative to.
+pub fn base_dir(file: &Path) -> &Path {
+    file.parent().unwrap_or(Path::new("."))
+}
+
+/// Checks config text. `base_dir` anchors relative paths; `env` answers
+/// `${NAME}` in driver config.
+pub fn parse(
+    text: &str,
+    base_dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Settings, ConfigErrors> {
+    let doc: Table = toml::from_str(text).map_err(|e| ConfigErrors {
+        problems: vec![syntax_problem(text, &e)],
+    })?;
+    let mut w = Walker {
+        problems: Vec::new(),
+        env,
+    };
+    let config = w.config(&doc, base_dir);
+    if w.problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigErrors {
+            problems: w.problems,
+        })
+    }
+}
+
+/// A TOML syntax error as one line. The crate's own rendering spans several
+/// (source line and caret), which would break "one line per problem".
+fn syntax_problem(text: &str, e: &toml::de::Error) -> Problem {
+    let what = e.message().trim().replace('\n', "; ");
+    let message = match e.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("not valid TOML at line {line}, column {column}: {what}")
+        }
+        None => format!("not valid TOML: {what}"),
+    };
+    Problem {
+        path: String::new(),
+        message,
+    }
+}
+
+/// Problems a checked config has on this machine: driver files missing.
+pub fn check_files(config: &Settings) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (p, d) in config.pool.providers.iter().zip(&config.drivers) {
+        let shown = d.driver.display();
+        let message = match std::fs::metadata(&d.driver) {
+            Ok(meta) if meta.is_file() => continue,
+            Ok(_) => format!("not a file: {shown}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                format!("no such file: {shown}")
+            }
+            Err(e) => format!("cannot read {shown}: {e}"),
+        };
+        problems.push(Problem {
+            path: join(&join("providers", &p.name), "driver"),
+            message,
+        });
+    }
+    problems
+}
+
+struct Walker<'a> {
+    problems: Vec<Problem>,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+/// A table being read: remembers the keys taken so the rest can be named as
+/// unknown.
+struct Section<'t> {
+    path: String,
+    table: &'t Table,
+    known: Vec<&'static str>,
+}
+
+/// `path.key`, the key quoted as TOML would write it when it is not a bare
+/// key, so that a name with a dot (`providers."a.b".driver`) stays unambiguous.
+fn join(path: &str, key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+    let key = if bare {
+        key.to_owned()
+    } else {
+        format!("{key:?}")
+    };
+    if path.is_empty() {
+        key
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "a string",
+        Value::Integer(_) => "an integer",
+        Value::Float(_) => "a number",
+        Value::Boolean(_) => "a boolean",
+        Value::Datetime(_) => "a date",
+        Value::Array(_) => "an array",
+        Value::Table(_) => "a table",
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+impl<'t> Section<'t> {
+    fn new(path: String, table: &'t Table) -> Self {
+        Section {
+            path,
+            table,
+            known: Vec::new(),
+        }
+    }
+
+    fn get(&mut self, key: &'static str) -> Option<&'t Value> {
+        self.known.push(key);
+        self.table.get(key)
+    }
+
+    fn at(&self, key: &str) -> String {
+        join(&self.path, key)
+    }
+}
+
+impl Walker<'_> {
+    fn problem(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn wrong_type(&mut self, path: String, want: &str, v: &Value) {
+        self.problem(path, format!("expected {want}, found {}", type_name(v)));
+    }
+
+    /// Names every key of `s` that was never asked for.
+    fn finish(&mut self, s: Section<'_>) {
+        for key in s.table.keys() {
+            if !s.known.contains(&key.as_str()) {
+                let mut known = s.known.clone();
+                known.sort_unstable();
+                self.problem(
+                    s.at(key),
+                    format!("unknown key; expected one of {}", known.join(", ")),
+                );
+            }
+        }
+    }
+
+    fn string(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<String> {
+        match s.get(key)? {
+            Value::String(v) => Some(v.clone()),
+            v => {
+                self.wrong_type(s.at(key), "a string", v);
+                None
+            }
+        }
+    }
+
+    fn required_string(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<String> {
+        if s.table.get(key).is_none() {
+            s.known.push(key);
+            self.problem(s.at(key), "missing; it is required");
+            return None;
+        }
+        self.string(s, key)
+    }
+
+    fn bool(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<bool> {
+        match s.get(key)? {
+            Value::Boolean(v) => Some(*v),
+            v => {
+                self.wrong_type(s.at(key), "true or false", v);
+                None
+            }
+        }
+    }
+
+    fn int<T: TryFrom<i64>>(
+        &mut self,
+        s: &mut Section<'_>,
+        key: &'static str,
+        range: &str,
+    ) -> Option<T> {
+        match s.get(key)? {
+            Value::Integer(v) => match T::try_from(*v) {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    self.problem(s.at(key), format!("{v} is out of range; expected {range}"));
+                    None
+                }
+            },
+            v => {
+                self.wrong_type(s.at(key), "an integer", v);
+                None
+            }
+        }
+    }
+
+    fn number(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<f64> {
+        match s.get(key)? {
+            Value::Integer(v) => Some(*v as f64),
+            Value::Float(v) => Some(*v),
+            v => {
+                self.wrong_type(s.at(key), "a number", v);
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<Duration> {
+        let text = self.string(s, key)?;
+        match berth_core::duration::parse(&text) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                self.problem(s.at(key), e.to_string());
+                None
+            }
+        }
+    }
+
+    fn size(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<u64> {
+        let text = self.string(s, key)?;
+        match parse_size(&text) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                self.problem(s.at(key), e);
+                None
+            }
+        }
+    }
+
+    fn table<'t>(&mut self, s: &mut Section<'t>, key: &'static str) -> Option<&'t Table> {
+        match s.get(key)? {
+            Value::Table(t) => Some(t),
+            v => {
+                self.wrong_type(s.at(key), "a table", v);
+                None
+            }
+        }
+    }
+
+    /// The sub-tables of a table of named tables (`[providers.NAME]`).
+    fn named<'t>(&mut self, path: &str, t: &'t Table) -> Vec<(String, &'t Table)> {
+        let mut out = Vec::new();
+        for (name, v) in t {
+            let at = join(path, name);
+            if !valid_name(name) {
+                self.problem(
+                    at.clone(),
+                    "names are 1 to 64 of A-Z, a-z, 0-9, `.`, `_`, `-`",
+                );
+            }
+            match v {
+                Value::Table(t) => out.push((name.clone(), t)),
+                v => self.wrong_type(at, "a table", v),
+            }
+        }
+        out
+    }
+
+    /// A TOML table as JSON text, `${ENV}` substituted in strings when
+    /// `interpolate`.
+    fn json(&mut self, path: &str, t: &Table, interpolate: bool) -> String {
+        let v = self.json_value(path, &Value::Table(t.clone()), interpolate);
+        v.to_string()
+    }
+
+    fn json_value(&mut self, path: &str, v: &Value, interpolate: bool) -> serde_json::Value {
+        use serde_json::Value as J;
+        match v {
+            Value::String(s) if interpolate => J::String(self.interpolate(path, s)),
+            Value::String(s) => J::String(s.clone()),
+            Value::Integer(i) => J::from(*i),
+            Value::Float(f) => match serde_json::Number::from_f64(*f) {
+                Some(n) => J::Number(n),
+                None => {
+                    // JSON has no nan or inf; passing null instead would
+                    // hand the driver something the file never said.
+                    self.problem(
+                        path,
+                        "nan and inf cannot be passed to a driver (JSON has neither)",
+                    );
+                    J::Null
+                }
+            },
+            Value::Boolean(b) => J::Bool(*b),
+            Value::Datetime(d) => J::String(d.to_string()),
+            Value::Array(a) => J::Array(
+                a.iter()
+                    .enumerate()
+                    .map(|(i, v)| self.json_value(&format!("{path}[{i}]"), v, interpolate))
+                    .collect(),
+            ),
+            Value::Table(t) => J::Object(
+                t.iter()
+                    .map(|(k, v)| (k.clone(), self.json_value(&join(path, k), v, interpolate)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// `${NAME}` from the environment, `$${` for a literal `${`. The value
+    /// never appears in a message.
+    fn interpolate(&mut self, path: &str, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(i) = rest.find('$') {
+            out.push_str(&rest[..i]);
+            let after = &rest[i..];
+            if let Some(tail) = after.strip_prefix("$${") {
+                out.push_str("${");
+                rest = tail;
+            } else if let Some(tail) = after.strip_prefix("${") {
+                match tail.find('}') {
+                    Some(end) => {
+                        let name = &tail[..end];
+                        if name.is_empty() {
+                            self.problem(path, "`${}` names no environment variable");
+                        } else {
+                            match (self.env)(name) {
+                                Some(v) => out.push_str(&v),
+                                None => self.problem(
+                                    path,
+                                    format!("environment variable {name} is not set"),
+                                ),
+                            }
+                        }
+                        rest = &tail[end + 1..];
+                    }
+                    None => {
+                        self.problem(path, "`${` without a closing `}`");
+                        rest = "";
+                    }
+                }
+            } else {
+                out.push('$');
+                rest = &after[1..];
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    fn config(&mut self, doc: &Table, base: &Path) -> Settings {
+        let mut s = Section::new(String::new(), doc);
+        let pool_id = self.required_string(&mut s, "pool-id");
+        if pool_id.as_deref().is_some_and(|p| !valid_name(p)) {
+            self.problem("pool-id", "must be 1 to 64 of A-Z, a-z, 0-9, `.`, `_`, `-`");
+        }
+        let dir = |w: &mut Self, s: &mut Section<'_>, key, default: &str| {
+            base.join(w.string(s, key).unwrap_or_else(|| default.to_owned()))
+        };
+        let state_dir = dir(self, &mut s, "state-dir", "berth-data");
+        let plugins_dir = dir(self, &mut s, "plugins-dir", "plugins");
+        let d = Timings::default();
+        let mut timing = |w: &mut Self, key, default| w.duration(&mut s, key).unwrap_or(default);
+        let timings = Timings {
+            sync_interval: timing(self, "sync-interval", d.sync_interval),
+            boot_poll_interval: timing(self, "boot-poll-interval", d.boot_poll_interval),
+            leak_grace: timing(self, "leak-grace", d.leak_grace),
+            delete_retry: timing(self, "delete-retry", d.delete_retry),
+            missing_confirm: timing(self, "missing-confirm", d.missing_confirm),
+            quota_pause: timing(self, "quota-pause", d.quota_pause),
+            capacity_pause: timing(self, "capacity-pause", d.capacity_pause),
+            history: timing(self, "history", d.history),
+        };
+        let providers_table = self.table(&mut s, "providers");
+        let labels_table = self.table(&mut s, "labels");
+        let (api, lease_ttl) = match self.table(&mut s, "api") {
+            Some(t) => self.api(t),
+            None => (Api::default(), Config::DEFAULT_LEASE_TTL),
+        };
+        let store = match self.table(&mut s, "store") {
+            Some(t) => self.store(t),
+            None => StoreSettings::default(),
+        };
+        self.finish(s);
+
+        let mut providers = Vec::new();
+        let mut drivers = Vec::new();
+        if let Some(t) = providers_table {
+            for (name, t) in self.named("providers", t) {
+                let (provider, driver) = self.provider(name, t, &plugins_dir);
+                providers.push(provider);
+                drivers.push(driver);
+            }
+        }
+        let provider_names: Vec<String> = providers.iter().map(|p| p.name.clone()).collect();
+        let mut labels = Vec::new();
+        let mut backing_names = Vec::new();
+        if let Some(t) = labels_table {
+            let named = self.named("labels", t);
+            for (name, t) in named {
+                let (label, backing) = self.label(name, t, &provider_names);
+                labels.push(label);
+                backing_names.push(backing);
+            }
+        }
+        // Backing labels, now that every label's kind is known.
+        for i in 0..labels.len() {
+            let Some(backing) = backing_names[i].take() else {
+                continue;
+            };
+            let at = join(&join("labels", &labels[i].name), "backing-label");
+            match labels.iter().position(|l| l.name == backing) {
+                None => {
+                    let known: Vec<&str> = labels.iter().map(|l| l.name.as_str()).collect();
+                    self.problem(
+                        at,
+                        format!("no label `{backing}`; labels are {}", known.join(", ")),
+                    );
+                }
+                Some(j) if j == i => self.problem(at, "a slot label cannot back itself"),
+                Some(j) if !matches!(labels[j].kind, LabelKind::Machine { .. }) => self.problem(
+                    at,
+                    format!("`{backing}` is a slot label; it must be a machine label"),
+                ),
+                Some(j) => {
+                    if let LabelKind::Slots { backing, .. } = &mut labels[i].kind {
+                        *backing = LabelIx(j as u16);
+                    }
+                }
+            }
+        }
+        Settings {
+            pool: Config {
+                pool_id: pool_id.unwrap_or_default(),
+                timings,
+                providers,
+                labels,
+                lease_ttl,
+            },
+            state_dir,
+            plugins_dir,
+            drivers,
+            api,
+            store,
+        }
+    }
+
+    fn store(&mut self, t: &Table) -> StoreSettings {
+        let mut s = Section::new("store".into(), t);
+        let sync = match self.string(&mut s, "sync").as_deref() {
+            None | Some("full") => StoreSync::Full,
+            Some("normal") => StoreSync::Normal,
+            Some(other) => {
+                self.problem(
+                    "store.sync",
+                    format!("`{other}` is not a sync level; expected full or normal"),
+                );
+                StoreSync::Full
+            }
+        };
+        self.finish(s);
+        StoreSettings { sync }
+    }
+
+    /// `[api]`, and the pool's lease TTL that it holds.
+    fn api(&mut self, t: &Table) -> (Api, Duration) {
+        let mut s = Section::new("api".into(), t);
+        let d = Api::default();
+        let listen = match self.string(&mut s, "listen") {
+            None => d.listen,
+            Some(text) => match text.parse::<std::net::SocketAddr>() {
+                Ok(a) => a,
+                Err(_) => {
+                    self.problem(
+                        "api.listen",
+                        format!("`{text}` is not an address and port such as 127.0.0.1:8080"),
+                    );
+                    d.listen
+                }
+            },
+        };
+        let lease_ttl = self
+            .duration(&mut s, "lease-ttl")
+            .unwrap_or(Config::DEFAULT_LEASE_TTL);
+        if lease_ttl.is_zero() {
+            self.problem("api.lease-ttl", "must be more than zero");
+        }
+        let mut positive = |w: &mut Self, key: &'static str, default: Duration| {
+            let d = w.duration(&mut s, key).unwrap_or(default);
+            if d.is_zero() {
+                w.problem(format!("api.{key}"), "must be more than zero");
+            }
+            d
+        };
+        let header_timeout = positive(self, "header-timeout", d.header_timeout);
+        let body_timeout = positive(self, "body-timeout", d.body_timeout);
+        let max_connections = self
+            .int::<usize>(&mut s, "max-connections", "1 or more")
+            .unwrap_or(d.max_connections);
+        if max_connections == 0 {
+            self.problem("api.max-connections", "must be 1 or more");
+        }
+        let mut tokens: Vec<Token> = Vec::new();
+        if let Some(t) = self.table(&mut s, "tokens") {
+            for (name, t) in self.named("api.tokens", t) {
+                if let Some(token) = self.token(name, t) {
+                    tokens.push(token);
+                }
+            }
+        }
+        self.finish(s);
+        for (i, t) in tokens.iter().enumerate() {
+            if tokens[..i].iter().any(|o| o.secret == t.secret) {
+                self.problem(
+                    format!("api.tokens.{}.token", t.name),
+                    "the same secret as another token; each token needs its own",
+                );
+            }
+        }
+        if tokens.is_empty() && !listen.ip().is_loopback() {
+            self.problem(
+                "api.listen",
+                format!(
+                    "{listen} is not a loopback address and no api.tokens are configured: anyone \
+                     who reaches it could take and delete nodes; add tokens or listen on 127.0.0.1"
+                ),
+            );
+        }
+        let api = Api {
+            listen,
+            tokens,
+            header_timeout,
+            body_timeout,
+            max_connections: max_connections.max(1),
+        };
+        (api, lease_ttl)
+    }
+
+    fn token(&mut self, name: String, t: &Table) -> Option<Token> {
+        let mut s = Section::new(join("api.tokens", &name), t);
+        let role = self.required_string(&mut s, "role");
+        let secret = self.required_string(&mut s, "token");
+        let at = s.path.clone();
+        self.finish(s);
+        let role = match role.as_deref()? {
+            "client" => Role::Client,
+            "admin" => Role::Admin,
+            other => {
+                self.problem(
+                    join(&at, "role"),
+                    format!("`{other}` is not a role; expected client or admin"),
+                );
+                return None;
+            }
+        };
+        let path = join(&at, "token");
+        let secret = self.interpolate(&path, &secret?);
+        if secret.chars().count() < 16 {
+            // The length of an interpolated secret says little; it is not shown.
+            self.problem(path, "a token must be at least 16 characters");
+            return None;
+        }
+        Some(Token { name, role, secret })
+    }
+
+    fn provider(
+        &mut self,
+        name: String,
+        t: &Table,
+        plugins_dir: &Path,
+    ) -> (Provider, DriverSettings) {
+        let mut s = Section::new(join("providers", &name), t);
+        let driver: PathBuf = self
+            .required_string(&mut s, "driver")
+            .map(|d| plugins_dir.join(d))
+            .unwrap_or_default();
+        let priority = self
+            .int::<i32>(&mut s, "priority", "a 32-bit integer")
+            .unwrap_or(0);
+        let rate = self.number(&mut s, "rate");
+        if let Some(r) = rate
+            && !(r.is_finite() && r > 0.0)
+        {
+            self.problem(s.at("rate"), "must be a number of calls per second above 0");
+        }
+        let burst = self.int::<u32>(&mut s, "burst", "1 or more");
+        if burst == Some(0) {
+            self.problem(s.at("burst"), "must be 1 or more");
+        }
+        let burst = burst
+            .unwrap_or_else(|| rate.map_or(1, |r| r.ceil().clamp(1.0, f64::from(u32::MAX)) as u32))
+            .max(1);
+        let mut sandbox = SandboxLimits::default();
+        if let Some(n) = self.int::<usize>(&mut s, "max-concurrent-calls", "1 or more") {
+            if n == 0 {
+                self.problem(s.at("max-concurrent-calls"), "must be 1 or more");
+            }
+            sandbox.max_instances = n.max(1);
+        }
+        let mut allowed_hosts = Vec::new();
+        match s.get("allow-hosts") {
+            None => {}
+            Some(Value::Array(a)) => {
+                for (i, v) in a.iter().enumerate() {
+                    let at = format!("{}[{i}]", s.at("allow-hosts"));
+                    match v {
+                        Value::String(h) => match AllowedHost::parse(h) {
+                            Ok(h) => allowed_hosts.push(h),
+                            Err(e) => self.problem(at, e),
+                        },
+                        v => self.wrong_type(at, "a string", v),
+                    }
+                }
+            }
+            Some(v) => self.wrong_type(s.at("allow-hosts"), "an array of hosts", v),
+        }
+        let credentials = match s.get("credentials") {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| {
+                    let at = format!("{}[{i}]", s.at("credentials"));
+                    match v {
+                        Value::Table(t) => self.credential(at, t, &allowed_hosts),
+                        v => {
+                            self.wrong_type(at, "a table", v);
+                            None
+                        }
+                    }
+                })
+                .collect(),
+            Some(v) => {
+                self.wrong_type(
+                    s.at("credentials"),
+                    "an array of tables ([[providers.NAME.credentials]])",
+                    v,
+                );
+                Vec::new()
+            }
+        };
+        let driver_config = match self.table(&mut s, "config") {
+            Some(c) => self.json(&s.at("config"), c, true),
+            None => "{}".to_owned(),
+        };
+        if let Some(t) = self.table(&mut s, "sandbox") {
+            let mut b = Section::new(s.at("sandbox"), t);
+            if let Some(m) = self.size(&mut b, "memory") {
+                sandbox.memory_bytes = m;
+            }
+            if let Some(d) = self.duration(&mut b, "call-deadline") {
+                sandbox.call_deadline = d;
+            }
+            if let Some(m) = self.size(&mut b, "max-response") {
+                sandbox.max_response_bytes = m;
+            }
+            if let Some(n) = self.int::<usize>(&mut b, "max-outbound", "1 or more") {
+                if n == 0 {
+                    self.problem(b.at("max-outbound"), "must be 1 or more");
+                }
+                sandbox.max_outbound = n.max(1);
+            }
+            if let Some(n) = self.int::<usize>(&mut b, "max-outbound-per-instance", "1 or more") {
+                if n == 0 {
+                    self.problem(b.at("max-outbound-per-instance"), "must be 1 or more");
+                }
+                sandbox.max_outbound_per_instance = n.max(1);
+            }
+            if let Some(m) = self.size(&mut b, "host-memory") {
+                if m < 1 << 20 {
+                    self.problem(b.at("host-memory"), "must be at least 1MiB");
+                }
+                sandbox.host_memory_bytes = m.max(1 << 20);
+            }
+            if let Some(n) = self.int::<u32>(&mut b, "log-rate", "1 or more") {
+                if n == 0 {
+                    self.problem(b.at("log-rate"), "must be 1 or more");
+                }
+                sandbox.log_rate = n.max(1);
+            }
+            self.finish(b);
+        }
+        let mut limits = ProviderLimits::default();
+        if let Some(t) = self.table(&mut s, "limits") {
+            let mut l = Section::new(s.at("limits"), t);
+            limits.max_instances = self.int(&mut l, "max-instances", "0 or more");
+            limits.max_cores = self.int(&mut l, "max-cores", "0 or more");
+            limits.max_ram_mib = self.size(&mut l, "max-ram").map(|b| b >> 20);
+            self.finish(l);
+        }
+        self.finish(s);
+        let provider = Provider {
+            name,
+            rate,
+            burst,
+            priority,
+            max_calls: u32::try_from(sandbox.max_instances.max(1)).unwrap_or(u32::MAX),
+            limits,
+        };
+        let driver = DriverSettings {
+            driver,
+            driver_config,
+            allowed_hosts,
+            credentials,
+            sandbox,
+        };
+        (provider, driver)
+    }
+
+    /// One `[[providers.NAME.credentials]]` table.
+    fn credential(
+        &mut self,
+        path: String,
+        t: &Table,
+        allowed: &[AllowedHost],
+    ) -> Option<Credential> {
+        let mut s = Section::new(path, t);
+        let host =
+            self.required_string(&mut s, "host")
+                .and_then(|h| match AllowedHost::parse(&h) {
+                    Ok(a) => Some((h, a)),
+                    Err(e) => {
+                        self.problem(s.at("host"), e);
+                        None
+                    }
+                });
+        if let Some((text, h)) = &host
+            && !allowed.iter().any(|a| a.covers(h))
+        {
+            self.problem(
+                s.at("host"),
+                format!(
+                    "`{text}` is not in the provider's allow-hosts, so no request would carry this"
+                ),
+            );
+        }
+        // A secret comes from the environment only: a config file is read
+        // by more people than a process's environment.
+        let secret = |w: &mut Self, s: &mut Section<'_>, key: &'static str, required: bool| {
+            let v = if required {
+                w.required_string(s, key)
+            } else {
+                w.string(s, key)
+            }?;
+            if !v.contains("${") {
+                w.problem(
+                    s.at(key),
+                    "must come from the environment, e.g. \"${NAME}\", not be written in the file",
+                );
+                return None;
+            }
+            Some(Secret::new(w.interpolate(&s.at(key), &v)))
+        };
+        let kind = self.required_string(&mut s, "kind");
+        let auth = match kind.as_deref() {
+            Some("aws-sigv4") => {
+                let access_key_id = self.required_string(&mut s, "access-key-id");
+                let access_key_id =
+                    access_key_id.map(|k| self.interpolate(&s.at("access-key-id"), &k));
+                let secret_access_key = secret(self, &mut s, "secret-access-key", true);
+                let session_token = secret(self, &mut s, "session-token", false);
+                let region = self.required_string(&mut s, "region");
+                let service = self.required_string(&mut s, "service");
+                match (access_key_id, secret_access_key, region, service) {
+                    (Some(access_key_id), Some(secret_access_key), Some(region), Some(service)) => {
+                        Some(Auth::AwsSigV4 {
+                            access_key_id,
+                            secret_access_key,
+                            session_token,
+                            region,
+                            service,
+                        })
+                    }
+                    _ => None,
+                }
+            }
+            Some("bearer") => secret(self, &mut s, "token", true).map(|t| Auth::Header {
+                name: http::header::AUTHORIZATION,
+                value: Secret::new(format!("Bearer {}", t.expose())),
+            }),
+            Some("header") => {
+                let name = self.required_string(&mut s, "header").and_then(|h| {
+                    match http::header::HeaderName::try_from(h.as_str()) {
+                        Ok(n) => Some(n),
+                        Err(_) => {
+                            self.problem(s.at("header"), format!("`{h}` is not a header name"));
+                            None
+                        }
+                    }
+                });
+                let value = secret(self, &mut s, "value", true);
+                match (name, value) {
+                    (Some(name), Some(value)) => Some(Auth::Header { name, value }),
+                    _ => None,
+                }
+            }
+            Some(other) => {
+                self.problem(
+                    s.at("kind"),
+                    format!("`{other}` is not aws-sigv4, bearer or header"),
+                );
+                // Which other keys belong depends on the kind: name none.
+                return None;
+            }
+            None => return None,
+        };
+        self.finish(s);
+        Some(Credential {
+            host: host?.1,
+            auth: auth?,
+        })
+    }
+
+    /// A label, and for a slot label the name of its backing label (resolved
+    /// once every label is read).
+    fn label(&mut self, name: String, t: &Table, providers: &[String]) -> (Label, Option<String>) {
+        let mut s = Section::new(join("labels", &name), t);
+        let min_ready = self.int(&mut s, "min-ready", "0 or more").unwrap_or(0);
+        let max_ready_age = self.duration(&mut s, "max-ready-age");
+        let boot_timeout = self
+            .duration(&mut s, "boot-timeout")
+            .unwrap_or(Label::DEFAULT_BOOT_TIMEOUT);
+        let launch_retries = self
+            .int(&mut s, "launch-retries", "0 or more")
+            .unwrap_or(Label::DEFAULT_LAUNCH_RETRIES);
+        let idle_timeout = self.duration(&mut s, "idle-timeout");
+        let reuse = self.bool(&mut s, "reuse").unwrap_or(false);
+        let is_slots = t.contains_key("slots") || t.contains_key("backing-label");
+        let mut backing = None;
+        let kind = if is_slots {
+            let slots = self.int::<u16>(&mut s, "slots", "1 to 1024");
+            if s.table.get("slots").is_none() {
+                self.problem(s.at("slots"), "missing; a slot label needs it");
+            }
+            if slots.is_some_and(|n| !(1..=1024).contains(&n)) {
+                self.problem(s.at("slots"), "must be 1 to 1024");
+            }
+            backing = self.required_string(&mut s, "backing-label");
+            let grace_time = self
+                .duration(&mut s, "grace-time")
+                .unwrap_or(Label::DEFAULT_GRACE_TIME);
+            if t.contains_key("providers") {
+                s.known.push("providers");
+                self.problem(
+                    s.at("providers"),
+                    "a slot label runs on its backing label's providers; remove this table",
+                );
+            }
+            LabelKind::Slots {
+                slots: slots.unwrap_or(1).max(1),
+                backing: LabelIx(0),
+                grace_time,
+            }
+        } else {
+            let mut offers = Vec::new();
+            match self.table(&mut s, "providers") {
+                None => self.problem(
+                    s.at("providers"),
+                    "missing; a machine label needs at least one [labels.NAME.providers.PROVIDER] table",
+                ),
+                Some(t) => {
+                    for (pname, t) in self.named(&s.at("providers"), t) {
+                        let at = join(&s.at("providers"), &pname);
+                        match providers.iter().position(|p| *p == pname) {
+                            Some(i) => {
+                                if let Some(o) = self.offer(at, t, ProviderIx(i as u16)) {
+                                    offers.push(o);
+                                }
+                            }
+                            None => self.problem(
+                                at,
+                                format!(
+                                    "no provider `{pname}`; providers are {}",
+                                    if providers.is_empty() {
+                                        "none".to_owned()
+                                    } else {
+                                        providers.join(", ")
+                                    }
+                                ),
+                            ),
+                        }
+                    }
+                    if t.is_empty() {
+                        self.problem(s.at("providers"), "names no provider");
+                    }
+                }
+            }
+            LabelKind::Machine { offers }
+        };
+        self.finish(s);
+        let label = Label {
+            name,
+            min_ready,
+            max_ready_age,
+            boot_timeout,
+            launch_retries,
+            idle_timeout,
+            reuse,
+            kind,
+        };
+        (label, backing)
+    }
+
+    fn offer(&mut self, path: String, t: &Table, provider: ProviderIx) -> Option<Offer> {
+        let mut s = Section::new(path, t);
+        let instance_type = self.required_string(&mut s, "instance-type");
+        let image = self.required_string(&mut s, "image");
+        let options = match self.table(&mut s, "options") {
+            Some(o) => self.json(&s.at("options"), o, false),
+            None => "{}".to_owned(),
+        };
+        if s.table.get("vcpus").is_none() {
+            s.known.push("vcpus");
+            self.problem(s.at("vcpus"), "missing; it is required");
+        }
+        let vcpus = self.int::<u32>(&mut s, "vcpus", "1 or more");
+        if vcpus == Some(0) {
+            self.problem(s.at("vcpus"), "must be 1 or more");
+        }
+        if s.table.get("ram").is_none() {
+            s.known.push("ram");
+            self.problem(s.at("ram"), "missing; it is required");
+        }
+        let ram = self.size(&mut s, "ram");
+        if let Some(b) = ram
+            && b % (1 << 20) != 0
+        {
+            self.problem(s.at("ram"), "must be a whole number of MiB");
+        }
+        let price = self.number(&mut s, "price").unwrap_or(0.0);
+        if !(price.is_finite() && price >= 0.0) {
+            self.problem(s.at("price"), "must be 0 or more");
+        }
+        self.finish(s);
+        Some(Offer {
+            provider,
+            instance_type: instance_type?,
+            image: image?,
+            options,
+            vcpus: vcpus?,
+            ram_mib: ram? >> 20,
+            price,
+        })
+    }
+}
+
+/// `512MiB`, `4GiB`, `64KiB`, `1TiB`, `100B`.
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("size `{text}` does not start with a whole number"))?;
+    let shift = match unit {
+        "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        "" => {
+            return Err(format!(
+                "size `{text}` has no unit; use B, KiB, MiB, GiB or TiB"
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "size `{text}` has an unknown unit; use B, KiB, MiB, GiB or TiB"
+            ));
+        }
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size `{text}` is too large"))
+}

@@ -1,0 +1,194 @@
+//! What a provider's driver may do and what the host adds to its requests:
+//! the sandbox limits, the outbound allow-list, and the credentials. Plain
+//! settings; `berth-plugin` enforces them.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::header::HeaderName;
+
+/// Resource limits of one provider's driver instances.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxLimits {
+    /// Largest linear memory a driver instance may grow to, in bytes.
+    pub memory_bytes: u64,
+    /// Wall-clock deadline of one call, including the time a guest spends
+    /// waiting on HTTP. A guest still running at the deadline is stopped.
+    pub call_deadline: Duration,
+    /// How many instances of the driver may run calls at once.
+    pub max_instances: usize,
+    /// Largest HTTP response body a guest may read, in bytes.
+    pub max_response_bytes: u64,
+    /// Outbound HTTP requests of the whole provider open at once; one more
+    /// is refused (`connection-limit-reached`).
+    pub max_outbound: usize,
+    /// Outbound HTTP requests of one driver instance open at once.
+    pub max_outbound_per_instance: usize,
+    /// What one driver instance may make the host hold for it, in bytes:
+    /// the resources it creates through WASI (HTTP header maps, streams,
+    /// pollables) and a `state.scan` answer. Bounds host memory outside the
+    /// guest's own `memory_bytes`.
+    pub host_memory_bytes: u64,
+    /// Log records (the `log` import and stdio lines) the provider's
+    /// instances may write per second together; more are dropped and
+    /// counted.
+    pub log_rate: u32,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        SandboxLimits {
+            memory_bytes: 256 << 20,
+            call_deadline: Duration::from_secs(30),
+            max_instances: 4,
+            max_response_bytes: 64 << 20,
+            max_outbound: 64,
+            max_outbound_per_instance: 16,
+            host_memory_bytes: 16 << 20,
+            log_rate: 100,
+        }
+    }
+}
+
+/// Largest HTTP header (or trailer) map one `fields` resource may hold, in
+/// bytes of its in-memory form. Clouds send a few KiB.
+pub const FIELD_SIZE_LIMIT: usize = 32 << 10;
+
+impl SandboxLimits {
+    /// Resources one instance may hold in its table at once: each may be a
+    /// header map of up to [`FIELD_SIZE_LIMIT`], so their number is what
+    /// bounds the host memory they take.
+    pub fn max_resources(&self) -> usize {
+        usize::try_from(self.host_memory_bytes / FIELD_SIZE_LIMIT as u64)
+            .unwrap_or(usize::MAX)
+            .max(64)
+    }
+}
+
+/// One allowed outbound destination: a host name or IP literal (with `*.` for
+/// any subdomain) and an optional port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllowedHost {
+    host: String,
+    port: Option<u16>,
+}
+
+impl AllowedHost {
+    /// Parses `host`, `host:port`, `*.domain`, `[v6]:port`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Err("empty host".into());
+        }
+        if text.contains("://") || text.contains('/') {
+            return Err(format!("{text:?} must be a host or host:port, not a URL"));
+        }
+        let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+            let (h, after) = rest
+                .split_once(']')
+                .ok_or_else(|| format!("{text:?}: unclosed ["))?;
+            let port = match after.strip_prefix(':') {
+                Some(p) => Some(
+                    p.parse::<u16>()
+                        .map_err(|_| format!("{text:?}: bad port"))?,
+                ),
+                None if after.is_empty() => None,
+                None => return Err(format!("{text:?}: junk after ]")),
+            };
+            (h.to_string(), port)
+        } else {
+            match text.rsplit_once(':') {
+                Some((h, p)) if !h.contains(':') => (
+                    h.to_string(),
+                    Some(
+                        p.parse::<u16>()
+                            .map_err(|_| format!("{text:?}: bad port"))?,
+                    ),
+                ),
+                _ => (text.to_string(), None),
+            }
+        };
+        Ok(AllowedHost {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    /// Whether every request `other` matches is one this matches too.
+    pub fn covers(&self, other: &AllowedHost) -> bool {
+        let port = match (self.port, other.port) {
+            (None, _) => true,
+            (Some(a), Some(b)) => a == b,
+            (Some(_), None) => false,
+        };
+        let host = match (self.host.strip_prefix("*."), other.host.strip_prefix("*.")) {
+            // *.example.com covers *.a.example.com and itself.
+            (Some(_), Some(theirs)) => {
+                self.host == other.host || self.matches(theirs, other.port.unwrap_or(0))
+            }
+            (None, Some(_)) => false,
+            (_, None) => self.matches(&other.host, other.port.unwrap_or(0)),
+        };
+        port && host
+    }
+
+    pub fn matches(&self, host: &str, port: u16) -> bool {
+        if self.port.is_some_and(|p| p != port) {
+            return false;
+        }
+        match self.host.strip_prefix("*.") {
+            Some(domain) => {
+                host.len() > domain.len() + 1
+                    && host.ends_with(domain)
+                    && host[..host.len() - domain.len()].ends_with('.')
+            }
+            None => self.host == host,
+        }
+    }
+}
+
+/// A secret string: never shown by `Debug` or `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    /// The secret itself, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// How requests to one host are authenticated.
+#[derive(Clone, Debug)]
+pub struct Credential {
+    /// The requests it applies to: host (wildcards as in `allow-hosts`) and
+    /// optional port.
+    pub host: AllowedHost,
+    pub auth: Auth,
+}
+
+/// The ways a request can be authenticated.
+#[derive(Clone, Debug)]
+pub enum Auth {
+    /// AWS Signature Version 4 (EC2, and every AWS-style API).
+    AwsSigV4 {
+        access_key_id: String,
+        secret_access_key: Secret,
+        /// For temporary credentials.
+        session_token: Option<Secret>,
+        region: String,
+        service: String,
+    },
+    /// `name: value`, e.g. `Authorization: Bearer …` or `X-Api-Key: …`.
+    Header { name: HeaderName, value: Secret },
+}

@@ -1,0 +1,518 @@
+//! Config checking: every problem with its path, at once.
+
+use std::path::Path;
+
+use super::*;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "SIM_TOKEN" => Some("s3cret-value".into()),
+        "CI_TOKEN" => Some("ci-token-0123456789abcdef".into()),
+        _ => None,
+    }
+}
+
+const GOOD: &str = r#"
+pool-id = "ci"
+sync-interval = "30s"
+
+[providers.sim-a]
+driver = "sim.wasm"
+priority = 1
+rate = 2.5
+max-concurrent-calls = 8
+allow-hosts = ["127.0.0.1:8600"]
+config = { endpoint = "http://127.0.0.1:8600", token = "${SIM_TOKEN}", literal = "$${HOME}" }
+[providers.sim-a.sandbox]
+memory = "128MiB"
+call-deadline = "10s"
+[providers.sim-a.limits]
+max-instances = 50
+max-ram = "512GiB"
+
+[labels.big]
+min-ready = 2
+max-ready-age = "1h"
+[labels.big.providers.sim-a]
+instance-type = "big"
+image = "ubuntu"
+vcpus = 8
+ram = "32GiB"
+price = 0.4
+
+[labels.slot]
+slots = 4
+backing-label = "big"
+"#;
+
+/// Parses `text` and compares the problems (as `path: message` lines that
+/// must each contain the expected fragment).
+fn check(text: &str, expect: &[(&str, &str)]) {
+    let problems = match parse(text, Path::new("/etc/berth"), &env) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.problems,
+    };
+    let got: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    assert_eq!(problems.len(), expect.len(), "problems: {got:#?}");
+    for (path, fragment) in expect {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.path == *path && p.message.contains(fragment)),
+            "no `{path}: ...{fragment}...` in {got:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_good_file_gives_typed_values_and_defaults() {
+    let c = parse(GOOD, Path::new("/etc/berth"), &env).expect("valid");
+    assert_eq!(c.pool.pool_id, "ci");
+    assert_eq!(c.state_dir, Path::new("/etc/berth/berth-data"));
+    assert_eq!(c.pool.timings.sync_interval, Duration::from_secs(30));
+    assert_eq!(c.pool.timings.leak_grace, Timings::DEFAULT_LEAK_GRACE);
+    let (p, d) = (&c.pool.providers[0], &c.drivers[0]);
+    assert_eq!(d.driver, Path::new("/etc/berth/plugins/sim.wasm"));
+    assert_eq!(p.rate, Some(2.5));
+    assert_eq!(p.burst, 3);
+    assert_eq!(p.max_calls, 8);
+    assert_eq!(d.sandbox.max_instances, 8);
+    assert_eq!(d.sandbox.memory_bytes, 128 << 20);
+    assert_eq!(p.limits.max_instances, Some(50));
+    assert_eq!(p.limits.max_ram_mib, Some(512 << 10));
+    let cfg: serde_json::Value = serde_json::from_str(&d.driver_config).unwrap();
+    assert_eq!(cfg["token"], "s3cret-value");
+    assert_eq!(cfg["literal"], "${HOME}");
+    let big = &c.pool.labels[0];
+    assert_eq!(big.min_ready, 2);
+    assert_eq!(big.launch_retries, Label::DEFAULT_LAUNCH_RETRIES);
+    match &big.kind {
+        LabelKind::Machine { offers } => {
+            assert_eq!(offers[0].ram_mib, 32 << 10);
+            assert_eq!(offers[0].options, "{}");
+        }
+        k => panic!("{k:?}"),
+    }
+    assert_eq!(
+        c.pool.labels[1].kind,
+        LabelKind::Slots {
+            slots: 4,
+            backing: LabelIx(0),
+            grace_time: Label::DEFAULT_GRACE_TIME
+        }
+    );
+}
+
+#[test]
+fn every_problem_is_reported_at_once_with_its_path() {
+    let text = r#"
+pool-id = "c i"
+sync-intervall = "1s"
+leak-grace = "2"
+
+[providers.a]
+priority = "high"
+rate = 0
+allow-hosts = ["http://x/", 3]
+config = { token = "${NOPE}" }
+[providers.a.limits]
+max-instances = -1
+max-ram = "4GB"
+
+[labels.m]
+min-ready = 1
+[labels.m.providers.a]
+instance-type = "t"
+imgae = "x"
+vcpus = 0
+ram = "4GiB"
+[labels.m.providers.b]
+instance-type = "t"
+image = "x"
+vcpus = 1
+ram = "1GiB"
+
+[labels.s]
+slots = 0
+backing-label = "s2"
+[labels.s.providers.a]
+
+[labels.s2]
+slots = 2
+backing-label = "s"
+"#;
+    check(
+        text,
+        &[
+            ("pool-id", "must be 1 to 64"),
+            ("sync-intervall", "unknown key"),
+            ("leak-grace", "no unit"),
+            ("providers.a.driver", "missing"),
+            (
+                "providers.a.priority",
+                "expected an integer, found a string",
+            ),
+            ("providers.a.rate", "above 0"),
+            ("providers.a.allow-hosts[0]", "not a URL"),
+            ("providers.a.allow-hosts[1]", "expected a string"),
+            ("providers.a.config.token", "NOPE is not set"),
+            ("providers.a.limits.max-instances", "out of range"),
+            ("providers.a.limits.max-ram", "unknown unit"),
+            ("labels.m.providers.a.image", "missing"),
+            ("labels.m.providers.a.imgae", "unknown key"),
+            ("labels.m.providers.a.vcpus", "1 or more"),
+            ("labels.m.providers.b", "no provider `b`; providers are a"),
+            ("labels.s.slots", "1 to 1024"),
+            ("labels.s.providers", "remove this table"),
+            ("labels.s.backing-label", "is a slot label"),
+            ("labels.s2.backing-label", "is a slot label"),
+        ],
+    );
+}
+
+#[test]
+fn small_cases() {
+    check("", &[("pool-id", "missing")]);
+    check("pool-id = 3", &[("pool-id", "expected a string")]);
+    check(
+        "pool-id = \"p\"\nlabels = 1",
+        &[("labels", "expected a table")],
+    );
+    check(
+        "pool-id = \"p\"\n[labels.x]\nmin-ready = 1",
+        &[("labels.x.providers", "missing")],
+    );
+    check(
+        "pool-id = \"p\"\n[labels.x]\nslots = 2\nbacking-label = \"nope\"",
+        &[("labels.x.backing-label", "no label `nope`")],
+    );
+    check(
+        "pool-id = \"p\"\n[labels.x]\nslots = 2\nbacking-label = \"x\"",
+        &[("labels.x.backing-label", "cannot back itself")],
+    );
+    check("pool-id = [", &[("", "not valid TOML")]);
+}
+
+#[test]
+fn secrets_appear_in_no_debug_output_or_message() {
+    let c = parse(GOOD, Path::new("."), &env).expect("valid");
+    assert!(!format!("{c:?}").contains("s3cret-value"));
+    let bad = GOOD.replace("priority = 1", "priority = \"x\"");
+    let e = parse(&bad, Path::new("."), &env).unwrap_err();
+    assert!(!e.to_string().contains("s3cret-value"));
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let text = include_str!("../../../config/example.toml");
+    let env = |name: &str| Some(format!("{name}-value-0123456789"));
+    parse(text, Path::new("."), &env).expect("config/example.toml");
+}
+
+#[test]
+fn sizes() {
+    assert_eq!(parse::parse_size("512MiB"), Ok(512 << 20));
+    assert_eq!(parse::parse_size("1TiB"), Ok(1 << 40));
+    assert!(parse::parse_size("12").is_err());
+    assert!(parse::parse_size("1.5GiB").is_err());
+}
+
+#[test]
+fn unknown_keys_are_named_at_every_level() {
+    let text = r#"
+pool-id = "p"
+top = 1
+[providers.a]
+driver = "d.wasm"
+drvier = "d.wasm"
+[providers.a.sandbox]
+mem = "1GiB"
+[providers.a.limits]
+max-instance = 1
+[labels.m]
+minready = 1
+[labels.m.providers.a]
+instance-type = "t"
+image = "i"
+vcpus = 1
+ram = "1GiB"
+cost = 1
+[labels.s]
+slots = 2
+backing-label = "m"
+grace = "1s"
+"#;
+    check(
+        text,
+        &[
+            ("top", "unknown key; expected one of"),
+            ("providers.a.drvier", "unknown key"),
+            ("providers.a.sandbox.mem", "unknown key"),
+            ("providers.a.limits.max-instance", "unknown key"),
+            ("labels.m.minready", "unknown key"),
+            ("labels.m.providers.a.cost", "unknown key"),
+            ("labels.s.grace", "unknown key"),
+        ],
+    );
+}
+
+#[test]
+fn interpolation_reaches_nested_strings_only_in_driver_config() {
+    let text = r#"
+pool-id = "p"
+[providers.a]
+driver = "d.wasm"
+[providers.a.config]
+plain = "$HOME and $$ stay"
+escaped = "$${SIM_TOKEN}"
+list = ["${SIM_TOKEN}", { deep = "x-${SIM_TOKEN}-y" }]
+[labels.m.providers.a]
+instance-type = "${SIM_TOKEN}"
+image = "i"
+vcpus = 1
+ram = "1GiB"
+options = { o = "${SIM_TOKEN}" }
+"#;
+    let c = parse(text, Path::new("."), &env).expect("valid");
+    let cfg: serde_json::Value = serde_json::from_str(&c.drivers[0].driver_config).unwrap();
+    assert_eq!(cfg["plain"], "$HOME and $$ stay");
+    assert_eq!(cfg["escaped"], "${SIM_TOKEN}");
+    assert_eq!(cfg["list"][0], "s3cret-value");
+    assert_eq!(cfg["list"][1]["deep"], "x-s3cret-value-y");
+    let LabelKind::Machine { offers } = &c.pool.labels[0].kind else {
+        panic!("machine label");
+    };
+    assert_eq!(offers[0].instance_type, "${SIM_TOKEN}");
+    assert_eq!(offers[0].options, r#"{"o":"${SIM_TOKEN}"}"#);
+
+    check(
+        "pool-id = \"p\"\n[providers.a]\ndriver = \"d\"\n[providers.a.config]\n\
+         a = { b = [\"${UNSET_ONE}\"] }\nc = \"${}\"\nd = \"${OPEN\"\ne = nan",
+        &[
+            (
+                "providers.a.config.a.b[0]",
+                "environment variable UNSET_ONE is not set",
+            ),
+            ("providers.a.config.c", "names no environment variable"),
+            ("providers.a.config.d", "without a closing"),
+            ("providers.a.config.e", "nan and inf"),
+        ],
+    );
+}
+
+#[test]
+fn a_secret_is_in_no_problem_even_next_to_one() {
+    // The problem is on the very string the secret is interpolated into.
+    let text = "pool-id = \"p\"\n[providers.a]\ndriver = \"d\"\n\
+                config = { t = \"${SIM_TOKEN}${UNSET_ONE}\" }";
+    let e = parse(text, Path::new("."), &env).unwrap_err();
+    assert_eq!(e.problems.len(), 1, "{e}");
+    assert!(!e.to_string().contains("s3cret-value"), "{e}");
+    assert!(!format!("{e:?}").contains("s3cret-value"), "{e:?}");
+}
+
+#[test]
+fn a_syntax_error_is_one_line_with_its_position() {
+    let e = parse("pool-id = \"p\"\nx = [\n", Path::new("."), &env).unwrap_err();
+    assert_eq!(e.problems.len(), 1);
+    let p = &e.problems[0];
+    assert_eq!(p.path, "");
+    assert!(
+        p.message
+            .starts_with("not valid TOML at line 2, column 6: "),
+        "{p}"
+    );
+    assert!(!p.message.contains('\n'), "{p}");
+}
+
+#[test]
+fn a_name_with_a_dot_is_quoted_in_paths() {
+    check(
+        "pool-id = \"p\"\n[providers.\"a.b\"]\ndriver = 1\n[providers.\"c d\"]\ndriver = \"x\"",
+        &[
+            ("providers.\"a.b\".driver", "expected a string"),
+            ("providers.\"c d\"", "names are 1 to 64"),
+        ],
+    );
+}
+
+#[test]
+fn load_resolves_against_the_file_and_check_files_finds_missing_drivers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    std::fs::write(dir.path().join("plugins").join("there.wasm"), b"").unwrap();
+    let file = dir.path().join("berth.toml");
+    std::fs::write(
+        &file,
+        "pool-id = \"p\"\n[providers.a]\ndriver = \"there.wasm\"\n\
+         [providers.b]\ndriver = \"gone.wasm\"\n[providers.c]\ndriver = \".\"",
+    )
+    .unwrap();
+    let c = load(&file).expect("valid");
+    assert_eq!(c.state_dir, dir.path().join("berth-data"));
+    assert_eq!(c.drivers[0].driver, dir.path().join("plugins/there.wasm"));
+    let problems: Vec<String> = check_files(&c).iter().map(|p| p.to_string()).collect();
+    let gone = dir.path().join("plugins/gone.wasm");
+    let not_file = dir.path().join("plugins/.");
+    assert_eq!(
+        problems,
+        [
+            format!("providers.b.driver: no such file: {}", gone.display()),
+            format!("providers.c.driver: not a file: {}", not_file.display()),
+        ]
+    );
+
+    let e = load(&dir.path().join("absent.toml")).unwrap_err();
+    assert_eq!(e.problems.len(), 1);
+    assert!(e.problems[0].message.starts_with("reading "), "{e}");
+}
+
+#[test]
+fn api_tokens_and_leases() {
+    let text = r#"
+pool-id = "p"
+[api]
+listen = "0.0.0.0:9000"
+lease-ttl = "90s"
+[api.tokens.ci]
+role = "client"
+token = "${CI_TOKEN}"
+[api.tokens.ops]
+role = "admin"
+token = "admin-0123456789abcdef"
+"#;
+    let c = parse(text, Path::new("."), &env).expect("valid");
+    assert_eq!(c.api.listen.to_string(), "0.0.0.0:9000");
+    assert_eq!(c.pool.lease_ttl, Duration::from_secs(90));
+    let names: Vec<(&str, Role)> = c
+        .api
+        .tokens
+        .iter()
+        .map(|t| (t.name.as_str(), t.role))
+        .collect();
+    assert_eq!(names, [("ci", Role::Client), ("ops", Role::Admin)]);
+    assert_eq!(c.api.tokens[0].secret, "ci-token-0123456789abcdef");
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("ci-token-0123") && !shown.contains("admin-0123"));
+
+    let d = parse("pool-id = \"p\"", Path::new("."), &env).expect("valid");
+    assert_eq!(d.api, Api::default());
+    assert!(d.api.listen.ip().is_loopback());
+}
+
+#[test]
+fn api_problems() {
+    check(
+        "pool-id = \"p\"\n[api]\nlisten = \"0.0.0.0:80\"",
+        &[("api.listen", "no api.tokens are configured")],
+    );
+    check(
+        "pool-id = \"p\"\n[api]\nlisten = \"localhost\"\nlease-ttl = \"0s\"\nport = 1",
+        &[
+            ("api.listen", "not an address and port"),
+            ("api.lease-ttl", "more than zero"),
+            ("api.port", "unknown key"),
+        ],
+    );
+    check(
+        "pool-id = \"p\"\n[api.tokens.a]\nrole = \"root\"\ntoken = \"0123456789abcdefg\"\n\
+         [api.tokens.b]\nrole = \"client\"\ntoken = \"short\"\n\
+         [api.tokens.c]\ntoken = \"0123456789abcdefg\"",
+        &[
+            ("api.tokens.a.role", "not a role"),
+            ("api.tokens.b.token", "at least 16"),
+            ("api.tokens.c.role", "missing"),
+        ],
+    );
+    check(
+        "pool-id = \"p\"\n[api.tokens.a]\nrole = \"client\"\ntoken = \"0123456789abcdefg\"\n\
+         [api.tokens.b]\nrole = \"admin\"\ntoken = \"0123456789abcdefg\"",
+        &[("api.tokens.b.token", "same secret")],
+    );
+}
+
+const CREDENTIALED: &str = r#"
+pool-id = "p"
+[providers.ec2]
+driver = "aws-ec2.wasm"
+allow-hosts = ["*.amazonaws.com", "127.0.0.1:5000"]
+[[providers.ec2.credentials]]
+host = "ec2.us-east-1.amazonaws.com"
+kind = "aws-sigv4"
+region = "us-east-1"
+service = "ec2"
+access-key-id = "AKIDEXAMPLE"
+secret-access-key = "${SIM_TOKEN}"
+[[providers.ec2.credentials]]
+host = "127.0.0.1:5000"
+kind = "bearer"
+token = "${CI_TOKEN}"
+"#;
+
+#[test]
+fn credentials_are_read_and_never_shown() {
+    let c = parse(CREDENTIALED, Path::new("."), &env).expect("valid");
+    let p = &c.drivers[0];
+    assert_eq!(p.credentials.len(), 2);
+    match &p.credentials[0].auth {
+        crate::Auth::AwsSigV4 {
+            secret_access_key,
+            region,
+            ..
+        } => {
+            assert_eq!(secret_access_key.expose(), "s3cret-value");
+            assert_eq!(region, "us-east-1");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &p.credentials[1].auth {
+        crate::Auth::Header { name, value } => {
+            assert_eq!(name, "authorization");
+            assert_eq!(value.expose(), "Bearer ci-token-0123456789abcdef");
+        }
+        other => panic!("{other:?}"),
+    }
+    let shown = format!("{c:?}");
+    assert!(
+        !shown.contains("s3cret-value") && !shown.contains("ci-token"),
+        "{shown}"
+    );
+    // The driver's own config holds none of it.
+    assert_eq!(p.driver_config, "{}");
+}
+
+#[test]
+fn credential_problems() {
+    check(
+        &CREDENTIALED
+            .replace("host = \"127.0.0.1:5000\"", "host = \"127.0.0.1:6000\"")
+            .replace(
+                "secret-access-key = \"${SIM_TOKEN}\"",
+                "secret-access-key = \"inline\"",
+            )
+            .replace("service = \"ec2\"", "servise = \"ec2\""),
+        &[
+            (
+                "providers.ec2.credentials[1].host",
+                "not in the provider's allow-hosts",
+            ),
+            (
+                "providers.ec2.credentials[0].secret-access-key",
+                "must come from the environment",
+            ),
+            ("providers.ec2.credentials[0].service", "missing"),
+            ("providers.ec2.credentials[0].servise", "unknown key"),
+        ],
+    );
+    check(
+        &CREDENTIALED.replace("kind = \"bearer\"", "kind = \"basic\""),
+        &[(
+            "providers.ec2.credentials[1].kind",
+            "not aws-sigv4, bearer or header",
+        )],
+    );
+    check(
+        &CREDENTIALED.replace("${CI_TOKEN}", "${NOPE}"),
+        &[("providers.ec2.credentials[1].token", "NOPE is not set")],
+    );
+}

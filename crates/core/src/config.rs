@@ -1,0 +1,233 @@
+//! The pool's config: what the pool core decides with. Labels, offers,
+//! quotas, rates and timings; no driver files, driver config, credentials or
+//! API tokens (those are `berth-config`'s settings for the parts that use
+//! them).
+
+use std::time::Duration;
+
+/// Index of a provider in [`Config::providers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProviderIx(pub u16);
+
+/// Index of a label in [`Config::labels`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LabelIx(pub u16);
+
+/// The pool's config.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The ownership tag value: every instance berth creates carries it.
+    pub pool_id: String,
+    /// Pool-wide timings.
+    pub timings: Timings,
+    /// Providers, in the order the file names them.
+    pub providers: Vec<Provider>,
+    /// Labels, in the order the file names them.
+    pub labels: Vec<Label>,
+    /// How long a requestor's lease lasts after its last call or heartbeat
+    /// (`api.lease-ttl`).
+    pub lease_ttl: Duration,
+}
+
+impl Config {
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(600);
+}
+
+/// Pool-wide timings, each with a named default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timings {
+    /// How often each provider is listed and reconciled (`sync-interval`).
+    pub sync_interval: Duration,
+    /// How often a provider with booting nodes is listed (`boot-poll-interval`).
+    pub boot_poll_interval: Duration,
+    /// How long an owned instance no node accounts for is left alone before it
+    /// is deleted as leaked (`leak-grace`).
+    pub leak_grace: Duration,
+    /// How long after a delete an instance still listed is deleted again
+    /// (`delete-retry`).
+    pub delete_retry: Duration,
+    /// How long a node's instance must stay missing from complete lists (two
+    /// at least) before berth believes it is gone (`missing-confirm`).
+    pub missing_confirm: Duration,
+    /// How long creates stay paused after quota-exceeded if no instance goes
+    /// away first (`quota-pause`).
+    pub quota_pause: Duration,
+    /// How long an instance type stays paused on a provider after a capacity
+    /// error (`capacity-pause`).
+    pub capacity_pause: Duration,
+    /// How long a failed or cancelled request, or a gone node, is kept for
+    /// clients to read before it is forgotten (`history`).
+    pub history: Duration,
+}
+
+impl Timings {
+    pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(60);
+    pub const DEFAULT_BOOT_POLL_INTERVAL: Duration = Duration::from_secs(5);
+    pub const DEFAULT_LEAK_GRACE: Duration = Duration::from_secs(120);
+    pub const DEFAULT_DELETE_RETRY: Duration = Duration::from_secs(60);
+    pub const DEFAULT_MISSING_CONFIRM: Duration = Duration::from_secs(60);
+    pub const DEFAULT_QUOTA_PAUSE: Duration = Duration::from_secs(60);
+    pub const DEFAULT_CAPACITY_PAUSE: Duration = Duration::from_secs(300);
+    pub const DEFAULT_HISTORY: Duration = Duration::from_secs(3600);
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            sync_interval: Self::DEFAULT_SYNC_INTERVAL,
+            boot_poll_interval: Self::DEFAULT_BOOT_POLL_INTERVAL,
+            leak_grace: Self::DEFAULT_LEAK_GRACE,
+            delete_retry: Self::DEFAULT_DELETE_RETRY,
+            missing_confirm: Self::DEFAULT_MISSING_CONFIRM,
+            quota_pause: Self::DEFAULT_QUOTA_PAUSE,
+            capacity_pause: Self::DEFAULT_CAPACITY_PAUSE,
+            history: Self::DEFAULT_HISTORY,
+        }
+    }
+}
+
+/// What the pool knows of a provider: its name and the limits it is kept in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Provider {
+    pub name: String,
+    /// Host-side call rate limit in calls per second (`rate`); `None` is none.
+    pub rate: Option<f64>,
+    /// Burst size of the rate limiter (`burst`, default: one second's worth).
+    pub burst: u32,
+    /// Lower is preferred when several providers serve a label (`priority`).
+    pub priority: i32,
+    /// Driver calls in flight at once (`max-concurrent-calls`), at least 1.
+    pub max_calls: u32,
+    /// What berth may have on this provider at once.
+    pub limits: ProviderLimits,
+}
+
+impl Provider {
+    /// A provider with no rate limit, priority 0, no limits and the default
+    /// concurrency.
+    pub fn new(name: &str) -> Provider {
+        Provider {
+            name: name.into(),
+            rate: None,
+            burst: 1,
+            priority: 0,
+            max_calls: Provider::DEFAULT_MAX_CALLS,
+            limits: ProviderLimits::default(),
+        }
+    }
+
+    pub const DEFAULT_MAX_CALLS: u32 = 4;
+}
+
+/// Per-provider limits; `None` is unlimited. Creating, booting and deleting
+/// nodes count, so concurrent launches never overshoot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProviderLimits {
+    pub max_instances: Option<u32>,
+    pub max_cores: Option<u32>,
+    pub max_ram_mib: Option<u64>,
+}
+
+/// A label: what clients ask for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Label {
+    pub name: String,
+    /// Ready nodes kept waiting (`min-ready`).
+    pub min_ready: u32,
+    /// A ready node older than this is recycled (`max-ready-age`).
+    pub max_ready_age: Option<Duration>,
+    /// A node not running this long after its create is deleted and
+    /// relaunched (`boot-timeout`).
+    pub boot_timeout: Duration,
+    /// Failed launches tried again before a request fails (`launch-retries`).
+    pub launch_retries: u32,
+    /// A ready node beyond `min-ready` idle this long is deleted
+    /// (`idle-timeout`); `None` keeps it until it is used or too old.
+    pub idle_timeout: Option<Duration>,
+    /// A node a client returns goes back to ready instead of being deleted
+    /// (`reuse`, default false: single use).
+    pub reuse: bool,
+    /// Machines or slots.
+    pub kind: LabelKind,
+}
+
+impl Label {
+    pub const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+    pub const DEFAULT_LAUNCH_RETRIES: u32 = 3;
+    pub const DEFAULT_GRACE_TIME: Duration = Duration::from_secs(60);
+
+    /// A label with every setting at its default (no ready nodes kept, no
+    /// ageing, single use).
+    pub fn new(name: &str, kind: LabelKind) -> Label {
+        Label {
+            name: name.into(),
+            min_ready: 0,
+            max_ready_age: None,
+            boot_timeout: Label::DEFAULT_BOOT_TIMEOUT,
+            launch_retries: Label::DEFAULT_LAUNCH_RETRIES,
+            idle_timeout: None,
+            reuse: false,
+            kind,
+        }
+    }
+}
+
+/// What a label's nodes are.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LabelKind {
+    /// Each node is one cloud instance from one of these offers.
+    Machine { offers: Vec<Offer> },
+    /// Up to `slots` nodes share one instance of the backing label.
+    Slots {
+        slots: u16,
+        backing: LabelIx,
+        /// A backing instance with every slot free this long is deleted.
+        grace_time: Duration,
+    },
+}
+
+/// How one provider serves a machine label.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Offer {
+    pub provider: ProviderIx,
+    pub instance_type: String,
+    pub image: String,
+    /// Driver-specific label options, JSON text.
+    pub options: String,
+    pub vcpus: u32,
+    pub ram_mib: u64,
+    /// Hourly price, in whatever currency the operator uses.
+    pub price: f64,
+}
+
+impl Config {
+    /// Finds a provider by name.
+    pub fn provider(&self, name: &str) -> Option<ProviderIx> {
+        self.providers
+            .iter()
+            .position(|p| p.name == name)
+            .map(|i| ProviderIx(i as u16))
+    }
+
+    /// Finds a label by name.
+    pub fn label(&self, name: &str) -> Option<LabelIx> {
+        self.labels
+            .iter()
+            .position(|l| l.name == name)
+            .map(|i| LabelIx(i as u16))
+    }
+}
+
+impl std::ops::Index<ProviderIx> for Config {
+    type Output = Provider;
+    fn index(&self, ix: ProviderIx) -> &Provider {
+        &self.providers[ix.0 as usize]
+    }
+}
+
+impl std::ops::Index<LabelIx> for Config {
+    type Output = Label;
+    fn index(&self, ix: LabelIx) -> &Label {
+        &self.labels[ix.0 as usize]
+    }
+}

@@ -1,0 +1,787 @@
+//! The pool core: nodes, requests, quotas, prewarming, slots and the
+//! reconciler, as plain data and decisions.
+//!
+//! Nothing here does IO or reads a clock. Time comes in as `now`; what the core
+//! wants done comes out as [`Effect`]s (driver calls) and [`Changes`] (records
+//! to store), and outcomes come back through [`Pool::created`],
+//! [`Pool::deleted`], [`Pool::listed`] and [`Pool::tagged`]. The runtime
+//! (`crate::runtime`) writes the changes to the store *before* it carries out
+//! the effects, so a crash at any point leaves an intent the next start can
+//! resolve.
+//!
+//! Every change to a node goes through [`Pool::update`] (or `insert` /
+//! `purge`), which keeps the indexes (free ready nodes per label, usage per
+//! provider, the calls each provider owes) true; nothing else touches them.
+
+mod calls;
+mod leases;
+mod model;
+mod plan;
+#[cfg(test)]
+mod prop;
+mod reconcile;
+#[cfg(test)]
+mod testkit;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::config::{Config, LabelIx, LabelKind, ProviderIx};
+use crate::driver::{
+    CreateSpec, IDLE_TAG, LABEL_TAG, NODE_TAG, POOL_TAG, SLOT_LABEL_TAG, SLOTS_TAG, Tags,
+};
+
+pub use calls::Bucket;
+pub use model::*;
+
+/// The pool's state and decisions. See the module docs.
+pub struct Pool {
+    config: Arc<Config>,
+    nodes: HashMap<NodeId, Node>,
+    requests: HashMap<RequestId, Request>,
+    /// Pending requests in the order they are served: priority, then age.
+    pending: BTreeSet<(i32, Time, RequestId)>,
+    ix: Indexes,
+    /// Nodes with a driver call in flight: at most one call per node.
+    busy: HashSet<NodeId>,
+    /// When this process learned each node's instance id; an instance
+    /// missing from a list that started earlier is not yet a vanished one.
+    attached_at: HashMap<NodeId, Time>,
+    timers: BTreeSet<(Time, Timer)>,
+    /// Failed delete and tag calls per node in a row, for their backoff.
+    tries: HashMap<NodeId, u32>,
+    /// Leases by requestor, and the same ordered by expiry.
+    leases: HashMap<String, Time>,
+    lease_expiry: BTreeSet<(Time, String)>,
+    dirty_leases: HashSet<String>,
+    purged_leases: Vec<String>,
+    /// Creating nodes marked busy while they wait out a backoff after a
+    /// failed try on the same provider: no call is in flight for them.
+    create_waits: HashSet<NodeId>,
+    dirty_nodes: HashSet<NodeId>,
+    dirty_requests: HashSet<RequestId>,
+    purged_nodes: Vec<NodeId>,
+    purged_requests: Vec<RequestId>,
+    notices: Vec<Notice>,
+    ids: IdGen,
+    /// The time of the last [`Pool::tick`].
+    last_tick: Time,
+}
+
+/// Indexes derived from the nodes; kept apart so they can be updated while a
+/// node is borrowed.
+struct Indexes {
+    labels: Vec<LabelRt>,
+    providers: Vec<ProviderRt>,
+}
+
+/// Per-label runtime state.
+#[derive(Default)]
+struct LabelRt {
+    /// Ready, unassigned, idle-run plain nodes, oldest first.
+    free_ready: BTreeSet<(Time, NodeId)>,
+    /// Creating or booting unassigned plain nodes.
+    free_launching: BTreeSet<NodeId>,
+    /// For a slot label: its live backing nodes.
+    backings: BTreeSet<NodeId>,
+    /// Prewarm launches that failed in a row, and when prewarming may try again.
+    failures: u32,
+    backoff_until: Time,
+}
+
+/// Per-provider runtime state.
+struct ProviderRt {
+    usage: Usage,
+    /// The part of `usage` held by nodes being deleted: room on its way.
+    deleting: Usage,
+    /// Creates paused after quota-exceeded, until an instance goes away or this time.
+    quota_paused_until: Option<Time>,
+    /// Every call held after rate-limited, until this time.
+    held_until: Option<Time>,
+    /// Instance types out of capacity (`None`: all of them), until when.
+    capacity_paused: Vec<(Option<String>, Time)>,
+    bucket: Option<Bucket>,
+    next_list: Time,
+    list_busy: bool,
+    /// A list has completed since start: until then nothing is created, so
+    /// that creates left from before a crash are found rather than repeated.
+    listed: bool,
+    in_flight: u32,
+    max_in_flight: u32,
+    want_create: BTreeSet<NodeId>,
+    want_delete: BTreeSet<NodeId>,
+    want_tags: BTreeSet<NodeId>,
+    /// Non-final nodes with an instance id on this provider.
+    with_instance: HashSet<NodeId>,
+    /// The same by instance id: the one live node that holds each instance.
+    /// A list or a create that claims an instance held here for another
+    /// node is not believed.
+    holders: HashMap<String, NodeId>,
+    /// Leak deletes, apart from (and within) the provider's own rate: a
+    /// driver that lists thousands of owned orphans gets them deleted at
+    /// this pace, not all at once.
+    leak_bucket: Bucket,
+    /// Owned instances no live node accounts for, by instance id.
+    leaks: HashMap<String, Leak>,
+    /// Nodes whose instance the latest complete lists did not show:
+    /// suspected, not gone (see `reconcile`).
+    missing: HashMap<NodeId, Missing>,
+    /// Lists in a row that failed or were not believed, for the backoff.
+    list_failures: u32,
+    /// How the provider's lists are going.
+    list_health: ListHealth,
+    /// When the last believed list started.
+    last_listed: Option<Time>,
+    /// When a list problem was last said (notices are rate-limited).
+    list_said: Option<Time>,
+    foreign_said: bool,
+    leaks_deleted: u64,
+}
+
+/// An owned instance to delete once `due` passes, if a list still shows it.
+struct Leak {
+    node: Option<NodeId>,
+    due: Time,
+    busy: bool,
+}
+
+/// Leak deletes per second per provider, at most (see `ProviderRt`).
+pub const LEAK_DELETES_PER_SECOND: f64 = 10.0;
+
+/// What a provider has, counting creating, booting and deleting nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub instances: u32,
+    pub vcpus: u32,
+    pub ram_mib: u64,
+}
+
+impl Usage {
+    fn add(&mut self, r: Resources) {
+        self.instances += 1;
+        self.vcpus += r.vcpus;
+        self.ram_mib += r.ram_mib;
+    }
+
+    fn sub(&mut self, r: Resources) {
+        self.instances = self.instances.saturating_sub(1);
+        self.vcpus = self.vcpus.saturating_sub(r.vcpus);
+        self.ram_mib = self.ram_mib.saturating_sub(r.ram_mib);
+    }
+}
+
+/// A provider's state as operators see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProviderStatus {
+    pub usage: Usage,
+    pub quota_paused_until: Option<Time>,
+    pub held_until: Option<Time>,
+    pub capacity_paused: Vec<(Option<String>, Time)>,
+    pub listed: bool,
+    pub leaks_pending: usize,
+    pub leaks_deleted: u64,
+    /// How its lists are going.
+    pub list: ListHealth,
+    /// When the last list berth believed started.
+    pub last_listed: Option<Time>,
+    /// Nodes whose instance is suspected missing (or confirmed, in use).
+    pub missing: usize,
+}
+
+/// Something to look at again at a time. A timer is checked against the
+/// current state when it fires, so stale timers are harmless.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    BootTimeout(NodeId),
+    ReadyAge(NodeId),
+    IdleTimeout(NodeId),
+    SlotGrace(NodeId),
+    /// A node's failed call may be made again.
+    Retry(NodeId),
+    PurgeNode(NodeId),
+    PurgeRequest(RequestId),
+}
+
+/// Node and request ids: unpredictable across processes and restarts (so two
+/// berths, or a berth and its own past, never hand out the same id), yet
+/// reproducible from the seed for tests.
+struct IdGen {
+    seed: u64,
+    counter: u64,
+}
+
+impl IdGen {
+    fn next(&mut self) -> u64 {
+        self.counter += 1;
+        splitmix64(self.seed ^ self.counter.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+}
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Pool {
+    /// An empty pool. `seed` makes ids unpredictable; pass a random one.
+    pub fn new(config: Arc<Config>, seed: u64) -> Pool {
+        let labels = config.labels.iter().map(|_| LabelRt::default()).collect();
+        let providers = config
+            .providers
+            .iter()
+            .map(|p| ProviderRt {
+                usage: Usage::default(),
+                deleting: Usage::default(),
+                quota_paused_until: None,
+                held_until: None,
+                capacity_paused: Vec::new(),
+                bucket: p.rate.map(|rate| Bucket::new(rate, p.burst)),
+                next_list: Time::ZERO,
+                list_busy: false,
+                listed: false,
+                in_flight: 0,
+                max_in_flight: p.max_calls.max(1),
+                want_create: BTreeSet::new(),
+                want_delete: BTreeSet::new(),
+                want_tags: BTreeSet::new(),
+                with_instance: HashSet::new(),
+                holders: HashMap::new(),
+                leak_bucket: Bucket::new(LEAK_DELETES_PER_SECOND, LEAK_DELETES_PER_SECOND as u32),
+                leaks: HashMap::new(),
+                missing: HashMap::new(),
+                list_failures: 0,
+                list_health: ListHealth::Ok,
+                last_listed: None,
+                list_said: None,
+                foreign_said: false,
+                leaks_deleted: 0,
+            })
+            .collect();
+        Pool {
+            config,
+            nodes: HashMap::new(),
+            requests: HashMap::new(),
+            pending: BTreeSet::new(),
+            ix: Indexes { labels, providers },
+            busy: HashSet::new(),
+            attached_at: HashMap::new(),
+            timers: BTreeSet::new(),
+            tries: HashMap::new(),
+            create_waits: HashSet::new(),
+            leases: HashMap::new(),
+            lease_expiry: BTreeSet::new(),
+            dirty_leases: HashSet::new(),
+            purged_leases: Vec::new(),
+            dirty_nodes: HashSet::new(),
+            dirty_requests: HashSet::new(),
+            purged_nodes: Vec::new(),
+            purged_requests: Vec::new(),
+            notices: Vec::new(),
+            ids: IdGen { seed, counter: 0 },
+            last_tick: Time::ZERO,
+        }
+    }
+
+    /// A pool resumed from what a store held. No call is in flight; nodes
+    /// left creating or deleting are resolved after each provider's first list.
+    pub fn restore(config: Arc<Config>, seed: u64, snapshot: Snapshot, now: Time) -> Pool {
+        let mut pool = Pool::new(config, seed);
+        for node in snapshot.nodes {
+            pool.insert(node);
+        }
+        for req in snapshot.requests {
+            if req.state == RequestState::Pending {
+                pool.pending.insert((req.priority, req.created, req.id));
+            }
+            pool.timers_for_request(&req);
+            pool.requests.insert(req.id, req);
+        }
+        for lease in snapshot.leases {
+            pool.restore_lease(lease);
+        }
+        let ids: Vec<NodeId> = pool.nodes.keys().copied().collect();
+        for id in ids {
+            pool.timers_for_node(id, now);
+        }
+        pool.dirty_nodes.clear();
+        pool.dirty_requests.clear();
+        pool
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    // ---- queries ------------------------------------------------------
+
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.nodes.get(&id)
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+
+    pub fn request(&self, id: RequestId) -> Option<&Request> {
+        self.requests.get(&id)
+    }
+
+    /// The requestor node `id` is handed out to or set aside for, if any.
+    pub fn requestor_of(&self, id: NodeId) -> Option<&str> {
+        let request = self.nodes.get(&id)?.request()?;
+        self.requests.get(&request).map(|r| r.requestor.as_str())
+    }
+
+    pub fn requests(&self) -> impl Iterator<Item = &Request> {
+        self.requests.values()
+    }
+
+    /// The time of the latest [`Pool::tick`]: "now" for a reader.
+    pub fn last_tick(&self) -> Time {
+        self.last_tick
+    }
+
+    pub fn pending_requests(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Ready nodes a request could be given now, per label.
+    pub fn free_ready(&self, label: LabelIx) -> usize {
+        match &self.config[label].kind {
+            LabelKind::Machine { .. } => self.ix.labels[label.0 as usize].free_ready.len(),
+            LabelKind::Slots { .. } => self.free_slots(label, true),
+        }
+    }
+
+    pub fn provider_status(&self, p: ProviderIx) -> ProviderStatus {
+        let rt = &self.ix.providers[p.0 as usize];
+        ProviderStatus {
+            usage: rt.usage,
+            quota_paused_until: rt.quota_paused_until,
+            held_until: rt.held_until,
+            capacity_paused: rt.capacity_paused.clone(),
+            listed: rt.listed,
+            leaks_pending: rt.leaks.len(),
+            leaks_deleted: rt.leaks_deleted,
+            list: rt.list_health.clone(),
+            last_listed: rt.last_listed,
+            missing: rt.missing.len(),
+        }
+    }
+
+    /// Whether a node's instance is suspected missing (or confirmed, for a
+    /// node kept in use), and since when.
+    pub fn missing(&self, id: NodeId) -> Option<Missing> {
+        let n = self.nodes.get(&id)?;
+        self.ix.providers[n.provider.0 as usize]
+            .missing
+            .get(&id)
+            .copied()
+    }
+
+    /// The live node that holds `instance` on provider `p`, if any.
+    pub(crate) fn holder(&self, p: ProviderIx, instance: &str) -> Option<NodeId> {
+        self.ix.providers[p.0 as usize]
+            .holders
+            .get(instance)
+            .copied()
+    }
+
+    /// Records changed since the last call: store them before carrying out
+    /// the effects of the same step.
+    pub fn take_changes(&mut self) -> Changes {
+        let nodes = self
+            .dirty_nodes
+            .drain()
+            .filter_map(|id| self.nodes.get(&id).cloned())
+            .collect();
+        let requests = self
+            .dirty_requests
+            .drain()
+            .filter_map(|id| self.requests.get(&id).cloned())
+            .collect();
+        let leases = self
+            .dirty_leases
+            .drain()
+            .filter_map(|r| {
+                let expires = *self.leases.get(&r)?;
+                Some(Lease {
+                    requestor: r,
+                    expires,
+                })
+            })
+            .collect();
+        Changes {
+            nodes,
+            requests,
+            leases,
+            purged_nodes: std::mem::take(&mut self.purged_nodes),
+            purged_requests: std::mem::take(&mut self.purged_requests),
+            purged_leases: std::mem::take(&mut self.purged_leases),
+        }
+    }
+
+    pub fn take_notices(&mut self) -> Vec<Notice> {
+        std::mem::take(&mut self.notices)
+    }
+
+    // ---- client and operator commands ---------------------------------
+
+    /// Takes a request. It is served on the next [`Pool::tick`].
+    pub fn submit(&mut self, now: Time, new: NewRequest) -> Result<RequestId, Refused> {
+        if new.wants.is_empty() || new.wants.iter().all(|(_, n)| *n == 0) {
+            return Err(Refused::Empty);
+        }
+        let mut seen = HashSet::new();
+        for (label, count) in &new.wants {
+            if !seen.insert(*label) {
+                return Err(Refused::DuplicateLabel(self.config[*label].name.clone()));
+            }
+            let possible = self.max_possible(*label);
+            if u64::from(*count) > possible {
+                return Err(Refused::TooMany {
+                    label: self.config[*label].name.clone(),
+                    wanted: *count,
+                    possible,
+                });
+            }
+        }
+        let id = loop {
+            let id = RequestId(self.ids.next());
+            if !self.requests.contains_key(&id) {
+                break id;
+            }
+        };
+        let req = Request {
+            id,
+            requestor: new.requestor,
+            priority: new.priority,
+            created: now,
+            wants: new.wants.into_iter().filter(|(_, n)| *n > 0).collect(),
+            state: RequestState::Pending,
+            nodes: Vec::new(),
+            failures: 0,
+        };
+        self.pending.insert((req.priority, req.created, id));
+        self.requests.insert(id, req);
+        self.dirty_requests.insert(id);
+        Ok(id)
+    }
+
+    /// Withdraws a pending request; the nodes set aside for it go back to
+    /// the pool.
+    pub fn cancel(&mut self, now: Time, id: RequestId) -> Result<(), Conflict> {
+        let req = self.requests.get(&id).ok_or(Conflict::NoSuchRequest)?;
+        if req.state != RequestState::Pending {
+            return Err(Conflict::NotPending(req.state.name()));
+        }
+        self.finish_request(id, RequestState::Cancelled { at: now }, now);
+        Ok(())
+    }
+
+    /// A client gives a node back.
+    pub fn release(&mut self, now: Time, id: NodeId) -> Result<(), Conflict> {
+        let node = self.nodes.get(&id).ok_or(Conflict::NoSuchNode)?;
+        if !matches!(node.state, NodeState::InUse { .. }) {
+            return Err(Conflict::NotInUse(node.state.name()));
+        }
+        self.update(id, |n| n.state = NodeState::Used { since: now });
+        self.settle_used(id, now);
+        Ok(())
+    }
+
+    /// Sets a node's idle behaviour (and its tag).
+    pub fn set_idle(&mut self, now: Time, id: NodeId, idle: Idle) -> Result<(), Conflict> {
+        let node = self.nodes.get(&id).ok_or(Conflict::NoSuchNode)?;
+        if node.state.is_final() {
+            return Err(Conflict::AlreadyFinal(node.state.name()));
+        }
+        if node.idle == idle {
+            return Ok(());
+        }
+        let tagged = node.role != Role::Plain || node.instance.is_some();
+        self.update(id, |n| n.idle = idle);
+        if tagged && !matches!(self.nodes[&id].role, Role::Slot { .. }) {
+            let p = self.nodes[&id].provider;
+            self.ix.providers[p.0 as usize].want_tags.insert(id);
+        }
+        let state = self.nodes[&id].state.clone();
+        match (idle, state) {
+            (Idle::Drain, NodeState::Ready { .. }) if self.nodes[&id].assigned.is_none() => {
+                self.begin_delete(id, DeleteReason::Drained, now)
+            }
+            (Idle::Drain | Idle::Run, NodeState::Used { .. }) => self.settle_used(id, now),
+            (Idle::Run, NodeState::Ready { since }) => {
+                self.ready_timers(id, since);
+                self.check_backing_idle(id, now);
+            }
+            (Idle::Drain, _) if matches!(self.nodes[&id].role, Role::Backing { .. }) => {
+                self.check_backing_idle(id, now)
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// An operator deletes a node, whatever it is doing.
+    pub fn delete(&mut self, now: Time, id: NodeId) -> Result<(), Conflict> {
+        let node = self.nodes.get(&id).ok_or(Conflict::NoSuchNode)?;
+        if node.state.is_final() || matches!(node.state, NodeState::Deleting { .. }) {
+            return Err(Conflict::AlreadyFinal(node.state.name()));
+        }
+        self.begin_delete(id, DeleteReason::Admin, now);
+        Ok(())
+    }
+
+    // ---- the step -----------------------------------------------------
+
+    /// Advances the pool to `now`: fires due timers, serves requests, keeps
+    /// `min-ready`, and appends the driver calls now due to `out`.
+    pub fn tick(&mut self, now: Time, out: &mut Vec<Effect>) {
+        self.last_tick = self.last_tick.max(now);
+        self.expire_leases(now);
+        self.fire_timers(now);
+        self.lift_pauses(now);
+        self.plan(now);
+        self.emit(now, out);
+    }
+
+    /// When [`Pool::tick`] next has something to do, if nothing else happens.
+    ///
+    /// Always after the last tick: whatever was due by then and still waits
+    /// is held up by something (a call in flight, a hold, a limit) whose own
+    /// time or outcome wakes the pool; counting it would make a busy loop.
+    pub fn next_wakeup(&self) -> Option<Time> {
+        let after = self.last_tick;
+        let mut next: Option<Time> = None;
+        let mut at = |t: Time| {
+            if t > after {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        if let Some(&(t, _)) = self.timers.first() {
+            at(t);
+        }
+        if let Some((t, _)) = self.lease_expiry.first() {
+            at(*t);
+        }
+        for rt in &self.ix.providers {
+            let list_owed = !rt.list_busy && rt.next_list <= after;
+            if !rt.list_busy {
+                at(rt.next_list);
+            }
+            if let Some(t) = rt.held_until {
+                at(t);
+            }
+            if let Some(t) = rt.quota_paused_until {
+                at(t);
+            }
+            for (_, t) in &rt.capacity_paused {
+                at(*t);
+            }
+            let mut leak_owed = false;
+            for leak in rt.leaks.values().filter(|l| !l.busy) {
+                at(leak.due);
+                leak_owed |= leak.due <= after;
+            }
+            let owes = list_owed
+                || leak_owed
+                || !rt.want_create.is_empty()
+                || !rt.want_delete.is_empty()
+                || !rt.want_tags.is_empty();
+            if owes && let Some(b) = &rt.bucket {
+                at(b.next_token());
+            }
+            if leak_owed {
+                at(rt.leak_bucket.next_token());
+            }
+        }
+        for (i, rt) in self.ix.labels.iter().enumerate() {
+            if rt.failures > 0 && self.config.labels[i].min_ready > 0 {
+                at(rt.backoff_until);
+            }
+        }
+        next
+    }
+
+    // ---- node bookkeeping ---------------------------------------------
+
+    /// Changes a node through `f`, keeping every index true and marking it
+    /// for the store. The one way a stored node changes.
+    fn update<R>(&mut self, id: NodeId, f: impl FnOnce(&mut Node) -> R) -> Option<R> {
+        let node = self.nodes.get_mut(&id)?;
+        let busy = self.busy.contains(&id);
+        self.ix.remove(node, busy);
+        let r = f(node);
+        self.ix.add(node, busy);
+        self.dirty_nodes.insert(id);
+        Some(r)
+    }
+
+    /// Marks a node's call in flight (or done), which changes what it owes.
+    fn set_busy(&mut self, id: NodeId, busy: bool) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
+        let was = self.busy.contains(&id);
+        if was == busy {
+            return;
+        }
+        self.ix.remove(node, was);
+        if busy {
+            self.busy.insert(id);
+        } else {
+            self.busy.remove(&id);
+        }
+        self.ix.add(node, busy);
+    }
+
+    fn insert(&mut self, node: Node) {
+        let busy = self.busy.contains(&node.id);
+        self.ix.add(&node, busy);
+        self.dirty_nodes.insert(node.id);
+        self.nodes.insert(node.id, node);
+    }
+
+    fn fresh_node_id(&mut self) -> NodeId {
+        loop {
+            let id = NodeId(self.ids.next());
+            if !self.nodes.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn purge_node(&mut self, id: NodeId) {
+        if let Some(node) = self.nodes.remove(&id) {
+            let busy = self.busy.remove(&id);
+            self.ix.remove(&node, busy);
+            self.attached_at.remove(&id);
+            self.tries.remove(&id);
+            self.create_waits.remove(&id);
+            self.dirty_nodes.remove(&id);
+            self.purged_nodes.push(id);
+        }
+    }
+
+    fn timer(&mut self, at: Time, timer: Timer) {
+        self.timers.insert((at, timer));
+    }
+
+    /// The tags a node's instance carries: what a restart needs.
+    fn node_tags(&self, node: &Node) -> Tags {
+        let mut tags = Tags::new();
+        tags.insert(POOL_TAG.into(), self.config.pool_id.clone());
+        tags.insert(NODE_TAG.into(), node.id.to_string());
+        tags.insert(LABEL_TAG.into(), self.config[node.label].name.clone());
+        tags.insert(IDLE_TAG.into(), node.idle.as_str().into());
+        if let Role::Backing {
+            slot_label, slots, ..
+        } = &node.role
+        {
+            tags.insert(SLOTS_TAG.into(), slots.len().to_string());
+            tags.insert(SLOT_LABEL_TAG.into(), self.config[*slot_label].name.clone());
+        }
+        tags
+    }
+
+    fn create_spec(&self, node: &Node) -> Option<CreateSpec> {
+        let offer = self.offer_for(node.label, node.provider)?;
+        Some(CreateSpec {
+            node_id: node.id.to_string(),
+            instance_type: offer.instance_type.clone(),
+            image: offer.image.clone(),
+            tags: self.node_tags(node),
+            user_data: None,
+            ssh_public_key: None,
+            options: offer.options.clone(),
+        })
+    }
+
+    fn offer_for(&self, label: LabelIx, provider: ProviderIx) -> Option<&crate::config::Offer> {
+        match &self.config[label].kind {
+            LabelKind::Machine { offers } => offers.iter().find(|o| o.provider == provider),
+            LabelKind::Slots { .. } => None,
+        }
+    }
+}
+
+impl Indexes {
+    fn remove(&mut self, n: &Node, busy: bool) {
+        self.touch(n, busy, false);
+    }
+
+    fn add(&mut self, n: &Node, busy: bool) {
+        self.touch(n, busy, true);
+    }
+
+    /// Adds `n` to (or removes it from) every index it belongs in. One
+    /// function for both directions so the two can never disagree.
+    fn touch(&mut self, n: &Node, busy: bool, add: bool) {
+        fn set<T: Ord>(s: &mut BTreeSet<T>, v: T, add: bool) {
+            if add {
+                s.insert(v);
+            } else {
+                s.remove(&v);
+            }
+        }
+        let label = &mut self.labels[n.label.0 as usize];
+        let plain = n.role == Role::Plain;
+        let free = plain && n.assigned.is_none() && n.idle == Idle::Run;
+        match n.state {
+            NodeState::Ready { since } if free => set(&mut label.free_ready, (since, n.id), add),
+            NodeState::Creating { .. } | NodeState::Booting { .. } if free => {
+                set(&mut label.free_launching, n.id, add)
+            }
+            _ => {}
+        }
+        if let Role::Backing { slot_label, .. } = &n.role
+            && n.state.holds_instance()
+            && !matches!(n.state, NodeState::Deleting { .. })
+        {
+            set(&mut self.labels[slot_label.0 as usize].backings, n.id, add);
+        }
+        let p = &mut self.providers[n.provider.0 as usize];
+        if matches!(n.role, Role::Slot { .. }) {
+            return;
+        }
+        if n.state.holds_instance() {
+            let deleting = matches!(n.state, NodeState::Deleting { .. });
+            if add {
+                p.usage.add(n.resources);
+                if deleting {
+                    p.deleting.add(n.resources);
+                }
+            } else {
+                p.usage.sub(n.resources);
+                if deleting {
+                    p.deleting.sub(n.resources);
+                }
+            }
+            if let Some(instance) = &n.instance {
+                if add {
+                    p.with_instance.insert(n.id);
+                    p.holders.insert(instance.clone(), n.id);
+                } else {
+                    p.with_instance.remove(&n.id);
+                    if p.holders.get(instance) == Some(&n.id) {
+                        p.holders.remove(instance);
+                    }
+                }
+            }
+        }
+        if !busy {
+            match n.state {
+                NodeState::Creating { .. } => set(&mut p.want_create, n.id, add),
+                NodeState::Deleting { .. } if n.instance.is_some() => {
+                    set(&mut p.want_delete, n.id, add)
+                }
+                _ => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,580 @@
+//! Property tests of the pool core: random sequences of client commands,
+//! driver faults, late and reordered answers, clock jumps and crashes, run
+//! through the `testkit` harness. After every step the invariants hold (never
+//! above a provider's limits, never a node or slot given twice, no call inside
+//! a rate-limit window, no wakeup in the past); once the faults stop and time
+//! passes, every request has ended and no owned instance is left untracked.
+//!
+//! `PROPTEST_CASES=1000 cargo test -p berth --lib pool::prop` runs more cases.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::testkit::*;
+use super::*;
+use crate::config::{Label, Timings};
+use crate::driver::{LABEL_TAG, NODE_TAG, POOL_TAG};
+
+/// Requestors: leases are taken out and lapse for each on its own.
+const REQUESTORS: [&str; 2] = ["ci", "batch"];
+
+/// Two providers, three machine labels (one of them backing a slot label).
+fn prop_config() -> Config {
+    let big = |p| Offer {
+        vcpus: 2,
+        ram_mib: 4096,
+        ..offer(p, "big")
+    };
+    use crate::config::Offer;
+    // Boot timeouts above the slowest boot plus a poll plus two answers,
+    // so that nodes are not timed out for ever (the table tests cover that).
+    let mut a = machine(
+        "a",
+        vec![
+            offer(0, "t0"),
+            Offer {
+                price: 0.5,
+                ..offer(1, "t1")
+            },
+        ],
+    );
+    a.min_ready = 1;
+    a.max_ready_age = Some(Duration::from_secs(300));
+    a.boot_timeout = Duration::from_secs(60);
+    a.launch_retries = 2;
+    let mut b = machine("b", vec![offer(1, "t1")]);
+    b.reuse = true;
+    b.idle_timeout = Some(Duration::from_secs(120));
+    let mut bigl = machine("big", vec![big(0)]);
+    bigl.boot_timeout = Duration::from_secs(60);
+    let mut s = slots("s", 2, 3);
+    s.min_ready = 1;
+    if let LabelKind::Slots { grace_time, .. } = &mut s.kind {
+        *grace_time = Duration::from_secs(30);
+    }
+    let mut p0 = provider("p0");
+    p0.limits.max_instances = Some(4);
+    p0.limits.max_cores = Some(6);
+    p0.max_calls = 2;
+    let mut p1 = provider("p1");
+    p1.limits.max_instances = Some(3);
+    p1.rate = Some(5.0);
+    p1.burst = 2;
+    p1.max_calls = 3;
+    p1.priority = 1;
+    let mut c = config(vec![p0, p1], vec![a, b, bigl, s]);
+    c.timings = Timings {
+        sync_interval: Duration::from_secs(30),
+        boot_poll_interval: Duration::from_secs(5),
+        leak_grace: Duration::from_secs(60),
+        delete_retry: Duration::from_secs(30),
+        missing_confirm: Duration::from_secs(20),
+        quota_pause: Duration::from_secs(30),
+        capacity_pause: Duration::from_secs(60),
+        history: Duration::from_secs(600),
+    };
+    c
+}
+
+const LABELS: [&str; 4] = ["a", "b", "big", "s"];
+
+#[derive(Clone, Debug)]
+enum FaultKind {
+    Transient,
+    Quota,
+    Capacity,
+    RateLimited(u32),
+    Trap { reached: bool },
+}
+
+/// Picks one of a list of whatever length it has then, as a fraction.
+#[derive(Clone, Copy, Debug)]
+struct Index(u16);
+
+impl Index {
+    fn index(self, len: usize) -> usize {
+        (usize::from(self.0) * len) >> 16
+    }
+}
+
+fn ix() -> impl Strategy<Value = Index> {
+    any::<u16>().prop_map(Index)
+}
+
+#[derive(Clone)]
+enum Op {
+    Submit(Vec<(usize, u32)>, i32, usize),
+    /// A requestor renews its lease for this many milliseconds.
+    Renew(usize, u64),
+    Cancel(Index),
+    Release(Index),
+    SetIdle(Index, Idle),
+    Delete(Index),
+    Fault(u16, Call, FaultKind, u32),
+    /// Answer one call in flight now, out of turn.
+    Deliver(Index),
+    Advance(u64),
+    Crash,
+    /// An owned instance no node accounts for, or a foreign one.
+    Plant(u16, bool),
+    /// The provider's driver lies this many times.
+    Lie(u16, Lie, u32),
+}
+
+/// One line per op, so a shrunk failure reads as a script. An index shows
+/// as a fraction of whatever list it picks from.
+impl std::fmt::Debug for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ix = |i: &Index| f64::from(i.0) / 65536.0;
+        match self {
+            Op::Submit(wants, p, who) => {
+                let w: Vec<String> = wants
+                    .iter()
+                    .map(|(l, n)| format!("{n}x{}", LABELS[*l]))
+                    .collect();
+                write!(f, "{} submits {} prio {p}", REQUESTORS[*who], w.join("+"))
+            }
+            Op::Renew(who, ms) => write!(f, "{} renews its lease for {ms}ms", REQUESTORS[*who]),
+            Op::Cancel(i) => write!(f, "cancel request @{}", ix(i)),
+            Op::Release(i) => write!(f, "release in-use node @{}", ix(i)),
+            Op::SetIdle(i, idle) => write!(f, "set idle {idle} on live node @{}", ix(i)),
+            Op::Delete(i) => write!(f, "delete live node @{}", ix(i)),
+            Op::Fault(p, c, k, n) => write!(f, "fault p{p} {c:?} {k:?} x{n}"),
+            Op::Deliver(i) => write!(f, "deliver call in flight @{}", ix(i)),
+            Op::Advance(ms) => write!(f, "advance {ms}ms"),
+            Op::Crash => write!(f, "crash"),
+            Op::Plant(p, owned) => write!(
+                f,
+                "plant {} instance on p{p}",
+                if *owned { "leaked" } else { "foreign" }
+            ),
+            Op::Lie(p, lie, n) => write!(f, "p{p} lies {lie:?} x{n}"),
+        }
+    }
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let wants = proptest::collection::btree_map(0..LABELS.len(), 1u32..3, 1..3)
+        .prop_map(|m: BTreeMap<usize, u32>| m.into_iter().collect::<Vec<_>>());
+    let idle = prop_oneof![Just(Idle::Run), Just(Idle::Hold), Just(Idle::Drain)];
+    let call = prop_oneof![
+        3 => Just(Call::Create),
+        1 => Just(Call::List),
+        1 => Just(Call::Delete),
+        1 => Just(Call::SetTags),
+    ];
+    let kind = prop_oneof![
+        3 => Just(FaultKind::Transient),
+        1 => Just(FaultKind::Quota),
+        1 => Just(FaultKind::Capacity),
+        1 => (1u32..20_000).prop_map(FaultKind::RateLimited),
+        1 => any::<bool>().prop_map(|reached| FaultKind::Trap { reached }),
+    ];
+    prop_oneof![
+        4 => (wants, -2i32..3, 0..REQUESTORS.len()).prop_map(|(w, p, who)| Op::Submit(w, p, who)),
+        1 => (0..REQUESTORS.len(), 1_000u64..120_000).prop_map(|(who, ms)| Op::Renew(who, ms)),
+        1 => ix().prop_map(Op::Cancel),
+        3 => ix().prop_map(Op::Release),
+        1 => (ix(), idle).prop_map(|(i, x)| Op::SetIdle(i, x)),
+        1 => ix().prop_map(Op::Delete),
+        2 => (0u16..2, call, kind, 1u32..4).prop_map(|(p, c, k, n)| Op::Fault(p, c, k, n)),
+        2 => ix().prop_map(Op::Deliver),
+        5 => (0u64..90_000).prop_map(Op::Advance),
+        1 => Just(Op::Crash),
+        1 => (0u16..2, any::<bool>()).prop_map(|(p, owned)| Op::Plant(p, owned)),
+        2 => (0u16..2, lie(), 1u32..4).prop_map(|(p, l, n)| Op::Lie(p, l, n)),
+    ]
+}
+
+fn lie() -> impl Strategy<Value = Lie> {
+    prop_oneof![
+        Just(Lie::Twin),
+        Just(Lie::Relabel),
+        Just(Lie::Phantom),
+        Just(Lie::HeldCreate),
+        Just(Lie::Empty),
+        Just(Lie::Truncated),
+    ]
+}
+
+/// Live nodes in a stable order, optionally only those in a state.
+fn pick(h: &Harness, i: Index, state: Option<&str>) -> Option<NodeId> {
+    let mut ids: Vec<NodeId> = h
+        .pool
+        .nodes()
+        .filter(|n| !n.state.is_final())
+        .filter(|n| state.is_none_or(|s| n.state.name() == s))
+        .map(|n| n.id)
+        .collect();
+    if ids.is_empty() {
+        return None;
+    }
+    ids.sort();
+    Some(ids[i.index(ids.len())])
+}
+
+struct Run {
+    h: Harness,
+    requests: Vec<RequestId>,
+    planted: u64,
+}
+
+impl Run {
+    fn apply(&mut self, op: &Op) {
+        let h = &mut self.h;
+        let now = h.now;
+        match op {
+            Op::Submit(wants, priority, who) => {
+                let wants = wants
+                    .iter()
+                    .map(|(l, n)| (LabelIx(*l as u16), *n))
+                    .collect();
+                let new = NewRequest {
+                    requestor: REQUESTORS[*who].into(),
+                    priority: *priority,
+                    wants,
+                };
+                if let Ok(id) = h.pool.submit(now, new) {
+                    self.requests.push(id);
+                }
+            }
+            Op::Cancel(i) => {
+                if !self.requests.is_empty() {
+                    let id = self.requests[i.index(self.requests.len())];
+                    let _ = h.pool.cancel(now, id);
+                }
+            }
+            Op::Release(i) => {
+                if let Some(id) = pick(h, *i, Some("in-use")) {
+                    h.pool.release(now, id).expect("release an in-use node");
+                }
+            }
+            Op::SetIdle(i, idle) => {
+                if let Some(id) = pick(h, *i, None) {
+                    h.pool
+                        .set_idle(now, id, *idle)
+                        .expect("set idle on a live node");
+                }
+            }
+            Op::Delete(i) => {
+                if let Some(id) = pick(h, *i, None) {
+                    let _ = h.pool.delete(now, id);
+                }
+            }
+            Op::Fault(p, call, kind, times) => {
+                let failure = match kind {
+                    FaultKind::Transient => transient(),
+                    FaultKind::Quota => quota(),
+                    FaultKind::Capacity => capacity(if *p == 0 { "t0" } else { "t1" }),
+                    FaultKind::RateLimited(ms) => rate_limited(u64::from(*ms)),
+                    FaultKind::Trap { .. } => trap(),
+                };
+                let reached = matches!(kind, FaultKind::Trap { reached: true });
+                h.cloud.providers[usize::from(*p)].faults.push(Fault {
+                    call: *call,
+                    failure,
+                    times: *times,
+                    reached,
+                });
+            }
+            Op::Deliver(i) => {
+                if !h.in_flight.is_empty() {
+                    let i = i.index(h.in_flight.len());
+                    h.deliver(i);
+                    h.step();
+                }
+            }
+            Op::Renew(who, ms) => {
+                h.pool
+                    .renew(now, REQUESTORS[*who], Duration::from_millis(*ms));
+            }
+            Op::Advance(ms) => h.advance(Duration::from_millis(*ms)),
+            Op::Crash => h.crash(),
+            Op::Plant(p, owned) => {
+                self.planted += 1;
+                let tags: Tags = if *owned {
+                    [
+                        (POOL_TAG.to_string(), h.config.pool_id.clone()),
+                        (NODE_TAG.to_string(), format!("n-{:016x}", self.planted)),
+                        (LABEL_TAG.to_string(), "gone-label".to_string()),
+                    ]
+                    .into()
+                } else {
+                    [("owner".to_string(), "someone else".to_string())].into()
+                };
+                h.cloud.plant(*p, "t0", tags, now);
+            }
+            Op::Lie(p, lie, times) => h.cloud.providers[usize::from(*p)].lies.push((*lie, *times)),
+        }
+        h.persist();
+        h.step();
+    }
+
+    /// Faults stop; clients give back what they hold and operators lift
+    /// holds; time passes. Returns whether everything settled.
+    fn quiet(&mut self) -> bool {
+        let h = &mut self.h;
+        for fp in &mut h.cloud.providers {
+            fp.faults.clear();
+            fp.lies.clear();
+            fp.out_of_capacity.clear();
+        }
+        h.dt = Duration::from_secs(2);
+        for _ in 0..400 {
+            let now = h.now;
+            let nodes: Vec<(NodeId, bool, bool)> = h
+                .pool
+                .nodes()
+                .map(|n| {
+                    (
+                        n.id,
+                        matches!(n.state, NodeState::InUse { .. }),
+                        n.idle == Idle::Hold && !n.state.is_final(),
+                    )
+                })
+                .collect();
+            for (id, in_use, held) in nodes {
+                if held {
+                    h.pool.set_idle(now, id, Idle::Run).expect("lift a hold");
+                }
+                if in_use {
+                    h.pool.release(now, id).expect("release");
+                }
+            }
+            h.persist();
+            h.advance(Duration::from_secs(10));
+            let settled = self.requests.iter().all(|r| {
+                h.pool
+                    .request(*r)
+                    .is_none_or(|r| r.state != RequestState::Pending)
+            }) && h.in_flight.is_empty()
+                && h.pool
+                    .nodes()
+                    .all(|n| !between(n) && !matches!(n.state, NodeState::InUse { .. }));
+            if settled {
+                // Leaks are deleted after their grace, at a list; then wait
+                // for a moment when no call is in flight and no node is
+                // between states (a recycled node may be on its way).
+                let t = h.config.timings.clone();
+                h.advance(t.leak_grace + t.sync_interval * 2 + t.delete_retry);
+                for _ in 0..600 {
+                    if h.in_flight.is_empty() && h.pool.nodes().all(|n| !between(n)) {
+                        return true;
+                    }
+                    h.advance(Duration::from_secs(1));
+                }
+                return false;
+            }
+        }
+        false
+    }
+}
+
+/// Whether a node is on its way from one state to another.
+fn between(n: &Node) -> bool {
+    matches!(
+        n.state,
+        NodeState::Creating { .. } | NodeState::Booting { .. } | NodeState::Deleting { .. }
+    )
+}
+
+/// How the fake cloud behaves in one case.
+#[derive(Clone, Debug)]
+struct Cloudiness {
+    /// How long a call takes to answer.
+    latency_ms: u64,
+    /// Calls reach the cloud only when they answer (a crash loses them).
+    reach_late: bool,
+    /// How long p0's instances boot (p1's run at once).
+    boot_ms: u64,
+    /// How long p1 lists terminated instances.
+    linger_ms: u64,
+}
+
+fn cloudiness() -> impl Strategy<Value = Cloudiness> {
+    (
+        prop_oneof![Just(0u64), Just(1_500u64), 0u64..8_000],
+        any::<bool>(),
+        prop_oneof![Just(0u64), Just(10_000u64), 0u64..30_000],
+        prop_oneof![Just(0u64), Just(20_000u64)],
+    )
+        .prop_map(|(latency_ms, reach_late, boot_ms, linger_ms)| Cloudiness {
+            latency_ms,
+            reach_late,
+            boot_ms,
+            linger_ms,
+        })
+}
+
+fn run(ops: &[Op], c: &Cloudiness) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(prop_config());
+    h.latency = Duration::from_millis(c.latency_ms);
+    h.reach_late = c.reach_late;
+    h.cloud.providers[0].boot_delay = Duration::from_millis(c.boot_ms);
+    h.cloud.providers[1].linger = Duration::from_millis(c.linger_ms);
+    h.strict = true;
+    let mut run = Run {
+        h,
+        requests: Vec::new(),
+        planted: 0,
+    };
+    run.h.step();
+    for (i, op) in ops.iter().enumerate() {
+        run.apply(op);
+        if let Err(e) = run.h.check() {
+            return Err(TestCaseError::fail(format!(
+                "after op {i} ({op:?}) at {:?}: {e}",
+                run.h.now
+            )));
+        }
+    }
+    let settled = run.quiet();
+    let h = &run.h;
+    h.check()
+        .map_err(|e| TestCaseError::fail(format!("while quiet: {e}")))?;
+    for r in &run.requests {
+        let Some(req) = h.pool.request(*r) else {
+            continue; // forgotten after its history; the store checked it had ended
+        };
+        match &req.state {
+            RequestState::Pending => {
+                let live: Vec<String> = h
+                    .pool
+                    .nodes()
+                    .filter(|n| !n.state.is_final())
+                    .map(|n| {
+                        format!(
+                            "{} {} p{} {} {:?} {:?} {:?}",
+                            n.id,
+                            LABELS[usize::from(n.label.0)],
+                            n.provider.0,
+                            n.state.name(),
+                            n.idle,
+                            n.assigned,
+                            n.role
+                        )
+                    })
+                    .collect();
+                return Err(TestCaseError::fail(format!(
+                    "request {r} still pending after quiet time: {req:?}; its nodes {:?}; \
+                     every live node: {live:#?}; providers: {:?}",
+                    req.nodes
+                        .iter()
+                        .map(|n| h.pool.node(*n))
+                        .collect::<Vec<_>>(),
+                    (0..2)
+                        .map(|p| h.pool.provider_status(crate::config::ProviderIx(p)))
+                        .collect::<Vec<_>>()
+                )));
+            }
+            RequestState::Failed { reason, .. } if reason.is_empty() => {
+                return Err(TestCaseError::fail(format!(
+                    "request {r} failed without a reason"
+                )));
+            }
+            _ => {}
+        }
+    }
+    if !settled {
+        let stuck: Vec<&Node> = h.pool.nodes().filter(|n| between(n)).collect();
+        return Err(TestCaseError::fail(format!(
+            "never settled; {} calls in flight; nodes stuck: {stuck:?}",
+            h.in_flight.len()
+        )));
+    }
+    h.check_no_leaks()
+        .map_err(|e| TestCaseError::fail(format!("after quiet time: {e}")))?;
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn pool_invariants_hold(
+        ops in proptest::collection::vec(op(), 1..60),
+        cloud in cloudiness(),
+    ) {
+        run(&ops, &cloud)?;
+    }
+}
+
+#[test]
+fn prop_config_is_sane() {
+    let c = prop_config();
+    assert_eq!(c.labels.len(), LABELS.len());
+    for (i, name) in LABELS.iter().enumerate() {
+        assert_eq!(c.label(name), Some(LabelIx(i as u16)));
+    }
+    assert!(c.labels[0].boot_timeout < Label::DEFAULT_BOOT_TIMEOUT);
+}
+
+/// A case the property test found (CI, 2026-11-23), kept as it shrank.
+#[test]
+fn regression_big_request_behind_slot_backing() {
+    use Op::*;
+    let ops = vec![
+        Submit(vec![(1, 2)], 0, 0),
+        Deliver(Index(0)),
+        Crash,
+        Fault(0, Call::Create, FaultKind::Transient, 1),
+        SetIdle(Index(0), Idle::Drain),
+        Release(Index(0)),
+        Submit(vec![(0, 1)], 0, 0),
+        Delete(Index(32768)),
+        Submit(vec![(0, 1)], 0, 0),
+        Submit(vec![(0, 2), (2, 2)], 0, 0),
+        Advance(17746),
+        Delete(Index(0)),
+        SetIdle(Index(0), Idle::Run),
+        Deliver(Index(0)),
+        Fault(0, Call::Create, FaultKind::Quota, 2),
+        Submit(vec![(0, 2)], 0, 0),
+        Submit(vec![(0, 2)], 0, 0),
+        Submit(vec![(3, 1)], -1, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Release(Index(1)),
+        Advance(68751),
+    ];
+    let cloud = Cloudiness {
+        latency_ms: 1746,
+        reach_late: false,
+        boot_ms: 10000,
+        linger_ms: 0,
+    };
+    run(&ops, &cloud).unwrap();
+}
+
+/// A case the property test found once the driver could lie: a create
+/// answered with a leaked instance (owned, held by no node).
+#[test]
+fn regression_create_answers_a_leaked_instance() {
+    use Op::*;
+    let ops = vec![
+        Submit(vec![(0, 1), (3, 1)], 0, 0),
+        Submit(vec![(0, 2)], 0, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Submit(vec![(2, 1)], 0, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Plant(0, true),
+        Submit(vec![(0, 1)], 0, 0),
+        Op::Lie(0, super::testkit::Lie::HeldCreate, 1),
+        Submit(vec![(0, 1)], 0, 0),
+        Submit(vec![(0, 1)], 0, 0),
+        Advance(3500),
+    ];
+    let cloud = Cloudiness {
+        latency_ms: 1500,
+        reach_late: true,
+        boot_ms: 0,
+        linger_ms: 0,
+    };
+    run(&ops, &cloud).unwrap();
+}

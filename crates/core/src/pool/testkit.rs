@@ -1,0 +1,1031 @@
+//! A deterministic harness for the pool core: a fake in-memory cloud that
+//! carries out [`Effect`]s, an injected clock, and a store that keeps what
+//! [`Pool::take_changes`] hands it exactly as the real one would, so a test
+//! can crash the pool and restore it.
+//!
+//! The harness also watches what no single test asserts: calls made to a
+//! provider inside a rate-limit window it announced, more calls in flight than
+//! the sandbox allows, a wakeup in the past (a busy loop in the runtime), and
+//! a request forgotten before it ended.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::config::{Label, Offer, Provider, Timings};
+use crate::driver::{Addresses, Connection, DriverError, Instance, InstanceState};
+
+/// Where every test's clock starts: a realistic wall-clock time.
+pub(super) const T0: Time = Time(1_700_000_000_000);
+
+pub(super) fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+// ---- config ---------------------------------------------------------------
+
+/// A provider with no rate limit and no limits.
+pub(super) fn provider(name: &str) -> Provider {
+    Provider::new(name)
+}
+
+/// An offer of instance type `ty` on provider `p`: 1 vCPU, 1 GiB, price 1.
+pub(super) fn offer(p: u16, ty: &str) -> Offer {
+    Offer {
+        provider: ProviderIx(p),
+        instance_type: ty.into(),
+        image: "img".into(),
+        options: "{}".into(),
+        vcpus: 1,
+        ram_mib: 1024,
+        price: 1.0,
+    }
+}
+
+/// A machine label with the given offers.
+pub(super) fn machine(name: &str, offers: Vec<Offer>) -> Label {
+    Label::new(name, LabelKind::Machine { offers })
+}
+
+/// A slot label with `slots` slots per instance of `backing`.
+pub(super) fn slots(name: &str, backing: u16, slots: u16) -> Label {
+    Label {
+        kind: LabelKind::Slots {
+            slots,
+            backing: LabelIx(backing),
+            grace_time: Label::DEFAULT_GRACE_TIME,
+        },
+        ..machine(name, Vec::new())
+    }
+}
+
+pub(super) fn config(providers: Vec<Provider>, labels: Vec<Label>) -> Config {
+    Config {
+        pool_id: "pool-1".into(),
+        timings: Timings::default(),
+        providers,
+        labels,
+        lease_ttl: Config::DEFAULT_LEASE_TTL,
+    }
+}
+
+// ---- the fake cloud -------------------------------------------------------
+
+/// A kind of driver call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Call {
+    Create,
+    List,
+    Delete,
+    SetTags,
+}
+
+impl Call {
+    pub(super) fn of(effect: &Effect) -> Call {
+        match effect {
+            Effect::Create { .. } => Call::Create,
+            Effect::List { .. } => Call::List,
+            Effect::Delete { .. } => Call::Delete,
+            Effect::SetTags { .. } => Call::SetTags,
+        }
+    }
+}
+
+/// A failure the fake cloud answers with, for the next `times` calls of a kind.
+#[derive(Clone, Debug)]
+pub(super) struct Fault {
+    pub call: Call,
+    pub failure: Failure,
+    pub times: u32,
+    /// Whether the call took effect before it failed (a driver that traps
+    /// after its create went through).
+    pub reached: bool,
+}
+
+/// A lie the fake cloud tells in its answers, for the next `times` calls it
+/// applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Lie {
+    /// A list names an owned live instance twice, the copy under another
+    /// node id (the runtime's checks refuse both).
+    Twin,
+    /// A list names an owned live instance under a new node id that a label
+    /// could adopt, instead of its own.
+    Relabel,
+    /// A list names an adoptable instance that does not exist.
+    Phantom,
+    /// A create answers with an owned live instance that is already there
+    /// instead of making one.
+    HeldCreate,
+    /// A list answers with nothing at all.
+    Empty,
+    /// A list answers with its first half only (a lost page).
+    Truncated,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct FakeInstance {
+    pub id: String,
+    pub instance_type: String,
+    pub tags: Tags,
+    pub created: Time,
+    pub terminated: Option<Time>,
+}
+
+/// One provider's account in the fake cloud.
+#[derive(Clone, Debug, Default)]
+pub(super) struct FakeProvider {
+    pub instances: BTreeMap<String, FakeInstance>,
+    /// How long a new instance is pending before it runs; zero: at once.
+    pub boot_delay: Duration,
+    /// Most live instances the account allows.
+    pub quota: Option<u32>,
+    /// Instance types without capacity.
+    pub out_of_capacity: Vec<String>,
+    /// How long a terminated instance stays listed.
+    pub linger: Duration,
+    pub faults: Vec<Fault>,
+    /// Lies still to tell, and how many times each.
+    pub lies: Vec<(Lie, u32)>,
+    /// Where the lies' made-up node ids are counted.
+    pub invented: u64,
+    /// Every call that reached the cloud, when.
+    pub calls: Vec<(Time, Call)>,
+    /// The rate-limit window this provider announced, as the pool learned it.
+    pub held_until: Option<Time>,
+    pub in_flight: u32,
+    pub max_in_flight: u32,
+}
+
+impl FakeProvider {
+    pub(super) fn live(&self) -> impl Iterator<Item = &FakeInstance> {
+        self.instances.values().filter(|i| i.terminated.is_none())
+    }
+
+    /// Takes one lie of those that apply to `call`, if any is left.
+    fn lie(&mut self, call: Call) -> Option<Lie> {
+        let (lie, times) = self.lies.iter_mut().find(|(l, t)| {
+            *t > 0
+                && match call {
+                    Call::Create => *l == Lie::HeldCreate,
+                    Call::List => *l != Lie::HeldCreate,
+                    _ => false,
+                }
+        })?;
+        *times -= 1;
+        Some(*lie)
+    }
+
+    fn fault(&mut self, call: Call) -> Option<Fault> {
+        let f = self
+            .faults
+            .iter_mut()
+            .find(|f| f.call == call && f.times > 0)?;
+        f.times -= 1;
+        Some(f.clone())
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub(super) struct Cloud {
+    pub providers: Vec<FakeProvider>,
+    counter: u64,
+}
+
+/// The answer to a call, as the runtime would report it.
+#[derive(Clone, Debug)]
+pub(super) enum Outcome {
+    Created(NodeId, Result<Instance, Failure>),
+    Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
+    Listed(ProviderIx, Result<Vec<Instance>, Failure>),
+    Tagged(NodeId, Result<(), Failure>),
+}
+
+impl Outcome {
+    fn failure(&self) -> Option<&Failure> {
+        match self {
+            Outcome::Created(_, r) => r.as_ref().err(),
+            Outcome::Deleted(.., r) => r.as_ref().err(),
+            Outcome::Listed(_, r) => r.as_ref().err(),
+            Outcome::Tagged(_, r) => r.as_ref().err(),
+        }
+    }
+}
+
+pub(super) fn effect_provider(e: &Effect) -> ProviderIx {
+    match e {
+        Effect::Create { provider, .. }
+        | Effect::Delete { provider, .. }
+        | Effect::List { provider }
+        | Effect::SetTags { provider, .. } => *provider,
+    }
+}
+
+impl Cloud {
+    pub(super) fn new(providers: usize) -> Cloud {
+        Cloud {
+            providers: vec![FakeProvider::default(); providers],
+            counter: 0,
+        }
+    }
+
+    /// An instance put in the cloud behind berth's back.
+    pub(super) fn plant(&mut self, p: u16, ty: &str, tags: Tags, now: Time) -> String {
+        self.counter += 1;
+        let id = format!("i-{p}-{:04}", self.counter);
+        self.providers[usize::from(p)].instances.insert(
+            id.clone(),
+            FakeInstance {
+                id: id.clone(),
+                instance_type: ty.into(),
+                tags,
+                created: now,
+                terminated: None,
+            },
+        );
+        id
+    }
+
+    fn report(&self, p: usize, i: &FakeInstance, now: Time) -> Instance {
+        let fp = &self.providers[p];
+        let state = match i.terminated {
+            Some(_) => InstanceState::Terminated,
+            None if i.created + fp.boot_delay <= now => InstanceState::Running,
+            None => InstanceState::Pending,
+        };
+        Instance {
+            id: i.id.clone(),
+            state,
+            instance_type: i.instance_type.clone(),
+            tags: i.tags.clone(),
+            addresses: Addresses {
+                private_ipv4: Some(format!("10.0.0.{}", i.id.len())),
+                ..Addresses::default()
+            },
+            created_at_ms: Some(i.created.as_millis()),
+            connection: Connection::default(),
+        }
+    }
+
+    /// Carries out a call at `now`.
+    pub(super) fn carry_out(&mut self, now: Time, effect: &Effect) -> Outcome {
+        let p = effect_provider(effect).0 as usize;
+        let call = Call::of(effect);
+        // Terminated instances stay listed for a while, then go.
+        let linger = self.providers[p].linger;
+        self.providers[p]
+            .instances
+            .retain(|_, i| i.terminated.is_none_or(|t| t + linger > now));
+        self.providers[p].calls.push((now, call));
+        let fault = self.providers[p].fault(call);
+        if let Some(f) = &fault
+            && !f.reached
+        {
+            let e = f.failure.clone();
+            return match effect {
+                Effect::Create { node, .. } => Outcome::Created(*node, Err(e)),
+                Effect::Delete {
+                    provider,
+                    node,
+                    instance,
+                } => Outcome::Deleted(*provider, *node, instance.clone(), Err(e)),
+                Effect::List { provider } => Outcome::Listed(*provider, Err(e)),
+                Effect::SetTags { node, .. } => Outcome::Tagged(*node, Err(e)),
+            };
+        }
+        let lie = self.providers[p].lie(call);
+        let outcome = match effect {
+            Effect::Create { node, .. }
+                if lie == Some(Lie::HeldCreate)
+                    && let Some(held) = self.owned_live(p).next() =>
+            {
+                Outcome::Created(*node, Ok(self.report(p, held, now)))
+            }
+            Effect::Create { node, spec, .. } => {
+                let fp = &self.providers[p];
+                let result = if fp.quota.is_some_and(|q| fp.live().count() as u32 >= q) {
+                    Err(Failure::Driver(DriverError::QuotaExceeded(
+                        "instances".into(),
+                    )))
+                } else if fp.out_of_capacity.contains(&spec.instance_type) {
+                    Err(Failure::Driver(DriverError::Capacity {
+                        scope: crate::driver::CapacityScope::InstanceType(
+                            spec.instance_type.clone(),
+                        ),
+                        message: "sold out".into(),
+                    }))
+                } else {
+                    let id = self.plant(p as u16, &spec.instance_type, spec.tags.clone(), now);
+                    let i = &self.providers[p].instances[&id];
+                    Ok(self.report(p, i, now))
+                };
+                Outcome::Created(*node, result)
+            }
+            Effect::List { provider } => {
+                let fp = &self.providers[p];
+                let mut all: Vec<Instance> = fp
+                    .instances
+                    .values()
+                    .map(|i| self.report(p, i, now))
+                    .collect();
+                if let Some(lie) = lie {
+                    self.tell(p, lie, &mut all, now);
+                }
+                Outcome::Listed(*provider, Ok(all))
+            }
+            Effect::Delete {
+                provider,
+                node,
+                instance,
+            } => {
+                let result = match self.providers[p].instances.get_mut(instance) {
+                    Some(i) => {
+                        i.terminated.get_or_insert(now);
+                        Ok(())
+                    }
+                    None => Err(Failure::Driver(DriverError::NotFound(instance.clone()))),
+                };
+                Outcome::Deleted(*provider, *node, instance.clone(), result)
+            }
+            Effect::SetTags {
+                node,
+                instance,
+                tags,
+                ..
+            } => {
+                let result = match self.providers[p].instances.get_mut(instance) {
+                    Some(i) => {
+                        i.tags
+                            .retain(|k, _| !k.starts_with(crate::driver::BERTH_TAG_PREFIX));
+                        i.tags.extend(tags.clone());
+                        Ok(())
+                    }
+                    None => Err(Failure::Driver(DriverError::NotFound(instance.clone()))),
+                };
+                Outcome::Tagged(*node, result)
+            }
+        };
+        match fault {
+            // It went through, and then the answer was lost or wrong.
+            Some(f) => match outcome {
+                Outcome::Created(n, _) => Outcome::Created(n, Err(f.failure)),
+                Outcome::Deleted(p, n, i, _) => Outcome::Deleted(p, n, i, Err(f.failure)),
+                Outcome::Listed(p, _) => Outcome::Listed(p, Err(f.failure)),
+                Outcome::Tagged(n, _) => Outcome::Tagged(n, Err(f.failure)),
+            },
+            None => outcome,
+        }
+    }
+}
+
+impl Cloud {
+    fn owned_live(&self, p: usize) -> impl Iterator<Item = &FakeInstance> {
+        self.providers[p]
+            .live()
+            .filter(|i| i.tags.contains_key(crate::driver::NODE_TAG))
+    }
+
+    /// Changes a list answer as `lie` says.
+    fn tell(&mut self, p: usize, lie: Lie, all: &mut Vec<Instance>, now: Time) {
+        self.providers[p].invented += 1;
+        let invented = format!("n-{:016x}", 0xdead_0000_0000 + self.providers[p].invented);
+        let first = self.owned_live(p).next().map(|i| self.report(p, i, now));
+        match (lie, first) {
+            (Lie::Twin, Some(real)) => {
+                let mut twin = real;
+                twin.tags.insert(crate::driver::NODE_TAG.into(), invented);
+                all.push(twin);
+            }
+            (Lie::Relabel, Some(real)) => {
+                if let Some(entry) = all.iter_mut().find(|i| i.id == real.id) {
+                    entry.tags.insert(crate::driver::NODE_TAG.into(), invented);
+                }
+            }
+            (Lie::Empty, _) => all.clear(),
+            (Lie::Truncated, _) => all.truncate(all.len() / 2),
+            (Lie::Phantom, _) => all.push(Instance {
+                id: format!("i-phantom-{p}-{}", self.providers[p].invented),
+                state: InstanceState::Running,
+                instance_type: if p == 0 { "t0" } else { "t1" }.into(),
+                tags: [
+                    (crate::driver::POOL_TAG.to_string(), "pool-1".to_string()),
+                    (crate::driver::NODE_TAG.to_string(), invented),
+                    (crate::driver::LABEL_TAG.to_string(), "a".to_string()),
+                ]
+                .into(),
+                addresses: Addresses::default(),
+                created_at_ms: Some(now.as_millis()),
+                connection: Connection::default(),
+            }),
+            _ => {}
+        }
+    }
+}
+
+pub(super) fn rate_limited(ms: u64) -> Failure {
+    Failure::Driver(DriverError::RateLimited {
+        retry_after: Duration::from_millis(ms),
+        message: "slow down".into(),
+    })
+}
+
+pub(super) fn transient() -> Failure {
+    Failure::Driver(DriverError::Transient("try again".into()))
+}
+
+pub(super) fn quota() -> Failure {
+    Failure::Driver(DriverError::QuotaExceeded("instances".into()))
+}
+
+pub(super) fn capacity(ty: &str) -> Failure {
+    Failure::Driver(DriverError::Capacity {
+        scope: crate::driver::CapacityScope::InstanceType(ty.into()),
+        message: "sold out".into(),
+    })
+}
+
+pub(super) fn trap() -> Failure {
+    Failure::Host("driver trapped: unreachable".into())
+}
+
+// ---- the store ------------------------------------------------------------
+
+/// What the store holds: every change applied as the runtime applies it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Store {
+    pub nodes: HashMap<NodeId, Node>,
+    pub requests: HashMap<RequestId, Request>,
+    pub leases: HashMap<String, Time>,
+}
+
+impl Store {
+    /// Applies changes; returns what a store should never be asked to do.
+    fn apply(&mut self, c: Changes) -> Vec<String> {
+        let mut wrong = Vec::new();
+        for n in c.nodes {
+            // A node in use is never given up because lists stopped showing
+            // its instance: it stays with its holder until released.
+            let was_in_use = self
+                .nodes
+                .get(&n.id)
+                .is_some_and(|old| matches!(old.state, NodeState::InUse { .. }));
+            let lost = matches!(
+                n.state,
+                NodeState::Gone {
+                    reason: GoneReason::Vanished,
+                    ..
+                }
+            );
+            if was_in_use && lost {
+                wrong.push(format!("{} went from in use to {:?}", n.id, n.state));
+            }
+            self.nodes.insert(n.id, n);
+        }
+        for r in c.requests {
+            self.requests.insert(r.id, r);
+        }
+        for l in c.leases {
+            self.leases.insert(l.requestor, l.expires);
+        }
+        for r in c.purged_leases {
+            self.leases.remove(&r);
+        }
+        for id in c.purged_nodes {
+            match self.nodes.remove(&id) {
+                Some(n) if n.state.is_final() => {}
+                other => wrong.push(format!("node {id} purged while {other:?}")),
+            }
+        }
+        for id in c.purged_requests {
+            match self.requests.remove(&id) {
+                Some(r) if r.state != RequestState::Pending => {}
+                other => wrong.push(format!("request {id} purged while {other:?}")),
+            }
+        }
+        wrong
+    }
+
+    pub(super) fn snapshot(&self) -> Snapshot {
+        let mut nodes: Vec<Node> = self.nodes.values().cloned().collect();
+        nodes.sort_by_key(|n| n.id);
+        let mut requests: Vec<Request> = self.requests.values().cloned().collect();
+        requests.sort_by_key(|r| r.id);
+        let mut leases: Vec<Lease> = self
+            .leases
+            .iter()
+            .map(|(r, t)| Lease {
+                requestor: r.clone(),
+                expires: *t,
+            })
+            .collect();
+        leases.sort_by(|a, b| a.requestor.cmp(&b.requestor));
+        Snapshot {
+            nodes,
+            requests,
+            leases,
+        }
+    }
+}
+
+// ---- the harness ----------------------------------------------------------
+
+/// A call made and not yet answered.
+#[derive(Clone, Debug)]
+pub(super) struct InFlight {
+    pub effect: Effect,
+    pub made: Time,
+    pub due: Time,
+    /// The cloud's answer, if the call has reached it.
+    pub outcome: Option<Outcome>,
+}
+
+pub(super) struct Harness {
+    pub config: Arc<Config>,
+    pub pool: Pool,
+    pub cloud: Cloud,
+    pub now: Time,
+    pub in_flight: Vec<InFlight>,
+    /// How long a call takes to answer.
+    pub latency: Duration,
+    /// The clock's step in [`Harness::advance`].
+    pub dt: Duration,
+    /// Calls reach the cloud when they answer rather than when made, so a
+    /// crash loses them unseen.
+    pub reach_late: bool,
+    /// Every call made, when.
+    pub log: Vec<(Time, Effect)>,
+    pub notices: Vec<Notice>,
+    pub store: Store,
+    /// What the harness saw go wrong beyond a test's own asserts.
+    pub violations: Vec<String>,
+    /// Check every invariant after every step, not only when asked.
+    pub strict: bool,
+    seed: u64,
+    restarts: u64,
+}
+
+impl Harness {
+    pub(super) fn new(config: Config) -> Harness {
+        let config = Arc::new(config);
+        let seed = 7;
+        Harness {
+            pool: Pool::new(config.clone(), seed),
+            cloud: Cloud::new(config.providers.len()),
+            config,
+            now: T0,
+            in_flight: Vec::new(),
+            latency: Duration::ZERO,
+            dt: secs(1),
+            reach_late: false,
+            log: Vec::new(),
+            notices: Vec::new(),
+            store: Store::default(),
+            violations: Vec::new(),
+            strict: false,
+            seed,
+            restarts: 0,
+        }
+    }
+
+    pub(super) fn label(&self, name: &str) -> LabelIx {
+        self.config.label(name).expect("label")
+    }
+
+    /// Writes what changed to the store, as the runtime does after each call
+    /// into the pool.
+    pub(super) fn persist(&mut self) {
+        let changes = self.pool.take_changes();
+        let wrong = self.store.apply(changes);
+        self.violations.extend(wrong);
+        self.notices.extend(self.pool.take_notices());
+    }
+
+    /// One tick at the current time: the calls it makes are made.
+    pub(super) fn tick(&mut self) {
+        let mut out = Vec::new();
+        self.pool.tick(self.now, &mut out);
+        self.persist();
+        if let Some(t) = self.pool.next_wakeup()
+            && t <= self.now
+        {
+            self.violations.push(format!(
+                "next wakeup {t:?} is not after the tick at {:?}",
+                self.now
+            ));
+        }
+        for effect in out {
+            self.make(effect);
+        }
+    }
+
+    fn make(&mut self, effect: Effect) {
+        let p = effect_provider(&effect).0 as usize;
+        let fp = &mut self.cloud.providers[p];
+        if let Some(until) = fp.held_until
+            && until > self.now
+        {
+            self.violations.push(format!(
+                "{effect:?} at {:?} inside the rate-limit window until {until:?}",
+                self.now
+            ));
+        }
+        fp.in_flight += 1;
+        fp.max_in_flight = fp.max_in_flight.max(fp.in_flight);
+        let max = self.config.providers[p].max_calls.max(1);
+        if fp.in_flight > max {
+            self.violations.push(format!(
+                "{} calls in flight to provider {p}, at most {max}",
+                fp.in_flight
+            ));
+        }
+        // A node in use never loses its instance to berth, whatever lists say.
+        if let Effect::Delete { instance, .. } = &effect
+            && let Some(holder) = self.pool.holder(effect_provider(&effect), instance)
+            && self
+                .pool
+                .node(holder)
+                .is_some_and(|n| matches!(n.state, NodeState::InUse { .. }))
+        {
+            self.violations.push(format!(
+                "{effect:?} at {:?}: the instance of {holder}, which is in use",
+                self.now
+            ));
+        }
+        self.log.push((self.now, effect.clone()));
+        let outcome = (!self.reach_late).then(|| self.cloud.carry_out(self.now, &effect));
+        self.in_flight.push(InFlight {
+            effect,
+            made: self.now,
+            due: self.now + self.latency,
+            outcome,
+        });
+    }
+
+    /// Answers the call at `index` of `in_flight` now.
+    pub(super) fn deliver(&mut self, index: usize) {
+        let call = self.in_flight.remove(index);
+        let outcome = match call.outcome {
+            Some(o) => o,
+            None => self.cloud.carry_out(self.now, &call.effect),
+        };
+        let p = effect_provider(&call.effect);
+        let fp = &mut self.cloud.providers[p.0 as usize];
+        fp.in_flight = fp.in_flight.saturating_sub(1);
+        if let Some(Failure::Driver(DriverError::RateLimited { retry_after, .. })) =
+            outcome.failure()
+        {
+            let until = self.now + *retry_after;
+            fp.held_until = Some(fp.held_until.map_or(until, |t| t.max(until)));
+        }
+        let now = self.now;
+        // What a driver answers passes the runtime's checks first.
+        match outcome {
+            Outcome::Created(id, r) => {
+                let r = r.and_then(|i| match crate::driver::check::instance(&i) {
+                    Ok(()) => Ok(i),
+                    Err(bad) => Err(Failure::Host(bad.to_string())),
+                });
+                self.pool.created(now, id, r)
+            }
+            Outcome::Deleted(p, node, instance, r) => self.pool.deleted(now, p, node, &instance, r),
+            Outcome::Listed(p, r) => {
+                let r = r.map(|all| crate::driver::check::listing(all).0);
+                self.pool.listed(now, p, call.made, r)
+            }
+            Outcome::Tagged(id, r) => self.pool.tagged(now, id, r),
+        }
+        self.persist();
+    }
+
+    /// Answers every call due by now, then ticks, until nothing more happens
+    /// at this instant.
+    pub(super) fn step(&mut self) {
+        for _ in 0..100 {
+            let mut any = false;
+            while let Some(i) = self.in_flight.iter().position(|c| c.due <= self.now) {
+                self.deliver(i);
+                any = true;
+            }
+            let made = self.log.len();
+            self.tick();
+            if !any && self.log.len() == made {
+                return;
+            }
+        }
+        self.violations
+            .push(format!("no quiet point at {:?} after 100 rounds", self.now));
+    }
+
+    /// Moves the clock on by `d`, stepping every `dt`.
+    pub(super) fn advance(&mut self, d: Duration) {
+        let end = self.now + d;
+        while self.now < end {
+            self.now = (self.now + self.dt).min(end);
+            self.step();
+            if self.strict
+                && self.violations.is_empty()
+                && let Err(e) = self.check()
+            {
+                self.violations.push(format!("at {:?}: {e}", self.now));
+            }
+        }
+    }
+
+    /// Steps until `done` holds, for at most `limit`; whether it held.
+    pub(super) fn run_until(
+        &mut self,
+        limit: Duration,
+        mut done: impl FnMut(&Harness) -> bool,
+    ) -> bool {
+        let end = self.now + limit;
+        self.step();
+        while !done(self) {
+            if self.now >= end {
+                return false;
+            }
+            self.now = (self.now + self.dt).min(end);
+            self.step();
+        }
+        true
+    }
+
+    /// The process dies: answers in flight are lost (calls that reached the
+    /// cloud stay done), and a new pool starts from what the store holds.
+    pub(super) fn crash(&mut self) {
+        self.in_flight.clear();
+        for fp in &mut self.cloud.providers {
+            fp.in_flight = 0;
+            // A new process has not been told to wait; the cloud would say so again.
+            fp.held_until = None;
+        }
+        self.restarts += 1;
+        let seed = self
+            .seed
+            .wrapping_add(self.restarts.wrapping_mul(0x1000_0001));
+        self.pool = Pool::restore(self.config.clone(), seed, self.store.snapshot(), self.now);
+    }
+
+    pub(super) fn submit(&mut self, wants: &[(&str, u32)], priority: i32) -> RequestId {
+        self.submit_as("test", wants, priority)
+    }
+
+    pub(super) fn submit_as(
+        &mut self,
+        requestor: &str,
+        wants: &[(&str, u32)],
+        priority: i32,
+    ) -> RequestId {
+        let wants = wants.iter().map(|(l, n)| (self.label(l), *n)).collect();
+        let id = self
+            .pool
+            .submit(
+                self.now,
+                NewRequest {
+                    requestor: requestor.into(),
+                    priority,
+                    wants,
+                },
+            )
+            .expect("submit");
+        self.persist();
+        id
+    }
+
+    pub(super) fn renew(&mut self, requestor: &str, ttl: Duration) {
+        self.pool.renew(self.now, requestor, ttl);
+        self.persist();
+    }
+
+    pub(super) fn release(&mut self, id: NodeId) {
+        self.pool.release(self.now, id).expect("release");
+        self.persist();
+    }
+
+    pub(super) fn set_idle(&mut self, id: NodeId, idle: Idle) {
+        self.pool.set_idle(self.now, id, idle).expect("set idle");
+        self.persist();
+    }
+
+    pub(super) fn state(&self, id: RequestId) -> RequestState {
+        self.pool.request(id).expect("request").state.clone()
+    }
+
+    pub(super) fn fulfilled(&self, id: RequestId) -> bool {
+        matches!(self.state(id), RequestState::Fulfilled { .. })
+    }
+
+    /// Nodes of a label in a state (by its name), sorted by id.
+    pub(super) fn nodes(&self, label: &str, state: &str) -> Vec<Node> {
+        let l = self.label(label);
+        let mut v: Vec<Node> = self
+            .pool
+            .nodes()
+            .filter(|n| n.label == l && n.state.name() == state)
+            .cloned()
+            .collect();
+        v.sort_by_key(|n| n.id);
+        v
+    }
+
+    pub(super) fn count(&self, label: &str, state: &str) -> usize {
+        self.nodes(label, state).len()
+    }
+
+    /// Calls of a kind made to a provider.
+    pub(super) fn calls(&self, p: u16, call: Call) -> Vec<Time> {
+        self.log
+            .iter()
+            .filter(|(_, e)| effect_provider(e).0 == p && Call::of(e) == call)
+            .map(|(t, _)| *t)
+            .collect()
+    }
+
+    /// Live instances the cloud has on a provider.
+    pub(super) fn live(&self, p: u16) -> usize {
+        self.cloud.providers[usize::from(p)].live().count()
+    }
+
+    /// Every invariant that must hold after every step; the first broken one.
+    pub(super) fn check(&self) -> Result<(), String> {
+        if let Some(v) = self.violations.first() {
+            return Err(v.clone());
+        }
+        let pool = &self.pool;
+        // Provider usage, counted from the nodes themselves.
+        for (i, p) in self.config.providers.iter().enumerate() {
+            let mut usage = Usage::default();
+            for n in pool.nodes() {
+                if n.provider.0 as usize == i
+                    && n.state.holds_instance()
+                    && !matches!(n.role, Role::Slot { .. })
+                {
+                    usage.add(n.resources);
+                }
+            }
+            let counted = pool.provider_status(ProviderIx(i as u16)).usage;
+            if usage != counted {
+                return Err(format!(
+                    "provider {i}: nodes use {usage:?}, index says {counted:?}"
+                ));
+            }
+            let l = &p.limits;
+            if l.max_instances.is_some_and(|m| usage.instances > m)
+                || l.max_cores.is_some_and(|m| usage.vcpus > m)
+                || l.max_ram_mib.is_some_and(|m| usage.ram_mib > m)
+            {
+                return Err(format!("provider {i}: {usage:?} is above {l:?}"));
+            }
+        }
+        // No node given to two requests, and both sides agree.
+        let mut owner: HashMap<NodeId, RequestId> = HashMap::new();
+        for r in pool.requests() {
+            if r.state != RequestState::Pending {
+                continue;
+            }
+            for n in &r.nodes {
+                if let Some(other) = owner.insert(*n, r.id) {
+                    return Err(format!("node {n} set aside for {other} and {}", r.id));
+                }
+                let node = pool
+                    .node(*n)
+                    .ok_or(format!("request {} holds unknown {n}", r.id))?;
+                if node.assigned != Some(r.id) {
+                    return Err(format!("{n} in {} but assigned {:?}", r.id, node.assigned));
+                }
+            }
+        }
+        for n in pool.nodes() {
+            if let Some(r) = n.assigned {
+                if owner.get(&n.id) != Some(&r) {
+                    return Err(format!("{} assigned to {r}, which does not hold it", n.id));
+                }
+                if n.state.is_final() {
+                    return Err(format!("{} is {} and still assigned", n.id, n.state.name()));
+                }
+            }
+            if let NodeState::InUse { request, .. } = n.state {
+                // A fulfilled request may be forgotten while its nodes are in use.
+                let r = pool.request(request);
+                let ok = r.is_none_or(|r| {
+                    matches!(r.state, RequestState::Fulfilled { .. }) && r.nodes.contains(&n.id)
+                });
+                if !ok || n.assigned.is_some() {
+                    return Err(format!("{} in use by {request}, which is {r:?}", n.id));
+                }
+            }
+        }
+        // Slots: each held by one live node, which points back.
+        for n in pool.nodes() {
+            match &n.role {
+                Role::Backing { slots, .. } => {
+                    for (i, s) in slots.iter().enumerate() {
+                        let Some(s) = s else { continue };
+                        let ok = pool.node(*s).is_some_and(|sn| {
+                            sn.role
+                                == Role::Slot {
+                                    backing: n.id,
+                                    index: i as u16,
+                                }
+                                && !sn.state.is_final()
+                        });
+                        if !ok {
+                            return Err(format!(
+                                "slot {i} of {} names {s}: {:?}",
+                                n.id,
+                                pool.node(*s)
+                            ));
+                        }
+                    }
+                    if n.state.is_final() && slots.iter().any(Option::is_some) {
+                        return Err(format!("{} is final with slots taken", n.id));
+                    }
+                }
+                Role::Slot { backing, index } if !n.state.is_final() => {
+                    let ok = pool.node(*backing).is_some_and(|b| match &b.role {
+                        Role::Backing { slots, .. } => {
+                            slots.get(usize::from(*index)) == Some(&Some(n.id))
+                        }
+                        _ => false,
+                    });
+                    if !ok {
+                        return Err(format!("slot node {} not held by {backing}", n.id));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // No instance held by two live nodes (a backing node's slots share
+        // its instance through it, not by holding it).
+        let mut holder: HashMap<(ProviderIx, &str), NodeId> = HashMap::new();
+        for n in pool.nodes() {
+            if n.state.is_final() || matches!(n.role, Role::Slot { .. }) {
+                continue;
+            }
+            if let Some(i) = n.instance.as_deref()
+                && let Some(other) = holder.insert((n.provider, i), n.id)
+            {
+                return Err(format!("instance {i} held by {other} and {}", n.id));
+            }
+        }
+        // The store holds what the pool holds.
+        for n in pool.nodes() {
+            if self.store.nodes.get(&n.id) != Some(n) {
+                return Err(format!("store differs for {}", n.id));
+            }
+        }
+        if self.store.nodes.len() != pool.nodes().count() {
+            return Err("store holds nodes the pool forgot".into());
+        }
+        Ok(())
+    }
+
+    /// After quiet time: every owned live instance belongs to exactly one
+    /// live node, and every running node's instance is there.
+    pub(super) fn check_no_leaks(&self) -> Result<(), String> {
+        for (p, fp) in self.cloud.providers.iter().enumerate() {
+            for i in fp.live() {
+                if i.tags.get(crate::driver::POOL_TAG) != Some(&self.config.pool_id) {
+                    continue;
+                }
+                let owners: Vec<&Node> = self
+                    .pool
+                    .nodes()
+                    .filter(|n| n.provider.0 as usize == p && !matches!(n.role, Role::Slot { .. }))
+                    .filter(|n| n.instance.as_deref() == Some(i.id.as_str()))
+                    .filter(|n| !n.state.is_final())
+                    .collect();
+                if owners.len() != 1 {
+                    return Err(format!(
+                        "instance {} on provider {p} has {} live nodes",
+                        i.id,
+                        owners.len()
+                    ));
+                }
+            }
+        }
+        for n in self.pool.nodes() {
+            let settled = matches!(
+                n.state,
+                NodeState::Ready { .. } | NodeState::InUse { .. } | NodeState::Used { .. }
+            );
+            if !settled || matches!(n.role, Role::Slot { .. }) {
+                continue;
+            }
+            let Some(inst) = &n.instance else {
+                return Err(format!(
+                    "{} is {} without an instance",
+                    n.id,
+                    n.state.name()
+                ));
+            };
+            if !self.cloud.providers[n.provider.0 as usize]
+                .live()
+                .any(|i| &i.id == inst)
+            {
+                return Err(format!("{} is {} but {inst} is gone", n.id, n.state.name()));
+            }
+        }
+        Ok(())
+    }
+}

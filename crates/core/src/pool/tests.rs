@@ -1,0 +1,1691 @@
+//! Table-driven tests of the pool core's decisions, each run through the
+//! harness in `testkit`: a fake cloud carries out the calls the core makes,
+//! and the clock only moves when a test moves it.
+
+use std::time::Duration;
+
+use super::testkit::*;
+use super::*;
+use crate::config::{Label, Offer};
+use crate::driver::{DriverError, LABEL_TAG, NODE_TAG, POOL_TAG};
+
+/// One provider `p0` and one machine label `a` on it.
+fn one(f: impl FnOnce(&mut Config)) -> Harness {
+    let mut c = config(
+        vec![provider("p0")],
+        vec![machine("a", vec![offer(0, "t0")])],
+    );
+    f(&mut c);
+    Harness::new(c)
+}
+
+/// One provider `p0` with room for `max` instances, machine label `a`
+/// keeping `min_ready` ready, and machine label `other`.
+fn a_and(other: &str, max: u32, min_ready: u32) -> Harness {
+    let mut c = config(
+        vec![provider("p0")],
+        vec![
+            machine("a", vec![offer(0, "ta")]),
+            machine(other, vec![offer(0, &format!("t{other}"))]),
+        ],
+    );
+    c.providers[0].limits.max_instances = Some(max);
+    c.labels[0].min_ready = min_ready;
+    Harness::new(c)
+}
+
+fn a_mut(c: &mut Config) -> &mut Label {
+    &mut c.labels[0]
+}
+
+/// Steps, then asserts the harness saw nothing wrong.
+fn settle(h: &mut Harness) {
+    h.step();
+    ok(h);
+}
+
+fn ok(h: &Harness) {
+    if let Err(e) = h.check() {
+        panic!("invariant broken at {:?}: {e}", h.now);
+    }
+}
+
+fn creates(h: &Harness) -> Vec<(u16, NodeId)> {
+    h.log
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Effect::Create { provider, node, .. } => Some((provider.0, *node)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reason(h: &Harness, r: RequestId) -> String {
+    match h.state(r) {
+        RequestState::Failed { reason, .. } => reason,
+        other => panic!("request is {other:?}, not failed"),
+    }
+}
+
+fn owned_tags(h: &Harness, node: &str, label: &str) -> Tags {
+    [
+        (POOL_TAG.to_string(), h.config.pool_id.clone()),
+        (NODE_TAG.to_string(), node.to_string()),
+        (LABEL_TAG.to_string(), label.to_string()),
+    ]
+    .into()
+}
+
+// ---- prewarming and serving -------------------------------------------
+
+#[test]
+fn prewarm_fills_min_ready_and_refills() {
+    let mut h = one(|c| a_mut(c).min_ready = 3);
+    settle(&mut h);
+    assert_eq!(h.count("a", "ready"), 3);
+    assert_eq!(h.live(0), 3);
+    // Nothing is created before the provider's first list.
+    let first_list = h.calls(0, Call::List)[0];
+    assert!(h.calls(0, Call::Create).iter().all(|t| *t >= first_list));
+    let r = h.submit(&[("a", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r));
+    assert_eq!(h.count("a", "in-use"), 2);
+    assert_eq!(h.count("a", "ready"), 3, "min-ready is refilled");
+    assert_eq!(h.calls(0, Call::Create).len(), 5);
+}
+
+#[test]
+fn ready_nodes_are_served_oldest_first() {
+    let mut h = one(|c| a_mut(c).reuse = true);
+    settle(&mut h);
+    let r1 = h.submit(&[("a", 1)], 0);
+    let r2 = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let x = h.pool.request(r1).unwrap().nodes[0];
+    let y = h.pool.request(r2).unwrap().nodes[0];
+    h.advance(secs(10));
+    h.release(y);
+    h.advance(secs(10));
+    h.release(x);
+    settle(&mut h);
+    assert_eq!(h.count("a", "ready"), 2);
+    let r3 = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(
+        h.pool.request(r3).unwrap().nodes,
+        vec![y],
+        "y has waited longest"
+    );
+    assert_eq!(
+        h.calls(0, Call::Create).len(),
+        2,
+        "no launch while ready nodes wait"
+    );
+}
+
+#[test]
+fn a_node_set_is_served_whole_or_not_at_all() {
+    let mut h = a_and("b", 3, 2);
+    settle(&mut h);
+    assert_eq!(h.count("a", "ready"), 2);
+    // 2 a are ready, but only one b fits: nothing is set aside.
+    let big = h.submit(&[("a", 2), ("b", 2)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(big), RequestState::Pending);
+    assert!(h.pool.request(big).unwrap().nodes.is_empty());
+    assert_eq!(h.pool.free_ready(h.label("a")), 2);
+    assert_eq!(h.count("b", "creating") + h.count("b", "ready"), 0);
+    // A request that fits is not held up behind it.
+    let small = h.submit(&[("a", 1), ("b", 1)], 5);
+    settle(&mut h);
+    assert!(h.fulfilled(small));
+    assert_eq!(h.state(big), RequestState::Pending);
+}
+
+#[test]
+fn requests_are_served_by_priority_and_a_blocked_one_does_not_block_others() {
+    let mut h = one(|c| c.providers[0].limits.max_instances = Some(2));
+    let low = h.submit(&[("a", 1)], 10);
+    let high = h.submit(&[("a", 1)], 1);
+    let higher = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(higher) && h.fulfilled(high));
+    assert_eq!(h.state(low), RequestState::Pending);
+    // One node comes back: `low` gets the room.
+    let n = h.pool.request(higher).unwrap().nodes[0];
+    h.release(n);
+    h.advance(secs(1));
+    assert!(h.fulfilled(low), "{:?}", h.state(low));
+    // Now a big request (2 nodes, 0 room) waits, a small later one (1 node)
+    // still cannot: both wait; when one node is freed, the small one is
+    // served because the big one cannot be.
+    let big = h.submit(&[("a", 2)], 0);
+    let small = h.submit(&[("a", 1)], 9);
+    settle(&mut h);
+    assert_eq!(h.state(big), RequestState::Pending);
+    let n = h.pool.request(high).unwrap().nodes[0];
+    h.release(n);
+    h.advance(secs(1));
+    assert!(h.fulfilled(small), "{:?}", h.state(small));
+    assert_eq!(h.state(big), RequestState::Pending);
+    for r in [low, small] {
+        let n = h.pool.request(r).unwrap().nodes[0];
+        h.release(n);
+    }
+    h.advance(secs(1));
+    assert!(h.fulfilled(big));
+    ok(&h);
+}
+
+#[test]
+fn a_blocked_request_evicts_unused_ready_nodes_of_other_labels() {
+    let mut c = config(
+        vec![provider("p0"), provider("p1")],
+        vec![
+            machine("a", vec![offer(0, "t0"), offer(1, "t1")]),
+            machine("x", vec![offer(0, "t0")]),
+        ],
+    );
+    c.providers[0].limits.max_instances = Some(2);
+    c.providers[1].priority = 1;
+    c.labels[0].min_ready = 1;
+    let mut h = Harness::new(c);
+    settle(&mut h);
+    let old = h.nodes("a", "ready")[0].id;
+    assert_eq!(h.pool.node(old).unwrap().provider, ProviderIx(0));
+    // x fits on p0 only if the ready a node goes; min-ready does not keep it.
+    let r = h.submit(&[("x", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    assert_eq!(
+        h.pool.node(old).unwrap().state,
+        NodeState::Gone {
+            since: h.pool.node(old).unwrap().state.since(),
+            reason: GoneReason::Deleted
+        }
+    );
+    // The refill goes where there is room, and does not take p0's back.
+    let a = h.nodes("a", "ready");
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].provider, ProviderIx(1));
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).usage.instances, 2);
+}
+
+#[test]
+fn nothing_is_evicted_for_a_request_that_would_still_not_fit() {
+    let mut h = a_and("x", 3, 1);
+    settle(&mut h);
+    let first = h.submit(&[("x", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(first));
+    // 3 of 3 used: the ready a would make room for one x, not for two.
+    let second = h.submit(&[("x", 2)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(second), RequestState::Pending);
+    assert_eq!(h.count("a", "ready"), 1, "a is kept");
+    // Held and in-use nodes are never evicted either: with one x returned,
+    // the ready a goes and the request is served.
+    let n = h.pool.request(first).unwrap().nodes[0];
+    h.release(n);
+    h.advance(secs(1));
+    ok(&h);
+    assert!(h.fulfilled(second), "{:?}", h.state(second));
+    assert_eq!(h.count("a", "ready"), 0);
+}
+
+#[test]
+fn held_ready_nodes_are_not_evicted() {
+    let mut h = a_and("x", 1, 1);
+    settle(&mut h);
+    let a = h.nodes("a", "ready")[0].id;
+    h.set_idle(a, Idle::Hold);
+    let r = h.submit(&[("x", 1)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(r), RequestState::Pending);
+    assert_eq!(h.count("a", "ready"), 1);
+}
+
+#[test]
+fn a_node_set_plans_its_most_constrained_label_first() {
+    let mut c = config(
+        vec![provider("p0"), provider("p1")],
+        vec![
+            machine("a", vec![offer(0, "t0"), offer(1, "t1")]),
+            machine("x", vec![offer(0, "t0")]),
+        ],
+    );
+    c.providers[0].limits.max_instances = Some(2);
+    c.providers[1].limits.max_instances = Some(2);
+    c.providers[1].priority = 1;
+    let mut h = Harness::new(c);
+    // a would take p0 first and leave x no room, though both fit.
+    let r = h.submit(&[("a", 2), ("x", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    assert!(
+        h.nodes("a", "in-use")
+            .iter()
+            .all(|n| n.provider == ProviderIx(1))
+    );
+}
+
+// ---- providers ------------------------------------------------------------
+
+/// What a provider is like in a provider-choice row.
+#[derive(Clone, Copy)]
+enum Cond {
+    Fine,
+    /// Its limit leaves no room.
+    Full,
+    /// Its first create says quota-exceeded.
+    Quota,
+    /// Its instance type has no capacity.
+    NoCapacity,
+    /// Creates paused by an earlier quota error on another label.
+    Paused,
+}
+
+/// Three-column rows: each provider's priority, price and condition; and the
+/// providers that get a create, in order, for one node of label `a`.
+fn check_choice(rows: &[(i32, f64, Cond)], expect: &[u16]) {
+    let providers = (0..rows.len())
+        .map(|i| provider(&format!("p{i}")))
+        .collect();
+    let offers = rows
+        .iter()
+        .enumerate()
+        .map(|(i, (_, price, _))| Offer {
+            price: *price,
+            ..offer(i as u16, &format!("t{i}"))
+        })
+        .collect();
+    let mut c = config(providers, vec![machine("a", offers)]);
+    for (i, (prio, _, cond)) in rows.iter().enumerate() {
+        c.providers[i].priority = *prio;
+        if let Cond::Full = cond {
+            c.providers[i].limits.max_instances = Some(0);
+        }
+    }
+    let mut h = Harness::new(c);
+    for (i, (_, _, cond)) in rows.iter().enumerate() {
+        let fp = &mut h.cloud.providers[i];
+        match cond {
+            Cond::Quota => fp.faults.push(Fault {
+                call: Call::Create,
+                failure: quota(),
+                times: 1,
+                reached: false,
+            }),
+            Cond::NoCapacity => fp.out_of_capacity.push(format!("t{i}")),
+            Cond::Paused => {
+                h.pool.ix.providers[i].quota_paused_until = Some(T0 + secs(600));
+            }
+            Cond::Fine | Cond::Full => {}
+        }
+    }
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let got: Vec<u16> = creates(&h).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(got, expect);
+    assert!(h.fulfilled(r));
+    assert_eq!(h.pool.request(r).unwrap().failures, 0, "no failed try");
+}
+
+#[test]
+fn provider_choice() {
+    use Cond::*;
+    check_choice(&[(0, 1.0, Fine), (0, 0.5, Fine), (1, 0.1, Fine)], &[1]);
+    check_choice(&[(1, 0.1, Fine), (0, 2.0, Fine)], &[1]);
+    check_choice(&[(0, 0.5, Full), (0, 1.0, Fine)], &[1]);
+    check_choice(&[(0, 0.5, Paused), (0, 1.0, Fine)], &[1]);
+    check_choice(&[(0, 0.5, Quota), (0, 1.0, Fine)], &[0, 1]);
+    check_choice(&[(0, 0.5, NoCapacity), (1, 1.0, Fine)], &[0, 1]);
+    check_choice(
+        &[(0, 0.5, Quota), (0, 0.7, NoCapacity), (2, 1.0, Fine)],
+        &[0, 1, 2],
+    );
+}
+
+#[test]
+fn capacity_pauses_only_that_instance_type_on_that_provider() {
+    let mut c = config(
+        vec![provider("p0"), provider("p1")],
+        vec![
+            machine("a", vec![offer(0, "big"), offer(1, "big")]),
+            machine("b", vec![offer(0, "small")]),
+        ],
+    );
+    c.providers[1].priority = 1;
+    // One call at a time, so the second create is still waiting when the
+    // first one's answer comes.
+    c.providers[0].max_calls = 1;
+    let mut h = Harness::new(c);
+    h.cloud.providers[0].out_of_capacity.push("big".into());
+    let r = h.submit(&[("a", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r));
+    assert!(
+        h.nodes("a", "in-use")
+            .iter()
+            .all(|n| n.provider == ProviderIx(1))
+    );
+    assert_eq!(
+        h.calls(0, Call::Create).len(),
+        1,
+        "the second a is not tried on p0"
+    );
+    let rb = h.submit(&[("b", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(rb), "another type on p0 is not paused");
+    assert!(
+        h.notices.iter().any(
+            |n| matches!(n, Notice::CapacityPaused { instance_type: Some(t), .. } if t == "big")
+        )
+    );
+    // After the pause p0 is preferred again.
+    h.cloud.providers[0].out_of_capacity.clear();
+    h.advance(h.config.timings.capacity_pause);
+    let r2 = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let n = h.pool.request(r2).unwrap().nodes[0];
+    assert_eq!(h.pool.node(n).unwrap().provider, ProviderIx(0));
+}
+
+#[test]
+fn launch_retries_go_to_another_provider_then_fail_with_a_reason() {
+    let mut c = config(
+        vec![provider("p0"), provider("p1")],
+        vec![machine("a", vec![offer(0, "t0"), offer(1, "t1")])],
+    );
+    c.labels[0].launch_retries = 2;
+    c.providers[1].priority = 1;
+    let mut h = Harness::new(c);
+    for fp in &mut h.cloud.providers {
+        fp.faults.push(Fault {
+            call: Call::Create,
+            failure: transient(),
+            times: u32::MAX,
+            reached: false,
+        });
+    }
+    let r = h.submit(&[("a", 1)], 0);
+    h.advance(secs(10));
+    ok(&h);
+    let got: Vec<u16> = creates(&h).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(got, vec![0, 1, 0], "1 try + 2 retries, alternating");
+    let why = reason(&h, r);
+    assert!(why.contains("label `a`"), "{why}");
+    assert!(why.contains("3 tries"), "{why}");
+    assert!(why.contains("`p0`") && why.contains("try again"), "{why}");
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::RequestFailed { request, .. } if *request == r))
+    );
+    assert_eq!(h.live(0) + h.live(1), 0);
+    assert!(h.pool.nodes().all(|n| n.state.is_final()));
+}
+
+#[test]
+fn a_create_failed_on_the_only_provider_is_tried_again_after_a_growing_backoff() {
+    let mut h = one(|_| {});
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: transient(),
+        times: 2,
+        reached: false,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(h.calls(0, Call::Create).len(), 1, "not again at once");
+    h.advance(secs(10));
+    ok(&h);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    let t = h.calls(0, Call::Create);
+    assert_eq!(t.len(), 3);
+    let gaps = [t[1].since(t[0]), t[2].since(t[1])];
+    assert!(gaps[0] >= secs(1) && gaps[0] < secs(2), "{gaps:?}");
+    assert!(gaps[1] >= secs(2) && gaps[1] < secs(3), "{gaps:?}");
+}
+
+#[test]
+fn a_node_deleted_while_its_create_waits_out_a_backoff_is_aborted() {
+    let mut h = one(|_| {});
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: transient(),
+        times: 1,
+        reached: false,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let n = h.pool.request(r).unwrap().nodes[0];
+    h.pool.delete(h.now, n).unwrap();
+    settle(&mut h);
+    assert!(
+        matches!(
+            h.pool.node(n).unwrap().state,
+            NodeState::Gone {
+                reason: GoneReason::Aborted,
+                ..
+            }
+        ),
+        "{:?}",
+        h.pool.node(n).unwrap().state
+    );
+    // The request gets a new node; the aborted one is never created.
+    h.advance(secs(10));
+    ok(&h);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    assert_eq!(h.calls(0, Call::Create).len(), 2);
+    assert_eq!(h.live(0), 1);
+}
+
+#[test]
+fn prewarm_backs_off_until_a_node_becomes_ready_not_just_created() {
+    let mut h = one(|c| {
+        a_mut(c).min_ready = 1;
+        a_mut(c).launch_retries = 0;
+        a_mut(c).boot_timeout = secs(5);
+    });
+    // Creates succeed, but no instance ever runs.
+    h.cloud.providers[0].boot_delay = secs(1_000_000);
+    h.advance(secs(60));
+    ok(&h);
+    let t = h.calls(0, Call::Create);
+    // Boot timeouts 5 s apart would make 12 creates; the backoff after
+    // each failed launch (2, 4, 8, 16 s …) leaves far fewer.
+    assert!(t.len() >= 3 && t.len() <= 6, "{} creates: {t:?}", t.len());
+    let gaps: Vec<Duration> = t.windows(2).map(|w| w[1].since(w[0])).collect();
+    assert!(gaps.windows(2).all(|g| g[1] > g[0]), "growing: {gaps:?}");
+    // Once instances run again, a ready node ends the backoff.
+    h.cloud.providers[0].boot_delay = Duration::ZERO;
+    h.advance(secs(120));
+    assert_eq!(h.count("a", "ready"), 1);
+    let ready = h.nodes("a", "ready")[0].id;
+    h.pool.delete(h.now, ready).unwrap();
+    settle(&mut h);
+    assert_eq!(h.count("a", "ready"), 1, "refilled at once");
+}
+
+#[test]
+fn a_trap_after_the_create_went_through_leaks_nothing() {
+    let mut h = one(|_| {});
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: trap(),
+        times: 1,
+        reached: true,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    h.advance(secs(1));
+    assert!(h.fulfilled(r), "tried again after a backoff");
+    assert_eq!(h.live(0), 2, "the trapped create made an instance");
+    h.advance(h.config.timings.leak_grace + h.config.timings.sync_interval * 2);
+    ok(&h);
+    assert_eq!(h.live(0), 1);
+    h.check_no_leaks().unwrap();
+}
+
+#[test]
+fn quota_error_is_not_a_failed_try() {
+    let mut h = one(|c| a_mut(c).launch_retries = 0);
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: quota(),
+        times: 2,
+        reached: false,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(r), RequestState::Pending);
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::QuotaPaused { .. }))
+    );
+    let pause = h.config.timings.quota_pause;
+    h.advance(pause - secs(1));
+    assert_eq!(h.calls(0, Call::Create).len(), 1, "no create while paused");
+    h.advance(secs(1));
+    assert_eq!(h.calls(0, Call::Create).len(), 2);
+    h.advance(pause);
+    assert!(h.fulfilled(r));
+    assert_eq!(h.pool.request(r).unwrap().failures, 0);
+    assert_eq!(h.calls(0, Call::Create).len(), 3);
+    ok(&h);
+}
+
+#[test]
+fn quota_pause_ends_when_an_instance_goes_away() {
+    let mut h = one(|_| {});
+    let r0 = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let x = h.pool.request(r0).unwrap().nodes[0];
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: quota(),
+        times: 1,
+        reached: false,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert!(
+        h.pool
+            .provider_status(ProviderIx(0))
+            .quota_paused_until
+            .is_some()
+    );
+    h.advance(secs(5));
+    assert_eq!(h.calls(0, Call::Create).len(), 2);
+    // A node comes back and is deleted: there is room in the quota again.
+    h.release(x);
+    h.advance(secs(1));
+    assert_eq!(
+        h.pool.provider_status(ProviderIx(0)).quota_paused_until,
+        None
+    );
+    assert!(h.fulfilled(r));
+    assert_eq!(h.calls(0, Call::Create).len(), 3);
+    ok(&h);
+}
+
+#[test]
+fn rate_limited_holds_every_call_to_that_provider_only() {
+    let mut h = Harness::new(config(
+        vec![provider("p0"), provider("p1")],
+        vec![
+            machine("a", vec![offer(0, "t0")]),
+            machine("b", vec![offer(1, "t1")]),
+        ],
+    ));
+    settle(&mut h);
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: rate_limited(10_000),
+        times: 1,
+        reached: false,
+    });
+    let t = h.now;
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(r), RequestState::Pending);
+    assert_eq!(
+        h.pool.provider_status(ProviderIx(0)).held_until,
+        Some(t + secs(10))
+    );
+    let rb = h.submit(&[("b", 1)], 0);
+    h.advance(secs(9));
+    assert!(h.fulfilled(rb), "the other provider is not held");
+    let during = h
+        .log
+        .iter()
+        .filter(|(at, e)| *at > t && effect_provider(e).0 == 0)
+        .count();
+    assert_eq!(during, 0, "no call to p0 inside its window");
+    h.advance(secs(1));
+    assert!(h.fulfilled(r));
+    assert_eq!(h.pool.request(r).unwrap().failures, 0);
+    ok(&h);
+}
+
+#[test]
+fn host_rate_limiter_keeps_calls_under_rate() {
+    let mut h = one(|c| {
+        c.providers[0].rate = Some(2.0);
+        c.providers[0].burst = 2;
+        a_mut(c).min_ready = 20;
+    });
+    h.dt = Duration::from_millis(100);
+    h.advance(secs(20));
+    ok(&h);
+    assert_eq!(h.count("a", "ready"), 20);
+    let times: Vec<u64> = h.log.iter().map(|(t, _)| t.as_millis()).collect();
+    for (i, a) in times.iter().enumerate() {
+        for (j, b) in times.iter().enumerate().skip(i) {
+            let allowed = 2.0 + 2.0 * (b - a) as f64 / 1000.0;
+            assert!(
+                (j - i + 1) as f64 <= allowed + 1e-9,
+                "{} calls in {}ms",
+                j - i + 1,
+                b - a
+            );
+        }
+    }
+    // 21+ calls at 2/s after a burst of 2 take at least 9.5 s.
+    assert!(times.last().unwrap() - times[0] >= 9_500);
+}
+
+#[test]
+fn at_most_max_instances_calls_in_flight() {
+    let mut h = one(|c| {
+        c.providers[0].max_calls = 2;
+        a_mut(c).min_ready = 10;
+    });
+    h.latency = secs(3);
+    h.advance(secs(60));
+    ok(&h);
+    assert_eq!(h.count("a", "ready"), 10);
+    assert_eq!(h.cloud.providers[0].max_in_flight, 2);
+}
+
+// ---- timers ---------------------------------------------------------------
+
+#[test]
+fn boot_timeout_deletes_and_relaunches() {
+    let mut h = one(|c| a_mut(c).boot_timeout = secs(60));
+    h.cloud.providers[0].boot_delay = secs(3600);
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let first = h.nodes("a", "booting")[0].clone();
+    h.advance(secs(59));
+    assert_eq!(h.calls(0, Call::Delete).len(), 0);
+    h.cloud.providers[0].boot_delay = Duration::ZERO;
+    h.advance(secs(2));
+    ok(&h);
+    let old = h.pool.node(first.id).unwrap();
+    assert!(
+        matches!(old.state, NodeState::Gone { .. })
+            || matches!(
+                old.state,
+                NodeState::Deleting {
+                    reason: DeleteReason::BootTimeout,
+                    ..
+                }
+            ),
+        "{:?}",
+        old.state
+    );
+    assert_eq!(h.calls(0, Call::Delete).len(), 1);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    assert_eq!(h.pool.request(r).unwrap().failures, 1);
+    assert!(
+        h.log
+            .iter()
+            .any(|(_, e)| matches!(e, Effect::Delete { node: Some(n), .. } if *n == first.id))
+    );
+    assert_eq!(h.live(0), 1);
+}
+
+#[test]
+fn boot_timeout_is_the_delete_reason() {
+    let mut h = one(|c| a_mut(c).boot_timeout = secs(60));
+    h.cloud.providers[0].boot_delay = secs(3600);
+    h.latency = secs(5);
+    h.submit(&[("a", 1)], 0);
+    h.step();
+    h.advance(secs(10));
+    let first = h.nodes("a", "booting")[0].id;
+    let deleting = |h: &Harness| h.pool.node(first).unwrap().state.name() == "deleting";
+    assert!(h.run_until(secs(120), deleting));
+    let state = h.pool.node(first).unwrap().state.clone();
+    assert!(
+        matches!(
+            state,
+            NodeState::Deleting {
+                reason: DeleteReason::BootTimeout,
+                ..
+            }
+        ),
+        "{state:?}"
+    );
+}
+
+#[test]
+fn a_booting_node_is_polled_until_it_runs() {
+    let mut h = one(|_| {});
+    settle(&mut h);
+    // The first list found nothing to wait for: the next is a sync away.
+    h.cloud.providers[0].boot_delay = secs(10);
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(h.count("a", "booting"), 1);
+    let poll = h.config.timings.boot_poll_interval;
+    assert!(
+        h.run_until(secs(10) + poll, |h| h.fulfilled(r)),
+        "ready within a poll of running"
+    );
+    ok(&h);
+}
+
+#[test]
+fn a_node_deleted_while_its_create_is_rate_limited_is_not_stuck() {
+    let mut h = one(|_| {});
+    h.latency = secs(2);
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: rate_limited(5_000),
+        times: 1,
+        reached: false,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    h.step();
+    h.advance(secs(3));
+    let n = h.pool.request(r).unwrap().nodes[0];
+    assert_eq!(h.in_flight.len(), 1, "the create is in flight");
+    h.pool.delete(h.now, n).unwrap();
+    h.persist();
+    h.advance(secs(30));
+    ok(&h);
+    assert_eq!(h.pool.node(n).unwrap().state.name(), "gone");
+    assert!(h.fulfilled(r), "served by another node");
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).usage.instances, 1);
+    assert_eq!(h.live(0), 1);
+}
+
+#[test]
+fn next_wakeup_is_never_in_the_past() {
+    // After a restart with a rate limiter, creates wait for the first list
+    // while tokens are there: once a busy loop until the list answered.
+    let mut h = one(|c| {
+        a_mut(c).min_ready = 2;
+        c.providers[0].rate = Some(10.0);
+        c.providers[0].burst = 10;
+    });
+    h.latency = secs(5);
+    h.step();
+    h.advance(secs(5));
+    assert_eq!(h.calls(0, Call::Create).len(), 2);
+    h.crash();
+    h.advance(secs(30));
+    ok(&h);
+    assert_eq!(h.count("a", "ready"), 2);
+}
+
+#[test]
+fn max_ready_age_recycles() {
+    let mut h = one(|c| {
+        a_mut(c).min_ready = 1;
+        a_mut(c).max_ready_age = Some(secs(300));
+    });
+    settle(&mut h);
+    let first = h.nodes("a", "ready")[0].id;
+    h.advance(secs(299));
+    assert_eq!(h.nodes("a", "ready")[0].id, first);
+    h.advance(secs(1));
+    ok(&h);
+    let ready = h.nodes("a", "ready");
+    assert_eq!(ready.len(), 1);
+    assert_ne!(ready[0].id, first);
+    assert!(matches!(
+        h.pool.node(first).unwrap().state,
+        NodeState::Gone {
+            reason: GoneReason::Deleted,
+            ..
+        }
+    ));
+    assert_eq!(h.live(0), 1);
+}
+
+#[test]
+fn a_returned_node_is_deleted_reused_kept_or_drained() {
+    // (label reuse, idle behaviour) → state after release
+    let rows: &[(bool, Idle, &str)] = &[
+        (false, Idle::Run, "gone"),
+        (true, Idle::Run, "ready"),
+        (false, Idle::Hold, "used"),
+        (true, Idle::Hold, "used"),
+        (true, Idle::Drain, "gone"),
+    ];
+    for &(reuse, idle, expect) in rows {
+        let mut h = one(|c| a_mut(c).reuse = reuse);
+        let r = h.submit(&[("a", 1)], 0);
+        settle(&mut h);
+        let n = h.pool.request(r).unwrap().nodes[0];
+        h.set_idle(n, idle);
+        h.release(n);
+        settle(&mut h);
+        assert_eq!(
+            h.pool.node(n).unwrap().state.name(),
+            expect,
+            "reuse {reuse}, {idle}"
+        );
+        assert_eq!(
+            h.live(0),
+            usize::from(expect != "gone"),
+            "reuse {reuse}, {idle}"
+        );
+    }
+}
+
+#[test]
+fn hold_keeps_a_node_and_drain_deletes_it_when_idle() {
+    let mut h = one(|c| {
+        a_mut(c).min_ready = 1;
+        a_mut(c).max_ready_age = Some(secs(100));
+    });
+    settle(&mut h);
+    let held = h.nodes("a", "ready")[0].id;
+    h.set_idle(held, Idle::Hold);
+    settle(&mut h);
+    // min-ready counts only nodes that can be handed out.
+    assert_eq!(h.count("a", "ready"), 2);
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert!(!h.pool.request(r).unwrap().nodes.contains(&held));
+    h.advance(secs(200));
+    assert_eq!(
+        h.pool.node(held).unwrap().state.name(),
+        "ready",
+        "never recycled"
+    );
+    assert!(
+        !h.calls(0, Call::SetTags).is_empty(),
+        "hold is written to the instance tags"
+    );
+    let tags = &h.cloud.providers[0].instances
+        [h.pool.node(held).unwrap().instance.as_deref().unwrap()]
+    .tags;
+    assert_eq!(
+        tags.get(crate::driver::IDLE_TAG).map(String::as_str),
+        Some("hold")
+    );
+    h.set_idle(held, Idle::Drain);
+    settle(&mut h);
+    assert_eq!(h.pool.node(held).unwrap().state.name(), "gone");
+    ok(&h);
+}
+
+#[test]
+fn drain_set_while_booting_deletes_once_running() {
+    let mut h = one(|_| {});
+    h.cloud.providers[0].boot_delay = secs(30);
+    h.latency = secs(1);
+    let r = h.submit(&[("a", 1)], 0);
+    h.advance(secs(5));
+    let n = h.nodes("a", "booting")[0].id;
+    h.pool.cancel(h.now, r).unwrap();
+    h.set_idle(n, Idle::Drain);
+    h.advance(secs(60));
+    ok(&h);
+    assert_eq!(h.pool.node(n).unwrap().state.name(), "gone");
+    assert_eq!(h.live(0), 0);
+}
+
+#[test]
+fn idle_set_while_the_create_is_in_flight_reaches_the_tags() {
+    let mut h = one(|_| {});
+    h.latency = secs(2);
+    let r = h.submit(&[("a", 1)], 0);
+    h.step();
+    h.advance(secs(2));
+    assert_eq!(h.in_flight.len(), 1, "the create is in flight");
+    let n = h.pool.request(r).unwrap().nodes[0];
+    h.set_idle(n, Idle::Hold);
+    h.advance(secs(10));
+    let inst = h.pool.node(n).unwrap().instance.clone().unwrap();
+    let tags = &h.cloud.providers[0].instances[&inst].tags;
+    assert_eq!(
+        tags.get(crate::driver::IDLE_TAG).map(String::as_str),
+        Some("hold")
+    );
+}
+
+#[test]
+fn a_failed_tag_update_is_made_again_after_backoff() {
+    let mut h = one(|c| a_mut(c).min_ready = 1);
+    settle(&mut h);
+    let n = h.nodes("a", "ready")[0].id;
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::SetTags,
+        failure: transient(),
+        times: 1,
+        reached: false,
+    });
+    h.set_idle(n, Idle::Hold);
+    settle(&mut h);
+    assert_eq!(h.calls(0, Call::SetTags).len(), 1);
+    h.advance(secs(5));
+    ok(&h);
+    assert_eq!(h.calls(0, Call::SetTags).len(), 2);
+    let inst = h.pool.node(n).unwrap().instance.clone().unwrap();
+    let tags = &h.cloud.providers[0].instances[&inst].tags;
+    assert_eq!(
+        tags.get(crate::driver::IDLE_TAG).map(String::as_str),
+        Some("hold")
+    );
+}
+
+// ---- slots ----------------------------------------------------------------
+
+fn slotted() -> Harness {
+    Harness::new(config(
+        vec![provider("p0")],
+        vec![machine("big", vec![offer(0, "big")]), slots("s", 0, 3)],
+    ))
+}
+
+fn backings(h: &Harness) -> Vec<Node> {
+    let mut v: Vec<Node> = h
+        .pool
+        .nodes()
+        .filter(|n| matches!(n.role, Role::Backing { .. }) && !n.state.is_final())
+        .cloned()
+        .collect();
+    v.sort_by_key(|n| n.created);
+    v
+}
+
+#[test]
+fn slots_are_packed_before_launching_and_never_given_twice() {
+    let mut h = slotted();
+    let r1 = h.submit(&[("s", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r1));
+    assert_eq!(backings(&h).len(), 1);
+    let r2 = h.submit(&[("s", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r2));
+    let b = backings(&h);
+    assert_eq!(b.len(), 2, "one slot packed, one backing launched");
+    let mut taken: Vec<usize> = b
+        .iter()
+        .map(|n| match &n.role {
+            Role::Backing { slots, .. } => slots.iter().flatten().count(),
+            _ => 0,
+        })
+        .collect();
+    taken.sort();
+    assert_eq!(taken, vec![1, 3]);
+    let r3 = h.submit(&[("s", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r3));
+    assert_eq!(backings(&h).len(), 2);
+    ok(&h);
+    assert_eq!(h.pool.free_ready(h.label("s")), 0);
+    assert_eq!(h.live(0), 2);
+}
+
+#[test]
+fn a_backing_instance_free_for_grace_time_is_deleted() {
+    let mut h = slotted();
+    let r = h.submit(&[("s", 2)], 0);
+    settle(&mut h);
+    let nodes = h.pool.request(r).unwrap().nodes.clone();
+    h.release(nodes[0]);
+    h.advance(secs(30));
+    h.release(nodes[1]);
+    settle(&mut h);
+    assert_eq!(h.pool.free_ready(h.label("s")), 3);
+    h.advance(Label::DEFAULT_GRACE_TIME - secs(1));
+    assert_eq!(backings(&h).len(), 1, "still inside grace time");
+    // A slot taken and given back inside grace time restarts it.
+    let r2 = h.submit(&[("s", 1)], 0);
+    settle(&mut h);
+    let n = h.pool.request(r2).unwrap().nodes[0];
+    h.release(n);
+    h.advance(Label::DEFAULT_GRACE_TIME - secs(1));
+    assert_eq!(backings(&h).len(), 1);
+    h.advance(secs(2));
+    ok(&h);
+    assert_eq!(backings(&h).len(), 0);
+    assert_eq!(h.live(0), 0);
+    assert_eq!(h.calls(0, Call::Create).len(), 1);
+}
+
+#[test]
+fn a_held_backing_outlives_grace_time_and_goes_once_the_hold_is_lifted() {
+    let mut h = slotted();
+    let r = h.submit(&[("s", 1)], 0);
+    settle(&mut h);
+    let b = backings(&h)[0].id;
+    h.set_idle(b, Idle::Hold);
+    let n = h.pool.request(r).unwrap().nodes[0];
+    h.release(n);
+    h.advance(Label::DEFAULT_GRACE_TIME * 3);
+    assert_eq!(
+        h.pool.node(b).unwrap().state.name(),
+        "ready",
+        "hold is never shut down"
+    );
+    h.set_idle(b, Idle::Run);
+    h.advance(Label::DEFAULT_GRACE_TIME + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.node(b).unwrap().state.name(), "gone");
+}
+
+#[test]
+fn a_slot_request_whose_backing_cannot_launch_fails() {
+    let mut h = slotted();
+    let mut c = (*h.config).clone();
+    c.labels[0].launch_retries = 1;
+    h = Harness::new(c);
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: transient(),
+        times: u32::MAX,
+        reached: false,
+    });
+    let r = h.submit(&[("s", 2)], 0);
+    h.advance(secs(60));
+    ok(&h);
+    let why = reason(&h, r);
+    assert!(why.contains("big"), "{why}");
+    assert!(
+        h.calls(0, Call::Create).len() <= 4,
+        "{}",
+        h.calls(0, Call::Create).len()
+    );
+}
+
+#[test]
+fn slot_min_ready_keeps_free_slots() {
+    let mut h = slotted();
+    let mut c = (*h.config).clone();
+    c.labels[1].min_ready = 4;
+    h = Harness::new(c);
+    settle(&mut h);
+    assert_eq!(h.pool.free_ready(h.label("s")), 6);
+    h.advance(secs(600));
+    assert_eq!(backings(&h).len(), 2, "not released below min-ready");
+    ok(&h);
+}
+
+#[test]
+fn a_blocked_request_evicts_a_backing_node_whose_slots_are_all_free() {
+    // min-ready of s is met by the free slots of one big backing node; a
+    // request for two big machines fits only if that backing node goes.
+    let mut c = (*slotted().config).clone();
+    c.labels[1].min_ready = 1;
+    c.providers[0].limits.max_instances = Some(2);
+    let mut h = Harness::new(c);
+    settle(&mut h);
+    let b = backings(&h);
+    assert_eq!(b.len(), 1);
+    let old = b[0].id;
+    let r = h.submit(&[("big", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    assert!(h.pool.node(old).unwrap().state.is_final());
+    // A backing node with a slot in use is never evicted.
+    let n = h.pool.request(r).unwrap().nodes.clone();
+    h.release(n[0]);
+    h.release(n[1]);
+    settle(&mut h);
+    let s = h.submit(&[("s", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(s));
+    let r2 = h.submit(&[("big", 2)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(r2), RequestState::Pending);
+    assert_eq!(backings(&h).len(), 1);
+    ok(&h);
+}
+
+// ---- the reconciler --------------------------------------------------------
+
+#[test]
+fn owned_instances_are_adopted_and_foreign_ones_left_alone() {
+    let mut h = one(|_| {});
+    let node = NodeId(0xabc);
+    let tags = owned_tags(&h, &node.to_string(), "a");
+    let adopted = h.cloud.plant(0, "t0", tags, T0);
+    let foreign: Vec<String> = (0..2)
+        .map(|i| {
+            h.cloud.plant(
+                0,
+                "t0",
+                [("Name".to_string(), format!("theirs{i}"))].into(),
+                T0,
+            )
+        })
+        .collect();
+    settle(&mut h);
+    let n = h.pool.node(node).expect("adopted");
+    assert_eq!(n.state.name(), "ready");
+    assert_eq!(n.instance.as_deref(), Some(adopted.as_str()));
+    assert!(h.notices.contains(&Notice::Adopted {
+        node,
+        instance: adopted.clone()
+    }));
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(
+        h.pool.request(r).unwrap().nodes,
+        vec![node],
+        "an adopted node is handed out"
+    );
+    h.advance(h.config.timings.sync_interval * 5);
+    ok(&h);
+    let foreign_notices: Vec<&Notice> = h
+        .notices
+        .iter()
+        .filter(|n| matches!(n, Notice::Foreign { .. }))
+        .collect();
+    assert_eq!(
+        foreign_notices,
+        vec![&Notice::Foreign {
+            provider: ProviderIx(0),
+            count: 2
+        }]
+    );
+    for f in &foreign {
+        assert!(!h.log.iter().any(|(_, e)| matches!(e, Effect::Delete { instance, .. } | Effect::SetTags { instance, .. } if instance == f)));
+        assert!(h.cloud.providers[0].instances[f].terminated.is_none());
+    }
+    assert!(h.calls(0, Call::List).len() >= 5);
+}
+
+#[test]
+fn an_owned_instance_no_node_accounts_for_is_deleted_after_leak_grace() {
+    let mut h = one(|_| {});
+    // Owned, but its label is unknown here: it cannot be adopted.
+    let tags = owned_tags(&h, &NodeId(5).to_string(), "no-such-label");
+    let leaked = h.cloud.plant(0, "t0", tags, T0);
+    settle(&mut h);
+    let grace = h.config.timings.leak_grace;
+    h.advance(grace - secs(1));
+    assert!(h.calls(0, Call::Delete).is_empty(), "inside leak grace");
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    let deletes = h.calls(0, Call::Delete);
+    assert_eq!(deletes.len(), 1);
+    assert!(deletes[0] >= T0 + grace);
+    assert!(
+        h.cloud.providers[0]
+            .instances
+            .get(&leaked)
+            .is_none_or(|i| i.terminated.is_some())
+    );
+    assert!(h.notices.contains(&Notice::LeakDeleted {
+        provider: ProviderIx(0),
+        instance: leaked
+    }));
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).leaks_deleted, 1);
+}
+
+#[test]
+fn a_node_whose_instance_is_confirmed_missing_is_gone_and_its_request_served_again() {
+    let mut h = Harness::new(config(
+        vec![provider("p0"), provider("p1")],
+        vec![
+            machine("a", vec![offer(0, "t0")]),
+            machine("b", vec![offer(1, "t1")]),
+        ],
+    ));
+    h.cloud.providers[1].boot_delay = secs(120);
+    let r = h.submit(&[("a", 1), ("b", 1)], 0);
+    settle(&mut h);
+    let a = h.nodes("a", "ready")[0].id;
+    assert_eq!(h.pool.node(a).unwrap().assigned, Some(r));
+    // The a instance disappears behind berth's back: the next list makes
+    // it a suspicion only; lists over `missing-confirm` confirm it.
+    let inst = h.pool.node(a).unwrap().instance.clone().unwrap();
+    h.cloud.providers[0].instances.remove(&inst);
+    let t = h.config.timings.clone();
+    h.advance(t.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "ready");
+    assert!(h.pool.missing(a).is_some_and(|m| !m.confirmed));
+    h.advance(t.missing_confirm + t.sync_interval);
+    ok(&h);
+    assert!(matches!(
+        h.pool.node(a).unwrap().state,
+        NodeState::Gone {
+            reason: GoneReason::Vanished,
+            ..
+        }
+    ));
+    assert!(h.notices.contains(&Notice::Vanished { node: a }));
+    assert!(!h.pool.request(r).unwrap().nodes.contains(&a));
+    h.advance(secs(120));
+    assert!(h.fulfilled(r));
+    assert_eq!(h.calls(0, Call::Create).len(), 2);
+}
+
+#[test]
+fn an_instance_still_listed_after_its_delete_is_deleted_again_after_delete_retry() {
+    let mut h = one(|_| {});
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let n = h.pool.request(r).unwrap().nodes[0];
+    let inst = h.pool.node(n).unwrap().instance.clone().unwrap();
+    // The first delete answers fine but does nothing.
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Delete,
+        failure: Failure::Driver(DriverError::NotFound("already".into())),
+        times: 1,
+        reached: false,
+    });
+    let t = h.now;
+    h.release(n);
+    settle(&mut h);
+    assert_eq!(h.pool.node(n).unwrap().state.name(), "gone");
+    let retry = h.config.timings.delete_retry;
+    h.advance(retry - secs(1));
+    assert_eq!(h.calls(0, Call::Delete).len(), 1);
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    let deletes = h.calls(0, Call::Delete);
+    assert_eq!(deletes.len(), 2, "deleted again");
+    assert!(deletes[1] >= t + retry);
+    assert!(
+        h.cloud.providers[0]
+            .instances
+            .get(&inst)
+            .is_none_or(|i| i.terminated.is_some())
+    );
+    assert!(
+        !h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::LeakDeleted { .. })),
+        "not a leak: its node is known"
+    );
+}
+
+#[test]
+fn an_instance_listed_before_its_create_returned_is_counted_once() {
+    let mut h = one(|c| c.providers[0].limits.max_instances = Some(1));
+    h.latency = secs(100);
+    let r = h.submit(&[("a", 1)], 0);
+    h.step();
+    assert!(matches!(h.in_flight[0].effect, Effect::List { .. }));
+    h.deliver(0);
+    h.tick();
+    assert!(matches!(h.in_flight[0].effect, Effect::Create { .. }));
+    h.now = h.now + h.config.timings.sync_interval;
+    h.tick();
+    let list = h
+        .in_flight
+        .iter()
+        .position(|c| matches!(c.effect, Effect::List { .. }))
+        .expect("a list");
+    h.deliver(list);
+    h.tick();
+    ok(&h);
+    let status = h.pool.provider_status(ProviderIx(0));
+    assert_eq!(status.usage.instances, 1);
+    assert_eq!(status.leaks_pending, 0);
+    assert_eq!(h.pool.nodes().count(), 1);
+    let create = h
+        .in_flight
+        .iter()
+        .position(|c| matches!(c.effect, Effect::Create { .. }))
+        .unwrap();
+    h.deliver(create);
+    h.tick();
+    assert!(h.fulfilled(r));
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).usage.instances, 1);
+    // The limit is full: another request waits.
+    let r2 = h.submit(&[("a", 1)], 0);
+    h.tick();
+    assert_eq!(h.state(r2), RequestState::Pending);
+    assert_eq!(h.calls(0, Call::Create).len(), 1);
+    ok(&h);
+}
+
+// ---- crashes ------------------------------------------------------------
+
+#[test]
+fn restore_resolves_creates_and_deletes_left_in_flight() {
+    // Whether the calls in flight at the crash reached the cloud.
+    for reached in [true, false] {
+        let mut h = one(|c| a_mut(c).min_ready = 2);
+        h.latency = secs(30);
+        h.reach_late = !reached;
+        h.step();
+        h.deliver(0);
+        h.tick();
+        let launched: Vec<NodeId> = creates(&h).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(launched.len(), 2);
+        h.crash();
+        h.latency = Duration::ZERO;
+        h.reach_late = false;
+        settle(&mut h);
+        let mut now_creates: Vec<NodeId> = creates(&h).into_iter().map(|(_, n)| n).collect();
+        if reached {
+            assert_eq!(now_creates.len(), 2, "found by the list, not created again");
+        } else {
+            assert_eq!(
+                now_creates.split_off(2),
+                launched,
+                "created again with the same ids"
+            );
+        }
+        assert_eq!(h.count("a", "ready"), 2);
+        assert_eq!(h.live(0), 2);
+        h.check_no_leaks().unwrap();
+
+        // Now a delete in flight at the crash.
+        let victim = h.nodes("a", "ready")[0].id;
+        h.latency = secs(30);
+        h.reach_late = !reached;
+        h.pool.delete(h.now, victim).unwrap();
+        h.persist();
+        h.step();
+        assert!(
+            h.in_flight
+                .iter()
+                .any(|c| matches!(c.effect, Effect::Delete { .. }))
+        );
+        h.crash();
+        h.latency = Duration::ZERO;
+        h.reach_late = false;
+        h.advance(secs(10));
+        ok(&h);
+        assert_eq!(h.pool.node(victim).unwrap().state.name(), "gone");
+        assert_eq!(h.count("a", "ready"), 2);
+        assert_eq!(h.live(0), 2);
+        h.check_no_leaks().unwrap();
+    }
+}
+
+#[test]
+fn restore_keeps_slots_and_their_backing() {
+    let mut h = slotted();
+    let r = h.submit(&[("s", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r));
+    h.crash();
+    settle(&mut h);
+    ok(&h);
+    assert_eq!(backings(&h).len(), 1);
+    assert_eq!(h.pool.free_ready(h.label("s")), 1);
+    let r2 = h.submit(&[("s", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r2));
+    assert_eq!(backings(&h).len(), 2);
+    ok(&h);
+}
+
+#[test]
+fn submit_refuses_what_can_never_be_served() {
+    let mut h = one(|c| c.providers[0].limits.max_instances = Some(2));
+    let l = h.label("a");
+    let new = |wants| NewRequest {
+        requestor: "t".into(),
+        priority: 0,
+        wants,
+    };
+    assert_eq!(h.pool.submit(h.now, new(vec![])), Err(Refused::Empty));
+    assert_eq!(h.pool.submit(h.now, new(vec![(l, 0)])), Err(Refused::Empty));
+    assert!(matches!(
+        h.pool.submit(h.now, new(vec![(l, 1), (l, 1)])),
+        Err(Refused::DuplicateLabel(_))
+    ));
+    assert!(matches!(
+        h.pool.submit(h.now, new(vec![(l, 3)])),
+        Err(Refused::TooMany {
+            wanted: 3,
+            possible: 2,
+            ..
+        })
+    ));
+    assert!(h.pool.submit(h.now, new(vec![(l, 2)])).is_ok());
+}
+
+// ---- leases -----------------------------------------------------------------
+
+#[test]
+fn a_client_that_stops_renewing_its_lease_loses_its_requests_and_nodes() {
+    let mut h = one(|c| {
+        a_mut(c).min_ready = 1;
+        c.providers[0].limits.max_instances = Some(2);
+    });
+    settle(&mut h);
+    h.renew("ci", secs(30));
+    h.renew("other", secs(30));
+    let held = h.submit_as("ci", &[("a", 1)], 0);
+    let theirs = h.submit_as("other", &[("a", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(held) && h.fulfilled(theirs));
+    // 2 of 2 in use: this one waits.
+    let waiting = h.submit_as("ci", &[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(waiting), RequestState::Pending);
+    // "other" keeps renewing, "ci" stops.
+    h.advance(secs(20));
+    h.renew("other", secs(30));
+    h.advance(secs(20));
+    ok(&h);
+    assert!(
+        reason(&h, waiting).contains("`ci` stopped renewing its lease"),
+        "{}",
+        reason(&h, waiting)
+    );
+    let n = h.pool.request(held).unwrap().nodes[0];
+    assert!(
+        matches!(h.pool.node(n).unwrap().state, NodeState::Gone { .. }),
+        "reclaimed and, single use, deleted: {:?}",
+        h.pool.node(n).unwrap().state
+    );
+    let m = h.pool.request(theirs).unwrap().nodes[0];
+    assert!(matches!(
+        h.pool.node(m).unwrap().state,
+        NodeState::InUse { .. }
+    ));
+    assert_eq!(h.pool.lease("ci"), None);
+    assert!(h.pool.lease("other").is_some());
+    assert!(h.notices.iter().any(|n| matches!(
+        n,
+        Notice::LeaseExpired { requestor, failed: 1, reclaimed: 1 } if requestor == "ci"
+    )));
+}
+
+#[test]
+fn leases_survive_a_restart_and_still_expire() {
+    let mut h = one(|_| {});
+    h.renew("ci", secs(60));
+    let r = h.submit_as("ci", &[("a", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r));
+    h.crash();
+    settle(&mut h);
+    assert_eq!(h.pool.lease("ci"), Some(h.now + secs(60)));
+    h.advance(secs(61));
+    ok(&h);
+    let n = h.pool.request(r).unwrap().nodes[0];
+    assert!(h.pool.node(n).unwrap().state.is_final());
+    h.crash();
+    assert_eq!(h.pool.lease("ci"), None, "the expiry was stored");
+}
+
+#[test]
+fn a_requestor_without_a_lease_keeps_its_nodes() {
+    let mut h = one(|_| {});
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    h.advance(secs(3600));
+    ok(&h);
+    let n = h.pool.request(r).unwrap().nodes[0];
+    assert!(matches!(
+        h.pool.node(n).unwrap().state,
+        NodeState::InUse { .. }
+    ));
+}
+
+#[test]
+fn slot_nodes_filled_while_their_backing_launched_get_its_address() {
+    let mut h = slotted();
+    let r = h.submit(&[("s", 2)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r));
+    let b = &backings(&h)[0];
+    for n in &h.pool.request(r).unwrap().nodes {
+        let n = h.pool.node(*n).unwrap();
+        assert_eq!(n.instance, b.instance);
+        assert!(n.endpoint.is_some() && n.endpoint == b.endpoint, "{n:?}");
+    }
+}
+
+/// Two nodes of label `a` on provider p0, both in use, settled.
+fn two_nodes() -> (Harness, NodeId, NodeId) {
+    let mut h = one(|_| {});
+    let r = h.submit(&[("a", 2)], 0);
+    settle(&mut h);
+    let nodes = h.pool.request(r).unwrap().nodes.clone();
+    assert!(h.fulfilled(r));
+    (h, nodes[0], nodes[1])
+}
+
+#[test]
+fn one_empty_list_changes_nothing() {
+    let (mut h, a, b) = two_nodes();
+    let creates_before = h.calls(0, Call::Create).len();
+    h.cloud.providers[0].lies.push((Lie::Empty, 1));
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    // None of the known instances listed: the answer is not believed.
+    let s = h.pool.provider_status(ProviderIx(0));
+    assert!(
+        matches!(s.list, ListHealth::Suspect { known: 2, .. }),
+        "{s:?}"
+    );
+    assert_eq!(s.missing, 0);
+    for n in [a, b] {
+        assert_eq!(h.pool.node(n).unwrap().state.name(), "in-use");
+    }
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::ListSuspect { .. }))
+    );
+    // The next list is true: believed, and nothing happened.
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).list, ListHealth::Ok);
+    assert_eq!(h.calls(0, Call::Create).len(), creates_before);
+    assert!(h.calls(0, Call::Delete).is_empty());
+}
+
+#[test]
+fn a_suspected_instance_listed_again_is_simply_there() {
+    let (mut h, _, _) = two_nodes();
+    // A page lost once: one of the two instances not shown.
+    h.cloud.providers[0].lies.push((Lie::Truncated, 1));
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    let missing: Vec<NodeId> = h
+        .pool
+        .nodes()
+        .map(|n| n.id)
+        .filter(|&n| h.pool.missing(n).is_some())
+        .collect();
+    assert_eq!(missing.len(), 1, "one suspected");
+    h.advance(h.config.timings.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).missing, 0);
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::Reappeared { .. }))
+    );
+    assert!(h.pool.nodes().all(|n| n.state.name() == "in-use"));
+    assert!(h.calls(0, Call::Delete).is_empty());
+}
+
+#[test]
+fn a_node_in_use_whose_instance_is_gone_stays_with_its_holder_until_released() {
+    let (mut h, a, _) = two_nodes();
+    let inst = h.pool.node(a).unwrap().instance.clone().unwrap();
+    h.cloud.providers[0].instances.remove(&inst);
+    let t = h.config.timings.clone();
+    h.advance(t.missing_confirm + 3 * t.sync_interval);
+    ok(&h);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "in-use");
+    assert!(h.pool.missing(a).is_some_and(|m| m.confirmed));
+    assert!(h.notices.contains(&Notice::LostInUse { node: a }));
+    // It still counts against the provider until it is gone.
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).usage.instances, 2);
+    h.release(a);
+    settle(&mut h);
+    h.advance(t.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "gone");
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).usage.instances, 1);
+}
+
+#[test]
+fn lists_that_show_nothing_are_believed_once_that_has_lasted() {
+    let mut h = one(|c| c.labels[0].min_ready = 2);
+    settle(&mut h);
+    h.advance(secs(5));
+    assert_eq!(h.nodes("a", "ready").len(), 2);
+    // The account really lost everything.
+    for i in h.cloud.providers[0].instances.values_mut() {
+        i.terminated = Some(T0);
+    }
+    h.cloud.providers[0].instances.clear();
+    let t = h.config.timings.clone();
+    h.advance(t.sync_interval + secs(1));
+    assert!(matches!(
+        h.pool.provider_status(ProviderIx(0)).list,
+        ListHealth::Suspect { .. }
+    ));
+    assert_eq!(h.nodes("a", "ready").len(), 2, "not believed yet");
+    // Believed after `missing-confirm`; then each node is suspected and
+    // confirmed in turn, and the label is refilled.
+    h.advance(2 * t.missing_confirm + 4 * t.sync_interval);
+    ok(&h);
+    assert_eq!(h.nodes("a", "ready").len(), 2);
+    assert_eq!(h.cloud.providers[0].live().count(), 2);
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::Vanished { .. }))
+    );
+}
+
+#[test]
+fn a_node_given_up_whose_instance_is_listed_again_is_back() {
+    let mut h = one(|c| c.labels[0].min_ready = 1);
+    settle(&mut h);
+    h.advance(secs(5));
+    let a = h.nodes("a", "ready")[0].id;
+    let inst = h.pool.node(a).unwrap().instance.clone().unwrap();
+    let hidden = h.cloud.providers[0].instances.remove(&inst).unwrap();
+    let t = h.config.timings.clone();
+    h.advance(t.missing_confirm + 3 * t.sync_interval);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "gone");
+    // It was there all along, and the label was refilled meanwhile: the
+    // node comes back (the provider has room) rather than being deleted.
+    h.cloud.providers[0].instances.insert(inst.clone(), hidden);
+    h.advance(t.sync_interval + secs(1));
+    ok(&h);
+    assert_eq!(h.pool.node(a).unwrap().state.name(), "ready");
+    assert!(h.notices.contains(&Notice::Revived {
+        node: a,
+        instance: inst
+    }));
+    assert!(h.calls(0, Call::Delete).is_empty());
+}
+
+#[test]
+fn failed_lists_back_off_and_are_said_once_a_minute() {
+    let mut h = one(|_| {});
+    settle(&mut h);
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::List,
+        failure: transient(),
+        times: 1000,
+        reached: false,
+    });
+    let t = h.config.timings.clone();
+    let from = h.now;
+    h.advance(t.sync_interval + secs(5 * 60));
+    let lists: Vec<Time> = h
+        .calls(0, Call::List)
+        .into_iter()
+        .filter(|&c| c > from)
+        .collect();
+    // Doubling from boot-poll-interval up to sync-interval: far fewer than
+    // one per boot-poll-interval.
+    assert!(lists.len() < 20, "{} lists in 6 minutes", lists.len());
+    let gaps: Vec<u64> = lists
+        .windows(2)
+        .map(|w| w[1].since(w[0]).as_secs())
+        .collect();
+    assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
+    let said = h
+        .notices
+        .iter()
+        .filter(|n| matches!(n, Notice::ListFailing { .. }))
+        .count();
+    assert!((5..=8).contains(&said), "said {said} times in 6 minutes");
+    assert!(matches!(
+        h.pool.provider_status(ProviderIx(0)).list,
+        ListHealth::Failing { .. }
+    ));
+}

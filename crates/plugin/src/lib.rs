@@ -1,0 +1,355 @@
+//! Loading and running sandboxed driver components.
+//!
+//! A [`Runtime`] owns the wasmtime engine (pooling allocator, epoch ticker),
+//! the linker with everything a driver may import, and the compiled-artifact
+//! cache. [`Runtime::load_file`] turns a `.wasm` into a [`Driver`]: checked
+//! against the contract, compiled (or loaded from the cache) and
+//! pre-instantiated. [`Provider::start`] runs one configured provider on a
+//! driver: a bounded set of instances, each owned by one task.
+
+mod bindings;
+mod cache;
+pub mod conformance;
+pub mod contract;
+mod credentials;
+mod guest_log;
+mod guests;
+mod inspect;
+mod provider;
+mod sandbox;
+mod state;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use berth_core::driver::DriverInfo;
+use bindings::DriverPluginPre;
+use guests::Guests;
+use sandbox::StoreState;
+
+pub use berth_config::{AllowedHost, Auth, Credential, SandboxLimits, Secret};
+pub use cache::LoadSource;
+pub use inspect::{Import, Inspection, Provision, Rejection, inspect};
+pub use provider::{
+    CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Provider, ProviderConfig, Trap,
+};
+pub use sandbox::{HttpPolicy, is_forbidden_ip};
+pub use state::{DriverState, StateSpace};
+
+/// Engine-wide settings of the plugin runtime.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Where compiled drivers are cached; `None` compiles on every load.
+    pub cache_dir: Option<PathBuf>,
+    /// How often the epoch advances; the granularity of call deadlines.
+    pub epoch_tick: Duration,
+    /// Driver instances that may exist at once across all providers.
+    pub max_instances: u32,
+    /// The largest memory cap any provider may set, in bytes.
+    pub max_memory_bytes: u64,
+    /// Threads that run guest code (apart from berth's own, and at a lower
+    /// priority); by default one per core.
+    pub guest_threads: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            cache_dir: None,
+            epoch_tick: Duration::from_millis(10),
+            max_instances: 64,
+            max_memory_bytes: 1 << 30,
+            guest_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        }
+    }
+}
+
+/// The plugin runtime. Cheap to clone.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<RuntimeInner>,
+}
+
+struct RuntimeInner {
+    engine: Engine,
+    linker: Linker<StoreState>,
+    cache: Option<cache::ArtifactCache>,
+    config: RuntimeConfig,
+    /// Where guest code runs, and the epoch ticker; every driver loaded
+    /// here holds it too, so it outlives this value as long as they do.
+    guests: Arc<Guests>,
+}
+
+/// A driver file that could not be loaded, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("driver {}: {kind}", path.display())]
+pub struct LoadError {
+    pub path: PathBuf,
+    pub kind: LoadErrorKind,
+}
+
+/// Why a driver could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadErrorKind {
+    #[error("cannot read file: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Rejected(#[from] Rejection),
+    #[error("does not compile: {0}")]
+    Compile(String),
+    #[error("does not match the contract: {0}")]
+    Link(String),
+    #[error("describe failed: {0}")]
+    Describe(CallError),
+}
+
+/// A loaded driver: compiled, checked and ready to instantiate. Cheap to clone.
+#[derive(Clone)]
+pub struct Driver {
+    inner: Arc<DriverInner>,
+}
+
+struct DriverInner {
+    file_name: String,
+    path: PathBuf,
+    sha256: String,
+    info: DriverInfo,
+    pre: DriverPluginPre<StoreState>,
+    source: LoadSource,
+    load_time: Duration,
+    max_memory_bytes: u64,
+    guests: Arc<Guests>,
+}
+
+impl Driver {
+    /// The driver's file name without `.wasm`.
+    pub fn file_name(&self) -> &str {
+        &self.inner.file_name
+    }
+    /// Where it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+    /// Hex sha256 of the `.wasm` file.
+    pub fn sha256(&self) -> &str {
+        &self.inner.sha256
+    }
+    /// What the driver said about itself.
+    pub fn info(&self) -> &DriverInfo {
+        &self.inner.info
+    }
+    /// Whether it was compiled now or loaded from the cache.
+    pub fn source(&self) -> LoadSource {
+        self.inner.source
+    }
+    /// How long loading took (read, check, compile or cache load, describe).
+    pub fn load_time(&self) -> Duration {
+        self.inner.load_time
+    }
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("path", &self.inner.path)
+            .field("name", &self.inner.info.name)
+            .field("version", &self.inner.info.version)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Builds the engine and linker and starts the guests' threads and the
+    /// epoch ticker.
+    pub fn new(config: RuntimeConfig) -> anyhow::Result<Self> {
+        let mut pool = PoolingAllocationConfig::new();
+        let n = config.max_instances.max(1);
+        pool.total_component_instances(n)
+            .total_stacks(n)
+            // Language runtimes (componentize-py, componentize-js) build
+            // components of many core instances, memories and tables.
+            .total_core_instances(n * 16)
+            .total_memories(n * 2)
+            .total_tables(n * 8)
+            .max_core_instances_per_component(64)
+            .max_memories_per_component(4)
+            .max_tables_per_component(16)
+            .max_tables_per_module(16)
+            .max_memories_per_module(2)
+            .table_elements(200_000)
+            .max_core_instance_size(8 << 20)
+            .max_component_instance_size(8 << 20)
+            .max_memory_size(usize::try_from(config.max_memory_bytes)?);
+        let mut cfg = wasmtime::Config::new();
+        cfg.wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&cfg).map_err(anyhow::Error::from)?;
+
+        let mut linker = Linker::<StoreState>::new(&engine);
+        // The whole of WASI 0.2 is linked so that toolchains which import
+        // stdio, environment or filesystem by habit still load; the WasiCtx
+        // built in `sandbox` makes those inert (see `inspect::Provision`).
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(anyhow::Error::from)?;
+        bindings::berth::driver::log::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(anyhow::Error::from)?;
+        bindings::berth::driver::state::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(anyhow::Error::from)?;
+        bindings::berth::driver::net::add_to_linker::<StoreState, HasSelf<StoreState>>(
+            &mut linker,
+            |s| s,
+        )
+        .map_err(anyhow::Error::from)?;
+
+        let guests = Guests::start(&engine, config.epoch_tick, config.guest_threads)?;
+        let cache = config
+            .cache_dir
+            .clone()
+            .map(|dir| cache::ArtifactCache::new(dir, &engine));
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner {
+                engine,
+                linker,
+                cache,
+                config,
+                guests,
+            }),
+        })
+    }
+
+    /// The runtime's settings.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.inner.config
+    }
+
+    /// Loads one driver file: checks it against the contract, compiles it (or
+    /// loads it from the cache), links it and asks it to describe itself.
+    #[tracing::instrument(skip(self), fields(path = %path.as_ref().display()))]
+    pub async fn load_file(&self, path: impl AsRef<Path>) -> Result<Driver, LoadError> {
+        let path = path.as_ref().to_path_buf();
+        let started = Instant::now();
+        let (pre, sha256, source) = self.compile_and_link(&path).await?;
+        let file_name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let info = provider::describe(
+            &self.inner.guests,
+            &pre,
+            &file_name,
+            self.inner.config.max_memory_bytes,
+        )
+        .await
+        .map_err(|e| LoadError {
+            path: path.clone(),
+            kind: LoadErrorKind::Describe(e),
+        })?;
+        let load_time = started.elapsed();
+        tracing::info!(driver = %info.name, version = %info.version, ?source, load_ms = load_time.as_secs_f64() * 1e3, "driver loaded");
+        Ok(Driver {
+            inner: Arc::new(DriverInner {
+                file_name,
+                path,
+                sha256,
+                info,
+                pre,
+                source,
+                load_time,
+                max_memory_bytes: self.inner.config.max_memory_bytes,
+                guests: self.inner.guests.clone(),
+            }),
+        })
+    }
+
+    /// Compiles and links driver bytes that already passed [`inspect`],
+    /// without running any of their code (the last part of `berth driver
+    /// check`).
+    pub async fn link_only(&self, bytes: Vec<u8>) -> Result<(), String> {
+        self.link(bytes)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    async fn compile_and_link(
+        &self,
+        path: &Path,
+    ) -> Result<(DriverPluginPre<StoreState>, String, LoadSource), LoadError> {
+        let err = |kind: LoadErrorKind| LoadError {
+            path: path.to_path_buf(),
+            kind,
+        };
+        let bytes = tokio::fs::read(path).await.map_err(|e| err(e.into()))?;
+        inspect(&bytes).map_err(|e| err(e.into()))?;
+        self.link(bytes).await.map_err(err)
+    }
+
+    /// Compiles (or loads from the cache) and links checked driver bytes.
+    async fn link(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<(DriverPluginPre<StoreState>, String, LoadSource), LoadErrorKind> {
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let this = self.clone();
+        let sha = sha256.clone();
+        // Compiling takes from milliseconds to seconds: keep it off the executor.
+        let compiled = tokio::task::spawn_blocking(move || match &this.inner.cache {
+            Some(cache) => cache.load(&this.inner.engine, &sha, &bytes),
+            None => wasmtime::component::Component::new(&this.inner.engine, &bytes)
+                .map(|c| (c, LoadSource::Compiled)),
+        })
+        .await
+        .map_err(|e| LoadErrorKind::Compile(e.to_string()))?;
+        let (component, source) = compiled.map_err(|e| LoadErrorKind::Compile(format!("{e:#}")))?;
+        let instance_pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadErrorKind::Link(format!("{e:#}")))?;
+        let pre = DriverPluginPre::new(instance_pre)
+            .map_err(|e| LoadErrorKind::Link(format!("{e:#}")))?;
+        Ok((pre, sha256, source))
+    }
+
+    /// Loads every `*.wasm` in `dir`. A file that fails to load is reported
+    /// and skipped; the others still load. Files are loaded in name order.
+    pub async fn load_dir(
+        &self,
+        dir: impl AsRef<Path>,
+    ) -> std::io::Result<(Vec<Driver>, Vec<LoadError>)> {
+        let mut paths = Vec::new();
+        let mut entries = tokio::fs::read_dir(dir.as_ref()).await?;
+        while let Some(entry) = entries.next_entry().await? {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "wasm") {
+                paths.push(path);
+            }
+        }
+        paths.sort();
+        let mut loaded = Vec::new();
+        let mut failed = Vec::new();
+        for path in paths {
+            match self.load_file(&path).await {
+                Ok(d) => loaded.push(d),
+                Err(e) => {
+                    tracing::error!(error = %e, "driver not loaded");
+                    failed.push(e);
+                }
+            }
+        }
+        Ok((loaded, failed))
+    }
+}

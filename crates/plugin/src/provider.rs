@@ -1,0 +1,686 @@
+//! One configured provider running on a driver: a bounded set of driver
+//! instances. A call checks an idle instance out, runs on a guest thread
+//! (`guests.rs`) and puts it back, so each `Store` is owned by exactly one
+//! task at a time.
+//! A trap discards the instance that trapped; a later call instantiates and
+//! configures a fresh one. Other instances and other providers are untouched.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+use wasmtime::Store;
+
+use super::Driver;
+use super::bindings::{DriverPlugin, DriverPluginPre, tags_to_wit};
+use super::guest_log::LogGate;
+use super::guests::{Guests, TaskLost};
+use super::sandbox::{DeadlineExceeded, HttpPolicy, MemoryCapExceeded, StoreState};
+use super::state::{DriverState, StateSpace};
+use berth_config::{AllowedHost, Credential, SandboxLimits};
+use berth_core::driver::{
+    AccountLimits, Call, CreateSpec, DriverError, DriverInfo, Instance, Tags,
+};
+
+/// How one provider runs its driver.
+#[derive(Clone, Debug)]
+pub struct ProviderConfig {
+    /// The provider's name, used in logs and errors.
+    pub name: String,
+    /// The pool id passed to `configure`; the driver tags everything with it.
+    pub pool_id: String,
+    /// Provider-level driver config, JSON text.
+    pub driver_config: String,
+    /// Hosts the driver may send HTTP requests to.
+    pub allowed_hosts: Vec<AllowedHost>,
+    /// Resource limits.
+    pub limits: SandboxLimits,
+    /// Credentials the host adds to requests to the hosts they name.
+    pub credentials: Vec<Credential>,
+    /// Where the driver's `state` records live; `None` keeps them in memory
+    /// for as long as the provider lives.
+    pub state: Option<DriverState>,
+    /// Addresses the driver may never reach, whatever its allow-list says:
+    /// berth's own API.
+    pub deny: Vec<std::net::SocketAddr>,
+}
+
+/// A failed call: which provider, which call, what went wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("provider {provider}: {call}: {kind}")]
+pub struct CallError {
+    pub provider: Arc<str>,
+    pub call: Call,
+    pub kind: CallErrorKind,
+}
+
+/// What went wrong in a call.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallErrorKind {
+    /// The driver returned a typed error value.
+    #[error("{0}")]
+    Driver(DriverError),
+    /// The driver instance trapped and was discarded.
+    #[error("driver trapped: {0}")]
+    Trap(Trap),
+    /// A fresh instance could not be started or configured.
+    #[error("driver could not start: {0}")]
+    Start(Box<CallErrorKind>),
+    /// The provider has not started (its driver did not load or its first
+    /// instance failed); the reason.
+    #[error("the provider has not started: {0}")]
+    NotStarted(Arc<str>),
+    /// The provider was closed.
+    #[error("provider stopped")]
+    Stopped,
+}
+
+impl CallErrorKind {
+    /// The trap, if the instance trapped.
+    pub fn trap(&self) -> Option<&Trap> {
+        match self {
+            CallErrorKind::Trap(t) => Some(t),
+            CallErrorKind::Start(inner) => inner.trap(),
+            _ => None,
+        }
+    }
+}
+
+/// Why a driver instance was discarded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Trap {
+    /// The call ran past its deadline (in a CPU loop or waiting) and was stopped.
+    #[error("call ran past its deadline of {}ms and was stopped", .0.as_millis())]
+    Deadline(Duration),
+    /// The driver tried to grow its memory past the cap.
+    #[error("exceeded the memory cap of {0} bytes")]
+    OutOfMemory(u64),
+    /// The driver panicked (Rust panics abort with `unreachable`); the last
+    /// line it wrote to stderr, if any, says why.
+    #[error("panicked: {0}")]
+    Panic(String),
+    /// Any other trap.
+    #[error("{0}")]
+    Crashed(String),
+}
+
+/// Result of a delete: gone now, or already gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deletion {
+    Deleted,
+    AlreadyGone,
+}
+
+/// Calls made so far, by call and outcome.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallStats {
+    /// `(call, outcome)` → (count, total microseconds). Outcomes: `ok`,
+    /// `error`, `trap`, `start-failed`.
+    pub calls: BTreeMap<(Call, &'static str), (u64, u64)>,
+    /// Driver instances started (the first, and one after each trap).
+    pub instances_started: u64,
+    /// Traps by kind: `deadline`, `out-of-memory`, `panic`, `crashed`.
+    pub traps: BTreeMap<&'static str, u64>,
+}
+
+enum Request {
+    /// Start and configure an instance if the task has none.
+    Warm,
+    Create(CreateSpec),
+    List(Tags),
+    Delete(String),
+    SetTags(String, Tags),
+    Limits,
+}
+
+impl Request {
+    fn call(&self) -> Call {
+        match self {
+            Request::Warm => Call::Configure,
+            Request::Create(_) => Call::Create,
+            Request::List(_) => Call::List,
+            Request::Delete(_) => Call::Delete,
+            Request::SetTags(..) => Call::SetTags,
+            Request::Limits => Call::Limits,
+        }
+    }
+}
+
+enum Response {
+    Instance(Instance),
+    Instances(Vec<Instance>),
+    Unit,
+    Limits(AccountLimits),
+}
+
+struct Shared {
+    name: Arc<str>,
+    pool_id: String,
+    driver_config: String,
+    limits: SandboxLimits,
+    policy: Arc<HttpPolicy>,
+    state: StateSpace,
+    pre: DriverPluginPre<StoreState>,
+    /// What the driver may log, shared by its instances.
+    log: Arc<LogGate>,
+    /// Plain mutex: held only to bump counters, never across an await.
+    stats: Mutex<CallStats>,
+}
+
+/// A running provider. Cheap to clone; the instances go away when the last
+/// clone is dropped.
+#[derive(Clone)]
+pub struct Provider {
+    shared: Arc<Shared>,
+    driver: Driver,
+    idle: Arc<Idle>,
+    /// Where its calls run; held here (not by the calls themselves) so the
+    /// guests' runtime is never dropped on one of its own threads.
+    guests: Arc<Guests>,
+}
+
+/// The provider's instances that are not running a call.
+///
+/// Why not one task per instance fed by a channel: a call checked out to
+/// the task that runs it keeps the same guarantee (each `Store` owned by one
+/// task at a time, moved, never shared) with one hand-off per call (to a
+/// guest thread and back) instead of one per instance and call.
+struct Idle {
+    /// One permit per instance that may exist; bounds concurrency.
+    permits: Semaphore,
+    /// Plain mutex: held only to push or pop, never across an await.
+    instances: Mutex<Vec<DriverInstance>>,
+}
+
+struct Live {
+    store: Store<StoreState>,
+    plugin: DriverPlugin,
+}
+
+impl Provider {
+    /// Starts a provider on `driver`. Instances are created lazily, when a
+    /// call finds none idle and fewer than `max_instances` exist.
+    pub fn start(driver: &Driver, config: ProviderConfig) -> Provider {
+        let name: Arc<str> = config.name.into();
+        let mut limits = config.limits;
+        if limits.memory_bytes > driver.inner.max_memory_bytes {
+            tracing::warn!(provider = %name, cap = limits.memory_bytes, max = driver.inner.max_memory_bytes, "memory cap above the runtime's maximum; using the maximum");
+            limits.memory_bytes = driver.inner.max_memory_bytes;
+        }
+        let shared = Arc::new(Shared {
+            policy: Arc::new(
+                HttpPolicy::new(name.clone(), config.allowed_hosts)
+                    .with_credentials(config.credentials)
+                    .denying(config.deny)
+                    .limited(&limits),
+            ),
+            state: config
+                .state
+                .unwrap_or_else(DriverState::in_memory)
+                .space(&name),
+            log: Arc::new(LogGate::new(name.clone(), limits.log_rate)),
+            name,
+            pool_id: config.pool_id,
+            driver_config: config.driver_config,
+            limits,
+            pre: driver.inner.pre.clone(),
+            stats: Mutex::new(CallStats::default()),
+        });
+        let idle = Arc::new(Idle {
+            permits: Semaphore::new(shared.limits.max_instances.max(1)),
+            instances: Mutex::new(Vec::new()),
+        });
+        Provider {
+            shared,
+            driver: driver.clone(),
+            idle,
+            guests: driver.inner.guests.clone(),
+        }
+    }
+
+    /// The provider's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The driver it runs.
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    /// A snapshot of the calls made so far.
+    pub fn stats(&self) -> CallStats {
+        self.shared
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Outbound HTTP requests the sandbox refused so far.
+    pub fn denied_requests(&self) -> u64 {
+        self.shared.policy.denied_count()
+    }
+
+    /// Log records of the driver dropped over its rate limit so far.
+    pub fn log_dropped(&self) -> u64 {
+        self.shared.log.dropped()
+    }
+
+    /// Stops taking calls: calls already running finish, later ones fail
+    /// with `Stopped`.
+    pub fn close(&self) {
+        self.idle.permits.close();
+    }
+
+    async fn call(&self, request: Request) -> Result<Response, CallError> {
+        let call = request.call();
+        let err = |kind| CallError {
+            provider: self.shared.name.clone(),
+            call,
+            kind,
+        };
+        let (shared, idle) = (self.shared.clone(), self.idle.clone());
+        // Dropping the task (the caller was cancelled) cancels the call: the
+        // instance is dropped with it and its permit freed, and a later call
+        // starts a fresh one.
+        let task = self.guests.spawn(async move {
+            let _permit = idle
+                .permits
+                .acquire()
+                .await
+                .map_err(|_| CallErrorKind::Stopped)?;
+            // Most recently used first, so a lightly loaded provider keeps
+            // few instances warm.
+            let mut instance = idle
+                .instances
+                .lock()
+                .ok()
+                .and_then(|mut idle| idle.pop())
+                .unwrap_or_else(|| DriverInstance {
+                    shared,
+                    live: None,
+                    _guests: None,
+                });
+            let result = instance.dispatch(request).await;
+            if let Ok(mut idle) = idle.instances.lock() {
+                idle.push(instance);
+            }
+            result
+        });
+        match task.await {
+            Ok(result) => result.map_err(err),
+            Err(TaskLost::Cancelled) => Err(err(CallErrorKind::Stopped)),
+            Err(TaskLost::Panicked(why)) => {
+                tracing::error!(provider = %self.shared.name, %call, %why, "the host panicked in a driver call");
+                Err(err(CallErrorKind::Trap(Trap::Crashed(format!(
+                    "the host panicked in the call: {why}"
+                )))))
+            }
+        }
+    }
+
+    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
+    pub async fn delete(&self, instance_id: &str) -> Result<Deletion, CallError> {
+        deletion(self.delete_raw(instance_id).await)
+    }
+
+    /// A driver instance of this provider (same config, limits and
+    /// allow-list) owned by the caller, outside the provider's bounded set.
+    pub fn instance(&self) -> DriverInstance {
+        DriverInstance {
+            shared: self.shared.clone(),
+            live: None,
+            _guests: Some(self.guests.clone()),
+        }
+    }
+}
+
+/// Calls `describe` on a throwaway instance with no network access, on a
+/// guest thread.
+pub(super) async fn describe(
+    guests: &Guests,
+    pre: &DriverPluginPre<StoreState>,
+    name: &str,
+    memory_bytes: u64,
+) -> Result<DriverInfo, CallError> {
+    let name: Arc<str> = name.into();
+    let (pre, task_name) = (pre.clone(), name.clone());
+    let task = guests.spawn(async move { describe_here(&pre, task_name, memory_bytes).await });
+    match task.await {
+        Ok(result) => result,
+        Err(lost) => Err(CallError {
+            provider: name,
+            call: Call::Describe,
+            kind: match lost {
+                TaskLost::Cancelled => CallErrorKind::Stopped,
+                TaskLost::Panicked(why) => CallErrorKind::Trap(Trap::Crashed(format!(
+                    "the host panicked in the call: {why}"
+                ))),
+            },
+        }),
+    }
+}
+
+async fn describe_here(
+    pre: &DriverPluginPre<StoreState>,
+    name: Arc<str>,
+    memory_bytes: u64,
+) -> Result<DriverInfo, CallError> {
+    let limits = SandboxLimits {
+        memory_bytes: memory_bytes.min(SandboxLimits::default().memory_bytes),
+        ..SandboxLimits::default()
+    };
+    let policy = Arc::new(HttpPolicy::new(name.clone(), Vec::new()));
+    let err = |kind| CallError {
+        provider: name.clone(),
+        call: Call::Describe,
+        kind,
+    };
+    let budget = limits.call_deadline;
+    let state = DriverState::in_memory().space(&name);
+    let log = Arc::new(LogGate::new(name.clone(), limits.log_rate));
+    let mut live = instantiate(pre, name.clone(), &limits, policy, state, log)
+        .await
+        .map_err(|e| err(CallErrorKind::Trap(classify(e, budget, None))))?;
+    guarded(&mut live, budget, async |live: &mut Live| {
+        live.plugin
+            .berth_driver_driver()
+            .call_describe(&mut live.store)
+            .await
+    })
+    .await
+    .map(Into::into)
+    .map_err(|t| err(CallErrorKind::Trap(t)))
+}
+
+async fn instantiate(
+    pre: &DriverPluginPre<StoreState>,
+    name: Arc<str>,
+    limits: &SandboxLimits,
+    policy: Arc<HttpPolicy>,
+    state: StateSpace,
+    log: Arc<LogGate>,
+) -> wasmtime::Result<Live> {
+    let mut store = Store::new(
+        pre.engine(),
+        StoreState::new(name, limits, policy, state, log),
+    );
+    store.limiter(|s| &mut s.limiter);
+    // What one import call may pass to the host (strings, lists) is bounded
+    // by the same budget as what the host holds for the instance.
+    store.set_hostcall_fuel(usize::try_from(limits.host_memory_bytes).unwrap_or(usize::MAX));
+    // Installed once per store; each call only moves `deadline`. The
+    // callback yields to the executor every tick (so a busy guest never
+    // starves other tasks) and traps once the deadline has passed.
+    store.epoch_deadline_callback(|ctx| {
+        if Instant::now() >= ctx.data().deadline {
+            Err(wasmtime::Error::new(DeadlineExceeded))
+        } else {
+            Ok(wasmtime::UpdateDeadline::Yield(1))
+        }
+    });
+    // Instantiation runs guest start code, so it gets a deadline too.
+    arm(&mut store, limits.call_deadline);
+    let plugin = pre.instantiate_async(&mut store).await?;
+    Ok(Live { store, plugin })
+}
+
+/// Sets the deadline of the next call.
+fn arm(store: &mut Store<StoreState>, budget: Duration) {
+    store.data_mut().deadline = Instant::now() + budget;
+    store.set_epoch_deadline(1);
+}
+
+/// How long past its budget a call may run before the host timeout fires.
+/// The host timeout covers time a guest spends waiting on the host (HTTP,
+/// sleeps), which epoch interruption cannot see; the grace lets the epoch trap
+/// win for CPU-bound guests, so the trap kind is precise.
+const DEADLINE_GRACE: Duration = Duration::from_millis(50);
+
+/// Runs one guest call on `live` within `budget`. A trap or an expired
+/// deadline comes back as the `Trap`; the caller must then discard `live`.
+async fn guarded<T>(
+    live: &mut Live,
+    budget: Duration,
+    call: impl AsyncFnOnce(&mut Live) -> wasmtime::Result<T>,
+) -> Result<T, Trap> {
+    arm(&mut live.store, budget);
+    match tokio::time::timeout(budget + DEADLINE_GRACE, call(&mut *live)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(classify(e, budget, Some(&live.store))),
+        Err(_elapsed) => Err(Trap::Deadline(budget)),
+    }
+}
+
+fn classify(e: wasmtime::Error, budget: Duration, store: Option<&Store<StoreState>>) -> Trap {
+    if e.downcast_ref::<DeadlineExceeded>().is_some() {
+        Trap::Deadline(budget)
+    } else if let Some(m) = e.downcast_ref::<MemoryCapExceeded>() {
+        Trap::OutOfMemory(m.cap)
+    } else {
+        match e.downcast_ref::<wasmtime::Trap>() {
+            Some(wasmtime::Trap::Interrupt) => Trap::Deadline(budget),
+            Some(wasmtime::Trap::UnreachableCodeReached) => {
+                let last = store.map(|s| s.data().stderr_tail()).unwrap_or_default();
+                Trap::Panic(if last.is_empty() {
+                    "unreachable executed".into()
+                } else {
+                    last
+                })
+            }
+            Some(t) => Trap::Crashed(t.to_string()),
+            // Backtraces carry the module's own function names: the
+            // driver's text, escaped like the rest of it.
+            None => Trap::Crashed(berth_core::text::printable(&format!("{e:#}")).into_owned()),
+        }
+    }
+}
+
+fn trap_kind(t: &Trap) -> &'static str {
+    match t {
+        Trap::Deadline(_) => "deadline",
+        Trap::OutOfMemory(_) => "out-of-memory",
+        Trap::Panic(_) => "panic",
+        Trap::Crashed(_) => "crashed",
+    }
+}
+
+/// One driver instance owned by its holder: calls run on the holder's task,
+/// one at a time. A trap discards the underlying instance; the next call
+/// starts a fresh one. `Provider` keeps a bounded set of these; an embedder
+/// that wants one of its own can hold it directly ([`Provider::instance`]).
+pub struct DriverInstance {
+    shared: Arc<Shared>,
+    live: Option<Live>,
+    /// Keeps the epoch ticker going for an instance an embedder holds
+    /// (`None` in a provider's own set: the provider holds it).
+    _guests: Option<Arc<Guests>>,
+}
+
+impl DriverInstance {
+    async fn dispatch(&mut self, request: Request) -> Result<Response, CallErrorKind> {
+        let call = request.call();
+        let span = tracing::info_span!("driver_call", provider = %self.shared.name, call = %call);
+        let started = Instant::now();
+        let result = self.run(request).instrument(span.clone()).await;
+        let micros = started.elapsed().as_micros() as u64;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(CallErrorKind::Driver(_)) => "error",
+            Err(CallErrorKind::Start(_)) => "start-failed",
+            Err(_) => "trap",
+        };
+        // A driver's error value is an expected outcome (not-found on a
+        // repeated delete, a quota); traps and failed starts are not.
+        span.in_scope(|| match &result {
+            Ok(_) => tracing::debug!(duration_us = micros, outcome, "driver call"),
+            Err(e @ CallErrorKind::Driver(_)) => tracing::debug!(duration_us = micros, outcome, error = %e, "driver call returned an error"),
+            Err(e) => tracing::warn!(duration_us = micros, outcome, error = %e, "driver call failed"),
+        });
+        if let Ok(mut s) = self.shared.stats.lock() {
+            let entry = s.calls.entry((call, outcome)).or_default();
+            entry.0 += 1;
+            entry.1 += micros;
+            if let Some(t) = result.as_ref().err().and_then(|e| e.trap()) {
+                *s.traps.entry(trap_kind(t)).or_default() += 1;
+            }
+        }
+        result
+    }
+
+    async fn call(&mut self, request: Request) -> Result<Response, CallError> {
+        let call = request.call();
+        self.dispatch(request).await.map_err(|kind| CallError {
+            provider: self.shared.name.clone(),
+            call,
+            kind,
+        })
+    }
+
+    async fn run(&mut self, request: Request) -> Result<Response, CallErrorKind> {
+        let shared = &*self.shared;
+        if self.live.is_none() {
+            let warming = matches!(request, Request::Warm);
+            self.live = Some(start(shared).await.map_err(|k| {
+                if warming {
+                    k
+                } else {
+                    CallErrorKind::Start(Box::new(k))
+                }
+            })?);
+        }
+        let Some(live) = self.live.as_mut() else {
+            unreachable!("instance started above")
+        };
+        let outcome = guarded(
+            live,
+            shared.limits.call_deadline,
+            async |live: &mut Live| {
+                let guest = live.plugin.berth_driver_driver();
+                let store = &mut live.store;
+                Ok(match request {
+                    Request::Warm => Ok(Response::Unit),
+                    Request::Create(spec) => guest
+                        .call_create(&mut *store, &(&spec).into())
+                        .await?
+                        .map(|i| Response::Instance(i.into())),
+                    Request::List(filter) => guest
+                        .call_list(&mut *store, &tags_to_wit(&filter))
+                        .await?
+                        .map(|v| Response::Instances(v.into_iter().map(Into::into).collect())),
+                    Request::Delete(id) => guest
+                        .call_delete(&mut *store, &id)
+                        .await?
+                        .map(|()| Response::Unit),
+                    Request::SetTags(id, tags) => guest
+                        .call_set_tags(&mut *store, &id, &tags_to_wit(&tags))
+                        .await?
+                        .map(|()| Response::Unit),
+                    Request::Limits => guest
+                        .call_limits(&mut *store)
+                        .await?
+                        .map(|l| Response::Limits(l.into())),
+                })
+            },
+        )
+        .await;
+        match outcome {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(driver_error)) => Err(CallErrorKind::Driver(driver_error.into())),
+            Err(trap) => {
+                self.live = None;
+                Err(CallErrorKind::Trap(trap))
+            }
+        }
+    }
+}
+
+macro_rules! typed_calls {
+    ($($(#[$doc:meta])* $vis:vis async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty = $req:expr, $resp:pat => $val:expr;)*) => {
+        impl Provider {
+            $($(#[$doc])* $vis async fn $name(&self $(, $arg: $ty)*) -> Result<$ret, CallError> {
+                match self.call($req).await? {
+                    $resp => Ok($val),
+                    #[allow(unreachable_patterns)]
+                    _ => unreachable!("the answer matches the request"),
+                }
+            })*
+        }
+        impl DriverInstance {
+            $($(#[$doc])* $vis async fn $name(&mut self $(, $arg: $ty)*) -> Result<$ret, CallError> {
+                match self.call($req).await? {
+                    $resp => Ok($val),
+                    #[allow(unreachable_patterns)]
+                    _ => unreachable!("the answer matches the request"),
+                }
+            })*
+        }
+    };
+}
+
+typed_calls! {
+    /// Makes sure a driver instance is started and configured, so a bad
+    /// config surfaces now rather than on the first real call.
+    pub async fn warm(&self) -> () = Request::Warm, Response::Unit => ();
+    /// Creates an instance.
+    pub async fn create(&self, spec: CreateSpec) -> Instance = Request::Create(spec), Response::Instance(i) => i;
+    /// Lists instances carrying every tag of `filter`.
+    pub async fn list(&self, filter: Tags) -> Vec<Instance> = Request::List(filter), Response::Instances(v) => v;
+    /// Replaces the instance's berth tags.
+    pub async fn set_tags(&self, instance_id: &str, tags: Tags) -> () = Request::SetTags(instance_id.to_string(), tags), Response::Unit => ();
+    /// The account's limits, if the driver declares that capability.
+    pub async fn limits(&self) -> AccountLimits = Request::Limits, Response::Limits(l) => l;
+    /// Deletes an instance. Prefer `delete`, which treats `not-found` as success.
+    async fn delete_raw(&self, instance_id: &str) -> () = Request::Delete(instance_id.to_string()), Response::Unit => ();
+}
+
+fn deletion(result: Result<(), CallError>) -> Result<Deletion, CallError> {
+    match result {
+        Ok(()) => Ok(Deletion::Deleted),
+        Err(CallError {
+            kind: CallErrorKind::Driver(DriverError::NotFound(_)),
+            ..
+        }) => Ok(Deletion::AlreadyGone),
+        Err(e) => Err(e),
+    }
+}
+
+impl DriverInstance {
+    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
+    pub async fn delete(&mut self, instance_id: &str) -> Result<Deletion, CallError> {
+        deletion(self.delete_raw(instance_id).await)
+    }
+}
+
+/// Instantiates and configures a fresh driver instance.
+async fn start(shared: &Shared) -> Result<Live, CallErrorKind> {
+    let budget = shared.limits.call_deadline;
+    let mut live = instantiate(
+        &shared.pre,
+        shared.name.clone(),
+        &shared.limits,
+        shared.policy.clone(),
+        shared.state.clone(),
+        shared.log.clone(),
+    )
+    .await
+    .map_err(|e| CallErrorKind::Trap(classify(e, budget, None)))?;
+    if let Ok(mut s) = shared.stats.lock() {
+        s.instances_started += 1;
+    }
+    let configured = guarded(&mut live, budget, async |live: &mut Live| {
+        live.plugin
+            .berth_driver_driver()
+            .call_configure(&mut live.store, &shared.pool_id, &shared.driver_config)
+            .await
+    })
+    .await;
+    match configured {
+        Err(trap) => Err(CallErrorKind::Trap(trap)),
+        Ok(Err(e)) => Err(CallErrorKind::Driver(e.into())),
+        Ok(Ok(())) => Ok(live),
+    }
+}

@@ -1,0 +1,844 @@
+//! What a driver may do: the per-provider sandbox limits, the outbound HTTP
+//! policy (allow-list; never link-local or cloud metadata; loopback and
+//! private addresses only when named as literals; never berth's own API;
+//! bounded concurrency and response size), the memory caps (guest and host
+//! side), and the `Store` state every driver instance runs with.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::instrument::WithSubscriber;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+
+use berth_config::{AllowedHost, Credential, FIELD_SIZE_LIMIT, SandboxLimits};
+
+use super::credentials::{self, NotApplied};
+use super::guest_log::{GuestOutput, LogGate};
+use super::state::StateSpace;
+
+/// Addresses a driver may never reach, whatever its allow-list says:
+/// link-local ranges (where clouds serve instance metadata and credentials),
+/// the unspecified address, broadcast and multicast; also in the IPv6 forms
+/// that carry an IPv4 address (mapped, compatible, NAT64, 6to4).
+pub fn is_forbidden_ip(ip: IpAddr) -> bool {
+    const EC2_V6_METADATA: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
+    match ip {
+        IpAddr::V4(v4) => {
+            v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.octets()[0] == 0
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = embedded_v4(v6) {
+                return is_forbidden_ip(IpAddr::V4(v4));
+            }
+            v6 == EC2_V6_METADATA
+                || (v6.segments()[0] & 0xffc0) == 0xfe80
+                || v6.is_unspecified()
+                || v6.is_multicast()
+        }
+    }
+}
+
+/// Addresses inside a host or a private network: loopback, RFC 1918,
+/// shared (100.64/10), unique-local and site-local IPv6, and their IPv4-in-
+/// IPv6 forms. A driver reaches one only where its allow-list names that
+/// address as a literal; a name that resolves to one is refused, so that
+/// `*.example.com` cannot be pointed at berth's own host.
+pub fn is_internal_ip(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            v4.is_loopback() || v4.is_private() || (o[0] == 100 && (o[1] & 0xc0) == 64)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = embedded_v4(v6) {
+                return is_internal_ip(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            v6.is_loopback() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfec0
+        }
+    }
+}
+
+/// The IPv4 address an IPv6 address carries, in the forms a host or a
+/// gateway would turn back into IPv4: mapped (`::ffff:a.b.c.d`), compatible
+/// (`::a.b.c.d`), NAT64 (`64:ff9b::/96`, `64:ff9b:1::/48`) and 6to4
+/// (`2002:AABB:CCDD::/48`).
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    // `::` and `::1` are the unspecified and loopback addresses themselves.
+    if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
+        return Some(low);
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1) {
+        return Some(low);
+    }
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new(
+            (s[1] >> 8) as u8,
+            s[1] as u8,
+            (s[2] >> 8) as u8,
+            s[2] as u8,
+        ));
+    }
+    None
+}
+
+/// The outbound HTTP policy of one provider.
+#[derive(Debug)]
+pub struct HttpPolicy {
+    provider: Arc<str>,
+    allowed: Vec<AllowedHost>,
+    /// Added to the requests of the hosts they name; the guest never sees
+    /// them.
+    credentials: Vec<Credential>,
+    /// berth's own listening addresses: never reachable, even when named.
+    own: Vec<SocketAddr>,
+    /// One permit per outbound request of the provider open at once.
+    outbound: Arc<Semaphore>,
+    max_outbound: usize,
+    /// Largest response body a guest may read.
+    max_response_bytes: u64,
+    denied: AtomicU64,
+}
+
+/// Why an outbound request was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Denial {
+    NotAllowed,
+    ForbiddenAddress(IpAddr),
+    /// Loopback or private, reached through a name rather than a literal
+    /// the allow-list names.
+    InternalAddress(IpAddr),
+    /// berth's own API.
+    OwnAddress(SocketAddr),
+    BadUri,
+    /// A user name or password in the URL.
+    UserInfo,
+    /// TRACE or CONNECT.
+    Method(String),
+    Unresolvable,
+    /// Too many requests open at once.
+    TooMany {
+        limit: usize,
+        scope: &'static str,
+    },
+}
+
+impl std::fmt::Display for Denial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Denial::NotAllowed => f.write_str("host is not in the provider's allowed hosts"),
+            Denial::ForbiddenAddress(ip) => write!(
+                f,
+                "address {ip} is link-local, cloud metadata, unspecified or multicast, never reachable"
+            ),
+            Denial::InternalAddress(ip) => write!(
+                f,
+                "address {ip} is loopback or private and the allowed hosts do not name it as a literal"
+            ),
+            Denial::OwnAddress(a) => write!(f, "{a} is berth's own API, never reachable"),
+            Denial::BadUri => f.write_str("request has no host"),
+            Denial::UserInfo => f.write_str("a user name or password in the URL is refused"),
+            Denial::Method(m) => write!(f, "method {m} is refused"),
+            Denial::Unresolvable => f.write_str("host name does not resolve"),
+            Denial::TooMany { limit, scope } => write!(
+                f,
+                "{limit} outbound requests of this {scope} are already open (the limit)"
+            ),
+        }
+    }
+}
+
+impl HttpPolicy {
+    pub fn new(provider: Arc<str>, allowed: Vec<AllowedHost>) -> Self {
+        let limits = SandboxLimits::default();
+        HttpPolicy {
+            provider,
+            allowed,
+            credentials: Vec::new(),
+            own: Vec::new(),
+            outbound: Arc::new(Semaphore::new(limits.max_outbound)),
+            max_outbound: limits.max_outbound,
+            max_response_bytes: limits.max_response_bytes,
+            denied: AtomicU64::new(0),
+        }
+    }
+
+    /// The same policy, with `credentials` added to the requests they name.
+    pub fn with_credentials(mut self, credentials: Vec<Credential>) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// The same policy, never reaching `own` (berth's API).
+    pub fn denying(mut self, own: Vec<SocketAddr>) -> Self {
+        self.own = own;
+        self
+    }
+
+    /// The same policy, with the provider's outbound limits.
+    pub fn limited(mut self, limits: &SandboxLimits) -> Self {
+        self.outbound = Arc::new(Semaphore::new(limits.max_outbound.max(1)));
+        self.max_outbound = limits.max_outbound.max(1);
+        self.max_response_bytes = limits.max_response_bytes;
+        self
+    }
+
+    /// Counts and logs a refused outbound request or probe.
+    pub(crate) fn note_denied(&self, url: &str, denial: &Denial) {
+        self.denied.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(provider = %self.provider, %url, reason = %denial, "outbound request denied");
+    }
+
+    /// Outbound requests refused so far.
+    pub fn denied_count(&self) -> u64 {
+        self.denied.load(Ordering::Relaxed)
+    }
+
+    /// Decides whether `uri` may be fetched and returns the address to
+    /// connect to. Names are resolved here and every address is checked, so a
+    /// name that points at a metadata address is refused too.
+    pub(crate) async fn authorize(&self, uri: &http::Uri) -> Result<SocketAddr, Denial> {
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            return Err(Denial::UserInfo);
+        }
+        let host = uri.host().ok_or(Denial::BadUri)?;
+        let port = uri
+            .port_u16()
+            .unwrap_or(if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
+                443
+            } else {
+                80
+            });
+        self.authorize_host(host, port).await
+    }
+
+    /// As [`HttpPolicy::authorize`], for a host name or address and a port.
+    pub(crate) async fn authorize_host(&self, host: &str, port: u16) -> Result<SocketAddr, Denial> {
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        if host.is_empty() {
+            return Err(Denial::BadUri);
+        }
+        let literal = host.parse::<IpAddr>().ok();
+        if let Some(ip) = literal
+            && is_forbidden_ip(ip)
+        {
+            return Err(Denial::ForbiddenAddress(ip));
+        }
+        if !self.allowed.iter().any(|a| a.matches(&host, port)) {
+            return Err(Denial::NotAllowed);
+        }
+        let addrs: Vec<SocketAddr> = match literal {
+            Some(ip) => vec![SocketAddr::new(ip, port)],
+            None => tokio::net::lookup_host((host.as_str(), port))
+                .await
+                .map_err(|_| Denial::Unresolvable)?
+                .collect(),
+        };
+        // Every address a name has is checked, not just the one used: a
+        // name with one bad address is refused as a whole.
+        for a in &addrs {
+            if is_forbidden_ip(a.ip()) {
+                return Err(Denial::ForbiddenAddress(a.ip()));
+            }
+            if is_internal_ip(a.ip()) && !self.names_literal(a.ip(), port) {
+                return Err(Denial::InternalAddress(a.ip()));
+            }
+            if self.is_own(*a) {
+                return Err(Denial::OwnAddress(*a));
+            }
+        }
+        addrs.first().copied().ok_or(Denial::Unresolvable)
+    }
+
+    /// Whether the allow-list names `ip` itself (for `port`).
+    fn names_literal(&self, ip: IpAddr, port: u16) -> bool {
+        let text = ip.to_string();
+        self.allowed.iter().any(|a| a.matches(&text, port))
+    }
+
+    /// Whether `addr` is berth's own API: its address, or for an API
+    /// listening on every address, any address of this host on its port.
+    fn is_own(&self, addr: SocketAddr) -> bool {
+        self.own.iter().any(|own| {
+            own.port() == addr.port()
+                && (own.ip() == addr.ip()
+                    || (own.ip().is_unspecified()
+                        && (is_internal_ip(addr.ip()) || local_addresses().contains(&addr.ip()))))
+        })
+    }
+
+    /// Takes a permit for one more outbound request of the provider.
+    fn open(&self) -> Result<OwnedSemaphorePermit, Denial> {
+        self.outbound
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Denial::TooMany {
+                limit: self.max_outbound,
+                scope: "provider",
+            })
+    }
+}
+
+/// The addresses of this host's network interfaces.
+fn local_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    #[cfg(target_os = "linux")]
+    // SAFETY: getifaddrs fills a list that freeifaddrs frees; each entry's
+    // address is read according to its family.
+    unsafe {
+        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut at = list;
+        while !at.is_null() {
+            let addr = (*at).ifa_addr;
+            if !addr.is_null() {
+                match i32::from((*addr).sa_family) {
+                    libc::AF_INET => {
+                        let a = &*(addr as *const libc::sockaddr_in);
+                        out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))));
+                    }
+                    libc::AF_INET6 => {
+                        let a = &*(addr as *const libc::sockaddr_in6);
+                        out.push(IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+            at = (*at).ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    out
+}
+
+/// The hooks the host's wasi:http implementation calls for each request.
+pub(crate) struct Hooks {
+    policy: Arc<HttpPolicy>,
+    /// One permit per outbound request of this instance open at once.
+    outbound: Arc<Semaphore>,
+    max_outbound: usize,
+    /// Connect and first-byte timeouts, when the guest sets none: no
+    /// request needs to wait longer than a call may take.
+    call_deadline: Duration,
+    /// Where the instance's caller logs: wasi:http sends each request on a
+    /// task of its own, which would otherwise log nowhere in particular.
+    dispatch: tracing::Dispatch,
+}
+
+impl WasiHttpHooks for Hooks {
+    fn send_request(
+        &mut self,
+        mut request: http::Request<wasmtime_wasi_http::WasiBody>,
+        options: Option<wasmtime_wasi_http::RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+    ) -> Box<
+        dyn Future<
+                Output = Result<
+                    (
+                        http::Response<wasmtime_wasi_http::WasiBody>,
+                        Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+                    ),
+                    wasmtime_wasi_http::Error,
+                >,
+            > + Send,
+    > {
+        let policy = self.policy.clone();
+        // Taken now, before anything is opened: a guest that starts
+        // requests without waiting for them cannot run past the limits.
+        let permits = self
+            .outbound
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Denial::TooMany {
+                limit: self.max_outbound,
+                scope: "driver instance",
+            })
+            .and_then(|instance| Ok((instance, policy.open()?)));
+        let dispatch = self.dispatch.clone();
+        let mut options = options.unwrap_or_default();
+        options.connect_timeout.get_or_insert(self.call_deadline);
+        options.first_byte_timeout.get_or_insert(self.call_deadline);
+        options
+            .between_bytes_timeout
+            .get_or_insert(self.call_deadline);
+        Box::new(async move {
+            let url = berth_core::text::printable(&request.uri().to_string()).into_owned();
+            let refuse = |denial: Denial| {
+                policy.note_denied(&url, &denial);
+                Err(match denial {
+                    Denial::Unresolvable => wasmtime_wasi_http::Error::DestinationNotFound,
+                    Denial::ForbiddenAddress(_)
+                    | Denial::InternalAddress(_)
+                    | Denial::OwnAddress(_) => wasmtime_wasi_http::Error::DestinationIpProhibited,
+                    Denial::TooMany { .. } => wasmtime_wasi_http::Error::ConnectionLimitReached,
+                    Denial::Method(_) => wasmtime_wasi_http::Error::HttpRequestMethodInvalid,
+                    Denial::NotAllowed | Denial::BadUri | Denial::UserInfo => {
+                        wasmtime_wasi_http::Error::HttpRequestDenied
+                    }
+                })
+            };
+            let permits = match permits {
+                Ok(p) => p,
+                Err(denial) => return refuse(denial),
+            };
+            // TRACE echoes the request, credentials the host added
+            // included; CONNECT makes a tunnel no allow-list can see into.
+            if matches!(request.method().as_str(), "TRACE" | "CONNECT") {
+                return refuse(Denial::Method(request.method().to_string()));
+            }
+            let addr = match policy.authorize(request.uri()).await {
+                Ok(addr) => addr,
+                Err(denial) => return refuse(denial),
+            };
+            if let Some(cred) = credentials::find(
+                &policy.credentials,
+                request.uri().host().unwrap_or(""),
+                addr.port(),
+            ) {
+                request = match authenticate(cred, request).await {
+                    Ok(r) => r,
+                    Err(why) => {
+                        tracing::warn!(provider = %policy.provider, %url, reason = %why, "outbound request denied");
+                        policy.denied.fetch_add(1, Ordering::Relaxed);
+                        return Err(wasmtime_wasi_http::Error::HttpRequestDenied);
+                    }
+                };
+            }
+            // Plain HTTP connects to the address that was checked, so a name
+            // cannot be re-resolved to a forbidden address between the check
+            // and the connect. TLS needs the name for SNI and certificate
+            // checks, so it connects by name (see docs/sandbox.md).
+            if request.uri().scheme() != Some(&http::uri::Scheme::HTTPS) {
+                let mut parts = request.uri().clone().into_parts();
+                if let Ok(authority) = http::uri::Authority::try_from(addr.to_string()) {
+                    parts.authority = Some(authority);
+                    if let Ok(uri) = http::Uri::from_parts(parts) {
+                        *request.uri_mut() = uri;
+                    }
+                }
+            }
+            tracing::debug!(provider = %policy.provider, %url, "outbound request");
+            let (response, io) =
+                wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
+            let max = policy.max_response_bytes;
+            let response = response.map(|body| limit_body(body, max));
+            // The permits are held until the connection is done with.
+            let io = async move {
+                let done = io.await;
+                drop(permits);
+                done
+            };
+            Ok((
+                response,
+                Box::new(io)
+                    as Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+            ))
+        }
+        .with_subscriber(dispatch))
+    }
+}
+
+/// A response body that fails with `HttpResponseBodySize` once more than
+/// `max` bytes have come.
+fn limit_body<B>(body: B, max: u64) -> wasmtime_wasi_http::WasiBody
+where
+    B: http_body::Body<Data = bytes::Bytes, Error = wasmtime_wasi_http::Error> + Send + 'static,
+{
+    let max_usize = usize::try_from(max).unwrap_or(usize::MAX);
+    http_body_util::Limited::new(body, max_usize)
+        .map_err(move |e| match e.downcast::<wasmtime_wasi_http::Error>() {
+            Ok(inner) => *inner,
+            Err(_) => wasmtime_wasi_http::Error::HttpResponseBodySize(Some(max)),
+        })
+        .boxed_unsync()
+}
+
+/// Adds `cred` to `request`, reading its body to sign it.
+async fn authenticate(
+    cred: &Credential,
+    request: http::Request<wasmtime_wasi_http::WasiBody>,
+) -> Result<http::Request<wasmtime_wasi_http::WasiBody>, NotApplied> {
+    let https = request.uri().scheme() == Some(&http::uri::Scheme::HTTPS);
+    let host = request.uri().host().unwrap_or("").to_owned();
+    if !credentials::may_send(&host, https) {
+        return Err(NotApplied::Insecure(host));
+    }
+    let (mut parts, body) = request.into_parts();
+    let body = http_body_util::Limited::new(body, credentials::MAX_SIGNED_BODY)
+        .collect()
+        .await
+        .map_err(|_| NotApplied::BodyTooLarge(credentials::MAX_SIGNED_BODY))?
+        .to_bytes();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    credentials::apply(&cred.auth, &mut parts, &body, now_ms);
+    let body = http_body_util::Full::new(body)
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    Ok(http::Request::from_parts(parts, body))
+}
+
+/// Returned by the memory limiter; identifies an out-of-memory trap.
+#[derive(Debug, thiserror::Error)]
+#[error("driver exceeded its memory cap of {cap} bytes (asked for {asked})")]
+pub(crate) struct MemoryCapExceeded {
+    pub cap: u64,
+    pub asked: u64,
+}
+
+/// Returned by the epoch callback; identifies a deadline trap.
+#[derive(Debug, thiserror::Error)]
+#[error("driver call ran past its deadline")]
+pub(crate) struct DeadlineExceeded;
+
+/// Caps linear memory and table growth of one driver instance.
+pub(crate) struct Limiter {
+    memory_bytes: u64,
+}
+
+impl wasmtime::ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired as u64 > self.memory_bytes {
+            return Err(wasmtime::Error::new(MemoryCapExceeded {
+                cap: self.memory_bytes,
+                asked: desired as u64,
+            }));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        // Tables hold function references; a million is far beyond any real
+        // driver and keeps a hostile one from growing host memory through them.
+        Ok(desired <= 1_000_000)
+    }
+}
+
+/// Everything a driver instance's `Store` holds.
+pub(crate) struct StoreState {
+    pub provider: Arc<str>,
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    table: ResourceTable,
+    hooks: Hooks,
+    /// The provider's durable records (the `state` import).
+    pub state: StateSpace,
+    /// The host-side bytes this instance may make the host hold at once
+    /// (bounds a `state.scan` answer).
+    pub host_memory_bytes: u64,
+    pub limiter: Limiter,
+    /// The current call must finish before this instant; read by the epoch
+    /// callback.
+    pub deadline: Instant,
+    /// The provider's gate for what the driver logs.
+    pub log: Arc<LogGate>,
+    /// The last line the guest wrote to stderr (a Rust panic message).
+    stderr_tail: Arc<std::sync::Mutex<String>>,
+}
+
+impl StoreState {
+    pub fn new(
+        provider: Arc<str>,
+        limits: &SandboxLimits,
+        policy: Arc<HttpPolicy>,
+        state: StateSpace,
+        log: Arc<LogGate>,
+    ) -> Self {
+        // No preopened directories, no environment, no arguments, no network
+        // sockets (the builder's defaults deny every address); stdio goes to
+        // the host log attributed to the provider.
+        let stderr_tail = Arc::new(std::sync::Mutex::new(String::new()));
+        let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+        let mut http = WasiHttpCtx::new();
+        http.set_field_size_limit(FIELD_SIZE_LIMIT);
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(limits.max_resources());
+        let wasi = WasiCtx::builder()
+            .stdout(GuestOutput {
+                provider: provider.clone(),
+                stream: "stdout",
+                gate: log.clone(),
+                dispatch: dispatch.clone(),
+                last: None,
+            })
+            .stderr(GuestOutput {
+                provider: provider.clone(),
+                stream: "stderr",
+                gate: log.clone(),
+                dispatch: dispatch.clone(),
+                last: Some(stderr_tail.clone()),
+            })
+            .allow_ip_name_lookup(false)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .build();
+        StoreState {
+            provider,
+            wasi,
+            http,
+            table,
+            hooks: Hooks {
+                policy,
+                outbound: Arc::new(Semaphore::new(limits.max_outbound_per_instance.max(1))),
+                max_outbound: limits.max_outbound_per_instance.max(1),
+                call_deadline: limits.call_deadline,
+                dispatch,
+            },
+            host_memory_bytes: limits.host_memory_bytes,
+            state,
+            limiter: Limiter {
+                memory_bytes: limits.memory_bytes,
+            },
+            deadline: Instant::now(),
+            log,
+            stderr_tail,
+        }
+    }
+
+    /// The provider's outbound policy, which the TCP probe obeys too.
+    pub fn policy(&self) -> &HttpPolicy {
+        &self.hooks.policy
+    }
+
+    /// The last complete line the guest wrote to stderr.
+    pub fn stderr_tail(&self) -> String {
+        self.stderr_tail
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+}
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for StoreState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(allowed: &[&str]) -> HttpPolicy {
+        HttpPolicy::new(
+            "p".into(),
+            allowed
+                .iter()
+                .map(|a| AllowedHost::parse(a).unwrap())
+                .collect(),
+        )
+    }
+
+    async fn check(allowed: &[&str], url: &str) -> Result<SocketAddr, Denial> {
+        policy(allowed).authorize(&url.parse().unwrap()).await
+    }
+
+    #[tokio::test]
+    async fn allow_list_decides() {
+        assert_eq!(
+            check(&["127.0.0.1:8080"], "http://127.0.0.1:8080/x").await,
+            Ok("127.0.0.1:8080".parse().unwrap())
+        );
+        assert_eq!(
+            check(&["127.0.0.1:8080"], "http://127.0.0.1:8081/x").await,
+            Err(Denial::NotAllowed)
+        );
+        assert_eq!(
+            check(&["127.0.0.1"], "http://127.0.0.1:9/x").await,
+            Ok("127.0.0.1:9".parse().unwrap())
+        );
+        assert_eq!(
+            check(&[], "http://127.0.0.1/").await,
+            Err(Denial::NotAllowed)
+        );
+        // A name that resolves to loopback is refused unless the address
+        // itself is allowed as a literal.
+        assert_eq!(
+            check(&["localhost:1"], "http://LOCALHOST:1/").await,
+            Err(Denial::InternalAddress("127.0.0.1".parse().unwrap()))
+        );
+        assert_eq!(
+            check(&["localhost:1", "127.0.0.1:1"], "http://LOCALHOST:1/")
+                .await
+                .map(|a| a.port()),
+            Ok(1)
+        );
+        assert_eq!(
+            check(&["[::1]:7"], "http://[::1]:7/").await,
+            Ok("[::1]:7".parse().unwrap())
+        );
+    }
+
+    #[tokio::test]
+    async fn metadata_is_never_reachable() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            check(
+                &["169.254.169.254"],
+                "http://169.254.169.254/latest/meta-data/"
+            )
+            .await,
+            Err(Denial::ForbiddenAddress(ip("169.254.169.254")))
+        );
+        assert_eq!(
+            check(&["*"], "http://[fd00:ec2::254]/").await,
+            Err(Denial::ForbiddenAddress(ip("fd00:ec2::254")))
+        );
+        assert_eq!(
+            check(&["[fe80::1]"], "http://[fe80::1]/").await,
+            Err(Denial::ForbiddenAddress(ip("fe80::1")))
+        );
+        assert_eq!(
+            check(&["[::ffff:169.254.1.1]"], "http://[::ffff:169.254.1.1]/").await,
+            Err(Denial::ForbiddenAddress(ip("::ffff:169.254.1.1")))
+        );
+    }
+
+    #[test]
+    fn addresses_are_classified_in_every_form() {
+        let forbidden = [
+            "169.254.169.254",
+            "0.0.0.0",
+            "0.1.2.3",
+            "255.255.255.255",
+            "224.0.0.1",
+            "::",
+            "fe80::1",
+            "fd00:ec2::254",
+            "ff02::1",
+            "::ffff:169.254.169.254",
+            // IPv4-compatible, NAT64 and 6to4 forms of the metadata address.
+            "::a9fe:a9fe",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a9fe:a9fe",
+            "2002:a9fe:a9fe::1",
+        ];
+        for ip in forbidden {
+            assert!(
+                is_forbidden_ip(ip.parse().unwrap()),
+                "{ip} must be forbidden"
+            );
+        }
+        let internal = [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "::1",
+            "fd12::1",
+            "fec0::1",
+            "::ffff:127.0.0.1",
+            "::7f00:1",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+        ];
+        for ip in internal {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert!(
+                is_internal_ip(ip) && !is_forbidden_ip(ip),
+                "{ip} must be internal"
+            );
+        }
+        for ip in ["93.184.216.34", "2606:2800:220:1::1", "64:ff9b::5db8:d822"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert!(
+                !is_internal_ip(ip) && !is_forbidden_ip(ip),
+                "{ip} is public"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn own_address_user_info_and_methods_are_refused() {
+        let own: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let p = policy(&["127.0.0.1"]).denying(vec![own]);
+        assert_eq!(
+            p.authorize(&"http://127.0.0.1:8080/v1/nodes".parse().unwrap())
+                .await,
+            Err(Denial::OwnAddress(own))
+        );
+        assert!(
+            p.authorize(&"http://127.0.0.1:8081/".parse().unwrap())
+                .await
+                .is_ok()
+        );
+        // An API on every address: any address of this host on its port.
+        let p = policy(&["127.0.0.1", "10.0.0.1"]).denying(vec!["0.0.0.0:9000".parse().unwrap()]);
+        for url in ["http://127.0.0.1:9000/", "http://10.0.0.1:9000/"] {
+            assert!(
+                matches!(
+                    p.authorize(&url.parse().unwrap()).await,
+                    Err(Denial::OwnAddress(_))
+                ),
+                "{url}"
+            );
+        }
+        assert_eq!(
+            policy(&["example.com"])
+                .authorize(&"http://user:pw@example.com/".parse().unwrap())
+                .await,
+            Err(Denial::UserInfo)
+        );
+    }
+
+    #[test]
+    fn wildcard_matches_subdomains_only() {
+        let a = AllowedHost::parse("*.example.com").unwrap();
+        assert!(a.matches("api.example.com", 443));
+        assert!(a.matches("a.b.example.com", 80));
+        assert!(!a.matches("example.com", 443));
+        assert!(!a.matches("badexample.com", 443));
+    }
+
+    #[test]
+    fn allowed_host_rejects_urls() {
+        assert!(AllowedHost::parse("http://x").is_err());
+        assert!(AllowedHost::parse("x:notaport").is_err());
+        assert!(AllowedHost::parse("").is_err());
+    }
+}

@@ -1,0 +1,432 @@
+//! Core records turned into the API's JSON shapes, on the pool's task. A
+//! node's addresses and connection details are shown only to an admin or to
+//! the requestor holding it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::types::{self, rfc3339};
+use super::{ApiError, Caller, Telemetry, no_other_params};
+use crate::runtime::{Health, LoadedDriver, Providers};
+use axum::http::StatusCode;
+use berth_config::{Config, LabelIx, LabelKind, ProviderIx};
+use berth_core::pool::{
+    ListHealth, Node, NodeId, NodeState, Pool, Request, RequestId, RequestState, Role,
+};
+
+/// Node `id` as `caller` sees it; 404 if the pool does not have it.
+pub(super) fn node_by_id(
+    pool: &Pool,
+    id: NodeId,
+    caller: &Caller,
+) -> Result<types::Node, ApiError> {
+    pool.node(id)
+        .map(|n| node(pool, n, caller))
+        .ok_or_else(|| ApiError::not_found(format!("no node {id}")))
+}
+
+pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
+    let config = pool.config();
+    let request = n.request();
+    let requestor = pool.requestor_of(n.id).map(str::to_owned);
+    let shown = caller.is_admin() || requestor.as_deref().is_some_and(|r| caller.may_act_for(r));
+    let reason = match &n.state {
+        NodeState::Deleting { reason, .. } => Some(reason.as_str().to_owned()),
+        NodeState::Gone { reason, .. } => Some(reason.as_str().to_owned()),
+        NodeState::Failed { reason, .. } => Some(reason.clone()),
+        _ => None,
+    };
+    let (addresses, connection) = match (&n.endpoint, shown) {
+        (Some(e), true) => (
+            Some(types::Addresses {
+                public_ipv4: e.addresses.public_ipv4.clone(),
+                private_ipv4: e.addresses.private_ipv4.clone(),
+                ipv6: e.addresses.ipv6.clone(),
+                hostname: e.addresses.hostname.clone(),
+            }),
+            Some(types::Connection {
+                username: e.connection.username.clone(),
+                port: e.connection.port,
+                host_keys: e.connection.host_keys.clone(),
+            }),
+        ),
+        _ => (None, None),
+    };
+    let missing = pool.missing(n.id).map(|m| types::MissingInstance {
+        since: rfc3339(m.since.as_millis()),
+        state: if m.confirmed {
+            "confirmed"
+        } else {
+            "suspected"
+        }
+        .to_owned(),
+    });
+    types::Node {
+        missing,
+        id: n.id.to_string(),
+        label: config[n.label].name.clone(),
+        provider: config[n.provider].name.clone(),
+        state: n.state.name().to_owned(),
+        reason,
+        idle: n.idle.as_str().to_owned(),
+        instance_type: n.instance_type.clone(),
+        instance: n.instance.clone(),
+        request: request.map(|r| r.to_string()),
+        requestor,
+        since: rfc3339(n.state.since().as_millis()),
+        created: rfc3339(n.created.as_millis()),
+        slot: match n.role {
+            Role::Slot { backing, index } => Some(types::Slot {
+                backing: backing.to_string(),
+                index,
+            }),
+            _ => None,
+        },
+        hosting: match &n.role {
+            Role::Backing {
+                slot_label, slots, ..
+            } => Some(types::Hosting {
+                label: config[*slot_label].name.clone(),
+                used: slots.iter().filter(|s| s.is_some()).count() as u16,
+                slots: slots.len() as u16,
+            }),
+            _ => None,
+        },
+        addresses,
+        connection,
+    }
+}
+
+fn request_view(pool: &Pool, r: &Request, caller: &Caller) -> types::Request {
+    let config = pool.config();
+    let (state, reason, finished) = match &r.state {
+        RequestState::Pending => ("pending", None, None),
+        RequestState::Fulfilled { at } => ("fulfilled", None, Some(*at)),
+        RequestState::Failed { at, reason } => ("failed", Some(reason.clone()), Some(*at)),
+        RequestState::Cancelled { at } => ("cancelled", None, Some(*at)),
+    };
+    types::Request {
+        id: r.id.to_string(),
+        requestor: r.requestor.clone(),
+        priority: r.priority,
+        state: state.to_owned(),
+        reason,
+        labels: r
+            .wants
+            .iter()
+            .map(|(l, n)| (config[*l].name.clone(), *n))
+            .collect(),
+        created: rfc3339(r.created.as_millis()),
+        finished: finished.map(|t| rfc3339(t.as_millis())),
+        nodes: r
+            .nodes
+            .iter()
+            .filter_map(|id| pool.node(*id))
+            .map(|n| node(pool, n, caller))
+            .collect(),
+    }
+}
+
+/// One request, if the pool still has it.
+pub(super) fn request(pool: &Pool, id: RequestId, caller: &Caller) -> Option<types::Request> {
+    pool.request(id).map(|r| request_view(pool, r, caller))
+}
+
+/// Request `id` as its requestor or an admin sees it: 404 if the pool does
+/// not have it, 403 if it is another requestor's.
+pub(super) fn owned_request(
+    pool: &Pool,
+    id: RequestId,
+    caller: &Caller,
+) -> Result<types::Request, ApiError> {
+    match pool.request(id) {
+        None => Err(ApiError::not_found(format!("no request {id}"))),
+        Some(r) if !caller.may_act_for(&r.requestor) => Err(ApiError::forbidden(format!(
+            "request {id} belongs to another requestor"
+        ))),
+        Some(r) => Ok(request_view(pool, r, caller)),
+    }
+}
+
+/// `GET /v1/requests` filters.
+pub(super) struct RequestFilter {
+    state: Option<String>,
+    requestor: Option<String>,
+}
+
+impl RequestFilter {
+    pub(super) fn parse(q: &BTreeMap<String, String>) -> Result<RequestFilter, ApiError> {
+        no_other_params(q, &["state", "requestor"])?;
+        let state = q.get("state").cloned();
+        if let Some(s) = &state
+            && !["pending", "fulfilled", "failed", "cancelled"].contains(&s.as_str())
+        {
+            return Err(ApiError::bad(
+                "state",
+                format!("`{s}` is not pending, fulfilled, failed or cancelled"),
+            ));
+        }
+        Ok(RequestFilter {
+            state,
+            requestor: q.get("requestor").cloned(),
+        })
+    }
+}
+
+/// Requests the caller may see, oldest first.
+pub(super) fn requests(pool: &Pool, f: &RequestFilter, caller: &Caller) -> Vec<types::Request> {
+    let mut list: Vec<&Request> = pool
+        .requests()
+        .filter(|r| caller.may_act_for(&r.requestor))
+        .filter(|r| f.requestor.as_deref().is_none_or(|q| r.requestor == q))
+        .filter(|r| f.state.as_deref().is_none_or(|s| r.state.name() == s))
+        .collect();
+    list.sort_by_key(|r| (r.created, r.id));
+    list.into_iter()
+        .map(|r| request_view(pool, r, caller))
+        .collect()
+}
+
+/// `GET /v1/nodes` filters.
+pub(super) struct NodeFilter {
+    label: Option<LabelIx>,
+    provider: Option<ProviderIx>,
+    state: Option<String>,
+    requestor: Option<String>,
+}
+
+const NODE_STATES: [&str; 8] = [
+    "creating", "booting", "ready", "in-use", "used", "deleting", "gone", "failed",
+];
+
+impl NodeFilter {
+    pub(super) fn parse(
+        q: &BTreeMap<String, String>,
+        config: &Config,
+    ) -> Result<NodeFilter, ApiError> {
+        no_other_params(q, &["label", "provider", "state", "requestor"])?;
+        let label = match q.get("label") {
+            None => None,
+            Some(l) => Some(config.label(l).ok_or_else(|| ApiError {
+                field: Some("label".into()),
+                ..ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "unknown_label",
+                    format!("no label `{l}`"),
+                )
+            })?),
+        };
+        let provider = match q.get("provider") {
+            None => None,
+            Some(p) => Some(config.provider(p).ok_or_else(|| ApiError {
+                field: Some("provider".into()),
+                ..ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "unknown_provider",
+                    format!("no provider `{p}`"),
+                )
+            })?),
+        };
+        let state = q.get("state").cloned();
+        if let Some(s) = &state
+            && !NODE_STATES.contains(&s.as_str())
+        {
+            return Err(ApiError::bad(
+                "state",
+                format!("`{s}` is not one of {}", NODE_STATES.join(", ")),
+            ));
+        }
+        Ok(NodeFilter {
+            label,
+            provider,
+            state,
+            requestor: q.get("requestor").cloned(),
+        })
+    }
+}
+
+/// Nodes matching `f`, oldest first. Every caller sees every node; only the
+/// connection details are kept from those who do not hold it.
+pub(super) fn nodes(pool: &Pool, f: &NodeFilter, caller: &Caller) -> Vec<types::Node> {
+    let mut list: Vec<&Node> = pool
+        .nodes()
+        .filter(|n| f.label.is_none_or(|l| n.label == l))
+        .filter(|n| f.provider.is_none_or(|p| n.provider == p))
+        .filter(|n| f.state.as_deref().is_none_or(|s| n.state.name() == s))
+        .filter(|n| {
+            f.requestor
+                .as_deref()
+                .is_none_or(|r| pool.requestor_of(n.id) == Some(r))
+        })
+        .collect();
+    list.sort_by_key(|n| (n.created, n.id));
+    list.into_iter().map(|n| node(pool, n, caller)).collect()
+}
+
+pub(super) fn labels(pool: &Pool) -> Vec<types::Label> {
+    let config = pool.config();
+    let mut by_label: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); config.labels.len()];
+    for n in pool.nodes().filter(|n| !n.state.is_final()) {
+        *by_label[n.label.0 as usize]
+            .entry(n.state.name().to_owned())
+            .or_default() += 1;
+    }
+    config
+        .labels
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let ix = LabelIx(i as u16);
+            let (slots, backing_label, offers) = match &l.kind {
+                LabelKind::Machine { offers } => (
+                    None,
+                    None,
+                    offers
+                        .iter()
+                        .map(|o| types::Offer {
+                            provider: config[o.provider].name.clone(),
+                            instance_type: o.instance_type.clone(),
+                            vcpus: o.vcpus,
+                            ram_mib: o.ram_mib,
+                            price: o.price,
+                        })
+                        .collect(),
+                ),
+                LabelKind::Slots { slots, backing, .. } => (
+                    Some(*slots),
+                    Some(config[*backing].name.clone()),
+                    Vec::new(),
+                ),
+            };
+            types::Label {
+                name: l.name.clone(),
+                kind: if slots.is_some() { "slots" } else { "machine" }.to_owned(),
+                min_ready: l.min_ready,
+                ready: pool.free_ready(ix),
+                nodes: std::mem::take(&mut by_label[i]),
+                slots,
+                backing_label,
+                offers,
+            }
+        })
+        .collect()
+}
+
+pub(super) fn providers(
+    pool: &Pool,
+    telemetry: &Telemetry,
+    started: &Providers,
+) -> Vec<types::Provider> {
+    let config = pool.config();
+    let now = pool.last_tick();
+    let at = |t: berth_core::pool::Time| rfc3339(t.as_millis());
+    config
+        .providers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let s = pool.provider_status(ProviderIx(i as u16));
+            let health = started.health(ProviderIx(i as u16));
+            let quota = s.quota_paused_until.filter(|t| *t > now);
+            let held = s.held_until.filter(|t| *t > now);
+            let capacity: BTreeMap<String, String> = s
+                .capacity_paused
+                .iter()
+                .filter(|(_, t)| *t > now)
+                .map(|(ty, t)| (ty.clone().unwrap_or_else(|| "*".into()), at(*t)))
+                .collect();
+            let list_error = match &s.list {
+                ListHealth::Ok => None,
+                ListHealth::Failing { since, error } => {
+                    Some(format!("lists fail since {}: {error}", at(*since)))
+                }
+                ListHealth::Suspect { since, known } => Some(format!(
+                    "lists since {} show none of the {known} instances berth holds there; not believed",
+                    at(*since)
+                )),
+            };
+            let status = if matches!(health, Health::Failed { .. }) {
+                "failed"
+            } else if health == Health::Starting {
+                "starting"
+            } else if matches!(s.list, ListHealth::Failing { .. }) {
+                "list-failing"
+            } else if matches!(s.list, ListHealth::Suspect { .. }) {
+                "list-suspect"
+            } else if held.is_some() {
+                "rate-limited"
+            } else if quota.is_some() {
+                "quota-paused"
+            } else if !s.listed {
+                "not-listed-yet"
+            } else if !capacity.is_empty() {
+                "capacity-paused"
+            } else {
+                "ok"
+            };
+            types::Provider {
+                name: p.name.clone(),
+                driver: started.driver_file(ProviderIx(i as u16)),
+                priority: p.priority,
+                status: status.to_owned(),
+                limits: types::Limits {
+                    max_instances: p.limits.max_instances,
+                    max_cores: p.limits.max_cores,
+                    max_ram_mib: p.limits.max_ram_mib,
+                },
+                usage: types::Usage {
+                    instances: s.usage.instances,
+                    vcpus: s.usage.vcpus,
+                    ram_mib: s.usage.ram_mib,
+                },
+                listed: s.listed,
+                quota_paused_until: quota.map(at),
+                rate_limited_until: held.map(at),
+                capacity_paused: capacity,
+                leaks_pending: s.leaks_pending,
+                leaks_deleted: s.leaks_deleted,
+                calls: telemetry.recent_calls(&p.name),
+                start_error: match health {
+                    Health::Failed { error, .. } => Some(error.to_string()),
+                    _ => None,
+                },
+                list_error,
+                last_listed: s.last_listed.map(at),
+                missing: s.missing,
+            }
+        })
+        .collect()
+}
+
+pub(super) fn drivers(loaded: &[LoadedDriver]) -> Vec<types::Driver> {
+    loaded
+        .iter()
+        .map(|d| {
+            let info = d.driver.info();
+            types::Driver {
+                file: d.driver.file_name().to_owned(),
+                path: d.driver.path().display().to_string(),
+                name: info.name.clone(),
+                version: info.version.clone(),
+                sha256: d.driver.sha256().to_owned(),
+                loaded_from: match d.driver.source() {
+                    berth_plugin::LoadSource::Compiled => "compiled",
+                    berth_plugin::LoadSource::Cache => "cache",
+                }
+                .to_owned(),
+                load_ms: d.driver.load_time().as_secs_f64() * 1e3,
+                providers: d.providers.clone(),
+            }
+        })
+        .collect()
+}
+
+/// Live nodes counted by (label, provider, state), for metrics.
+pub(super) fn node_counts(pool: &Pool) -> HashMap<(LabelIx, ProviderIx, &'static str), u64> {
+    let mut counts = HashMap::new();
+    for n in pool.nodes() {
+        *counts
+            .entry((n.label, n.provider, n.state.name()))
+            .or_default() += 1;
+    }
+    counts
+}

@@ -1,0 +1,17 @@
+//! The berth service: the runtime that runs the pool core against driver
+//! components and the store, and the HTTP API on it.
+//!
+//! - [`runtime`]: the pool's task, its commands, and the providers' calls.
+//! - [`api`]: the HTTP API on a running pool, with auth, telemetry and the
+//!   OpenAPI document generated from its handlers.
+//! - [`metrics`]: the Prometheus registry behind `/metrics`.
+//! - [`serve`]: `berth serve`, the pool and its API as one service.
+//! - `embedded`: the sim driver carried inside the binary (feature
+//!   `embedded-sim`).
+
+pub mod api;
+#[cfg(feature = "embedded-sim")]
+pub mod embedded;
+pub mod metrics;
+pub mod runtime;
+pub mod serve;

@@ -1,0 +1,1019 @@
+//! The thin async runtime around the pool core: one task owns the [`Pool`]
+//! and the store, takes client commands (a bounded queue) and driver
+//! outcomes, and after each batch writes the core's changes to the store
+//! *before* it starts the driver calls the core asked for (intent before
+//! act). Driver calls run on their own tasks and report back as outcomes.
+//!
+//! Clients talk to it through a cloneable [`Handle`].
+
+mod commands;
+mod providers;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use berth_config::{Config, ProviderIx, Settings};
+use berth_core::driver::DriverError;
+use berth_core::driver::check::{self, BadAnswer};
+use berth_core::driver::{Instance, POOL_TAG, Tags};
+use berth_core::pool::{
+    Changes, Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refused, Request,
+    RequestId, RequestState, Time,
+};
+use berth_plugin::{CallError, CallErrorKind, DriverState, Runtime, RuntimeConfig, Trap};
+use berth_store::{SqliteStore, Store, StoreError};
+
+pub use commands::{Caller, Change, Done};
+pub use providers::{Health, LoadedDriver, Providers};
+
+/// Wall-clock time as the core sees it, advanced by tokio's clock so that
+/// tests with paused time control it.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    base: Time,
+    start: tokio::time::Instant,
+}
+
+impl Clock {
+    /// A clock reading the system's wall-clock time now.
+    pub fn system() -> Clock {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Clock::starting_at(Time(ms))
+    }
+
+    /// A clock reading `base` now.
+    pub fn starting_at(base: Time) -> Clock {
+        Clock {
+            base,
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    pub fn now(&self) -> Time {
+        self.base + self.start.elapsed()
+    }
+
+    fn instant(&self, t: Time) -> tokio::time::Instant {
+        self.start + t.since(self.base)
+    }
+}
+
+/// Why the pool could not do what a client asked.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    #[error(transparent)]
+    Conflict(#[from] Conflict),
+    /// The caller may not do this (to this node or request).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The command queue is full: the pool is behind; try again shortly.
+    #[error("the pool has {0} commands queued; try again shortly")]
+    Busy(usize),
+    #[error("the pool has stopped")]
+    Stopped,
+    /// The store could not be written, so the pool stopped deciding: what
+    /// was asked is not done.
+    #[error("the store could not be written ({0}); nothing was changed")]
+    StoreFailed(Arc<str>),
+}
+
+/// Why a pool's task ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The store could not be written. The pool stopped at once: acting on
+    /// the cloud, or telling a client, without a stored intent is how
+    /// machines leak and nodes get handed out twice.
+    #[error("the store could not be written")]
+    Store(#[source] StoreError),
+    /// The pool's task panicked.
+    #[error("the pool's task panicked: {0}")]
+    Panicked(String),
+}
+
+/// A driver call, as reported to an [`Observer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    Create,
+    List,
+    Delete,
+    SetTags,
+}
+
+impl CallKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Create => "create",
+            CallKind::List => "list",
+            CallKind::Delete => "delete",
+            CallKind::SetTags => "set-tags",
+        }
+    }
+}
+
+/// How a driver call ended, in a word: `ok`, the contract's error kind
+/// (`rate-limited`, `quota-exceeded`, `capacity`, `not-found`,
+/// `unauthorized`, `invalid-config`, `transient`, `permanent`), `trap`,
+/// `start-failed`, `not-started` or `stopped`.
+pub fn outcome_name(result: Result<(), &CallError>) -> &'static str {
+    let Err(e) = result else {
+        return "ok";
+    };
+    match &e.kind {
+        CallErrorKind::Driver(e) => match e {
+            DriverError::RateLimited { .. } => "rate-limited",
+            DriverError::QuotaExceeded(_) => "quota-exceeded",
+            DriverError::Capacity { .. } => "capacity",
+            DriverError::NotFound(_) => "not-found",
+            DriverError::Unauthorized(_) => "unauthorized",
+            DriverError::InvalidConfig(_) => "invalid-config",
+            DriverError::Transient(_) => "transient",
+            DriverError::Permanent(_) => "permanent",
+        },
+        CallErrorKind::Trap(_) => "trap",
+        CallErrorKind::Start(_) => "start-failed",
+        CallErrorKind::NotStarted(_) => "not-started",
+        CallErrorKind::Stopped => "stopped",
+    }
+}
+
+/// The kind of a sandbox trap, in a word: `deadline`, `out-of-memory`,
+/// `panic` or `crash`.
+pub fn trap_name(t: &Trap) -> &'static str {
+    match t {
+        Trap::Deadline(_) => "deadline",
+        Trap::OutOfMemory(_) => "out-of-memory",
+        Trap::Panic(_) => "panic",
+        Trap::Crashed(_) => "crash",
+    }
+}
+
+/// Hears what the running pool does, for metrics and health. Called on the
+/// pool's task or a driver call's task: it must be quick and must not block.
+pub trait Observer: Send + Sync {
+    /// A driver call ended after `took`.
+    fn call(
+        &self,
+        _provider: &str,
+        _call: CallKind,
+        _result: Result<(), &CallError>,
+        _took: Duration,
+    ) {
+    }
+    /// Something worth an operator's attention happened.
+    fn notice(&self, _config: &Config, _notice: &Notice) {}
+    /// A request was handed its nodes `latency` after it was made.
+    fn fulfilled(&self, _request: &Request, _latency: Duration) {}
+    /// The store took `took` to commit one batch of changes.
+    fn committed(&self, _took: Duration) {}
+    /// Instances a driver answered that failed berth's checks (see
+    /// [`berth_core::driver::check`]); the pool never saw them.
+    fn refused(&self, _provider: &str, _refused: &[BadAnswer]) {}
+}
+
+/// An observer that hears nothing.
+struct Deaf;
+impl Observer for Deaf {}
+
+/// What clients send the pool's task, through a bounded queue.
+enum Command {
+    /// A change and its caller, checked and made in one step; answered
+    /// once the change is stored.
+    Act(Caller, Change, Answer),
+    /// Answer once the request is no longer pending.
+    Wait(RequestId, oneshot::Sender<Option<Request>>),
+    Inspect(Box<dyn FnOnce(&Pool) + Send>),
+}
+
+/// How a change is answered: with the pool as it stands once the change
+/// is stored, or with why it was not made.
+type Answer = Box<dyn FnOnce(Result<(&Pool, Done), ServiceError>) + Send>;
+
+/// What a driver call brought back. As many as there are calls in flight,
+/// which the core bounds.
+enum Outcome {
+    Created(NodeId, Result<Instance, Failure>),
+    Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
+    Listed(ProviderIx, Time, Result<Vec<Instance>, Failure>),
+    Tagged(NodeId, Result<(), Failure>),
+}
+
+/// Commands queued for the pool's task at most; one more is refused with
+/// [`ServiceError::Busy`] instead of growing memory. The API's connection
+/// cap keeps it well below this in `berth serve`.
+pub const COMMAND_QUEUE: usize = 4096;
+
+/// A client's way in to a running pool. Cheap to clone.
+#[derive(Clone)]
+pub struct Handle {
+    tx: mpsc::Sender<Command>,
+    config: Arc<Config>,
+    providers: Arc<Providers>,
+    /// Why the pool's task ended, if it ended by itself; a command sent
+    /// after that is answered with it rather than a plain `Stopped`.
+    ended: Arc<OnceLock<ServiceError>>,
+}
+
+impl Handle {
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// The drivers loaded so far.
+    pub fn drivers(&self) -> Vec<LoadedDriver> {
+        self.providers.drivers()
+    }
+
+    /// The providers: how each one's start went, its driver's stats.
+    pub fn providers(&self) -> &Arc<Providers> {
+        &self.providers
+    }
+
+    /// Makes `change` for `caller`, if the caller may, in one step of the
+    /// pool; once the change is stored, `then` reads the pool for the
+    /// answer (on the pool's task: keep it short).
+    pub async fn act<R: Send + 'static>(
+        &self,
+        caller: Caller,
+        change: Change,
+        then: impl FnOnce(&Pool, Done) -> R + Send + 'static,
+    ) -> Result<R, ServiceError> {
+        let (tx, rx) = oneshot::channel();
+        let answer: Answer = Box::new(move |result| {
+            let _ = tx.send(result.map(|(pool, done)| then(pool, done)));
+        });
+        self.send(Command::Act(caller, change, answer))?;
+        rx.await.map_err(|_| self.gone())?
+    }
+
+    /// [`Handle::act`] as the embedding program, answered with what the
+    /// change did.
+    async fn embedder(&self, change: Change) -> Result<Done, ServiceError> {
+        self.act(Caller::embedder(), change, |_, done| done).await
+    }
+
+    fn send(&self, command: Command) -> Result<(), ServiceError> {
+        self.tx.try_send(command).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => ServiceError::Busy(COMMAND_QUEUE),
+            mpsc::error::TrySendError::Closed(_) => self.gone(),
+        })
+    }
+
+    /// Renews `requestor`'s lease for `ttl` (see [`Pool::renew`]); returns
+    /// when it now expires.
+    pub async fn renew(&self, requestor: String, ttl: Duration) -> Result<Time, ServiceError> {
+        match self.embedder(Change::Renew { requestor, ttl }).await? {
+            Done::Renewed(t) => Ok(t),
+            other => unreachable!("a renewal answered {other:?}"),
+        }
+    }
+
+    /// Why a command could not reach the pool.
+    fn gone(&self) -> ServiceError {
+        self.ended.get().cloned().unwrap_or(ServiceError::Stopped)
+    }
+
+    /// Why the pool's task ended by itself (its store could not be
+    /// written), if it did.
+    pub fn failure(&self) -> Option<ServiceError> {
+        self.ended.get().cloned()
+    }
+
+    /// Takes a request; see [`Handle::wait`] for its outcome.
+    pub async fn submit(&self, new: NewRequest) -> Result<RequestId, ServiceError> {
+        self.submit_with(new, None).await
+    }
+
+    /// Takes a request and renews its requestor's lease for `ttl` in the
+    /// same step (one commit); a refused request renews nothing.
+    pub async fn submit_renewing(
+        &self,
+        new: NewRequest,
+        ttl: Duration,
+    ) -> Result<RequestId, ServiceError> {
+        self.submit_with(new, Some(ttl)).await
+    }
+
+    async fn submit_with(
+        &self,
+        new: NewRequest,
+        lease: Option<Duration>,
+    ) -> Result<RequestId, ServiceError> {
+        match self.embedder(Change::Submit { new, lease }).await? {
+            Done::Submitted(id) => Ok(id),
+            other => unreachable!("a request answered {other:?}"),
+        }
+    }
+
+    pub async fn cancel(&self, id: RequestId) -> Result<(), ServiceError> {
+        self.embedder(Change::Cancel(id)).await.map(drop)
+    }
+
+    pub async fn release(&self, id: NodeId) -> Result<(), ServiceError> {
+        self.embedder(Change::Release(id)).await.map(drop)
+    }
+
+    pub async fn set_idle(&self, id: NodeId, idle: Idle) -> Result<(), ServiceError> {
+        self.embedder(Change::SetIdle(id, idle)).await.map(drop)
+    }
+
+    pub async fn delete(&self, id: NodeId) -> Result<(), ServiceError> {
+        self.embedder(Change::Delete(id)).await.map(drop)
+    }
+
+    /// Waits until a request is fulfilled, failed or cancelled; `None` if
+    /// there is no such request.
+    pub async fn wait(&self, id: RequestId) -> Result<Option<Request>, ServiceError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Wait(id, tx))?;
+        rx.await.map_err(|_| self.gone())
+    }
+
+    /// Reads the pool's state on its own task.
+    pub async fn inspect<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Pool) -> R + Send + 'static,
+    ) -> Result<R, ServiceError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Inspect(Box::new(move |pool| {
+            let _ = tx.send(f(pool));
+        })))?;
+        rx.await.map_err(|_| self.gone())
+    }
+}
+
+/// A running pool: its handle and its task.
+pub struct Service {
+    pub handle: Handle,
+    task: JoinHandle<Result<(), PoolError>>,
+    /// The task's outcome, once [`Service::ended`] has seen it.
+    outcome: Option<Result<(), PoolError>>,
+    shutdown: Option<oneshot::Sender<Duration>>,
+}
+
+/// The parts a pool's task runs with besides the pool itself.
+pub struct Parts {
+    /// Every configured provider, in the config's order.
+    pub providers: Arc<Providers>,
+    pub store: Box<dyn Store>,
+    pub clock: Clock,
+    pub observer: Arc<dyn Observer>,
+}
+
+impl Service {
+    /// Starts the pool's task on `pool` with its providers, store and clock.
+    pub fn spawn(pool: Pool, parts: Parts) -> Service {
+        let (tx, rx) = mpsc::channel(COMMAND_QUEUE);
+        let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let config = pool.config().clone();
+        let ended = Arc::new(OnceLock::new());
+        let run = Loop {
+            ended: ended.clone(),
+            pool,
+            providers: parts.providers.clone(),
+            store: parts.store,
+            clock: parts.clock,
+            observer: parts.observer,
+            outcomes: outcomes_tx,
+            waiters: HashMap::new(),
+            effects: Vec::new(),
+            replies: Vec::new(),
+            in_flight: 0,
+        };
+        let task = tokio::spawn(run.run(rx, outcomes, stop_rx));
+        Service {
+            handle: Handle {
+                tx,
+                config,
+                providers: parts.providers,
+                ended,
+            },
+            task,
+            outcome: None,
+            shutdown: Some(stop_tx),
+        }
+    }
+
+    /// Completes if the pool's task ends by itself, which it only does when
+    /// it fails (its store cannot be written, or it panicked). Cancel-safe:
+    /// [`Service::stop_within`] still reports the outcome afterwards.
+    pub async fn ended(&mut self) {
+        if self.outcome.is_none() {
+            let joined = (&mut self.task).await;
+            self.outcome = Some(joined.unwrap_or_else(|e| Err(panicked(e))));
+        }
+    }
+
+    /// Stops the pool: client commands are refused from now on, driver
+    /// calls in flight are waited for (up to `grace`) and their outcomes
+    /// stored, and no new call is started. Returns the task's outcome. A
+    /// call still running after `grace` is abandoned; its intent is stored,
+    /// so the next start resolves it.
+    pub async fn stop_within(mut self, grace: Duration) -> Result<(), PoolError> {
+        if let Some(outcome) = self.outcome.take() {
+            return outcome;
+        }
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(grace);
+        }
+        self.task.await.unwrap_or_else(|e| Err(panicked(e)))
+    }
+
+    /// [`Service::stop_within`] with [`DEFAULT_STOP_GRACE`].
+    pub async fn stop(self) -> Result<(), PoolError> {
+        self.stop_within(DEFAULT_STOP_GRACE).await
+    }
+}
+
+fn panicked(e: tokio::task::JoinError) -> PoolError {
+    match e.try_into_panic() {
+        Ok(payload) => PoolError::Panicked(berth_core::text::panic_message(&*payload)),
+        Err(e) => PoolError::Panicked(e.to_string()),
+    }
+}
+
+/// How long a stop waits for driver calls in flight by default.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// Options for [`start`] beyond the config file.
+#[derive(Clone, Default)]
+pub struct StartOptions {
+    /// Seed for node and request ids; random when `None`.
+    pub seed: Option<u64>,
+    /// Hears driver calls, notices and fulfilments (metrics); none if `None`.
+    pub observer: Option<Arc<dyn Observer>>,
+    /// Addresses no driver may reach whatever its allow-list says: the
+    /// API's own.
+    pub deny: Vec<SocketAddr>,
+}
+
+/// Loads the configured drivers, opens the store in the state directory,
+/// restores the pool from it, and starts it.
+pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<Service> {
+    let state_dir = &settings.state_dir;
+    std::fs::create_dir_all(state_dir)
+        .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
+    let config = Arc::new(settings.pool.clone());
+    // The store first: opening it checks that the state directory can be
+    // written (a read-only or full one is a clear error now, not a failed
+    // commit later), before any driver starts loading.
+    let path = state_dir.join("berth.db");
+    let mut store = SqliteStore::open(&path, config.clone(), settings.store.sync)
+        .with_context(|| format!("opening the store {}", path.display()))?;
+    let loaded = store.load(&config).context("loading the store")?;
+    let runtime = Runtime::new(RuntimeConfig {
+        cache_dir: Some(state_dir.join("cache")),
+        ..Default::default()
+    })?;
+    let state_path = state_dir.join("driver-state.sqlite");
+    let driver_state = DriverState::open(&state_path)
+        .with_context(|| format!("opening the driver records {}", state_path.display()))?;
+    // In the background: a driver that fails to start costs its own
+    // provider, not the service.
+    let providers = Providers::start(runtime, &settings, driver_state, options.deny);
+    for note in &loaded.dropped {
+        tracing::warn!("store: {note}");
+    }
+    let clock = Clock::system();
+    let seed = options.seed.unwrap_or_else(rand::random);
+    let pool = Pool::restore(config.clone(), seed, loaded.snapshot, clock.now());
+    tracing::info!(
+        providers = config.providers.len(),
+        labels = config.labels.len(),
+        nodes = pool.nodes().count(),
+        "pool started"
+    );
+    let parts = Parts {
+        providers,
+        store: Box::new(store),
+        clock,
+        observer: options.observer.unwrap_or_else(|| Arc::new(Deaf)),
+    };
+    Ok(Service::spawn(pool, parts))
+}
+
+struct Loop {
+    /// Shared with every [`Handle`]: why the task ended, if by itself.
+    ended: Arc<OnceLock<ServiceError>>,
+    pool: Pool,
+    providers: Arc<Providers>,
+    store: Box<dyn Store>,
+    clock: Clock,
+    observer: Arc<dyn Observer>,
+    /// Where driver calls report back.
+    outcomes: mpsc::UnboundedSender<Outcome>,
+    waiters: HashMap<RequestId, Vec<oneshot::Sender<Option<Request>>>>,
+    effects: Vec<Effect>,
+    /// Changes made this step and how each went, answered once the step's
+    /// changes are stored.
+    replies: Vec<(Answer, Result<Done, ServiceError>)>,
+    /// Driver calls started whose outcome has not come back.
+    in_flight: usize,
+}
+
+/// Commands and outcomes taken in one batch before the store is written:
+/// enough to amortise a commit under load, few enough to keep latency low.
+const BATCH: usize = 256;
+
+/// Where the pool's task takes its work from.
+struct Inbox {
+    commands: mpsc::Receiver<Command>,
+    outcomes: mpsc::UnboundedReceiver<Outcome>,
+}
+
+impl Inbox {
+    /// Refuses every command queued now or sent from now on with `why`.
+    fn close(&mut self, why: &ServiceError) {
+        self.commands.close();
+        while let Ok(command) = self.commands.try_recv() {
+            refuse(command, why);
+        }
+    }
+}
+
+impl Loop {
+    async fn run(
+        mut self,
+        commands: mpsc::Receiver<Command>,
+        outcomes: mpsc::UnboundedReceiver<Outcome>,
+        stop: oneshot::Receiver<Duration>,
+    ) -> Result<(), PoolError> {
+        let mut inbox = Inbox { commands, outcomes };
+        let outcome = match self.serve(&mut inbox, stop).await {
+            Ok(grace) => self.drain(&mut inbox, grace).await,
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(&mut inbox, e)),
+        }
+    }
+
+    /// The pool's life until it is told to stop; returns the stop's grace.
+    async fn serve(
+        &mut self,
+        inbox: &mut Inbox,
+        mut stop: oneshot::Receiver<Duration>,
+    ) -> Result<Duration, StoreError> {
+        // The first step is owed at once (the first lists, prewarming): a
+        // pool nobody talks to must not wait for an event to start.
+        self.step()?;
+        let grace = loop {
+            let wake = self.pool.next_wakeup().map(|t| self.clock.instant(t));
+            tokio::select! {
+                biased;
+                g = &mut stop => break g.unwrap_or(Duration::ZERO),
+                Some(o) = inbox.outcomes.recv() => self.outcome(o),
+                c = inbox.commands.recv() => match c {
+                    Some(c) => self.command(c),
+                    None => break Duration::ZERO,
+                },
+                _ = sleep_until(wake) => {}
+            }
+            for _ in 1..BATCH {
+                if let Ok(o) = inbox.outcomes.try_recv() {
+                    self.outcome(o);
+                } else if let Ok(c) = inbox.commands.try_recv() {
+                    self.command(c);
+                } else {
+                    break;
+                }
+            }
+            self.step()?;
+        };
+        Ok(grace)
+    }
+
+    /// The store could not be written: nothing more is decided, acted on or
+    /// answered as done. Commands waiting for their commit, queued, or sent
+    /// from now on are answered with the failure; calls in flight are left
+    /// (their intents are stored, so the next start resolves them).
+    fn fail(&mut self, inbox: &mut Inbox, e: StoreError) -> PoolError {
+        tracing::error!(
+            error = %e,
+            "the store could not be written; the pool stopped deciding, so that nothing is done or answered without a stored record"
+        );
+        let failed = ServiceError::StoreFailed(e.to_string().into());
+        let _ = self.ended.set(failed.clone());
+        for (answer, _) in self.replies.drain(..) {
+            answer(Err(failed.clone()));
+        }
+        inbox.close(&failed);
+        self.waiters.clear();
+        PoolError::Store(e)
+    }
+
+    /// Stopping: no new call starts and commands are refused, while the
+    /// outcomes of calls in flight come in (up to `grace`) and are stored.
+    async fn drain(&mut self, inbox: &mut Inbox, grace: Duration) -> Result<(), StoreError> {
+        let deadline = tokio::time::Instant::now() + grace;
+        // Calls waiting for a provider to start are not worth the grace.
+        self.providers.close();
+        loop {
+            self.commit_and_answer()?;
+            if self.in_flight == 0 {
+                break;
+            }
+            tokio::select! {
+                Some(o) = inbox.outcomes.recv() => self.outcome(o),
+                Some(c) = inbox.commands.recv() => refuse(c, &ServiceError::Stopped),
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(
+                        calls = self.in_flight,
+                        "driver calls still running at the end of the stop grace; the next start resolves them"
+                    );
+                    break;
+                }
+            }
+        }
+        // Whatever is still queued is refused, so no client waits for ever.
+        inbox.close(&ServiceError::Stopped);
+        self.waiters.clear();
+        self.commit_and_answer()
+    }
+
+    /// Stores what changed, then answers the commands that changed it.
+    fn commit_and_answer(&mut self) -> Result<(), StoreError> {
+        let changes = self.pool.take_changes();
+        self.commit(&changes)?;
+        self.answer();
+        Ok(())
+    }
+
+    /// Answers the changes made since the last answer. Clients hear of
+    /// what they asked only once it is stored: a request id a client holds
+    /// survives a crash.
+    fn answer(&mut self) {
+        let pool = &self.pool;
+        for (answer, result) in self.replies.drain(..) {
+            answer(result.map(|done| (pool, done)));
+        }
+    }
+
+    /// Writes `changes`, if any. A store that cannot be written stops the
+    /// pool (see [`Loop::fail`]): acting on the cloud without a stored
+    /// intent is how machines leak.
+    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        // The commit blocks this worker thread, briefly (see
+        // docs/BENCHMARKS.md: nearly all take under 0.5 ms). Handing the
+        // worker's queue to another thread with `block_in_place` first cost
+        // more than it saved: lone requests and one-client loops were slower
+        // and the commits themselves took longer.
+        self.store.commit(changes)?;
+        self.observer.committed(started.elapsed());
+        Ok(())
+    }
+
+    fn outcome(&mut self, outcome: Outcome) {
+        let now = self.clock.now();
+        let pool = &mut self.pool;
+        self.in_flight -= 1;
+        match outcome {
+            Outcome::Created(id, r) => pool.created(now, id, r),
+            Outcome::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
+            Outcome::Listed(p, started, r) => pool.listed(now, p, started, r),
+            Outcome::Tagged(id, r) => pool.tagged(now, id, r),
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        let now = self.clock.now();
+        let pool = &mut self.pool;
+        match command {
+            Command::Act(caller, change, answer) => {
+                let result = commands::apply(pool, now, &caller, change);
+                self.replies.push((answer, result));
+            }
+            Command::Wait(id, reply) => match pool.request(id) {
+                None => {
+                    let _ = reply.send(None);
+                }
+                Some(r) if r.state != RequestState::Pending => {
+                    let _ = reply.send(Some(r.clone()));
+                }
+                Some(_) => self.waiters.entry(id).or_default().push(reply),
+            },
+            Command::Inspect(f) => f(pool),
+        }
+    }
+
+    /// Decide, store, then act.
+    fn step(&mut self) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        self.pool.tick(now, &mut self.effects);
+        let changes = self.pool.take_changes();
+        for r in &changes.requests {
+            if let RequestState::Fulfilled { at } = r.state
+                && at == now
+            {
+                self.observer.fulfilled(r, at.since(r.created));
+            }
+        }
+        self.commit(&changes)?;
+        self.answer();
+        // Leak deletes and refused adoptions can come by the thousand (a
+        // driver that lists thousands of orphans): one line per provider and
+        // kind per step, with a count.
+        let mut summed: HashMap<(ProviderIx, &'static str), (usize, String)> = HashMap::new();
+        for notice in self.pool.take_notices() {
+            self.observer.notice(self.pool.config(), &notice);
+            match notice {
+                Notice::LeakDeleted { provider, instance } => {
+                    let e = summed.entry((provider, "leak")).or_insert((0, instance));
+                    e.0 += 1;
+                }
+                Notice::NotAdopted { provider, instance } => {
+                    let e = summed.entry((provider, "over")).or_insert((0, instance));
+                    e.0 += 1;
+                }
+                notice => self.log(notice),
+            }
+        }
+        for ((provider, kind), (count, first)) in summed {
+            let provider = self.pool.config()[provider].name.as_str();
+            match kind {
+                "leak" => tracing::warn!(
+                    provider,
+                    count,
+                    first = %first,
+                    "deleted leaked instances (owned by this pool, no node accounts for them)"
+                ),
+                _ => tracing::warn!(
+                    provider,
+                    count,
+                    first = %first,
+                    "instances with this pool's tags not adopted: the provider's limits are full; each is deleted as a leak after leak-grace if it is still there"
+                ),
+            }
+        }
+        if !self.waiters.is_empty() {
+            let pool = &self.pool;
+            self.waiters.retain(|id, waiters| match pool.request(*id) {
+                Some(r) if r.state == RequestState::Pending => true,
+                r => {
+                    for w in waiters.drain(..) {
+                        let _ = w.send(r.cloned());
+                    }
+                    false
+                }
+            });
+        }
+        for effect in self.effects.drain(..) {
+            self.in_flight += 1;
+            call(
+                effect,
+                &self.providers,
+                &self.pool.config().pool_id,
+                self.clock,
+                self.outcomes.clone(),
+                self.observer.clone(),
+            );
+        }
+        Ok(())
+    }
+
+    fn log(&self, notice: Notice) {
+        let config = self.pool.config();
+        let pname = |p: ProviderIx| config[p].name.as_str();
+        match notice {
+            Notice::Foreign { provider, count } => tracing::info!(
+                provider = pname(provider),
+                count,
+                "instances without this pool's id are listed; berth leaves them alone"
+            ),
+            Notice::LeakDeleted { .. } | Notice::NotAdopted { .. } => {}
+            Notice::Adopted { node, instance } => {
+                tracing::info!(%node, %instance, "adopted an instance from its tags")
+            }
+            Notice::Vanished { node } => {
+                tracing::warn!(%node, "the node's instance is gone (confirmed missing, or listed as terminated); the node is given up")
+            }
+            Notice::Missing { node, instance } => tracing::warn!(
+                %node,
+                %instance,
+                "a list did not show the node's instance: suspected missing, not gone; nothing changes unless later lists confirm it"
+            ),
+            Notice::Reappeared { node } => {
+                tracing::info!(%node, "the node's instance is listed again; no longer suspected")
+            }
+            Notice::LostInUse { node } => tracing::warn!(
+                %node,
+                "the node's instance is gone while the node is in use: it stays with its holder and is deleted once released"
+            ),
+            Notice::Revived { node, instance } => tracing::warn!(
+                %node,
+                %instance,
+                "an instance given up as vanished is listed again: its node is back"
+            ),
+            Notice::ListFailing {
+                provider,
+                failures,
+                error,
+            } => tracing::warn!(
+                provider = pname(provider),
+                failures,
+                %error,
+                "listing the provider fails; nothing is decided on its answers until one works (said again at most once a minute)"
+            ),
+            Notice::ListSuspect { provider, known } => tracing::warn!(
+                provider = pname(provider),
+                known,
+                "the provider's list shows none of the instances berth holds there; it is not believed (said again at most once a minute)"
+            ),
+            Notice::ListRecovered { provider, since } => tracing::info!(
+                provider = pname(provider),
+                since_ms = since.as_millis(),
+                "the provider's lists are believed again"
+            ),
+            Notice::RequestFailed { request, reason } => {
+                tracing::warn!(%request, %reason, "request failed")
+            }
+            Notice::QuotaPaused { provider, until } => tracing::warn!(
+                provider = pname(provider),
+                until_ms = until.as_millis(),
+                "quota exceeded; creates paused"
+            ),
+            Notice::RateLimited { provider, until } => tracing::warn!(
+                provider = pname(provider),
+                until_ms = until.as_millis(),
+                "rate limited; every call held"
+            ),
+            Notice::CapacityPaused {
+                provider,
+                instance_type,
+                until,
+            } => tracing::warn!(
+                provider = pname(provider),
+                instance_type = instance_type.as_deref().unwrap_or("all"),
+                until_ms = until.as_millis(),
+                "no capacity; instance type paused"
+            ),
+            Notice::LeaseExpired {
+                requestor,
+                failed,
+                reclaimed,
+            } => tracing::warn!(
+                %requestor,
+                failed,
+                reclaimed,
+                "a requestor stopped renewing its lease; its pending requests failed and its nodes were taken back"
+            ),
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn failure(e: CallError) -> Failure {
+    match e.kind {
+        CallErrorKind::Driver(d) => Failure::Driver(d),
+        _ => Failure::Host(e.to_string()),
+    }
+}
+
+/// Carries out one effect on its own task; the outcome comes back as an event.
+fn call(
+    effect: Effect,
+    providers: &Arc<Providers>,
+    pool_id: &str,
+    clock: Clock,
+    outcomes: mpsc::UnboundedSender<Outcome>,
+    observer: Arc<dyn Observer>,
+) {
+    let p = match &effect {
+        Effect::Create { provider, .. }
+        | Effect::Delete { provider, .. }
+        | Effect::List { provider }
+        | Effect::SetTags { provider, .. } => *provider,
+    };
+    let providers = providers.clone();
+    let name: Arc<str> = providers_name(&providers, p);
+    let pool_id = pool_id.to_owned();
+    tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let heard = |kind: CallKind, r: Result<(), &CallError>| {
+            observer.call(&name, kind, r, started.elapsed());
+        };
+        // A provider still starting is waited for; one whose start failed
+        // fails the call at once, and the core treats it as any failed call.
+        let provider = match providers.get(p).await {
+            Ok(provider) => provider,
+            Err(why) => {
+                let (kind, call) = match &effect {
+                    Effect::Create { .. } => (CallKind::Create, berth_core::driver::Call::Create),
+                    Effect::Delete { .. } => (CallKind::Delete, berth_core::driver::Call::Delete),
+                    Effect::List { .. } => (CallKind::List, berth_core::driver::Call::List),
+                    Effect::SetTags { .. } => {
+                        (CallKind::SetTags, berth_core::driver::Call::SetTags)
+                    }
+                };
+                let e = CallError {
+                    provider: name.clone(),
+                    call,
+                    kind: CallErrorKind::NotStarted(why),
+                };
+                heard(kind, Err(&e));
+                let failed = failure(e);
+                let outcome = match effect {
+                    Effect::Create { node, .. } => Outcome::Created(node, Err(failed)),
+                    Effect::Delete { node, instance, .. } => {
+                        Outcome::Deleted(p, node, instance, Err(failed))
+                    }
+                    Effect::List { .. } => Outcome::Listed(p, clock.now(), Err(failed)),
+                    Effect::SetTags { node, .. } => Outcome::Tagged(node, Err(failed)),
+                };
+                let _ = outcomes.send(outcome);
+                return;
+            }
+        };
+        // What the driver answers is checked before the pool sees it.
+        let refused = |r: &[BadAnswer]| {
+            if !r.is_empty() {
+                tracing::warn!(
+                    provider = %name,
+                    count = r.len(),
+                    first = %r[0],
+                    "refused what the driver answered: the pool acts as if it had not been said"
+                );
+                observer.refused(&name, r);
+            }
+        };
+        let outcome = match effect {
+            Effect::Create { node, spec, .. } => {
+                let r = provider.create(spec).await;
+                heard(CallKind::Create, r.as_ref().map(|_| ()));
+                let r = r
+                    .map_err(failure)
+                    .and_then(|inst| match check::instance(&inst) {
+                        Ok(()) => Ok(inst),
+                        Err(bad) => {
+                            refused(std::slice::from_ref(&bad));
+                            Err(Failure::Host(format!("the driver answered {bad}")))
+                        }
+                    });
+                Outcome::Created(node, r)
+            }
+            Effect::Delete { node, instance, .. } => {
+                let r = provider.delete(&instance).await;
+                heard(CallKind::Delete, r.as_ref().map(|_| ()));
+                Outcome::Deleted(p, node, instance, r.map(|_| ()).map_err(failure))
+            }
+            Effect::List { .. } => {
+                let listed_from = clock.now();
+                let filter: Tags = [(POOL_TAG.to_owned(), pool_id)].into();
+                let r = provider.list(filter).await;
+                heard(CallKind::List, r.as_ref().map(|_| ()));
+                let r = r.map_err(failure).map(|all| {
+                    let (kept, bad) = check::listing(all);
+                    refused(&bad);
+                    kept
+                });
+                Outcome::Listed(p, listed_from, r)
+            }
+            Effect::SetTags {
+                node,
+                instance,
+                tags,
+                ..
+            } => {
+                let r = provider.set_tags(&instance, tags).await;
+                heard(CallKind::SetTags, r.as_ref().map(|_| ()));
+                Outcome::Tagged(node, r.map_err(failure))
+            }
+        };
+        // The pool may have stopped; its stored intents cover the outcome.
+        let _ = outcomes.send(outcome);
+    });
+}
+
+fn providers_name(providers: &Providers, p: ProviderIx) -> Arc<str> {
+    providers.name(p).into()
+}
+
+/// Answers a command the pool no longer takes with `why`.
+fn refuse(command: Command, why: &ServiceError) {
+    match command {
+        Command::Act(_, _, answer) => answer(Err(why.clone())),
+        Command::Wait(_, reply) => drop(reply),
+        Command::Inspect(_) => {}
+    }
+}

@@ -1,0 +1,310 @@
+//! The configured providers as the pool's task runs them. Each provider's
+//! driver is loaded and its first instance started in the background, so a
+//! driver that traps in `describe` or `configure`, or will not load at all,
+//! fails only its own provider: that one is shown failed (with the reason)
+//! and started again with backoff, while the others serve.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use berth_config::{ProviderIx, Settings};
+use berth_plugin::{Driver, DriverState, Provider, ProviderConfig, Runtime};
+
+/// How a provider's start is going, as operators see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// Its driver is loading, or its first instance starting.
+    Starting,
+    /// Started: calls go to its driver.
+    Up,
+    /// Its last start failed; it is tried again after `retry_in`.
+    Failed {
+        error: Arc<str>,
+        tries: u32,
+        retry_in: Duration,
+    },
+}
+
+#[derive(Clone)]
+enum State {
+    Starting,
+    Up(Arc<Provider>),
+    Failed {
+        error: Arc<str>,
+        tries: u32,
+        retry_in: Duration,
+    },
+    /// The service is stopping: no call waits for a start any more.
+    Closed,
+}
+
+/// A driver the pool loaded, and the providers that use it.
+#[derive(Clone, Debug)]
+pub struct LoadedDriver {
+    pub driver: Driver,
+    pub providers: Vec<String>,
+}
+
+/// Every configured provider, in the config's order.
+pub struct Providers {
+    slots: Vec<Slot>,
+    loader: Arc<Loader>,
+    starters: Vec<tokio::task::AbortHandle>,
+}
+
+struct Slot {
+    name: String,
+    /// The driver file the provider runs on.
+    driver: PathBuf,
+    tx: watch::Sender<State>,
+}
+
+/// Loads each driver file once, for all the providers on it.
+struct Loader {
+    runtime: Runtime,
+    /// Held across a load, so that one file is compiled once.
+    loaded: tokio::sync::Mutex<HashMap<PathBuf, Driver>>,
+    /// The drivers of started providers, for [`Providers::drivers`]. Plain
+    /// mutex: never held across an await.
+    started: Mutex<Vec<LoadedDriver>>,
+}
+
+/// The first retry of a failed start comes after this; it doubles up to
+/// [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(300);
+
+impl Providers {
+    /// Starts every provider of `config` in the background. `deny`: what
+    /// no driver may reach (berth's own API).
+    pub fn start(
+        runtime: Runtime,
+        settings: &Settings,
+        state: DriverState,
+        deny: Vec<std::net::SocketAddr>,
+    ) -> Arc<Providers> {
+        let loader = Arc::new(Loader {
+            runtime,
+            loaded: tokio::sync::Mutex::new(HashMap::new()),
+            started: Mutex::new(Vec::new()),
+        });
+        let mut slots = Vec::new();
+        let mut starters = Vec::new();
+        for (p, d) in settings.pool.providers.iter().zip(&settings.drivers) {
+            let (tx, _) = watch::channel(State::Starting);
+            let provider = ProviderConfig {
+                name: p.name.clone(),
+                pool_id: settings.pool.pool_id.clone(),
+                driver_config: d.driver_config.clone(),
+                allowed_hosts: d.allowed_hosts.clone(),
+                limits: d.sandbox.clone(),
+                credentials: d.credentials.clone(),
+                state: Some(state.clone()),
+                deny: deny.clone(),
+            };
+            let task = tokio::spawn(keep_starting(
+                loader.clone(),
+                d.driver.clone(),
+                provider,
+                tx.clone(),
+            ));
+            starters.push(task.abort_handle());
+            slots.push(Slot {
+                name: p.name.clone(),
+                driver: d.driver.clone(),
+                tx,
+            });
+        }
+        Arc::new(Providers {
+            slots,
+            loader,
+            starters,
+        })
+    }
+
+    /// The provider once it has started: waits while it starts; the reason
+    /// if its start failed (or the service is stopping).
+    pub async fn get(&self, p: ProviderIx) -> Result<Arc<Provider>, Arc<str>> {
+        let slot = &self.slots[p.0 as usize];
+        let mut rx = slot.tx.subscribe();
+        let state = rx
+            .wait_for(|s| !matches!(s, State::Starting))
+            .await
+            .map(|s| s.clone())
+            .unwrap_or(State::Closed);
+        match state {
+            State::Up(provider) => Ok(provider),
+            State::Failed { error, .. } => Err(error),
+            State::Closed | State::Starting => Err("berth is stopping".into()),
+        }
+    }
+
+    /// The provider's name.
+    pub fn name(&self, p: ProviderIx) -> &str {
+        &self.slots[p.0 as usize].name
+    }
+
+    /// The file name of the driver provider `p` runs on.
+    pub fn driver_file(&self, p: ProviderIx) -> String {
+        let path = &self.slots[p.0 as usize].driver;
+        path.file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// How the provider's start is going.
+    pub fn health(&self, p: ProviderIx) -> Health {
+        match &*self.slots[p.0 as usize].tx.borrow() {
+            State::Starting => Health::Starting,
+            State::Up(_) => Health::Up,
+            State::Failed {
+                error,
+                tries,
+                retry_in,
+            } => Health::Failed {
+                error: error.clone(),
+                tries: *tries,
+                retry_in: *retry_in,
+            },
+            State::Closed => Health::Failed {
+                error: "berth is stopping".into(),
+                tries: 0,
+                retry_in: Duration::ZERO,
+            },
+        }
+    }
+
+    /// The started providers, by name (for stats).
+    pub fn started(&self) -> Vec<(String, Arc<Provider>)> {
+        self.slots
+            .iter()
+            .filter_map(|s| match &*s.tx.borrow() {
+                State::Up(p) => Some((s.name.clone(), p.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The drivers of the providers started so far, with those providers.
+    pub fn drivers(&self) -> Vec<LoadedDriver> {
+        self.loader
+            .started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Stopping: starts still under way are abandoned, and calls that wait
+    /// for one fail at once. Calls already running in a driver go on.
+    pub fn close(&self) {
+        for s in &self.starters {
+            s.abort();
+        }
+        for slot in &self.slots {
+            slot.tx.send_if_modified(|s| {
+                if matches!(s, State::Up(_)) {
+                    false
+                } else {
+                    *s = State::Closed;
+                    true
+                }
+            });
+        }
+    }
+}
+
+impl Drop for Providers {
+    fn drop(&mut self) {
+        for s in &self.starters {
+            s.abort();
+        }
+    }
+}
+
+/// Loads the driver and starts the provider's first instance, again and
+/// again with backoff until it works.
+async fn keep_starting(
+    loader: Arc<Loader>,
+    path: PathBuf,
+    config: ProviderConfig,
+    tx: watch::Sender<State>,
+) {
+    let name = config.name.clone();
+    let mut tries = 0u32;
+    loop {
+        match start_one(&loader, &path, config.clone()).await {
+            Ok(provider) => {
+                if tries > 0 {
+                    tracing::info!(provider = %name, tries, "provider started after failing");
+                }
+                tx.send_replace(State::Up(Arc::new(provider)));
+                return;
+            }
+            Err(error) => {
+                tries += 1;
+                let retry_in = FIRST_RETRY
+                    .saturating_mul(1 << (tries - 1).min(16))
+                    .min(MAX_RETRY);
+                tracing::error!(
+                    provider = %name,
+                    %error,
+                    tries,
+                    retry_in_s = retry_in.as_secs(),
+                    "the provider could not start; the other providers go on, and this one is tried again"
+                );
+                tx.send_replace(State::Failed {
+                    error: error.into(),
+                    tries,
+                    retry_in,
+                });
+                tokio::time::sleep(retry_in).await;
+                tx.send_replace(State::Starting);
+            }
+        }
+    }
+}
+
+async fn start_one(
+    loader: &Loader,
+    path: &PathBuf,
+    config: ProviderConfig,
+) -> Result<Provider, String> {
+    let name = config.name.clone();
+    let driver = {
+        let mut loaded = loader.loaded.lock().await;
+        match loaded.get(path) {
+            Some(d) => d.clone(),
+            None => {
+                tracing::info!(provider = %name, driver = %path.display(), "loading a driver");
+                let d = loader
+                    .runtime
+                    .load_file(path)
+                    .await
+                    .map_err(|e| format!("loading its driver: {e}"))?;
+                loaded.insert(path.clone(), d.clone());
+                d
+            }
+        }
+    };
+    let provider = Provider::start(&driver, config);
+    provider
+        .warm()
+        .await
+        .map_err(|e| format!("starting its driver: {e}"))?;
+    let mut started = loader.started.lock().unwrap_or_else(|p| p.into_inner());
+    match started
+        .iter_mut()
+        .find(|d| d.driver.path() == driver.path())
+    {
+        Some(d) => d.providers.push(name),
+        None => started.push(LoadedDriver {
+            driver,
+            providers: vec![name],
+        }),
+    }
+    Ok(provider)
+}

@@ -1,0 +1,321 @@
+//! The embedded store: SQLite in WAL mode, holding nodes, requests and slot
+//! assignments. The runtime commits the core's [`Changes`] in one
+//! transaction before it makes any cloud call (intent before act) and loads a
+//! [`Snapshot`] at start. Rows live only in this module: the rest of berth
+//! sees core types.
+//!
+//! Rows name labels and providers, not config indexes, so a config change
+//! between runs never silently remaps a record. A record that no longer fits
+//! the config is dropped with a note (a node) or failed (a pending request);
+//! see [`Loaded::dropped`].
+//!
+//! Several berth processes on one pool would share a PostgreSQL store behind
+//! the same [`Store`] trait (designed for, not built; ARCHITECTURE.md has the
+//! whole story):
+//! - every node and request row carries a `version` (already in this schema,
+//!   bumped on each write), and a commit updates a row only
+//!   `WHERE version = <the version read>`;
+//! - each provider is owned under a lease row (provider, holder, expires) and
+//!   a commit also requires the committer's lease to be live, so only the
+//!   holder launches, deletes and reconciles on that provider;
+//! - a commit that loses either check rolls back, and the process reloads
+//!   those rows before deciding again; effects run only after their commit,
+//!   so a lost race never reaches the cloud;
+//! - pending requests are claimed with `SELECT … FOR UPDATE SKIP LOCKED`, so
+//!   no two processes serve the same request.
+
+mod load;
+mod rows;
+mod schema;
+#[cfg(test)]
+mod tests;
+mod write;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use berth_config::StoreSync;
+use berth_core::config::Config;
+use berth_core::pool::{Changes, Snapshot};
+
+/// Where the pool's records are kept. Object safe, so the runtime can hold a
+/// `Box<dyn Store>`.
+pub trait Store: Send {
+    /// Everything stored, converted to core types against `config`.
+    fn load(&mut self, config: &Config) -> Result<Loaded, StoreError>;
+    /// Writes `changes` atomically (one transaction): upserts nodes and
+    /// requests, removes purged ones, rewrites the slot assignments of
+    /// changed backing nodes. On error nothing of `changes` is written.
+    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError>;
+}
+
+/// What [`Store::load`] found.
+#[derive(Clone, Debug, Default)]
+pub struct Loaded {
+    /// The records, sorted by id.
+    pub snapshot: Snapshot,
+    /// What did not fit the config or the other records, said in words for
+    /// the log: nodes left out, requests failed, slot rows ignored.
+    pub dropped: Vec<String>,
+}
+
+/// Why the store could not be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database file could not be opened or set up.
+    #[error("opening the store {path}: {source}")]
+    Open {
+        path: String,
+        source: rusqlite::Error,
+    },
+    /// The database was written by a newer berth.
+    #[error(
+        "the store has schema version {found}, newer than the {known} this berth knows; \
+         run a newer berth or move the store away"
+    )]
+    TooNew { found: u32, known: u32 },
+    /// A migration step failed; the database stays at version `from`.
+    #[error("migrating the store from schema version {from} to {to}: {source}")]
+    Migrate {
+        from: u32,
+        to: u32,
+        source: rusqlite::Error,
+    },
+    /// A statement failed; `doing` says what for.
+    #[error("{doing}: {source}")]
+    Sql {
+        doing: &'static str,
+        source: rusqlite::Error,
+    },
+    /// A row holds something this berth cannot read back.
+    #[error("corrupt row in {table} `{id}`, column {column}: {what}")]
+    Corrupt {
+        table: &'static str,
+        id: String,
+        column: &'static str,
+        what: String,
+    },
+    /// A record cannot be put into a row.
+    #[error("cannot store node {node}: {what}")]
+    Unstorable { node: String, what: String },
+    /// The store's directory cannot be written (read-only, full, no
+    /// permission): berth would not be able to record anything it does.
+    #[error("the state directory {path} cannot be written: {source}")]
+    Unwritable {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The WAL checkpoint thread could not be started.
+    #[error("starting the store's checkpoint thread: {0}")]
+    Checkpointer(String),
+    /// The core named a label or provider index the store's config does not
+    /// have: the two were built from different configs.
+    #[error("no {what} with index {index} in the store's config")]
+    NoSuchIndex { what: &'static str, index: u16 },
+}
+
+fn sql(doing: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |source| StoreError::Sql { doing, source }
+}
+
+/// The SQLite store. It keeps the config it was opened with to name labels
+/// and providers in the rows it writes.
+pub struct SqliteStore {
+    conn: Connection,
+    config: Arc<Config>,
+    /// Checkpoints the WAL from a thread of its own (file stores only).
+    checkpointer: Option<Checkpointer>,
+}
+
+/// Copies the WAL back into the database file every [`CHECKPOINT_EVERY`] on
+/// its own connection and thread. A checkpoint syncs the file system, which
+/// can take milliseconds; SQLite's automatic checkpoint would do that inside
+/// whichever commit crosses the threshold, so inside the pool's loop, in
+/// front of a waiting client. The automatic one stays on as a backstop at a
+/// far higher threshold, should this thread fall behind.
+struct Checkpointer {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often the checkpointer runs.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// WAL pages past which a commit checkpoints by itself (SQLite's default is
+/// 1,000).
+const BACKSTOP_PAGES: u32 = 20_000;
+
+impl Checkpointer {
+    fn start(path: &Path) -> Result<Checkpointer, StoreError> {
+        let conn = Connection::open(path).map_err(sql("opening the checkpoint connection"))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(sql("setting the busy timeout"))?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("berth-checkpoint".into())
+            .spawn(move || {
+                // A failing checkpoint (a full disk) is said at once at ERROR,
+                // then once a minute while it goes on, and when it recovers.
+                let mut failing: Option<std::time::Instant> = None;
+                let mut checkpoint = |mode: &str| {
+                    match conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(())) {
+                        Ok(()) => {
+                            if failing.take().is_some() {
+                                tracing::info!("checkpointing the store's WAL works again");
+                            }
+                        }
+                        Err(e) => {
+                            let due = failing.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+                            if due {
+                                failing = Some(std::time::Instant::now());
+                                tracing::error!(
+                                    error = %e,
+                                    "the store's WAL cannot be checkpointed into the database file (is the disk full?); commits go on in the WAL until it cannot grow"
+                                );
+                            }
+                        }
+                    }
+                };
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(CHECKPOINT_EVERY)
+                {
+                    checkpoint("PASSIVE");
+                }
+                // Closing: leave an empty WAL behind.
+                checkpoint("TRUNCATE");
+            })
+            .map_err(|e| StoreError::Checkpointer(e.to_string()))?;
+        Ok(Checkpointer {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Writes, syncs and removes a file in `dir`, so that a read-only or full
+/// file system is found at start with a clear message, not at the first
+/// commit.
+fn check_writable(dir: &Path) -> Result<(), StoreError> {
+    use std::io::Write;
+    let probe = dir.join(".berth-write-check");
+    let result = std::fs::File::create(&probe)
+        .and_then(|mut f| f.write_all(b"berth").and_then(|()| f.sync_all()));
+    let _ = std::fs::remove_file(&probe);
+    result.map_err(|source| StoreError::Unwritable {
+        path: dir.display().to_string(),
+        source,
+    })
+}
+
+impl SqliteStore {
+    /// Opens the store at `path`, creating the file if it is missing (not its
+    /// directory), and brings its schema up to date.
+    pub fn open(
+        path: &Path,
+        config: Arc<Config>,
+        sync: StoreSync,
+    ) -> Result<SqliteStore, StoreError> {
+        if let Some(dir) = path.parent() {
+            check_writable(dir)?;
+        }
+        let open_err = |source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        let mut store = Self::setup(conn, config, Some(sync)).map_err(|e| match e {
+            StoreError::Sql { source, .. } => open_err(source),
+            e => e,
+        })?;
+        store
+            .conn
+            .pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)
+            .map_err(sql("setting the checkpoint backstop"))?;
+        store.checkpointer = Some(Checkpointer::start(path)?);
+        Ok(store)
+    }
+
+    /// A store that lives as long as the value, for tests and trial runs.
+    pub fn open_in_memory(config: Arc<Config>) -> Result<SqliteStore, StoreError> {
+        let conn = Connection::open_in_memory().map_err(|source| StoreError::Open {
+            path: ":memory:".into(),
+            source,
+        })?;
+        Self::setup(conn, config, None)
+    }
+
+    fn setup(
+        mut conn: Connection,
+        config: Arc<Config>,
+        file: Option<StoreSync>,
+    ) -> Result<SqliteStore, StoreError> {
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+            .map_err(sql("setting WAL mode"))?;
+        if file.is_some() && !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(
+                journal_mode = %mode,
+                "the store's file system does not support WAL; commits will be slower"
+            );
+        }
+        // FULL syncs the log at every commit, so what berth acts on or tells
+        // a client survives power loss too: a hand-out once answered is
+        // never handed out again after the machine comes back. NORMAL syncs
+        // it only at checkpoints: a commit survives the process dying, not
+        // the machine. docs/BENCHMARKS.md has the cost of each.
+        let level = match file.unwrap_or_default() {
+            StoreSync::Full => "FULL",
+            StoreSync::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", level)
+            .map_err(sql("setting synchronous"))?;
+        // No foreign keys: the load checks every reference itself and drops
+        // what does not join with a note, where a foreign key could only
+        // turn the same inconsistency into a refused commit that stops the
+        // pool.
+        conn.pragma_update(None, "foreign_keys", false)
+            .map_err(sql("turning foreign keys off"))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(sql("setting the busy timeout"))?;
+        conn.set_prepared_statement_cache_capacity(32);
+        schema::migrate(&mut conn, schema::MIGRATIONS)?;
+        Ok(SqliteStore {
+            conn,
+            config,
+            checkpointer: None,
+        })
+    }
+
+    /// The schema version of the open database (`PRAGMA user_version`).
+    pub fn schema_version(&self) -> Result<u32, StoreError> {
+        schema::version(&self.conn)
+    }
+}
+
+impl Store for SqliteStore {
+    fn load(&mut self, config: &Config) -> Result<Loaded, StoreError> {
+        // One read transaction, so the tables are seen at one moment.
+        let tx = self.conn.transaction().map_err(sql("starting a load"))?;
+        let loaded = load::load(&tx, config)?;
+        tx.commit().map_err(sql("ending a load"))?;
+        Ok(loaded)
+    }
+
+    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        // Dropping the transaction on an error rolls it back.
+        let tx = self.conn.transaction().map_err(sql("starting a commit"))?;
+        write::write(&tx, &self.config, changes)?;
+        tx.commit().map_err(sql("committing"))
+    }
+}

@@ -1,0 +1,538 @@
+//! Rows as stored and their conversion to and from core types. The text of
+//! every enum column is decided here, in both directions, so the two cannot
+//! drift apart.
+
+use rusqlite::ToSql;
+
+use super::StoreError;
+use berth_core::config::{Config, LabelIx, ProviderIx};
+use berth_core::driver::{Addresses, Connection as Login};
+use berth_core::pool::{
+    DeleteReason, Endpoint, GoneReason, Idle, Node, NodeId, NodeState, Request, RequestId,
+    RequestState, Resources, Role, Time,
+};
+
+/// A `nodes` row. A slot node's `slot_backing` and `slot_index` repeat what
+/// the `slots` table says while the node is live (the load trusts the table);
+/// they are what keeps a finished slot node's role, since its slot row goes
+/// when the slot is freed.
+#[derive(Debug)]
+pub(super) struct NodeRow {
+    pub id: String,
+    pub label: String,
+    pub provider: String,
+    pub instance_type: String,
+    pub vcpus: u32,
+    pub ram_mib: u64,
+    pub price: f64,
+    pub instance: Option<String>,
+    pub state: &'static str,
+    pub since: u64,
+    pub attempt: u32,
+    pub request: Option<String>,
+    pub reason: Option<String>,
+    pub idle: &'static str,
+    pub role: &'static str,
+    pub slot_label: Option<String>,
+    pub slot_count: Option<u16>,
+    pub free_since: Option<u64>,
+    pub slot_backing: Option<String>,
+    pub slot_index: Option<u16>,
+    pub assigned: Option<String>,
+    pub created: u64,
+    pub endpoint: Option<String>,
+}
+
+/// A `nodes` row as read: the enum columns are still free text.
+pub(super) struct RawNodeRow {
+    row: NodeRow,
+    state: String,
+    idle: String,
+    role: String,
+}
+
+impl NodeRow {
+    /// The columns of [`NodeRow::params`] and [`NodeRow::read`], in order.
+    pub const COLUMNS: &'static str = "id, label, provider, instance_type, vcpus, ram_mib, price, \
+        instance, state, since, attempt, request, reason, idle, role, slot_label, slot_count, \
+        free_since, slot_backing, slot_index, assigned, created, endpoint";
+    pub const COUNT: usize = 23;
+
+    pub fn params(&self) -> [&dyn ToSql; NodeRow::COUNT] {
+        [
+            &self.id,
+            &self.label,
+            &self.provider,
+            &self.instance_type,
+            &self.vcpus,
+            &self.ram_mib,
+            &self.price,
+            &self.instance,
+            &self.state,
+            &self.since,
+            &self.attempt,
+            &self.request,
+            &self.reason,
+            &self.idle,
+            &self.role,
+            &self.slot_label,
+            &self.slot_count,
+            &self.free_since,
+            &self.slot_backing,
+            &self.slot_index,
+            &self.assigned,
+            &self.created,
+            &self.endpoint,
+        ]
+    }
+
+    pub fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawNodeRow> {
+        Ok(RawNodeRow {
+            row: NodeRow {
+                id: r.get(0)?,
+                label: r.get(1)?,
+                provider: r.get(2)?,
+                instance_type: r.get(3)?,
+                vcpus: r.get(4)?,
+                ram_mib: r.get(5)?,
+                price: r.get(6)?,
+                instance: r.get(7)?,
+                state: "",
+                since: r.get(9)?,
+                attempt: r.get(10)?,
+                request: r.get(11)?,
+                reason: r.get(12)?,
+                idle: "",
+                role: "",
+                slot_label: r.get(15)?,
+                slot_count: r.get(16)?,
+                free_since: r.get(17)?,
+                slot_backing: r.get(18)?,
+                slot_index: r.get(19)?,
+                assigned: r.get(20)?,
+                created: r.get(21)?,
+                endpoint: r.get(22)?,
+            },
+            state: r.get(8)?,
+            idle: r.get(13)?,
+            role: r.get(14)?,
+        })
+    }
+
+    /// The row for `n`, naming its label and provider as `config` does.
+    pub fn encode(n: &Node, config: &Config) -> Result<NodeRow, StoreError> {
+        let (state, since, attempt, request, reason) = match &n.state {
+            NodeState::Creating { since, attempt } => ("creating", since, *attempt, None, None),
+            NodeState::Booting { since } => ("booting", since, 0, None, None),
+            NodeState::Ready { since } => ("ready", since, 0, None, None),
+            NodeState::InUse { request, since } => {
+                ("in-use", since, 0, Some(request.to_string()), None)
+            }
+            NodeState::Used { since } => ("used", since, 0, None, None),
+            NodeState::Deleting { since, reason } => {
+                ("deleting", since, 0, None, Some(reason.as_str().to_owned()))
+            }
+            NodeState::Gone { since, reason } => {
+                ("gone", since, 0, None, Some(reason.as_str().to_owned()))
+            }
+            NodeState::Failed { since, reason } => ("failed", since, 0, None, Some(reason.clone())),
+        };
+        let mut row = NodeRow {
+            id: n.id.to_string(),
+            label: label_name(config, n.label)?.to_owned(),
+            provider: provider_name(config, n.provider)?.to_owned(),
+            instance_type: n.instance_type.clone(),
+            vcpus: n.resources.vcpus,
+            ram_mib: n.resources.ram_mib,
+            price: n.price,
+            instance: n.instance.clone(),
+            state,
+            since: since.0,
+            attempt,
+            request,
+            reason,
+            idle: n.idle.as_str(),
+            role: "plain",
+            slot_label: None,
+            slot_count: None,
+            free_since: None,
+            slot_backing: None,
+            slot_index: None,
+            assigned: n.assigned.map(|r| r.to_string()),
+            created: n.created.0,
+            endpoint: None,
+        };
+        match &n.role {
+            Role::Plain => {}
+            Role::Backing {
+                slot_label,
+                slots,
+                free_since,
+            } => {
+                row.role = "backing";
+                row.slot_label = Some(label_name(config, *slot_label)?.to_owned());
+                row.slot_count =
+                    Some(
+                        u16::try_from(slots.len()).map_err(|_| StoreError::Unstorable {
+                            node: n.id.to_string(),
+                            what: format!("{} slots, more than a slot index can name", slots.len()),
+                        })?,
+                    );
+                row.free_since = free_since.map(|t| t.0);
+            }
+            Role::Slot { backing, index } => {
+                row.role = "slot";
+                row.slot_backing = Some(backing.to_string());
+                row.slot_index = Some(*index);
+            }
+        }
+        if let Some(e) = &n.endpoint {
+            let text = serde_json::to_string(&EndpointRow::from(e.as_ref())).map_err(|e| {
+                StoreError::Unstorable {
+                    node: n.id.to_string(),
+                    what: format!("endpoint: {e}"),
+                }
+            })?;
+            row.endpoint = Some(text);
+        }
+        Ok(row)
+    }
+}
+
+/// The note for a node whose row names a label or provider the config no
+/// longer has. The node is left out of the snapshot, but its instance (if
+/// any) still carries the pool id and its node id: the reconciler finds no
+/// node for it in the provider's list, treats it as a leak and deletes it
+/// once `leak-grace` has passed (if the provider itself is gone, nothing
+/// lists it and the operator has to).
+fn unconfigured(id: NodeId, what: &str, name: &str) -> String {
+    format!(
+        "node {id}: {what} `{name}` is no longer configured; the node is dropped and its \
+         instance, if any, will be deleted as a leak"
+    )
+}
+
+impl RawNodeRow {
+    /// The node this row describes; `None` (with a note) if it no longer
+    /// fits `config`. The role of a live slot node is placed later, from the
+    /// `slots` table.
+    pub fn decode(
+        self,
+        config: &Config,
+        notes: &mut Vec<String>,
+    ) -> Result<Option<Node>, StoreError> {
+        let RawNodeRow {
+            row,
+            state,
+            idle,
+            role,
+        } = self;
+        let corrupt = |column: &'static str, what: String| StoreError::Corrupt {
+            table: "nodes",
+            id: row.id.clone(),
+            column,
+            what,
+        };
+        let id: NodeId = row
+            .id
+            .parse()
+            .map_err(|()| corrupt("id", "not a node id".into()))?;
+        let Some(label) = config.label(&row.label) else {
+            notes.push(unconfigured(id, "label", &row.label));
+            return Ok(None);
+        };
+        let Some(provider) = config.provider(&row.provider) else {
+            notes.push(unconfigured(id, "provider", &row.provider));
+            return Ok(None);
+        };
+        let since = Time(row.since);
+        let reason = || {
+            row.reason
+                .as_deref()
+                .ok_or_else(|| corrupt("reason", format!("missing for state `{state}`")))
+        };
+        let unknown = |text: &str| corrupt("reason", format!("unknown `{text}`"));
+        let decoded = match state.as_str() {
+            "creating" => NodeState::Creating {
+                since,
+                attempt: row.attempt,
+            },
+            "booting" => NodeState::Booting { since },
+            "ready" => NodeState::Ready { since },
+            "in-use" => NodeState::InUse {
+                request: parse_request(row.request.as_deref(), "request", &corrupt)?,
+                since,
+            },
+            "used" => NodeState::Used { since },
+            "deleting" => {
+                let text = reason()?;
+                NodeState::Deleting {
+                    since,
+                    reason: DeleteReason::parse(text).ok_or_else(|| unknown(text))?,
+                }
+            }
+            "gone" => {
+                let text = reason()?;
+                NodeState::Gone {
+                    since,
+                    reason: GoneReason::parse(text).ok_or_else(|| unknown(text))?,
+                }
+            }
+            "failed" => NodeState::Failed {
+                since,
+                reason: reason()?.to_owned(),
+            },
+            other => return Err(corrupt("state", format!("unknown `{other}`"))),
+        };
+        let idle =
+            Idle::parse(&idle).ok_or_else(|| corrupt("idle", format!("unknown `{idle}`")))?;
+        let role = match role.as_str() {
+            "plain" => Role::Plain,
+            "backing" => {
+                let name = row
+                    .slot_label
+                    .as_deref()
+                    .ok_or_else(|| corrupt("slot_label", "missing for a backing node".into()))?;
+                let Some(slot_label) = config.label(name) else {
+                    notes.push(unconfigured(id, "slot label", name));
+                    return Ok(None);
+                };
+                let count = row
+                    .slot_count
+                    .ok_or_else(|| corrupt("slot_count", "missing for a backing node".into()))?;
+                Role::Backing {
+                    slot_label,
+                    slots: vec![None; usize::from(count)],
+                    free_since: row.free_since.map(Time),
+                }
+            }
+            "slot" => {
+                let backing = row
+                    .slot_backing
+                    .as_deref()
+                    .ok_or_else(|| corrupt("slot_backing", "missing for a slot node".into()))?;
+                Role::Slot {
+                    backing: backing.parse().map_err(|()| {
+                        corrupt("slot_backing", format!("not a node id: `{backing}`"))
+                    })?,
+                    index: row
+                        .slot_index
+                        .ok_or_else(|| corrupt("slot_index", "missing for a slot node".into()))?,
+                }
+            }
+            other => return Err(corrupt("role", format!("unknown `{other}`"))),
+        };
+        let assigned = match row.assigned.as_deref() {
+            None => None,
+            some => Some(parse_request(some, "assigned", &corrupt)?),
+        };
+        let endpoint = match row.endpoint.as_deref() {
+            None => None,
+            Some(text) => {
+                let e: EndpointRow =
+                    serde_json::from_str(text).map_err(|e| corrupt("endpoint", e.to_string()))?;
+                Some(Box::new(Endpoint::from(e)))
+            }
+        };
+        Ok(Some(Node {
+            id,
+            label,
+            provider,
+            instance_type: row.instance_type,
+            resources: Resources {
+                vcpus: row.vcpus,
+                ram_mib: row.ram_mib,
+            },
+            price: row.price,
+            instance: row.instance,
+            state: decoded,
+            idle,
+            role,
+            assigned,
+            created: Time(row.created),
+            endpoint,
+        }))
+    }
+}
+
+fn parse_request(
+    text: Option<&str>,
+    column: &'static str,
+    corrupt: &impl Fn(&'static str, String) -> StoreError,
+) -> Result<RequestId, StoreError> {
+    let text = text.ok_or_else(|| corrupt(column, "missing".into()))?;
+    text.parse()
+        .map_err(|()| corrupt(column, format!("not a request id: `{text}`")))
+}
+
+/// A `requests` row; its wants and nodes live in `request_wants` and
+/// `request_nodes`.
+#[derive(Debug)]
+pub(super) struct RequestRow {
+    pub id: String,
+    pub requestor: String,
+    pub priority: i32,
+    pub created: u64,
+    pub state: String,
+    pub at: Option<u64>,
+    pub reason: Option<String>,
+    pub failures: u32,
+}
+
+impl RequestRow {
+    /// The columns of [`RequestRow::params`] and [`RequestRow::read`], in order.
+    pub const COLUMNS: &'static str =
+        "id, requestor, priority, created, state, at, reason, failures";
+    pub const COUNT: usize = 8;
+
+    pub fn params(&self) -> [&dyn ToSql; RequestRow::COUNT] {
+        [
+            &self.id,
+            &self.requestor,
+            &self.priority,
+            &self.created,
+            &self.state,
+            &self.at,
+            &self.reason,
+            &self.failures,
+        ]
+    }
+
+    pub fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RequestRow> {
+        Ok(RequestRow {
+            id: r.get(0)?,
+            requestor: r.get(1)?,
+            priority: r.get(2)?,
+            created: r.get(3)?,
+            state: r.get(4)?,
+            at: r.get(5)?,
+            reason: r.get(6)?,
+            failures: r.get(7)?,
+        })
+    }
+
+    pub fn encode(r: &Request) -> RequestRow {
+        let (state, at, reason) = match &r.state {
+            RequestState::Pending => ("pending", None, None),
+            RequestState::Fulfilled { at } => ("fulfilled", Some(at.0), None),
+            RequestState::Failed { at, reason } => ("failed", Some(at.0), Some(reason.clone())),
+            RequestState::Cancelled { at } => ("cancelled", Some(at.0), None),
+        };
+        RequestRow {
+            id: r.id.to_string(),
+            requestor: r.requestor.clone(),
+            priority: r.priority,
+            created: r.created.0,
+            state: state.to_owned(),
+            at,
+            reason,
+            failures: r.failures,
+        }
+    }
+
+    pub fn corrupt(&self, column: &'static str, what: String) -> StoreError {
+        StoreError::Corrupt {
+            table: "requests",
+            id: self.id.clone(),
+            column,
+            what,
+        }
+    }
+
+    pub fn parse_id(&self) -> Result<RequestId, StoreError> {
+        self.id
+            .parse()
+            .map_err(|()| self.corrupt("id", "not a request id".into()))
+    }
+
+    pub fn decode_state(&self) -> Result<RequestState, StoreError> {
+        let at = || {
+            self.at
+                .map(Time)
+                .ok_or_else(|| self.corrupt("at", format!("missing for state `{}`", self.state)))
+        };
+        Ok(match self.state.as_str() {
+            "pending" => RequestState::Pending,
+            "fulfilled" => RequestState::Fulfilled { at: at()? },
+            "failed" => RequestState::Failed {
+                at: at()?,
+                reason: self
+                    .reason
+                    .clone()
+                    .ok_or_else(|| self.corrupt("reason", "missing for state `failed`".into()))?,
+            },
+            "cancelled" => RequestState::Cancelled { at: at()? },
+            other => return Err(self.corrupt("state", format!("unknown `{other}`"))),
+        })
+    }
+}
+
+/// The name of label `ix` in `config`. The core's indexes come from the same
+/// config the store was opened with, so a miss is a bug, reported rather than
+/// a panic.
+pub(super) fn label_name(config: &Config, ix: LabelIx) -> Result<&str, StoreError> {
+    config
+        .labels
+        .get(usize::from(ix.0))
+        .map(|l| l.name.as_str())
+        .ok_or(StoreError::NoSuchIndex {
+            what: "label",
+            index: ix.0,
+        })
+}
+
+fn provider_name(config: &Config, ix: ProviderIx) -> Result<&str, StoreError> {
+    config
+        .providers
+        .get(usize::from(ix.0))
+        .map(|p| p.name.as_str())
+        .ok_or(StoreError::NoSuchIndex {
+            what: "provider",
+            index: ix.0,
+        })
+}
+
+/// An endpoint as stored (JSON text): core types do not derive serde.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct EndpointRow {
+    public_ipv4: Option<String>,
+    private_ipv4: Option<String>,
+    ipv6: Option<String>,
+    hostname: Option<String>,
+    username: Option<String>,
+    port: Option<u16>,
+    #[serde(default)]
+    host_keys: Vec<String>,
+}
+
+impl From<&Endpoint> for EndpointRow {
+    fn from(e: &Endpoint) -> Self {
+        EndpointRow {
+            public_ipv4: e.addresses.public_ipv4.clone(),
+            private_ipv4: e.addresses.private_ipv4.clone(),
+            ipv6: e.addresses.ipv6.clone(),
+            hostname: e.addresses.hostname.clone(),
+            username: e.connection.username.clone(),
+            port: e.connection.port,
+            host_keys: e.connection.host_keys.clone(),
+        }
+    }
+}
+
+impl From<EndpointRow> for Endpoint {
+    fn from(r: EndpointRow) -> Self {
+        Endpoint {
+            addresses: Addresses {
+                public_ipv4: r.public_ipv4,
+                private_ipv4: r.private_ipv4,
+                ipv6: r.ipv6,
+                hostname: r.hostname,
+            },
+            connection: Login {
+                username: r.username,
+                port: r.port,
+                host_keys: r.host_keys,
+            },
+        }
+    }
+}

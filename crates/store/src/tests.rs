@@ -1,0 +1,866 @@
+//! Store round trips: every state, role and request shape survives a commit
+//! and a reopen; records that no longer fit are dropped or failed with a
+//! note; the schema is versioned; a slot cannot be held twice.
+
+use std::time::Duration;
+
+use super::*;
+use berth_core::config::{Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, Timings};
+use berth_core::driver::{Addresses, Connection as Login};
+use berth_core::pool::{
+    DeleteReason, Endpoint, GoneReason, Idle, Lease, Node, NodeId, NodeState, Request, RequestId,
+    RequestState, Resources, Role, Time,
+};
+
+const BIG: LabelIx = LabelIx(0);
+const SLOT: LabelIx = LabelIx(1);
+const SMALL: LabelIx = LabelIx(2);
+const A: ProviderIx = ProviderIx(0);
+const B: ProviderIx = ProviderIx(1);
+const T: Time = Time(1_700_000_000_000);
+
+fn provider(name: &str) -> Provider {
+    Provider::new(name)
+}
+
+fn label(name: &str, kind: LabelKind) -> Label {
+    Label::new(name, kind)
+}
+
+fn machine(provider: ProviderIx) -> LabelKind {
+    LabelKind::Machine {
+        offers: vec![Offer {
+            provider,
+            instance_type: "big".into(),
+            image: "img".into(),
+            options: "{}".into(),
+            vcpus: 8,
+            ram_mib: 32768,
+            price: 0.25,
+        }],
+    }
+}
+
+/// Providers `a`, `b`; labels `big` (machine), `slot` (3 slots on `big`),
+/// `small` (machine on `b`).
+fn config() -> Config {
+    Config {
+        pool_id: "p".into(),
+        timings: Timings::default(),
+        providers: vec![provider("a"), provider("b")],
+        labels: vec![
+            label("big", machine(A)),
+            label(
+                "slot",
+                LabelKind::Slots {
+                    slots: 3,
+                    backing: BIG,
+                    grace_time: Duration::from_secs(60),
+                },
+            ),
+            label("small", machine(B)),
+        ],
+        lease_ttl: Config::DEFAULT_LEASE_TTL,
+    }
+}
+
+/// `config()` with label `old` renamed to `new` (or provider, by `providers`).
+fn renamed(old: &str, new: &str) -> Config {
+    let mut c = config();
+    for l in &mut c.labels {
+        if l.name == old {
+            l.name = new.into();
+        }
+    }
+    for p in &mut c.providers {
+        if p.name == old {
+            p.name = new.into();
+        }
+    }
+    c
+}
+
+fn store() -> SqliteStore {
+    SqliteStore::open_in_memory(Arc::new(config())).expect("open")
+}
+
+fn node(id: u64, state: NodeState) -> Node {
+    Node {
+        id: NodeId(id),
+        label: BIG,
+        provider: A,
+        instance_type: "big".into(),
+        resources: Resources {
+            vcpus: 8,
+            ram_mib: 32768,
+        },
+        price: 0.25,
+        instance: Some(format!("i-{id}")),
+        state,
+        idle: Idle::Run,
+        role: Role::Plain,
+        assigned: None,
+        created: Time(5),
+        endpoint: None,
+    }
+}
+
+fn ready(id: u64) -> Node {
+    node(id, NodeState::Ready { since: T })
+}
+
+fn backing(id: u64, slots: Vec<Option<u64>>) -> Node {
+    let mut n = ready(id);
+    n.role = Role::Backing {
+        slot_label: SLOT,
+        slots: slots.into_iter().map(|s| s.map(NodeId)).collect(),
+        free_since: None,
+    };
+    n
+}
+
+fn slot_node(id: u64, backing: u64, index: u16, state: NodeState) -> Node {
+    let mut n = node(id, state);
+    n.label = SLOT;
+    n.instance = None;
+    n.resources = Resources::default();
+    n.price = 0.0;
+    n.role = Role::Slot {
+        backing: NodeId(backing),
+        index,
+    };
+    n
+}
+
+fn request(id: u64, state: RequestState) -> Request {
+    Request {
+        id: RequestId(id),
+        requestor: "ci".into(),
+        priority: 0,
+        created: T,
+        wants: vec![(BIG, 1)],
+        state,
+        nodes: vec![],
+        failures: 0,
+    }
+}
+
+fn nodes(n: Vec<Node>) -> Changes {
+    Changes {
+        nodes: n,
+        ..Default::default()
+    }
+}
+
+fn requests(r: Vec<Request>) -> Changes {
+    Changes {
+        requests: r,
+        ..Default::default()
+    }
+}
+
+fn load(store: &mut SqliteStore) -> Loaded {
+    store.load(&config()).expect("load")
+}
+
+fn count(store: &SqliteStore, table: &str) -> i64 {
+    store
+        .conn
+        .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+        .expect("count")
+}
+
+fn exec(store: &SqliteStore, sql: &str) {
+    store.conn.execute_batch(sql).expect("raw sql");
+}
+
+fn sorted(mut nodes: Vec<Node>) -> Vec<Node> {
+    nodes.sort_by_key(|n| n.id);
+    nodes
+}
+
+fn every_state() -> Vec<Node> {
+    let states = [
+        NodeState::Creating {
+            since: T,
+            attempt: 2,
+        },
+        NodeState::Booting { since: T },
+        NodeState::Ready { since: T },
+        NodeState::InUse {
+            request: RequestId(77),
+            since: T,
+        },
+        NodeState::Used { since: T },
+        NodeState::Deleting {
+            since: T,
+            reason: DeleteReason::BootTimeout,
+        },
+        NodeState::Gone {
+            since: T,
+            reason: GoneReason::Vanished,
+        },
+        NodeState::Failed {
+            since: T,
+            reason: "no image `x`".into(),
+        },
+    ];
+    let mut out: Vec<Node> = (1..).zip(states).map(|(i, s)| node(i, s)).collect();
+    out[0].instance = None;
+    out[0].assigned = Some(RequestId(78));
+    out[1].idle = Idle::Hold;
+    out[2].idle = Idle::Drain;
+    out[2].provider = B;
+    out[2].label = SMALL;
+    out[2].endpoint = Some(Box::new(Endpoint {
+        addresses: Addresses {
+            public_ipv4: Some("203.0.113.9".into()),
+            private_ipv4: Some("10.0.0.1".into()),
+            ipv6: Some("2001:db8::1".into()),
+            hostname: Some("n3.example".into()),
+        },
+        connection: Login {
+            username: Some("berth".into()),
+            port: Some(2222),
+            host_keys: vec!["ssh-ed25519 AAA".into(), "ssh-rsa BBB".into()],
+        },
+    }));
+    out[3].endpoint = Some(Box::default());
+    out
+}
+
+#[test]
+fn every_node_state_idle_and_endpoint_round_trips_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("berth.db");
+    let all = every_state();
+    {
+        let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+        store.commit(&nodes(all.clone())).unwrap();
+        assert_eq!(sorted(load(&mut store).snapshot.nodes), all);
+    }
+    let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+    let loaded = load(&mut store);
+    assert!(loaded.dropped.is_empty(), "{:?}", loaded.dropped);
+    assert_eq!(loaded.snapshot.nodes, all, "sorted by id");
+}
+
+#[test]
+fn backing_and_slot_roles_round_trip_through_the_slots_table() {
+    let mut store = store();
+    let mut b = backing(10, vec![Some(11), None, Some(12)]);
+    if let Role::Backing { free_since, .. } = &mut b.role {
+        *free_since = Some(Time(3));
+    }
+    let all = vec![
+        b,
+        slot_node(
+            11,
+            10,
+            0,
+            NodeState::InUse {
+                request: RequestId(1),
+                since: T,
+            },
+        ),
+        slot_node(
+            12,
+            10,
+            2,
+            NodeState::Creating {
+                since: T,
+                attempt: 0,
+            },
+        ),
+        // A finished slot node keeps its role (for history) without a slot.
+        slot_node(
+            13,
+            10,
+            1,
+            NodeState::Gone {
+                since: T,
+                reason: GoneReason::SlotFreed,
+            },
+        ),
+        backing(20, vec![None, None, None]),
+    ];
+    store.commit(&nodes(all.clone())).unwrap();
+    assert_eq!(count(&store, "slots"), 2);
+    let loaded = load(&mut store);
+    assert!(loaded.dropped.is_empty(), "{:?}", loaded.dropped);
+    assert_eq!(loaded.snapshot.nodes, all);
+}
+
+#[test]
+fn every_request_state_round_trips_with_wants_and_nodes_in_order() {
+    let mut store = store();
+    let mut fulfilled = request(1, RequestState::Fulfilled { at: Time(9) });
+    fulfilled.wants = vec![(SMALL, 2), (BIG, 1), (SLOT, 3)];
+    fulfilled.nodes = vec![NodeId(5), NodeId(3), NodeId(4)];
+    fulfilled.priority = -3;
+    fulfilled.failures = 2;
+    let mut pending = request(2, RequestState::Pending);
+    pending.nodes = vec![NodeId(9)];
+    let all = vec![
+        fulfilled,
+        pending,
+        request(
+            3,
+            RequestState::Failed {
+                at: Time(8),
+                reason: "no capacity".into(),
+            },
+        ),
+        request(4, RequestState::Cancelled { at: Time(7) }),
+    ];
+    store.commit(&requests(all.clone())).unwrap();
+    let loaded = load(&mut store);
+    assert!(loaded.dropped.is_empty(), "{:?}", loaded.dropped);
+    assert_eq!(loaded.snapshot.requests, all);
+}
+
+#[test]
+fn a_second_commit_replaces_rows_and_bumps_their_version() {
+    let mut store = store();
+    let mut r = request(1, RequestState::Pending);
+    r.wants = vec![(BIG, 1), (SMALL, 1)];
+    r.nodes = vec![NodeId(1), NodeId(2)];
+    store
+        .commit(&Changes {
+            nodes: vec![ready(1)],
+            requests: vec![r.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+    let mut n = ready(1);
+    n.state = NodeState::InUse {
+        request: RequestId(1),
+        since: Time(99),
+    };
+    n.endpoint = Some(Box::default());
+    r.state = RequestState::Fulfilled { at: Time(99) };
+    r.wants = vec![(SMALL, 1)];
+    r.nodes = vec![NodeId(1)];
+    r.priority = 4;
+    store
+        .commit(&Changes {
+            nodes: vec![n.clone()],
+            requests: vec![r.clone()],
+            ..Default::default()
+        })
+        .unwrap();
+    let loaded = load(&mut store);
+    assert_eq!(loaded.snapshot.nodes, vec![n]);
+    assert_eq!(loaded.snapshot.requests, vec![r]);
+    assert_eq!(count(&store, "request_wants"), 1);
+    assert_eq!(count(&store, "request_nodes"), 1);
+    let versions: (i64, i64) = store
+        .conn
+        .query_row(
+            "SELECT (SELECT version FROM nodes), (SELECT version FROM requests)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(versions, (1, 1));
+}
+
+#[test]
+fn purges_remove_rows_and_a_freed_slot_leaves_the_slots_table() {
+    let mut store = store();
+    let mut r = request(1, RequestState::Pending);
+    r.nodes = vec![NodeId(11)];
+    store
+        .commit(&Changes {
+            nodes: vec![
+                backing(10, vec![Some(11), Some(12), None]),
+                slot_node(11, 10, 0, NodeState::Ready { since: T }),
+                slot_node(12, 10, 1, NodeState::Ready { since: T }),
+                ready(1),
+            ],
+            requests: vec![r, request(2, RequestState::Pending)],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(count(&store, "slots"), 2);
+    // Slot 0 freed (its node ended, then purged) and a plain node and a
+    // request forgotten, in one commit.
+    store
+        .commit(&Changes {
+            nodes: vec![backing(10, vec![None, Some(12), None])],
+            purged_nodes: vec![NodeId(11), NodeId(1)],
+            purged_requests: vec![RequestId(1)],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(count(&store, "nodes"), 2);
+    assert_eq!(count(&store, "slots"), 1);
+    assert_eq!(count(&store, "requests"), 1);
+    assert_eq!(count(&store, "request_wants"), 1);
+    assert_eq!(count(&store, "request_nodes"), 0);
+    // Purging the backing node takes its slot rows with it.
+    store
+        .commit(&Changes {
+            purged_nodes: vec![NodeId(10)],
+            purged_requests: vec![RequestId(2)],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(count(&store, "slots"), 0);
+    assert_eq!(count(&store, "request_wants"), 0);
+    let loaded = load(&mut store);
+    assert!(loaded.snapshot.requests.is_empty());
+    // The slot node left behind lost its slot: ended, with a note.
+    assert_eq!(loaded.snapshot.nodes.len(), 1);
+    assert!(matches!(
+        loaded.snapshot.nodes[0].state,
+        NodeState::Gone {
+            reason: GoneReason::BackingLost,
+            ..
+        }
+    ));
+    assert_eq!(loaded.dropped.len(), 1, "{:?}", loaded.dropped);
+}
+
+#[test]
+fn one_node_in_two_slots_is_refused_and_the_commit_writes_nothing() {
+    let mut store = store();
+    store
+        .commit(&nodes(vec![backing(10, vec![None; 3])]))
+        .unwrap();
+    let before = load(&mut store).snapshot.nodes;
+    let err = store
+        .commit(&nodes(vec![
+            ready(1),
+            backing(10, vec![Some(11), None, None]),
+            backing(20, vec![None, Some(11), None]),
+            slot_node(11, 10, 0, NodeState::Ready { since: T }),
+        ]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Sql {
+                doing: "writing a slot assignment",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("UNIQUE"), "{err}");
+    assert_eq!(load(&mut store).snapshot.nodes, before);
+    assert_eq!(count(&store, "slots"), 0);
+}
+
+#[test]
+fn two_nodes_in_one_slot_are_refused_and_the_commit_writes_nothing() {
+    let mut store = store();
+    // The same backing node twice in one commit, each time with a different
+    // node in slot 0: the primary key must refuse the second.
+    let err = store
+        .commit(&nodes(vec![
+            backing(10, vec![Some(11), None, None]),
+            backing(10, vec![Some(12), None, None]),
+            slot_node(11, 10, 0, NodeState::Ready { since: T }),
+            slot_node(12, 10, 0, NodeState::Ready { since: T }),
+        ]))
+        .unwrap_err();
+    assert!(err.to_string().contains("UNIQUE"), "{err}");
+    assert_eq!(count(&store, "nodes"), 0);
+    assert_eq!(count(&store, "slots"), 0);
+    // Written row by row, outside the store, the table refuses it too.
+    exec(
+        &store,
+        "INSERT INTO slots VALUES ('n-000000000000000a', 0, 'n-000000000000000b')",
+    );
+    let raw = store.conn.execute(
+        "INSERT INTO slots VALUES ('n-000000000000000a', 0, 'n-000000000000000c')",
+        [],
+    );
+    assert!(raw.is_err());
+}
+
+#[test]
+fn nodes_naming_an_unconfigured_label_or_provider_are_dropped_with_a_note() {
+    let mut store = store();
+    let mut on_b = ready(2);
+    on_b.provider = B;
+    on_b.label = SMALL;
+    store.commit(&nodes(vec![ready(1), on_b])).unwrap();
+
+    let loaded = store.load(&renamed("big", "huge")).unwrap();
+    assert_eq!(loaded.snapshot.nodes.len(), 1);
+    assert_eq!(loaded.snapshot.nodes[0].id, NodeId(2));
+    assert_eq!(loaded.dropped.len(), 1);
+    assert!(
+        loaded.dropped[0].contains("label `big` is no longer configured")
+            && loaded.dropped[0].contains("deleted as a leak"),
+        "{:?}",
+        loaded.dropped
+    );
+
+    let loaded = store.load(&renamed("b", "c")).unwrap();
+    assert_eq!(loaded.snapshot.nodes.len(), 1);
+    assert!(
+        loaded.dropped[0].contains("provider `b`"),
+        "{:?}",
+        loaded.dropped
+    );
+    // The rows stay: the config may come back.
+    assert_eq!(count(&store, "nodes"), 2);
+}
+
+#[test]
+fn an_unconfigured_slot_label_drops_the_backing_and_its_slot_rows() {
+    let mut store = store();
+    store
+        .commit(&nodes(vec![
+            backing(10, vec![Some(11), None, None]),
+            slot_node(11, 10, 0, NodeState::Ready { since: T }),
+        ]))
+        .unwrap();
+    let loaded = store.load(&renamed("slot", "slice")).unwrap();
+    assert!(loaded.snapshot.nodes.is_empty());
+    // Backing node, slot node, and the slot row joining them.
+    assert_eq!(loaded.dropped.len(), 3, "{:?}", loaded.dropped);
+}
+
+#[test]
+fn a_pending_request_for_an_unconfigured_label_is_failed_and_frees_its_nodes() {
+    let mut store = store();
+    let mut set_aside = ready(1);
+    set_aside.label = SMALL;
+    set_aside.provider = B;
+    set_aside.assigned = Some(RequestId(1));
+    let mut pending = request(1, RequestState::Pending);
+    pending.wants = vec![(SMALL, 1), (BIG, 1)];
+    pending.nodes = vec![NodeId(1)];
+    let mut done = request(2, RequestState::Fulfilled { at: Time(9) });
+    done.wants = vec![(SMALL, 1), (BIG, 1)];
+    store
+        .commit(&Changes {
+            nodes: vec![set_aside],
+            requests: vec![pending, done],
+            ..Default::default()
+        })
+        .unwrap();
+    let loaded = store.load(&renamed("big", "huge")).unwrap();
+    let [failed, done] = &loaded.snapshot.requests[..] else {
+        panic!("{:?}", loaded.snapshot.requests);
+    };
+    assert_eq!(
+        failed.state,
+        RequestState::Failed {
+            at: T,
+            reason: "label `big` is no longer configured".into()
+        }
+    );
+    assert!(failed.nodes.is_empty());
+    assert_eq!(loaded.snapshot.nodes[0].assigned, None);
+    // A finished request keeps what still resolves.
+    assert_eq!(done.state, RequestState::Fulfilled { at: Time(9) });
+    assert_eq!(done.wants, vec![(SMALL, 1)]);
+    assert_eq!(loaded.dropped.len(), 2, "{:?}", loaded.dropped);
+}
+
+#[test]
+fn slot_rows_that_do_not_join_are_ignored_and_a_slotless_slot_node_ends() {
+    let mut store = store();
+    let mut waiting = slot_node(12, 10, 1, NodeState::Ready { since: T });
+    waiting.assigned = Some(RequestId(1));
+    let mut r = request(1, RequestState::Pending);
+    r.wants = vec![(SLOT, 1)];
+    r.nodes = vec![NodeId(12)];
+    store
+        .commit(&Changes {
+            nodes: vec![
+                backing(10, vec![Some(11), Some(12), None]),
+                slot_node(
+                    11,
+                    10,
+                    0,
+                    NodeState::Gone {
+                        since: T,
+                        reason: GoneReason::SlotFreed,
+                    },
+                ),
+                waiting,
+                ready(1),
+            ],
+            requests: vec![r],
+            ..Default::default()
+        })
+        .unwrap();
+    // Slot 1's row lost, plus rows for a node that is not stored, a plain
+    // node, and a slot the backing does not have.
+    exec(
+        &store,
+        "DELETE FROM slots WHERE idx = 1;
+         INSERT INTO slots VALUES ('n-000000000000000a', 2, 'n-0000000000000063');
+         INSERT INTO slots VALUES ('n-0000000000000014', 0, 'n-0000000000000001');
+         INSERT INTO slots VALUES ('n-000000000000000a', 7, 'n-000000000000000c');",
+    );
+    let loaded = load(&mut store);
+    let got: Vec<_> = loaded
+        .snapshot
+        .nodes
+        .iter()
+        .map(|n| (n.id.0, n.state.name(), n.assigned))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, "ready", None),
+            (10, "ready", None),
+            (11, "gone", None),
+            (12, "gone", None),
+        ]
+    );
+    assert_eq!(loaded.snapshot.nodes[0].role, Role::Plain);
+    assert_eq!(
+        loaded.snapshot.nodes[1].role,
+        Role::Backing {
+            slot_label: SLOT,
+            slots: vec![None; 3],
+            free_since: None
+        }
+    );
+    assert!(loaded.snapshot.requests[0].nodes.is_empty());
+    // Four ignored rows (the gone node's included) and the ended node.
+    assert_eq!(loaded.dropped.len(), 5, "{:?}", loaded.dropped);
+    assert!(
+        loaded.dropped.iter().any(|d| d.contains("backing-lost")),
+        "{:?}",
+        loaded.dropped
+    );
+}
+
+#[test]
+fn unknown_text_in_a_row_is_corrupt_naming_table_id_and_column() {
+    let cases = [
+        (
+            "UPDATE nodes SET state = 'sleeping'",
+            "nodes",
+            "n-0000000000000001",
+            "state",
+        ),
+        (
+            "UPDATE nodes SET idle = 'nap'",
+            "nodes",
+            "n-0000000000000001",
+            "idle",
+        ),
+        (
+            "UPDATE nodes SET role = 'other'",
+            "nodes",
+            "n-0000000000000001",
+            "role",
+        ),
+        (
+            "UPDATE nodes SET state = 'gone', reason = 'stolen'",
+            "nodes",
+            "n-0000000000000001",
+            "reason",
+        ),
+        (
+            "UPDATE nodes SET endpoint = '{'",
+            "nodes",
+            "n-0000000000000001",
+            "endpoint",
+        ),
+        ("UPDATE nodes SET id = 'x-1'", "nodes", "x-1", "id"),
+        (
+            "UPDATE requests SET state = 'lost'",
+            "requests",
+            "r-0000000000000002",
+            "state",
+        ),
+        (
+            "UPDATE requests SET state = 'fulfilled', at = NULL",
+            "requests",
+            "r-0000000000000002",
+            "at",
+        ),
+        (
+            "UPDATE request_nodes SET node = 'n-1'",
+            "request_nodes",
+            "r-0000000000000002",
+            "node",
+        ),
+    ];
+    for (sql, table, id, column) in cases {
+        let mut store = store();
+        let mut r = request(2, RequestState::Pending);
+        r.nodes = vec![NodeId(1)];
+        store
+            .commit(&Changes {
+                nodes: vec![ready(1)],
+                requests: vec![r],
+                ..Default::default()
+            })
+            .unwrap();
+        exec(&store, sql);
+        match store.load(&config()) {
+            Err(StoreError::Corrupt {
+                table: t,
+                id: i,
+                column: c,
+                ..
+            }) => assert_eq!((t, i.as_str(), c), (table, id, column), "{sql}"),
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn reopening_is_a_no_op_and_the_file_is_in_wal_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("berth.db");
+    let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+    store.commit(&nodes(vec![ready(1)])).unwrap();
+    drop(store);
+    let store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+    assert_eq!(
+        store.schema_version().unwrap(),
+        schema::MIGRATIONS.len() as u32
+    );
+    let mode: String = store
+        .conn
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    assert_eq!(count(&store, "nodes"), 1);
+}
+
+#[test]
+fn a_newer_schema_is_refused_naming_both_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("berth.db");
+    drop(SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap());
+    let conn = Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", 99).unwrap();
+    drop(conn);
+    let known = schema::MIGRATIONS.len() as u32;
+    match SqliteStore::open(&path, Arc::new(config()), StoreSync::Full) {
+        Err(
+            e @ StoreError::TooNew {
+                found: 99,
+                known: k,
+            },
+        ) if k == known => {
+            let text = e.to_string();
+            assert!(
+                text.contains("99") && text.contains(&known.to_string()),
+                "{text}"
+            );
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("opened a newer schema"),
+    }
+}
+
+#[test]
+fn migrations_apply_in_order_and_a_failed_step_changes_nothing() {
+    let mut store = store();
+    let base = schema::MIGRATIONS.len() as u32;
+    let mut two = schema::MIGRATIONS.to_vec();
+    two.push("ALTER TABLE nodes ADD COLUMN note TEXT");
+    two.push("CREATE TABLE provider_leases (provider TEXT PRIMARY KEY)");
+    schema::migrate(&mut store.conn, &two).unwrap();
+    assert_eq!(store.schema_version().unwrap(), base + 2);
+    // Again: nothing left to apply (a re-run would fail on the duplicate).
+    schema::migrate(&mut store.conn, &two).unwrap();
+
+    let mut bad = two.clone();
+    bad.push("CREATE TABLE extra (x); CREATE TABLE nodes (x);");
+    match schema::migrate(&mut store.conn, &bad) {
+        Err(StoreError::Migrate { from, to, .. }) => assert_eq!((from, to), (base + 2, base + 3)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.schema_version().unwrap(), base + 2);
+    let extra: i64 = store
+        .conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'extra'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(extra, 0, "the failed step's first statement was kept");
+}
+
+#[test]
+fn opening_in_a_missing_directory_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-such-dir").join("berth.db");
+    match SqliteStore::open(&path, Arc::new(config()), StoreSync::Full) {
+        Err(StoreError::Unwritable { path: p, .. }) => assert!(p.contains("no-such-dir")),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("opened"),
+    }
+}
+
+#[test]
+fn ten_thousand_nodes_commit_and_load_back() {
+    let mut store = store();
+    let all: Vec<Node> = (1..=10_000)
+        .map(|i| {
+            let mut n = node(i, NodeState::Ready { since: Time(i) });
+            n.endpoint = Some(Box::default());
+            n
+        })
+        .collect();
+    store.commit(&nodes(all.clone())).unwrap();
+    let loaded = load(&mut store);
+    assert_eq!(loaded.snapshot.nodes, all);
+    // And all of them changed again, as one commit of updates.
+    let moved: Vec<Node> = all
+        .into_iter()
+        .map(|mut n| {
+            n.state = NodeState::Used { since: T };
+            n
+        })
+        .collect();
+    store.commit(&nodes(moved.clone())).unwrap();
+    assert_eq!(load(&mut store).snapshot.nodes, moved);
+}
+
+#[test]
+fn leases_round_trip_and_expired_ones_are_removed() {
+    let mut store = store();
+    let lease = |r: &str, t: u64| Lease {
+        requestor: r.into(),
+        expires: Time(t),
+    };
+    store
+        .commit(&Changes {
+            leases: vec![lease("ci", 10), lease("batch", 20)],
+            ..Default::default()
+        })
+        .unwrap();
+    store
+        .commit(&Changes {
+            leases: vec![lease("ci", 30)],
+            purged_leases: vec!["batch".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(load(&mut store).snapshot.leases, vec![lease("ci", 30)]);
+}
+
+#[test]
+fn a_version_one_store_gains_the_leases_table_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("berth.db");
+    {
+        let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+        store.commit(&nodes(vec![ready(1)])).unwrap();
+        // Back to what a berth that knew only the first step wrote.
+        exec(&store, "DROP TABLE leases; PRAGMA user_version = 1;");
+        assert_eq!(store.schema_version().unwrap(), 1);
+    }
+    let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(load(&mut store).snapshot.nodes, vec![ready(1)]);
+    assert_eq!(count(&store, "leases"), 0);
+}

@@ -1,0 +1,1099 @@
+//! The CLI's client commands (`berth nodes`, `berth request`, …): a small
+//! HTTP/1.1 client for a running `berth serve`, printing aligned tables or
+//! the API's own JSON.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, anyhow, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use url::Url;
+
+use berth_client::MAX_WAIT;
+use berth_client::types::{self, Node, Request};
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a call may take, beyond any wait it asks the server for.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where the service is and how to talk to it; every client command takes these.
+#[derive(Clone, clap::Args)]
+#[command(next_help_heading = "Server")]
+pub struct ClientOptions {
+    /// The service's URL (http only).
+    #[arg(long, env = "BERTH_SERVER", default_value = "http://127.0.0.1:8080")]
+    pub server: String,
+    /// The API token, sent as a bearer token.
+    #[arg(long, env = "BERTH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A command on one node or request.
+#[derive(Clone, clap::Args)]
+pub struct IdArgs {
+    /// Its id.
+    pub id: String,
+    #[command(flatten)]
+    pub client: ClientOptions,
+}
+
+/// The commands that talk to a running `berth serve`.
+#[derive(Clone, clap::Subcommand)]
+pub enum ClientCommand {
+    /// List nodes.
+    Nodes(NodeFilter),
+    /// List node-set requests.
+    Requests(RequestFilter),
+    /// Ask for nodes, handed out together: e.g. `berth request small=2 gpu --wait`.
+    Request(RequestArgs),
+    /// Withdraw a request that is still pending.
+    Cancel(IdArgs),
+    /// Give back a node you hold.
+    Release(IdArgs),
+    /// Keep an idle node as it is: never handed out or recycled (admin).
+    Hold(IdArgs),
+    /// Delete a node as soon as it is idle (admin).
+    Drain(IdArgs),
+    /// Undo hold or drain: the node is handed out again (admin).
+    Run(IdArgs),
+    /// Delete a node now (admin).
+    Delete(IdArgs),
+    /// List providers and their health.
+    Providers(ClientOptions),
+    /// List loaded drivers.
+    Drivers(ClientOptions),
+    /// List labels and what the pool has of each.
+    Labels(ClientOptions),
+    /// Renew your lease, once or every DURATION until interrupted.
+    Heartbeat(HeartbeatArgs),
+}
+
+#[derive(Clone, clap::Args)]
+pub struct NodeFilter {
+    /// Only this label's nodes.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Only this provider's nodes.
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Only nodes in this state (ready, in-use, …).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Only nodes held by or set aside for this requestor.
+    #[arg(long)]
+    pub requestor: Option<String>,
+    #[command(flatten)]
+    pub client: ClientOptions,
+}
+
+#[derive(Clone, clap::Args)]
+pub struct RequestFilter {
+    /// Only requests in this state (pending, fulfilled, failed, cancelled).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Only this requestor's requests.
+    #[arg(long)]
+    pub requestor: Option<String>,
+    #[command(flatten)]
+    pub client: ClientOptions,
+}
+
+#[derive(Clone, clap::Args)]
+pub struct RequestArgs {
+    /// Label names, each with how many nodes of it (default 1).
+    #[arg(required = true, value_name = "LABEL[=COUNT]", value_parser = parse_label)]
+    pub labels: Vec<(String, u32)>,
+    /// Lower is served first.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Who the nodes are for (default: the token's name).
+    #[arg(long)]
+    pub requestor: Option<String>,
+    /// Wait until it is fulfilled or fails, at most DURATION if given;
+    /// exits 1 unless it was fulfilled.
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, value_parser = parse_duration)]
+    pub wait: Option<Option<Duration>>,
+    #[command(flatten)]
+    pub client: ClientOptions,
+}
+
+#[derive(Clone, clap::Args)]
+pub struct HeartbeatArgs {
+    /// Renew this often instead of once.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub every: Option<Duration>,
+    /// Whose lease (default: the token's name).
+    #[arg(long)]
+    pub requestor: Option<String>,
+    #[command(flatten)]
+    pub client: ClientOptions,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    berth_core::duration::parse(text).map_err(|e| e.to_string())
+}
+
+/// `LABEL` or `LABEL=COUNT`, COUNT at least 1.
+fn parse_label(text: &str) -> Result<(String, u32), String> {
+    let (name, count) = match text.split_once('=') {
+        None => (text, 1),
+        Some((name, count)) => {
+            let count: u32 = count
+                .parse()
+                .map_err(|_| format!("`{text}`: the count must be a whole number"))?;
+            (name, count)
+        }
+    };
+    if name.is_empty() {
+        return Err(format!("`{text}`: no label name"));
+    }
+    if count == 0 {
+        return Err(format!("`{text}`: the count must be at least 1"));
+    }
+    Ok((name.to_owned(), count))
+}
+
+/// The labels of a request; a label given twice is refused.
+fn label_map(labels: &[(String, u32)]) -> anyhow::Result<BTreeMap<String, u32>> {
+    let mut map = BTreeMap::new();
+    for (name, count) in labels {
+        if map.insert(name.clone(), *count).is_some() {
+            bail!("label `{name}` is given twice; give it once with its count, e.g. `{name}=2`");
+        }
+    }
+    Ok(map)
+}
+
+/// Runs a client command, printing to stdout. API errors print
+/// `error: <message> (<code>)` and exit 1; an unreachable server exits 2.
+pub async fn run(cmd: ClientCommand) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout();
+    match execute(cmd, &mut out).await {
+        Err(e) => match e.downcast::<CallError>() {
+            Ok(e) => {
+                eprintln!("error: {e}");
+                Ok(ExitCode::from(e.exit_code()))
+            }
+            Err(e) => Err(e),
+        },
+        ok => ok,
+    }
+}
+
+async fn execute(cmd: ClientCommand, out: &mut (dyn Write + Send)) -> anyhow::Result<ExitCode> {
+    use ClientCommand as C;
+    match cmd {
+        C::Nodes(f) => {
+            let q = [("label", f.label), ("provider", f.provider)];
+            let q = [q, [("state", f.state), ("requestor", f.requestor)]].concat();
+            fetch(&f.client, &["nodes"], &q, out, render_nodes).await
+        }
+        C::Requests(f) => {
+            let q = [("state", f.state), ("requestor", f.requestor)];
+            fetch(&f.client, &["requests"], &q, out, render_requests).await
+        }
+        C::Request(r) => request(r, out).await,
+        C::Cancel(a) => {
+            let c = Client::new(&a.client)?;
+            let path = ["requests", a.id.as_str()];
+            let v = c.call(Method::DELETE, &path, &[], None).await?;
+            show(out, a.client.json, v, render_request)
+        }
+        C::Release(a) => node_action(a, Method::POST, "release", None, out).await,
+        C::Hold(a) => node_action(a, Method::PUT, "idle", Some("hold"), out).await,
+        C::Drain(a) => node_action(a, Method::PUT, "idle", Some("drain"), out).await,
+        C::Run(a) => node_action(a, Method::PUT, "idle", Some("run"), out).await,
+        C::Delete(a) => node_action(a, Method::DELETE, "", None, out).await,
+        C::Providers(o) => fetch(&o, &["providers"], &[], out, render_providers).await,
+        C::Drivers(o) => fetch(&o, &["drivers"], &[], out, render_drivers).await,
+        C::Labels(o) => fetch(&o, &["labels"], &[], out, render_labels).await,
+        C::Heartbeat(h) => heartbeat(h, out).await,
+    }
+}
+
+/// A GET under `/v1`, shown.
+async fn fetch<T: DeserializeOwned>(
+    options: &ClientOptions,
+    path: &[&str],
+    query: &[(&str, Option<String>)],
+    out: &mut (dyn Write + Send),
+    render: fn(T) -> String,
+) -> anyhow::Result<ExitCode> {
+    let c = Client::new(options)?;
+    let v = c.call(Method::GET, path, query, None).await?;
+    show(out, options.json, v, render)
+}
+
+/// A change to one node (`/v1/nodes/{id}/{tail}`); the answer is the node.
+async fn node_action(
+    a: IdArgs,
+    method: Method,
+    tail: &str,
+    idle: Option<&str>,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<ExitCode> {
+    let c = Client::new(&a.client)?;
+    let idle = idle.map(|i| types::SetIdle { idle: i.to_owned() });
+    let body = idle.map(|i| serde_json::to_vec(&i)).transpose()?;
+    let path = ["nodes", a.id.as_str(), tail];
+    let path: Vec<&str> = path.into_iter().filter(|p| !p.is_empty()).collect();
+    let v = c.call(method, &path, &[], body).await?;
+    show(out, a.client.json, v, |n: Node| render_nodes(vec![n]))
+}
+
+/// `berth request`: creates it and, with `--wait`, long-polls until it is
+/// no longer pending or the wait is over.
+async fn request(r: RequestArgs, out: &mut (dyn Write + Send)) -> anyhow::Result<ExitCode> {
+    let new = types::NewRequest {
+        labels: label_map(&r.labels)?,
+        requestor: r.requestor,
+        priority: r.priority,
+    };
+    let c = Client::new(&r.client)?;
+    let body = Some(serde_json::to_vec(&new)?);
+    let mut v = c.call(Method::POST, &["requests"], &[], body).await?;
+    let Some(total) = r.wait else {
+        return show(out, r.client.json, v, render_request);
+    };
+    let deadline = total.map(|d| Instant::now() + d);
+    let mut req: Request = decode(&v)?;
+    if req.state == "pending" {
+        eprintln!("{}: pending; waiting…", req.id);
+    }
+    while req.state == "pending" {
+        let left = deadline.map_or(MAX_WAIT, |d| d.saturating_duration_since(Instant::now()));
+        if left.is_zero() {
+            break;
+        }
+        let poll = left.min(MAX_WAIT);
+        let q = [("wait", Some(format!("{}ms", poll.as_millis().max(1))))];
+        let path = ["requests", req.id.as_str()];
+        v = c.call(Method::GET, &path, &q, None).await?;
+        req = decode(&v)?;
+    }
+    show(out, r.client.json, v, render_request)?;
+    if req.state == "pending" {
+        let waited = total.unwrap_or_default().as_millis() as u64;
+        let waited = if waited < 1000 {
+            format!("{waited}ms")
+        } else {
+            human(waited)
+        };
+        let id = &req.id;
+        eprintln!("{id}: still pending after {waited}; `berth cancel {id}` withdraws it");
+    }
+    Ok(ExitCode::from(u8::from(req.state != "fulfilled")))
+}
+
+/// `berth heartbeat`: renews the lease once, or every `--every` until
+/// Ctrl-C; in the loop a server that is away or failing is tried again.
+async fn heartbeat(h: HeartbeatArgs, out: &mut (dyn Write + Send)) -> anyhow::Result<ExitCode> {
+    let c = Client::new(&h.client)?;
+    let q = [("requestor", h.requestor)];
+    let renew = || c.call(Method::POST, &["lease"], &q, None);
+    let render = |l: types::Lease| {
+        let left = parse_rfc3339(&l.expires).map_or(0, |t| t.saturating_sub(now_ms()));
+        let (who, until, left) = (l.requestor, l.expires, human(left));
+        format!("lease of {who} renewed until {until} (in {left})\n")
+    };
+    let Some(every) = h.every else {
+        return show(out, h.client.json, renew().await?, render);
+    };
+    if every.is_zero() {
+        bail!("--every must be longer than 0");
+    }
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        let renewed = tokio::select! {
+            _ = &mut stop => return Ok(ExitCode::SUCCESS),
+            r = async { tick.tick().await; renew().await } => r,
+        };
+        let e = match renewed {
+            Ok(v) => {
+                show(out, h.client.json, v, render)?;
+                out.flush()?;
+                continue;
+            }
+            Err(e) => e,
+        };
+        match e.downcast_ref::<CallError>() {
+            Some(CallError::Unreachable { .. }) => {}
+            Some(CallError::Api { status, .. }) if *status >= 500 => {}
+            _ => return Err(e),
+        }
+        let again = human(every.as_millis() as u64);
+        eprintln!("warning: {e}; trying again in {again}");
+    }
+}
+
+fn decode<T: DeserializeOwned>(v: &Value) -> anyhow::Result<T> {
+    T::deserialize(v).context("the server's answer is not what this berth expects")
+}
+
+/// Prints `v` as pretty JSON, or decoded and rendered as text.
+fn show<T: DeserializeOwned>(
+    out: &mut (dyn Write + Send),
+    json: bool,
+    v: Value,
+    render: impl FnOnce(T) -> String,
+) -> anyhow::Result<ExitCode> {
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        write!(out, "{}", render(decode(&v)?))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+// ---- rendering --------------------------------------------------------------
+
+/// Aligns cells into columns two spaces apart; no trailing spaces.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        debug_assert_eq!(row.len(), headers.len());
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let headers: Vec<String> = headers.iter().map(|h| (*h).to_owned()).collect();
+    let mut out = String::new();
+    for row in std::iter::once(&headers).chain(rows) {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            line.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A column: its header and how to show an item in it.
+type Column<'a, T> = (&'a str, fn(&T) -> String);
+
+/// A table of `items`, one column per header and cell function.
+fn columns<T>(items: &[T], columns: &[Column<T>]) -> String {
+    let headers: Vec<&str> = columns.iter().map(|c| c.0).collect();
+    let cells = |i: &T| columns.iter().map(|c| (c.1)(i)).collect();
+    table(&headers, &items.iter().map(cells).collect::<Vec<_>>())
+}
+
+fn or_dash(s: Option<&str>) -> String {
+    s.unwrap_or("-").to_owned()
+}
+
+/// Parts joined by `sep`, or `-` for none.
+fn list(parts: impl IntoIterator<Item = String>, sep: &str) -> String {
+    let parts: Vec<String> = parts.into_iter().collect();
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join(sep)
+    }
+}
+
+/// Time since an API timestamp, e.g. `3m`; `?` if it cannot be read.
+fn age(ts: &str, now: u64) -> String {
+    parse_rfc3339(ts).map_or_else(|| "?".to_owned(), |t| human(now.saturating_sub(t)))
+}
+
+/// Milliseconds as `5s`, `3m`, `2h` or `4d`, rounded down.
+fn human(ms: u64) -> String {
+    match ms / 1000 {
+        s @ 0..60 => format!("{s}s"),
+        s @ 60..3600 => format!("{}m", s / 60),
+        s @ 3600..86_400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// The address to reach a node at: public, then hostname, IPv6, private.
+fn address(n: &Node) -> Option<&str> {
+    let a = n.addresses.as_ref()?;
+    let any = [&a.public_ipv4, &a.hostname, &a.ipv6, &a.private_ipv4];
+    any.into_iter().find_map(|a| a.as_deref())
+}
+
+/// `username@host:port`, as far as the node's details go.
+fn connect_to(n: &Node) -> String {
+    let Some(host) = address(n) else {
+        return "-".to_owned();
+    };
+    let c = n.connection.clone().unwrap_or_default();
+    let user = c.username.map(|u| format!("{u}@")).unwrap_or_default();
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    };
+    let port = c.port.map(|p| format!(":{p}")).unwrap_or_default();
+    format!("{user}{host}{port}")
+}
+
+fn render_nodes(nodes: Vec<Node>) -> String {
+    columns(
+        &nodes,
+        &[
+            ("ID", |n| n.id.clone()),
+            ("LABEL", |n| n.label.clone()),
+            ("PROVIDER", |n| n.provider.clone()),
+            ("STATE", |n| match &n.hosting {
+                Some(h) => format!("{} (hosts {}/{} {})", n.state, h.used, h.slots, h.label),
+                None => n.state.clone(),
+            }),
+            ("IDLE", |n| n.idle.clone()),
+            ("REQUESTOR", |n| or_dash(n.requestor.as_deref())),
+            ("SINCE", |n| age(&n.since, now_ms())),
+            ("ADDRESS", |n| or_dash(address(n))),
+        ],
+    )
+}
+
+fn label_list(labels: &BTreeMap<String, u32>) -> String {
+    list(labels.iter().map(|(l, n)| format!("{l}={n}")), ",")
+}
+
+fn render_requests(requests: Vec<Request>) -> String {
+    columns(
+        &requests,
+        &[
+            ("ID", |r| r.id.clone()),
+            ("REQUESTOR", |r| r.requestor.clone()),
+            ("PRI", |r| r.priority.to_string()),
+            ("STATE", |r| r.state.clone()),
+            ("LABELS", |r| label_list(&r.labels)),
+            ("NODES", |r| r.nodes.len().to_string()),
+            ("AGE", |r| age(&r.created, now_ms())),
+            ("REASON", |r| r.reason.clone().unwrap_or_default()),
+        ],
+    )
+}
+
+/// One request: its state and, once it has nodes, how to reach each.
+fn render_request(r: Request) -> String {
+    let (labels, age) = (label_list(&r.labels), age(&r.created, now_ms()));
+    let mut s = format!(
+        "{}  {}  requestor {}  priority {}",
+        r.id, r.state, r.requestor, r.priority
+    );
+    s.push_str(&format!("  labels {labels}  age {age}\n"));
+    if let Some(reason) = &r.reason {
+        s.push_str(&format!("reason: {reason}\n"));
+    }
+    if !r.nodes.is_empty() {
+        s.push_str(&columns(
+            &r.nodes,
+            &[
+                ("NODE", |n| n.id.clone()),
+                ("LABEL", |n| n.label.clone()),
+                ("PROVIDER", |n| n.provider.clone()),
+                ("STATE", |n| n.state.clone()),
+                ("CONNECT", connect_to),
+            ],
+        ));
+    }
+    s
+}
+
+/// MiB as `512M`, `16G` or `1.5G`.
+fn mib(m: u64) -> String {
+    match m {
+        0..1024 => format!("{m}M"),
+        _ if m.is_multiple_of(1024) => format!("{}G", m / 1024),
+        _ => format!("{:.1}G", m as f64 / 1024.0),
+    }
+}
+
+fn millis(ms: f64) -> String {
+    match ms {
+        ..10.0 => format!("{ms:.1}ms"),
+        ..1000.0 => format!("{ms:.0}ms"),
+        _ => format!("{:.1}s", ms / 1000.0),
+    }
+}
+
+fn limits(l: &types::Limits) -> String {
+    let instances = l.max_instances.map(|n| format!("{n} inst"));
+    let cores = l.max_cores.map(|n| format!("{n} vcpus"));
+    list(
+        [instances, cores, l.max_ram_mib.map(mib)]
+            .into_iter()
+            .flatten(),
+        ", ",
+    )
+}
+
+fn render_providers(providers: Vec<types::Provider>) -> String {
+    columns(
+        &providers,
+        &[
+            ("NAME", |p| p.name.clone()),
+            ("STATUS", |p| p.status.clone()),
+            ("INSTANCES", |p| p.usage.instances.to_string()),
+            ("VCPUS", |p| p.usage.vcpus.to_string()),
+            ("RAM", |p| mib(p.usage.ram_mib)),
+            ("LIMIT", |p| limits(&p.limits)),
+            ("CALLS(p50/p99)", |p| {
+                match (p.calls.p50_ms, p.calls.p99_ms) {
+                    (Some(a), Some(b)) => format!("{}/{}", millis(a), millis(b)),
+                    _ => "-".to_owned(),
+                }
+            }),
+            ("ERRORS", |p| {
+                format!("{}/{}", p.calls.errors, p.calls.recent)
+            }),
+        ],
+    )
+}
+
+fn render_drivers(drivers: Vec<types::Driver>) -> String {
+    columns(
+        &drivers,
+        &[
+            ("FILE", |d| d.file.clone()),
+            ("NAME", |d| d.name.clone()),
+            ("VERSION", |d| d.version.clone()),
+            ("SHA256", |d| d.sha256.chars().take(12).collect()),
+            ("LOADED", |d| millis(d.load_ms)),
+            ("FROM", |d| d.loaded_from.clone()),
+            ("PROVIDERS", |d| d.providers.join(",")),
+        ],
+    )
+}
+
+fn render_labels(labels: Vec<types::Label>) -> String {
+    columns(
+        &labels,
+        &[
+            ("NAME", |l| l.name.clone()),
+            ("KIND", |l| l.kind.clone()),
+            ("MIN-READY", |l| l.min_ready.to_string()),
+            ("READY", |l| l.ready.to_string()),
+            ("NODES", |l| {
+                list(l.nodes.iter().map(|(s, n)| format!("{s}={n}")), " ")
+            }),
+        ],
+    )
+}
+
+// ---- time -------------------------------------------------------------------
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Reads `YYYY-MM-DDTHH:MM:SS.mmmZ` (what [`types::rfc3339`] writes) as
+/// milliseconds since the Unix epoch.
+fn parse_rfc3339(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    let shape = b"dddd-dd-ddTdd:dd:dd.dddZ";
+    let fits = |(&s, &c): (&u8, &u8)| {
+        if s == b'd' {
+            c.is_ascii_digit()
+        } else {
+            c == s
+        }
+    };
+    if b.len() != shape.len() || !shape.iter().zip(b).all(fits) {
+        return None;
+    }
+    let num = |from: usize, to: usize| {
+        b[from..to]
+            .iter()
+            .fold(0i64, |n, &c| n * 10 + i64::from(c - b'0'))
+    };
+    let (year, month, day) = (num(0, 4), num(5, 7), num(8, 10));
+    let (hour, min, sec, ms) = (num(11, 13), num(14, 16), num(17, 19), num(20, 23));
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let month_days = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        1..=12 => 31,
+        _ => return None,
+    };
+    if !(1..=month_days).contains(&day) || hour > 23 || min > 59 || sec > 59 {
+        return None;
+    }
+    // Days since 1970-01-01 from a civil date (Howard Hinnant's algorithm).
+    let y = year - i64::from(month <= 2);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let ms = ((days * 24 + hour) * 60 + min) * 60_000 + sec * 1000 + ms;
+    u64::try_from(ms).ok()
+}
+
+// ---- HTTP ---------------------------------------------------------------------
+
+/// A failed call, as the CLI reports it.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    /// The service answered with an error.
+    #[error("{message} ({code})")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// No answer from the service.
+    #[error("cannot reach berth at {server}: {detail}; is it running? (see --server)")]
+    Unreachable { server: String, detail: String },
+}
+
+impl CallError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            CallError::Api { .. } => 1,
+            CallError::Unreachable { .. } => 2,
+        }
+    }
+}
+
+/// A berth service as the CLI reaches it: one connection per call.
+struct Client {
+    base: Url,
+    /// `host:port`: where to connect, and the Host header.
+    authority: String,
+    /// The URL for messages, without any user info.
+    shown: String,
+    token: Option<String>,
+}
+
+impl Client {
+    fn new(options: &ClientOptions) -> anyhow::Result<Client> {
+        let server = &options.server;
+        let base =
+            Url::parse(server).with_context(|| format!("--server `{server}` is not a URL"))?;
+        if base.scheme() == "https" {
+            bail!(
+                "--server {server}: TLS is not supported by the CLI yet; use an http:// URL (e.g. through an SSH tunnel)"
+            );
+        }
+        let (Some(host), "http") = (base.host_str(), base.scheme()) else {
+            bail!("--server {server}: not an http://HOST:PORT URL");
+        };
+        let authority = format!("{host}:{}", base.port_or_known_default().unwrap_or(80));
+        let shown = format!("http://{authority}{}", base.path().trim_end_matches('/'));
+        let token = options.token.clone();
+        Ok(Client {
+            base,
+            authority,
+            shown,
+            token,
+        })
+    }
+
+    /// One call: `path` segments under `/v1` (each escaped), the query's set
+    /// parameters, an optional JSON body. Answers the JSON of a success;
+    /// otherwise a [`CallError`], or another error if the answer is not JSON.
+    async fn call(
+        &self,
+        method: Method,
+        path: &[&str],
+        query: &[(&str, Option<String>)],
+        body: Option<Vec<u8>>,
+    ) -> anyhow::Result<Value> {
+        let mut url = self.base.clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        let mut segments = url.path_segments_mut().expect("an http URL has a path");
+        segments.pop_if_empty().push("v1").extend(path);
+        drop(segments);
+        let set = query.iter().filter_map(|(k, v)| Some((*k, v.as_deref()?)));
+        let set: Vec<(&str, &str)> = set.collect();
+        if !set.is_empty() {
+            url.query_pairs_mut().extend_pairs(set);
+        }
+        let agent = concat!("berth/", env!("CARGO_PKG_VERSION"));
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(&url[url::Position::BeforePath..])
+            .header(header::HOST, &self.authority)
+            .header(header::USER_AGENT, agent);
+        if let Some(token) = &self.token {
+            let mut v = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| anyhow!("the token has characters a header cannot carry"))?;
+            v.set_sensitive(true);
+            req = req.header(header::AUTHORIZATION, v);
+        }
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let req = req.body(Full::from(body.unwrap_or_default()))?;
+        // A long-poll is held up to MAX_WAIT by the server.
+        let waits = query.iter().any(|(k, _)| *k == "wait");
+        let timeout = CALL_TIMEOUT + if waits { MAX_WAIT } else { Duration::ZERO };
+        let late = |_| self.unreachable(format!("no answer in {timeout:?}"));
+        let answer = tokio::time::timeout(timeout, self.send(req)).await;
+        let (status, bytes) = answer.map_err(late)??;
+        if !status.is_success() {
+            return Err(api_error(status, &bytes).into());
+        }
+        let server = &self.shown;
+        serde_json::from_slice(&bytes).with_context(|| format!("berth at {server} sent no JSON"))
+    }
+
+    async fn send(
+        &self,
+        req: hyper::Request<Full<Bytes>>,
+    ) -> Result<(StatusCode, Bytes), CallError> {
+        let connect = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.authority));
+        let stream = match connect.await {
+            Ok(stream) => stream.map_err(|e| self.unreachable(e))?,
+            Err(_) => return Err(self.unreachable("timed out connecting")),
+        };
+        let lost = |e: hyper::Error| {
+            let causes = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source());
+            self.unreachable(causes.map(|e| e.to_string()).collect::<Vec<_>>().join(": "))
+        };
+        let handshake = hyper::client::conn::http1::handshake(Io(stream));
+        let (mut sender, conn) = handshake.await.map_err(lost)?;
+        // Ends once `sender` is dropped and the answer is read.
+        tokio::spawn(conn);
+        let answer = sender.send_request(req).await.map_err(lost)?;
+        let status = answer.status();
+        let bytes = answer.into_body().collect().await.map_err(lost)?.to_bytes();
+        Ok((status, bytes))
+    }
+
+    fn unreachable(&self, detail: impl std::fmt::Display) -> CallError {
+        let (server, detail) = (self.shown.clone(), detail.to_string());
+        CallError::Unreachable { server, detail }
+    }
+}
+
+/// The server's error body, or what there is of one.
+fn api_error(status: StatusCode, body: &[u8]) -> CallError {
+    let (code, message) = match serde_json::from_slice::<types::ErrorBody>(body) {
+        Ok(b) => (b.error.code, b.error.message),
+        Err(_) => {
+            let text = String::from_utf8_lossy(body);
+            let reason = status.canonical_reason().unwrap_or("no reason given");
+            let text = Some(text.trim())
+                .filter(|t| !t.is_empty())
+                .unwrap_or(reason);
+            (
+                format!("HTTP {}", status.as_u16()),
+                text.chars().take(200).collect(),
+            )
+        }
+    };
+    let status = status.as_u16();
+    CallError::Api {
+        status,
+        code,
+        message,
+    }
+}
+
+/// A tokio TCP stream as hyper's IO (what `hyper-util`'s `TokioIo` does).
+struct Io(TcpStream);
+
+impl hyper::rt::Read for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        // Read through a small buffer of our own: no unsafe code for a CLI.
+        let mut tmp = [0u8; 8192];
+        let n = buf.remaining().min(tmp.len());
+        let mut read = tokio::io::ReadBuf::new(&mut tmp[..n]);
+        ready!(Pin::new(&mut self.get_mut().0).poll_read(cx, &mut read))?;
+        buf.put_slice(read.filled());
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl hyper::rt::Write for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Json;
+    use axum::http::StatusCode as Status;
+    use axum::routing::{get, post};
+    use clap::{CommandFactory, Parser};
+    use serde_json::json;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: ClientCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<ClientCommand, clap::Error> {
+        Cli::try_parse_from(std::iter::once("berth").chain(args.iter().copied())).map(|c| c.cmd)
+    }
+
+    fn options(server: &str) -> ClientOptions {
+        let token = Some("secret".to_owned());
+        ClientOptions {
+            server: server.to_owned(),
+            token,
+            json: false,
+        }
+    }
+
+    #[test]
+    fn the_commands_are_well_formed() {
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        for clash in ["driver", "config", "sim", "serve"] {
+            assert!(cli.find_subcommand(clash).is_none(), "{clash}");
+        }
+        assert!(cli.find_subcommand("heartbeat").is_some());
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let rows = vec![
+            vec!["n-1".to_owned(), "smäll".to_owned(), "x".to_owned()],
+            vec!["n-1234".to_owned(), "s".to_owned(), String::new()],
+        ];
+        assert_eq!(
+            table(&["ID", "LABEL", "LAST"], &rows),
+            "ID      LABEL  LAST\nn-1     smäll  x\nn-1234  s\n"
+        );
+        assert_eq!(table(&["A", "B"], &[]), "A  B\n");
+    }
+
+    #[test]
+    fn labels_parse_with_counts() {
+        assert_eq!(parse_label("a"), Ok(("a".to_owned(), 1)));
+        assert_eq!(parse_label("a=3"), Ok(("a".to_owned(), 3)));
+        for bad in ["a=0", "a=x", "a=", "=2", "a=-1"] {
+            assert!(parse_label(bad).is_err(), "{bad}");
+        }
+        let labels = [("a".to_owned(), 1), ("b".to_owned(), 2)];
+        let map = BTreeMap::from([("a".to_owned(), 1), ("b".to_owned(), 2)]);
+        assert_eq!(label_map(&labels).unwrap(), map);
+        let twice = [("a".to_owned(), 1), ("a".to_owned(), 2)];
+        assert!(label_map(&twice).unwrap_err().to_string().contains("twice"));
+        assert!(parse(&["request", "a=0"]).is_err());
+        let ClientCommand::Request(r) =
+            parse(&["request", "a", "b=2", "--priority", "-1", "--wait"]).unwrap()
+        else {
+            panic!("not a request");
+        };
+        assert_eq!(r.labels, labels);
+        assert_eq!((r.priority, r.wait), (-1, Some(None)));
+        let ClientCommand::Request(r) = parse(&["request", "a", "--wait", "90s"]).unwrap() else {
+            panic!("not a request");
+        };
+        assert_eq!(r.wait, Some(Some(Duration::from_secs(90))));
+    }
+
+    #[tokio::test]
+    async fn a_label_given_twice_is_refused_before_any_call() {
+        // Nothing listens on port 9 here; reaching for it would be a CallError.
+        let cmd = parse(&["request", "a", "a=2", "--server", "http://127.0.0.1:9"]).unwrap();
+        let e = execute(cmd, &mut Vec::new()).await.unwrap_err();
+        assert!(e.downcast_ref::<CallError>().is_none(), "{e}");
+        assert!(e.to_string().contains("`a` is given twice"), "{e}");
+    }
+
+    #[test]
+    fn rfc3339_round_trips() {
+        let mut ms: u64 = 0;
+        for i in 0..20_000u64 {
+            assert_eq!(parse_rfc3339(&types::rfc3339(ms)), Some(ms), "{ms}");
+            ms = ms.wrapping_mul(6364136223846793005).wrapping_add(i) % 13_000_000_000_000;
+        }
+        for ms in [0, 951_782_400_000, 1_795_431_845_123, 4_102_444_799_999] {
+            assert_eq!(parse_rfc3339(&types::rfc3339(ms)), Some(ms));
+        }
+        for bad in [
+            "2026-02-29T00:00:00.000Z",
+            "2026-13-01T00:00:00.000Z",
+            "2026-11-23T24:00:00.000Z",
+            "2026-11-23T10:04:05Z",
+            "2026-11-23 10:04:05.123Z",
+            "2026-11-23T10:04:05.12xZ",
+            "2026-11-2éT10:04:05.12Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn ages_are_human() {
+        let cases = [(0, "0s"), (5_999, "5s"), (59_999, "59s"), (60_000, "1m")];
+        let more = [
+            (3_599_999, "59m"),
+            (7_200_000, "2h"),
+            (3 * 86_400_000 + 5, "3d"),
+        ];
+        for (ms, text) in cases.into_iter().chain(more) {
+            assert_eq!(human(ms), text, "{ms}");
+        }
+        let now = 1_795_431_845_123;
+        assert_eq!(age(&types::rfc3339(now - 180_000), now), "3m");
+        assert_eq!(age(&types::rfc3339(now + 5_000), now), "0s");
+        assert_eq!(age("yesterday", now), "?");
+    }
+
+    /// A stand-in for `berth serve` on a free port; answers its URL.
+    async fn fake_server() -> String {
+        let t = types::rfc3339(now_ms() - 180_000);
+        let node = |id: &str, state: &str| {
+            json!({"id": id, "label": "small", "provider": "sim", "state": state, "idle": "run",
+                "instance_type": "s1", "since": t, "created": t})
+        };
+        let mut held = node("n-2", "in-use");
+        held["requestor"] = json!("ci");
+        held["addresses"] = json!({"public_ipv4": "203.0.113.5", "private_ipv4": "10.0.0.5"});
+        held["connection"] = json!({"username": "berth", "port": 22});
+        let nodes = json!([node("n-1", "ready"), held.clone()]);
+        let pending = json!({"id": "r-1", "requestor": "ci", "priority": 0, "state": "pending",
+            "labels": {"small": 1}, "created": t, "nodes": []});
+        let mut fulfilled = pending.clone();
+        fulfilled["state"] = json!("fulfilled");
+        fulfilled["nodes"] = json!([held]);
+        let forbidden = json!({"error": {"code": "forbidden",
+            "message": "node x is not held by requestor `ci`"}});
+        let app = axum::Router::new()
+            .route(
+                "/v1/nodes",
+                get(|h: axum::http::HeaderMap| async move {
+                    assert_eq!(h["authorization"], "Bearer secret");
+                    Json(nodes)
+                }),
+            )
+            .route(
+                "/v1/nodes/{id}/release",
+                post(|| async { (Status::FORBIDDEN, Json(forbidden)) }),
+            )
+            .route(
+                "/v1/requests",
+                post(|Json(new): Json<types::NewRequest>| async move {
+                    assert_eq!(new.labels, BTreeMap::from([("small".to_owned(), 1)]));
+                    (Status::CREATED, Json(pending))
+                }),
+            )
+            .route(
+                "/v1/requests/r-1",
+                get(|q: axum::extract::RawQuery| async move {
+                    assert_eq!(q.0.as_deref(), Some("wait=300000ms"));
+                    Json(fulfilled)
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn talks_to_a_server() {
+        let server = fake_server().await;
+        let mut out = Vec::new();
+        execute(
+            parse(&["nodes", "--server", &server, "--token", "secret"]).unwrap(),
+            &mut out,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "ID   LABEL  PROVIDER  STATE   IDLE  REQUESTOR  SINCE  ADDRESS\n\
+             n-1  small  sim       ready   run   -          3m     -\n\
+             n-2  small  sim       in-use  run   ci         3m     203.0.113.5\n"
+        );
+
+        let release = IdArgs {
+            id: "x".to_owned(),
+            client: options(&server),
+        };
+        let e = execute(ClientCommand::Release(release), &mut Vec::new())
+            .await
+            .unwrap_err();
+        let e = e.downcast::<CallError>().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "node x is not held by requestor `ci` (forbidden)"
+        );
+        assert!(matches!(e, CallError::Api { status: 403, .. }));
+        assert_eq!(e.exit_code(), 1);
+
+        let request = parse(&["request", "small", "--wait", "--server", &server]).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(execute(request, &mut out).await.unwrap(), ExitCode::SUCCESS);
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.starts_with("r-1  fulfilled  requestor ci"), "{out}");
+        assert!(
+            out.contains("\nn-2   small  sim       in-use  berth@203.0.113.5:22\n"),
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_is_named_and_exits_2() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let e = execute(ClientCommand::Labels(options(&server)), &mut Vec::new())
+            .await
+            .unwrap_err()
+            .downcast::<CallError>()
+            .unwrap();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string()
+                .contains(&format!("cannot reach berth at {server}:")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn https_is_refused_plainly() {
+        let e = Client::new(&options("https://berth.example"))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("TLS is not supported"), "{e}");
+    }
+}
