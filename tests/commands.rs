@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::task::JoinSet;
 
 use crate::serve::{CI, OPS, OTHER, code, serve_config_with};
@@ -27,14 +27,13 @@ fn one_reused_node(sim: &SimServer, dir: &Path) -> String {
 
 /// Creates a request for one `small` node as `token`; its id.
 async fn ask(server: &Berth, token: &str) -> String {
-    let r = server.request(token, json!({"small": 1})).await;
-    r["id"].as_str().unwrap().to_owned()
+    server.request(token, &[("small", 1)]).await.id
 }
 
 /// Waits for request `id` to be fulfilled; its one node's id.
 async fn handed(server: &Berth, token: &str, id: &str) -> String {
     let r = server.fulfilled(token, id).await;
-    r["nodes"][0]["id"].as_str().unwrap().to_owned()
+    r.nodes[0].id.clone()
 }
 
 /// `ci` holds the only node and `other` waits for it. `ci` returns it from

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use berth::client::types::{Node, Request};
 
 use crate::serve::{CI, OPS, OTHER, serve_config};
 use crate::support::SimServer;
@@ -50,17 +50,12 @@ async fn kill(server: Berth) {
 }
 
 /// Node ids and instances of a fulfilled request view.
-fn handed(request: &Value) -> Vec<(String, String)> {
-    request["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|n| {
-            (
-                n["id"].as_str().unwrap_or_default().to_owned(),
-                n["instance"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
+fn handed(request: &Request) -> Vec<(String, String)> {
+    let instance = |n: &Node| n.instance.clone().unwrap_or_default();
+    request
+        .nodes
+        .iter()
+        .map(|n| (n.id.clone(), instance(n)))
         .collect()
 }
 
@@ -77,8 +72,8 @@ async fn trial(dir: &Path, sync: &str, delay: Duration) -> Result<Found, String>
         (l[0]["ready"].as_u64() == Some(2)).then_some(())
     })
     .await;
-    let request = server.request(CI, json!({"small": 2})).await;
-    assert_eq!(request["state"], "fulfilled", "{request}");
+    let request = server.request(CI, &[("small", 2)]).await;
+    assert_eq!(request.state, "fulfilled", "{request:?}");
     // The client has seen its nodes; the power goes.
     tokio::time::sleep(delay).await;
     let cut = dir.join("cut.img");
@@ -86,7 +81,7 @@ async fn trial(dir: &Path, sync: &str, delay: Duration) -> Result<Found, String>
     kill(server).await;
     drop(disk);
     let a = handed(&request);
-    assert_eq!(a.len(), 2, "{request}");
+    assert_eq!(a.len(), 2, "{request:?}");
 
     let disk = LoopFs::mount(&cut, &state)?;
     let server = Berth::start(&["--config", &cfg], dir).await;
@@ -101,13 +96,11 @@ async fn trial(dir: &Path, sync: &str, delay: Duration) -> Result<Found, String>
                 .push(format!("{node}: {} for {}", n["state"], n["requestor"]));
         }
     }
-    let b = server.request(OTHER, json!({"small": 2})).await;
-    let id = b["id"].as_str().unwrap().to_owned();
+    let id = server.request(OTHER, &[("small", 2)]).await.id;
+    let other = server.client(OTHER);
     let b = until(60, "the second request fulfilled", || async {
-        let (_, r) = server
-            .call("GET", &format!("/v1/requests/{id}"), Some(OTHER), None)
-            .await;
-        (r["state"] == "fulfilled").then_some(r)
+        let r = other.request(&id, None).await.ok()?;
+        (r.state == "fulfilled").then_some(r)
     })
     .await;
     let a_instances: BTreeSet<String> = a.into_iter().map(|(_, i)| i).collect();

@@ -192,15 +192,15 @@ async fn serve_end_to_end_through_the_binary() {
     }
 
     // Request → fulfilled (long-poll) → release → deleted.
-    let r = server.request(CI, json!({"small": 1})).await;
-    let id = r["id"].as_str().unwrap().to_owned();
+    let r = server.request(CI, &[("small", 1)]).await;
+    let id = r.id;
     let r = server.fulfilled(CI, &id).await;
-    let node = r["nodes"][0].clone();
+    let node = &r.nodes[0];
     assert!(
-        node["addresses"].is_object() && node["connection"].is_object(),
-        "{node}"
+        node.addresses.is_some() && node.connection.is_some(),
+        "{node:?}"
     );
-    let nid = node["id"].as_str().unwrap().to_owned();
+    let nid = node.id.clone();
 
     // Another client sees the node but not how to reach it, and cannot
     // release it or read the request.

@@ -10,7 +10,9 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use berth::client::Client;
+use berth::client::types::{NewRequest, Request};
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
@@ -115,37 +117,32 @@ impl Berth {
         Self::spawn(launch).listening().await
     }
 
-    /// The process id, for signals.
-    /// `POST /v1/requests` with `labels` as `token`: the new request
-    /// (answered 201).
-    pub async fn request(&self, token: &str, labels: Value) -> Value {
-        let (s, r) = self
-            .call(
-                "POST",
-                "/v1/requests",
-                Some(token),
-                Some(json!({ "labels": labels })),
-            )
-            .await;
-        assert_eq!(s, 201, "{r}");
-        r
+    /// A client of this berth's API, as `token`.
+    pub fn client(&self, token: &str) -> Client {
+        Client::new(&self.base, Some(token.to_owned())).expect("a client")
+    }
+
+    /// `POST /v1/requests` for `labels` as `token`: the new request.
+    pub async fn request(&self, token: &str, labels: &[(&str, u32)]) -> Request {
+        let new = NewRequest {
+            labels: labels.iter().map(|(l, n)| ((*l).to_owned(), *n)).collect(),
+            ..Default::default()
+        };
+        let created = self.client(token).create_request(&new).await;
+        created.unwrap_or_else(|e| panic!("creating a request for {labels:?}: {e}"))
     }
 
     /// Long-polls request `id` as `token` (30 s at most): the request, which
     /// must be fulfilled by then.
-    pub async fn fulfilled(&self, token: &str, id: &str) -> Value {
-        let (s, r) = self
-            .call(
-                "GET",
-                &format!("/v1/requests/{id}?wait=30s"),
-                Some(token),
-                None,
-            )
-            .await;
-        assert_eq!((s, r["state"].as_str()), (200, Some("fulfilled")), "{r}");
+    pub async fn fulfilled(&self, token: &str, id: &str) -> Request {
+        let wait = Some(Duration::from_secs(30));
+        let r = self.client(token).request(id, wait).await;
+        let r = r.unwrap_or_else(|e| panic!("request {id}: {e}"));
+        assert_eq!(r.state, "fulfilled", "{r:?}");
         r
     }
 
+    /// The process id, for signals.
     pub fn pid(&self) -> i32 {
         self.child.id().expect("running") as i32
     }
