@@ -401,8 +401,8 @@ async fn slots_pack_onto_backing_instances_and_are_released_after_grace() {
     let placement = h
         .inspect(|p| {
             p.nodes()
-                .filter_map(|n| match n.role {
-                    berth::pool::Role::Slot { backing, index } if !n.state.is_final() => {
+                .filter_map(|n| match n.packing {
+                    berth::pool::Packing::Slot { backing, index } if !n.state.is_final() => {
                         Some((backing, index))
                     }
                     _ => None,

@@ -503,9 +503,9 @@ impl Pool {
         if node.idle == idle {
             return Ok(());
         }
-        let tagged = node.role != Role::Plain || node.instance.is_some();
+        let tagged = node.packing != Packing::Plain || node.instance.is_some();
         self.update(id, |n| n.idle = idle);
-        if tagged && !matches!(self.nodes[&id].role, Role::Slot { .. }) {
+        if tagged && !matches!(self.nodes[&id].packing, Packing::Slot { .. }) {
             let p = self.nodes[&id].provider;
             self.ix.providers[p.0 as usize].want_tags.insert(id);
         }
@@ -519,7 +519,7 @@ impl Pool {
                 self.ready_timers(id, since);
                 self.check_backing_idle(id, now);
             }
-            (Idle::Drain, _) if matches!(self.nodes[&id].role, Role::Backing { .. }) => {
+            (Idle::Drain, _) if matches!(self.nodes[&id].packing, Packing::Backing { .. }) => {
                 self.check_backing_idle(id, now)
             }
             _ => {}
@@ -679,9 +679,9 @@ impl Pool {
         tags.insert(NODE_TAG.into(), node.id.to_string());
         tags.insert(LABEL_TAG.into(), self.config[node.label].name.clone());
         tags.insert(IDLE_TAG.into(), node.idle.as_str().into());
-        if let Role::Backing {
+        if let Packing::Backing {
             slot_label, slots, ..
-        } = &node.role
+        } = &node.packing
         {
             tags.insert(SLOTS_TAG.into(), slots.len().to_string());
             tags.insert(SLOT_LABEL_TAG.into(), self.config[*slot_label].name.clone());
@@ -730,7 +730,7 @@ impl Indexes {
             }
         }
         let label = &mut self.labels[n.label.0 as usize];
-        let plain = n.role == Role::Plain;
+        let plain = n.packing == Packing::Plain;
         let free = plain && n.assigned.is_none() && n.idle == Idle::Run;
         match n.state {
             NodeState::Ready { since } if free => set(&mut label.free_ready, (since, n.id), add),
@@ -739,14 +739,14 @@ impl Indexes {
             }
             _ => {}
         }
-        if let Role::Backing { slot_label, .. } = &n.role
+        if let Packing::Backing { slot_label, .. } = &n.packing
             && n.state.holds_instance()
             && !matches!(n.state, NodeState::Deleting { .. })
         {
             set(&mut self.labels[slot_label.0 as usize].backings, n.id, add);
         }
         let p = &mut self.providers[n.provider.0 as usize];
-        if matches!(n.role, Role::Slot { .. }) {
+        if matches!(n.packing, Packing::Slot { .. }) {
             return;
         }
         if n.state.holds_instance() {

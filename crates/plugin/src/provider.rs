@@ -103,7 +103,46 @@ pub enum Trap {
     Panic(String),
     /// Any other trap.
     #[error("{0}")]
-    Crashed(String),
+    Crash(String),
+}
+
+impl CallErrorKind {
+    /// How a call that failed this way ended, in a word, the same in stats,
+    /// metrics and logs: the contract's error kind (`rate-limited`,
+    /// `quota-exceeded`, `capacity`, `not-found`, `unauthorized`,
+    /// `invalid-config`, `transient`, `permanent`), `trap`, `start-failed`,
+    /// `not-started` or `stopped`. A call that did not fail is `ok`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            CallErrorKind::Driver(e) => match e {
+                DriverError::RateLimited { .. } => "rate-limited",
+                DriverError::QuotaExceeded(_) => "quota-exceeded",
+                DriverError::Capacity { .. } => "capacity",
+                DriverError::NotFound(_) => "not-found",
+                DriverError::Unauthorized(_) => "unauthorized",
+                DriverError::InvalidConfig(_) => "invalid-config",
+                DriverError::Transient(_) => "transient",
+                DriverError::Permanent(_) => "permanent",
+            },
+            CallErrorKind::Trap(_) => "trap",
+            CallErrorKind::Start(_) => "start-failed",
+            CallErrorKind::NotStarted(_) => "not-started",
+            CallErrorKind::Stopped => "stopped",
+        }
+    }
+}
+
+impl Trap {
+    /// The kind of trap in a word, the same in stats, metrics and the API:
+    /// `deadline`, `out-of-memory`, `panic` or `crash`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Trap::Deadline(_) => "deadline",
+            Trap::OutOfMemory(_) => "out-of-memory",
+            Trap::Panic(_) => "panic",
+            Trap::Crash(_) => "crash",
+        }
+    }
 }
 
 /// Result of a delete: gone now, or already gone.
@@ -116,16 +155,16 @@ pub enum Deletion {
 /// Calls made so far, by call and outcome.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CallStats {
-    /// `(call, outcome)` → (count, total microseconds). Outcomes: `ok`,
-    /// `error`, `trap`, `start-failed`.
+    /// `(call, outcome)` → (count, total microseconds); outcomes are `ok`
+    /// and [`CallErrorKind::outcome`]'s words.
     pub calls: BTreeMap<(Call, &'static str), (u64, u64)>,
     /// Driver instances started (the first, and one after each trap).
     pub instances_started: u64,
-    /// Traps by kind: `deadline`, `out-of-memory`, `panic`, `crashed`.
+    /// Traps by kind ([`Trap::name`]).
     pub traps: BTreeMap<&'static str, u64>,
 }
 
-enum Request {
+enum Invocation {
     /// Start and configure an instance if the task has none.
     Warm,
     Create(CreateSpec),
@@ -135,20 +174,20 @@ enum Request {
     Limits,
 }
 
-impl Request {
+impl Invocation {
     fn call(&self) -> Call {
         match self {
-            Request::Warm => Call::Configure,
-            Request::Create(_) => Call::Create,
-            Request::List(_) => Call::List,
-            Request::Delete(_) => Call::Delete,
-            Request::SetTags(..) => Call::SetTags,
-            Request::Limits => Call::Limits,
+            Invocation::Warm => Call::Configure,
+            Invocation::Create(_) => Call::Create,
+            Invocation::List(_) => Call::List,
+            Invocation::Delete(_) => Call::Delete,
+            Invocation::SetTags(..) => Call::SetTags,
+            Invocation::Limits => Call::Limits,
         }
     }
 }
 
-enum Response {
+enum Reply {
     Instance(Instance),
     Instances(Vec<Instance>),
     Unit,
@@ -275,7 +314,7 @@ impl Provider {
         self.idle.permits.close();
     }
 
-    async fn call(&self, request: Request) -> Result<Response, CallError> {
+    async fn call(&self, request: Invocation) -> Result<Reply, CallError> {
         let call = request.call();
         let err = |kind| CallError {
             provider: self.shared.name.clone(),
@@ -315,7 +354,7 @@ impl Provider {
             Err(TaskLost::Cancelled) => Err(err(CallErrorKind::Stopped)),
             Err(TaskLost::Panicked(why)) => {
                 tracing::error!(provider = %self.shared.name, %call, %why, "the host panicked in a driver call");
-                Err(err(CallErrorKind::Trap(Trap::Crashed(format!(
+                Err(err(CallErrorKind::Trap(Trap::Crash(format!(
                     "the host panicked in the call: {why}"
                 )))))
             }
@@ -356,7 +395,7 @@ pub(super) async fn describe(
             call: Call::Describe,
             kind: match lost {
                 TaskLost::Cancelled => CallErrorKind::Stopped,
-                TaskLost::Panicked(why) => CallErrorKind::Trap(Trap::Crashed(format!(
+                TaskLost::Panicked(why) => CallErrorKind::Trap(Trap::Crash(format!(
                     "the host panicked in the call: {why}"
                 ))),
             },
@@ -471,20 +510,11 @@ fn classify(e: wasmtime::Error, budget: Duration, store: Option<&Store<StoreStat
                     last
                 })
             }
-            Some(t) => Trap::Crashed(t.to_string()),
+            Some(t) => Trap::Crash(t.to_string()),
             // Backtraces carry the module's own function names: the
             // driver's text, escaped like the rest of it.
-            None => Trap::Crashed(berth_core::text::printable(&format!("{e:#}")).into_owned()),
+            None => Trap::Crash(berth_core::text::printable(&format!("{e:#}")).into_owned()),
         }
-    }
-}
-
-fn trap_kind(t: &Trap) -> &'static str {
-    match t {
-        Trap::Deadline(_) => "deadline",
-        Trap::OutOfMemory(_) => "out-of-memory",
-        Trap::Panic(_) => "panic",
-        Trap::Crashed(_) => "crashed",
     }
 }
 
@@ -501,18 +531,13 @@ pub struct DriverInstance {
 }
 
 impl DriverInstance {
-    async fn dispatch(&mut self, request: Request) -> Result<Response, CallErrorKind> {
+    async fn dispatch(&mut self, request: Invocation) -> Result<Reply, CallErrorKind> {
         let call = request.call();
         let span = tracing::info_span!("driver_call", provider = %self.shared.name, call = %call);
         let started = Instant::now();
         let result = self.run(request).instrument(span.clone()).await;
         let micros = started.elapsed().as_micros() as u64;
-        let outcome = match &result {
-            Ok(_) => "ok",
-            Err(CallErrorKind::Driver(_)) => "error",
-            Err(CallErrorKind::Start(_)) => "start-failed",
-            Err(_) => "trap",
-        };
+        let outcome = result.as_ref().err().map_or("ok", CallErrorKind::outcome);
         // A driver's error value is an expected outcome (not-found on a
         // repeated delete, a quota); traps and failed starts are not.
         span.in_scope(|| match &result {
@@ -525,13 +550,13 @@ impl DriverInstance {
             entry.0 += 1;
             entry.1 += micros;
             if let Some(t) = result.as_ref().err().and_then(|e| e.trap()) {
-                *s.traps.entry(trap_kind(t)).or_default() += 1;
+                *s.traps.entry(t.name()).or_default() += 1;
             }
         }
         result
     }
 
-    async fn call(&mut self, request: Request) -> Result<Response, CallError> {
+    async fn call(&mut self, request: Invocation) -> Result<Reply, CallError> {
         let call = request.call();
         self.dispatch(request).await.map_err(|kind| CallError {
             provider: self.shared.name.clone(),
@@ -540,10 +565,10 @@ impl DriverInstance {
         })
     }
 
-    async fn run(&mut self, request: Request) -> Result<Response, CallErrorKind> {
+    async fn run(&mut self, request: Invocation) -> Result<Reply, CallErrorKind> {
         let shared = &*self.shared;
         if self.live.is_none() {
-            let warming = matches!(request, Request::Warm);
+            let warming = matches!(request, Invocation::Warm);
             self.live = Some(start(shared).await.map_err(|k| {
                 if warming {
                     k
@@ -562,27 +587,27 @@ impl DriverInstance {
                 let guest = live.plugin.berth_driver_driver();
                 let store = &mut live.store;
                 Ok(match request {
-                    Request::Warm => Ok(Response::Unit),
-                    Request::Create(spec) => guest
+                    Invocation::Warm => Ok(Reply::Unit),
+                    Invocation::Create(spec) => guest
                         .call_create(&mut *store, &(&spec).into())
                         .await?
-                        .map(|i| Response::Instance(i.into())),
-                    Request::List(filter) => guest
+                        .map(|i| Reply::Instance(i.into())),
+                    Invocation::List(filter) => guest
                         .call_list(&mut *store, &tags_to_wit(&filter))
                         .await?
-                        .map(|v| Response::Instances(v.into_iter().map(Into::into).collect())),
-                    Request::Delete(id) => guest
+                        .map(|v| Reply::Instances(v.into_iter().map(Into::into).collect())),
+                    Invocation::Delete(id) => guest
                         .call_delete(&mut *store, &id)
                         .await?
-                        .map(|()| Response::Unit),
-                    Request::SetTags(id, tags) => guest
+                        .map(|()| Reply::Unit),
+                    Invocation::SetTags(id, tags) => guest
                         .call_set_tags(&mut *store, &id, &tags_to_wit(&tags))
                         .await?
-                        .map(|()| Response::Unit),
-                    Request::Limits => guest
+                        .map(|()| Reply::Unit),
+                    Invocation::Limits => guest
                         .call_limits(&mut *store)
                         .await?
-                        .map(|l| Response::Limits(l.into())),
+                        .map(|l| Reply::Limits(l.into())),
                 })
             },
         )
@@ -624,17 +649,17 @@ macro_rules! typed_calls {
 typed_calls! {
     /// Makes sure a driver instance is started and configured, so a bad
     /// config surfaces now rather than on the first real call.
-    pub async fn warm(&self) -> () = Request::Warm, Response::Unit => ();
+    pub async fn warm(&self) -> () = Invocation::Warm, Reply::Unit => ();
     /// Creates an instance.
-    pub async fn create(&self, spec: CreateSpec) -> Instance = Request::Create(spec), Response::Instance(i) => i;
+    pub async fn create(&self, spec: CreateSpec) -> Instance = Invocation::Create(spec), Reply::Instance(i) => i;
     /// Lists instances carrying every tag of `filter`.
-    pub async fn list(&self, filter: Tags) -> Vec<Instance> = Request::List(filter), Response::Instances(v) => v;
+    pub async fn list(&self, filter: Tags) -> Vec<Instance> = Invocation::List(filter), Reply::Instances(v) => v;
     /// Replaces the instance's berth tags.
-    pub async fn set_tags(&self, instance_id: &str, tags: Tags) -> () = Request::SetTags(instance_id.to_string(), tags), Response::Unit => ();
+    pub async fn set_tags(&self, instance_id: &str, tags: Tags) -> () = Invocation::SetTags(instance_id.to_string(), tags), Reply::Unit => ();
     /// The account's limits, if the driver declares that capability.
-    pub async fn limits(&self) -> AccountLimits = Request::Limits, Response::Limits(l) => l;
+    pub async fn limits(&self) -> AccountLimits = Invocation::Limits, Reply::Limits(l) => l;
     /// Deletes an instance. Prefer `delete`, which treats `not-found` as success.
-    async fn delete_raw(&self, instance_id: &str) -> () = Request::Delete(instance_id.to_string()), Response::Unit => ();
+    async fn delete_raw(&self, instance_id: &str) -> () = Invocation::Delete(instance_id.to_string()), Reply::Unit => ();
 }
 
 fn deletion(result: Result<(), CallError>) -> Result<Deletion, CallError> {

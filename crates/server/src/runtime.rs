@@ -19,7 +19,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use berth_config::{Config, ProviderIx, Settings};
-use berth_core::driver::DriverError;
 use berth_core::driver::check::{self, BadAnswer};
 use berth_core::driver::{Instance, POOL_TAG, Tags};
 use berth_core::pool::{
@@ -120,41 +119,15 @@ impl CallKind {
     }
 }
 
-/// How a driver call ended, in a word: `ok`, the contract's error kind
-/// (`rate-limited`, `quota-exceeded`, `capacity`, `not-found`,
-/// `unauthorized`, `invalid-config`, `transient`, `permanent`), `trap`,
-/// `start-failed`, `not-started` or `stopped`.
+/// How a driver call ended, in a word: `ok` or
+/// [`CallErrorKind::outcome`]'s.
 pub fn outcome_name(result: Result<(), &CallError>) -> &'static str {
-    let Err(e) = result else {
-        return "ok";
-    };
-    match &e.kind {
-        CallErrorKind::Driver(e) => match e {
-            DriverError::RateLimited { .. } => "rate-limited",
-            DriverError::QuotaExceeded(_) => "quota-exceeded",
-            DriverError::Capacity { .. } => "capacity",
-            DriverError::NotFound(_) => "not-found",
-            DriverError::Unauthorized(_) => "unauthorized",
-            DriverError::InvalidConfig(_) => "invalid-config",
-            DriverError::Transient(_) => "transient",
-            DriverError::Permanent(_) => "permanent",
-        },
-        CallErrorKind::Trap(_) => "trap",
-        CallErrorKind::Start(_) => "start-failed",
-        CallErrorKind::NotStarted(_) => "not-started",
-        CallErrorKind::Stopped => "stopped",
-    }
+    result.err().map_or("ok", |e| e.kind.outcome())
 }
 
-/// The kind of a sandbox trap, in a word: `deadline`, `out-of-memory`,
-/// `panic` or `crash`.
+/// The kind of a sandbox trap, in a word ([`Trap::name`]).
 pub fn trap_name(t: &Trap) -> &'static str {
-    match t {
-        Trap::Deadline(_) => "deadline",
-        Trap::OutOfMemory(_) => "out-of-memory",
-        Trap::Panic(_) => "panic",
-        Trap::Crashed(_) => "crash",
-    }
+    t.name()
 }
 
 /// Hears what the running pool does, for metrics and health. Called on the

@@ -145,7 +145,7 @@ fn parse_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError>
 /// client does not believe in state that would not survive a restart.
 async fn persist(
     cloud: &SimCloud,
-    snapshot: Option<super::store::Snapshot>,
+    snapshot: Option<super::state_file::Snapshot>,
 ) -> Result<(), ApiError> {
     cloud.write_async(snapshot).await.map_err(|e| {
         warn!(error = %e, "writing sim state failed");

@@ -4,13 +4,13 @@
 //!
 //! - `state`: the bookkeeping, as plain data and functions of `now`.
 //! - `api`: the axum routes, and errors turned into statuses.
-//! - `store`: the optional state file.
+//! - `state_file`: the optional state file.
 //! - `cli`: the `berth sim` subcommand.
 
 mod api;
 mod cli;
 mod state;
-mod store;
+mod state_file;
 #[cfg(test)]
 mod tests;
 
@@ -26,7 +26,7 @@ pub use cli::{SimArgs, run};
 pub use state::{Call, Instance, InstanceState};
 
 use state::State;
-use store::Store;
+use state_file::StateFile;
 
 /// How unfriendly the simulated cloud is. JSON field names are the knob names
 /// of `docs/sim-cloud.md`; a partial object leaves the other knobs alone.
@@ -126,7 +126,7 @@ struct Shared {
     // after the guard is dropped).
     state: Mutex<State>,
     clock: Clock,
-    store: Option<Store>,
+    state_file: Option<StateFile>,
 }
 
 /// Milliseconds since the Unix epoch, advanced by tokio's clock.
@@ -162,7 +162,10 @@ impl Clock {
 impl fmt::Debug for SimCloud {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SimCloud")
-            .field("state_file", &self.shared.store.as_ref().map(Store::path))
+            .field(
+                "state_file",
+                &self.shared.state_file.as_ref().map(StateFile::path),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -172,16 +175,16 @@ impl SimCloud {
     /// loaded from it if it exists and written to it after every change.
     pub fn new(knobs: Knobs, state_file: Option<PathBuf>) -> anyhow::Result<Self> {
         knobs.validate()?;
-        let store = state_file.map(Store::new);
-        let saved = match &store {
-            Some(store) => store.load()?,
+        let state_file = state_file.map(StateFile::new);
+        let saved = match &state_file {
+            Some(file) => file.load()?,
             None => Default::default(),
         };
         Ok(SimCloud {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::new(knobs, saved)),
                 clock: Clock::new(),
-                store,
+                state_file,
             }),
         })
     }
@@ -249,22 +252,22 @@ impl SimCloud {
 
     /// What to persist after a change, taken under the lock so snapshots are
     /// ordered by generation.
-    fn snapshot(&self, state: &State) -> Option<store::Snapshot> {
+    fn snapshot(&self, state: &State) -> Option<state_file::Snapshot> {
         self.shared
-            .store
+            .state_file
             .as_ref()
-            .map(|_| store::Snapshot::of(state))
+            .map(|_| state_file::Snapshot::of(state))
     }
 
-    fn write(&self, snapshot: Option<store::Snapshot>) -> std::io::Result<()> {
-        match (&self.shared.store, snapshot) {
-            (Some(store), Some(snapshot)) => store.write(snapshot),
+    fn write(&self, snapshot: Option<state_file::Snapshot>) -> std::io::Result<()> {
+        match (&self.shared.state_file, snapshot) {
+            (Some(file), Some(snapshot)) => file.write(snapshot),
             _ => Ok(()),
         }
     }
 
     /// [`Self::write`] off the async threads: it does blocking file I/O.
-    async fn write_async(&self, snapshot: Option<store::Snapshot>) -> std::io::Result<()> {
+    async fn write_async(&self, snapshot: Option<state_file::Snapshot>) -> std::io::Result<()> {
         if snapshot.is_none() {
             return Ok(());
         }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Knobs;
 use berth_core::driver::BERTH_TAG_PREFIX;
+use berth_core::pool::{Bucket, Time};
 
 /// Lifecycle state of a simulated instance, as it appears on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,15 +189,6 @@ pub(crate) fn parse_id(text: &str) -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
-/// The request rate limit: a token bucket of capacity `max(1, rate)`, kept in
-/// its GCRA form — one "theoretical arrival time" in whole microseconds — so
-/// refills are exact integer sums rather than drifting float increments.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Bucket {
-    /// When the bucket will be full again, if nothing else is taken.
-    full_at_us: u64,
-}
-
 /// Everything the simulator knows.
 #[derive(Debug)]
 pub(crate) struct State {
@@ -206,8 +198,9 @@ pub(crate) struct State {
     next_id: u64,
     instances: BTreeMap<u64, Record>,
     calls: Vec<Call>,
-    /// `None` means full: the bucket is (re)started full whenever the rate
-    /// limit is armed or changed.
+    /// The request rate limit: berth's own token bucket, of `rate` tokens
+    /// a second and room for `max(1, rate)`. `None` means full: the bucket
+    /// is (re)started full whenever the rate limit is armed or changed.
     bucket: Option<Bucket>,
     /// Bumped by every change worth persisting, so a slow writer can tell that
     /// its snapshot has been overtaken.
@@ -285,21 +278,17 @@ impl State {
         let Some(rate) = self.knobs.rate_limit else {
             return Ok(());
         };
+        let now = Time(now_ms);
         // Float-to-int `as` saturates, so absurd rates still give sane numbers.
-        let per_token_us = (1e6 / rate).round().max(1.0) as u64;
-        // Beyond the one token every request needs, how many the bucket holds.
-        let burst_us = ((rate.max(1.0) - 1.0) * per_token_us as f64).round() as u64;
-        let now_us = now_ms.saturating_mul(1000);
-        let full_at_us = self.bucket.map_or(now_us, |b| b.full_at_us).max(now_us);
-        let wait_us = full_at_us - now_us;
-        if wait_us > burst_us {
-            let retry_after_ms = (wait_us - burst_us).div_ceil(1000).max(1);
-            return Err(ApiError::RateLimited { retry_after_ms });
+        let room = rate.max(1.0) as u32;
+        let bucket = self.bucket.get_or_insert_with(|| Bucket::new(rate, room));
+        if bucket.try_take(now) {
+            return Ok(());
         }
-        self.bucket = Some(Bucket {
-            full_at_us: full_at_us.saturating_add(per_token_us),
-        });
-        Ok(())
+        let retry_after_ms = bucket.next_token().since(now).as_millis().max(1);
+        Err(ApiError::RateLimited {
+            retry_after_ms: u64::try_from(retry_after_ms).unwrap_or(u64::MAX),
+        })
     }
 
     /// Checks the bearer token, given the request's `Authorization` header.

@@ -24,7 +24,7 @@ impl Snapshot {
     }
 }
 
-pub(super) struct Store {
+pub(super) struct StateFile {
     path: PathBuf,
     // Generation last written. Held for the whole write so writers take turns,
     // and lets a snapshot that lost the race to a newer one be dropped instead
@@ -33,9 +33,9 @@ pub(super) struct Store {
     written: Mutex<Option<u64>>,
 }
 
-impl Store {
+impl StateFile {
     pub(super) fn new(path: PathBuf) -> Self {
-        Store {
+        StateFile {
             path,
             written: Mutex::new(None),
         }

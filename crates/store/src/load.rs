@@ -10,8 +10,8 @@ use super::rows::{NodeRow, RequestRow};
 use super::{Loaded, StoreError, sql};
 use berth_core::config::Config;
 use berth_core::pool::{
-    GoneReason, Lease, Node, NodeId, NodeState, Request, RequestId, RequestState, Role, Snapshot,
-    Time,
+    GoneReason, Lease, Node, NodeId, NodeState, Packing, Request, RequestId, RequestState,
+    Snapshot, Time,
 };
 
 pub(super) fn load(tx: &Transaction<'_>, config: &Config) -> Result<Loaded, StoreError> {
@@ -101,7 +101,7 @@ fn place_slots(
         let index = u16::try_from(index).map_err(|_| corrupt("idx", "not a slot index".into()))?;
         let held = match nodes.get(&n) {
             None => Err("that node is not stored or was dropped".to_owned()),
-            Some(node) if !matches!(node.role, Role::Slot { .. }) => {
+            Some(node) if !matches!(node.packing, Packing::Slot { .. }) => {
                 Err("that node is not a slot node".to_owned())
             }
             Some(node) if node.state.is_final() => {
@@ -109,10 +109,10 @@ fn place_slots(
             }
             Some(_) => Ok(()),
         };
-        let has_slot = match nodes.get(&b).map(|b| &b.role) {
+        let has_slot = match nodes.get(&b).map(|b| &b.packing) {
             None => Err("the backing node is not stored or was dropped".to_owned()),
-            Some(Role::Backing { slots, .. }) if usize::from(index) < slots.len() => Ok(()),
-            Some(Role::Backing { slots, .. }) => {
+            Some(Packing::Backing { slots, .. }) if usize::from(index) < slots.len() => Ok(()),
+            Some(Packing::Backing { slots, .. }) => {
                 Err(format!("the backing node has only {} slots", slots.len()))
             }
             Some(_) => Err("that is not a backing node".to_owned()),
@@ -121,17 +121,17 @@ fn place_slots(
             notes.push(format!("slot {index} of {b}, held by {n}: ignored, {why}"));
             continue;
         }
-        if let Some(Role::Backing { slots, .. }) = nodes.get_mut(&b).map(|b| &mut b.role) {
+        if let Some(Packing::Backing { slots, .. }) = nodes.get_mut(&b).map(|b| &mut b.packing) {
             slots[usize::from(index)] = Some(n);
         }
         if let Some(node) = nodes.get_mut(&n) {
-            node.role = Role::Slot { backing: b, index };
+            node.packing = Packing::Slot { backing: b, index };
         }
         placed.insert(n);
     }
     let mut ended = HashSet::new();
     for node in nodes.values_mut() {
-        if matches!(node.role, Role::Slot { .. })
+        if matches!(node.packing, Packing::Slot { .. })
             && !node.state.is_final()
             && !placed.contains(&node.id)
         {

@@ -8,8 +8,8 @@ use super::StoreError;
 use berth_core::config::{Config, LabelIx, ProviderIx};
 use berth_core::driver::{Addresses, Connection as Login};
 use berth_core::pool::{
-    DeleteReason, Endpoint, GoneReason, Idle, Node, NodeId, NodeState, Request, RequestId,
-    RequestState, Resources, Role, Time,
+    DeleteReason, Endpoint, GoneReason, Idle, Node, NodeId, NodeState, Packing, Request, RequestId,
+    RequestState, Resources, Time,
 };
 
 /// A `nodes` row. A slot node's `slot_backing` and `slot_index` repeat what
@@ -162,9 +162,9 @@ impl NodeRow {
             created: n.created.0,
             endpoint: None,
         };
-        match &n.role {
-            Role::Plain => {}
-            Role::Backing {
+        match &n.packing {
+            Packing::Plain => {}
+            Packing::Backing {
                 slot_label,
                 slots,
                 free_since,
@@ -180,7 +180,7 @@ impl NodeRow {
                     );
                 row.free_since = free_since.map(|t| t.0);
             }
-            Role::Slot { backing, index } => {
+            Packing::Slot { backing, index } => {
                 row.role = "slot";
                 row.slot_backing = Some(backing.to_string());
                 row.slot_index = Some(*index);
@@ -286,8 +286,8 @@ impl RawNodeRow {
         };
         let idle =
             Idle::parse(&idle).ok_or_else(|| corrupt("idle", format!("unknown `{idle}`")))?;
-        let role = match role.as_str() {
-            "plain" => Role::Plain,
+        let packing = match role.as_str() {
+            "plain" => Packing::Plain,
             "backing" => {
                 let name = row
                     .slot_label
@@ -300,7 +300,7 @@ impl RawNodeRow {
                 let count = row
                     .slot_count
                     .ok_or_else(|| corrupt("slot_count", "missing for a backing node".into()))?;
-                Role::Backing {
+                Packing::Backing {
                     slot_label,
                     slots: vec![None; usize::from(count)],
                     free_since: row.free_since.map(Time),
@@ -311,7 +311,7 @@ impl RawNodeRow {
                     .slot_backing
                     .as_deref()
                     .ok_or_else(|| corrupt("slot_backing", "missing for a slot node".into()))?;
-                Role::Slot {
+                Packing::Slot {
                     backing: backing.parse().map_err(|()| {
                         corrupt("slot_backing", format!("not a node id: `{backing}`"))
                     })?,
@@ -347,7 +347,7 @@ impl RawNodeRow {
             instance: row.instance,
             state: decoded,
             idle,
-            role,
+            packing,
             assigned,
             created: Time(row.created),
             endpoint,

@@ -8,8 +8,8 @@ use super::*;
 use berth_core::config::{Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, Timings};
 use berth_core::driver::{Addresses, Connection as Login};
 use berth_core::pool::{
-    DeleteReason, Endpoint, GoneReason, Idle, Lease, Node, NodeId, NodeState, Request, RequestId,
-    RequestState, Resources, Role, Time,
+    DeleteReason, Endpoint, GoneReason, Idle, Lease, Node, NodeId, NodeState, Packing, Request,
+    RequestId, RequestState, Resources, Time,
 };
 
 const BIG: LabelIx = LabelIx(0);
@@ -98,7 +98,7 @@ fn node(id: u64, state: NodeState) -> Node {
         instance: Some(format!("i-{id}")),
         state,
         idle: Idle::Run,
-        role: Role::Plain,
+        packing: Packing::Plain,
         assigned: None,
         created: Time(5),
         endpoint: None,
@@ -111,7 +111,7 @@ fn ready(id: u64) -> Node {
 
 fn backing(id: u64, slots: Vec<Option<u64>>) -> Node {
     let mut n = ready(id);
-    n.role = Role::Backing {
+    n.packing = Packing::Backing {
         slot_label: SLOT,
         slots: slots.into_iter().map(|s| s.map(NodeId)).collect(),
         free_since: None,
@@ -125,7 +125,7 @@ fn slot_node(id: u64, backing: u64, index: u16, state: NodeState) -> Node {
     n.instance = None;
     n.resources = Resources::default();
     n.price = 0.0;
-    n.role = Role::Slot {
+    n.packing = Packing::Slot {
         backing: NodeId(backing),
         index,
     };
@@ -249,7 +249,7 @@ fn every_node_state_idle_and_endpoint_round_trips_across_a_reopen() {
 fn backing_and_slot_roles_round_trip_through_the_slots_table() {
     let mut store = store();
     let mut b = backing(10, vec![Some(11), None, Some(12)]);
-    if let Role::Backing { free_since, .. } = &mut b.role {
+    if let Packing::Backing { free_since, .. } = &mut b.packing {
         *free_since = Some(Time(3));
     }
     let all = vec![
@@ -616,10 +616,10 @@ fn slot_rows_that_do_not_join_are_ignored_and_a_slotless_slot_node_ends() {
             (12, "gone", None),
         ]
     );
-    assert_eq!(loaded.snapshot.nodes[0].role, Role::Plain);
+    assert_eq!(loaded.snapshot.nodes[0].packing, Packing::Plain);
     assert_eq!(
-        loaded.snapshot.nodes[1].role,
-        Role::Backing {
+        loaded.snapshot.nodes[1].packing,
+        Packing::Backing {
             slot_label: SLOT,
             slots: vec![None; 3],
             free_since: None

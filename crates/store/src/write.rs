@@ -8,7 +8,7 @@ use rusqlite::{Transaction, params};
 use super::rows::{NodeRow, RequestRow, label_name};
 use super::{StoreError, sql};
 use berth_core::config::Config;
-use berth_core::pool::{Changes, Role};
+use berth_core::pool::{Changes, Packing};
 
 /// `INSERT … ON CONFLICT DO UPDATE` over every column of `row`'s table,
 /// bumping `version` on update.
@@ -50,7 +50,7 @@ pub(super) fn write(
         upsert
             .execute(row.params())
             .map_err(sql("writing a node"))?;
-        if let Role::Backing { slots, .. } = &n.role {
+        if let Packing::Backing { slots, .. } = &n.packing {
             clear_slots
                 .execute([&row.id])
                 .map_err(sql("clearing slot assignments"))?;

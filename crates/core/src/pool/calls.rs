@@ -380,8 +380,8 @@ impl Pool {
     /// Gives up a launch that has no instance: not a failed try. The request
     /// it was set aside for is served again, elsewhere if possible.
     fn abort(&mut self, id: NodeId, now: Time) {
-        let role = self.nodes.get(&id).map(|n| n.role.clone());
-        if let Some(Role::Backing { .. }) = role {
+        let packing = self.nodes.get(&id).map(|n| n.packing.clone());
+        if let Some(Packing::Backing { .. }) = packing {
             let slots: Vec<NodeId> = self.slot_nodes_of(id);
             for s in slots {
                 self.free_slot_node(s, GoneReason::BackingLost, now);
@@ -391,8 +391,8 @@ impl Pool {
     }
 
     fn slot_nodes_of(&self, backing: NodeId) -> Vec<NodeId> {
-        match self.nodes.get(&backing).map(|n| &n.role) {
-            Some(Role::Backing { slots, .. }) => slots.iter().flatten().copied().collect(),
+        match self.nodes.get(&backing).map(|n| &n.packing) {
+            Some(Packing::Backing { slots, .. }) => slots.iter().flatten().copied().collect(),
             _ => Vec::new(),
         }
     }

@@ -272,7 +272,7 @@ impl NodeState {
 
 /// A node's part in slot packing.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Role {
+pub enum Packing {
     /// One node, one instance.
     Plain,
     /// An instance of a backing label that hosts the nodes of `slot_label`.
@@ -317,7 +317,7 @@ pub struct Node {
     pub instance: Option<String>,
     pub state: NodeState,
     pub idle: Idle,
-    pub role: Role,
+    pub packing: Packing,
     /// The pending request this node is set aside for.
     pub assigned: Option<RequestId>,
     /// When the node was first launched (its record created).

@@ -203,7 +203,7 @@ impl Pool {
                 let NodeState::Ready { since } = node.state else {
                     return None;
                 };
-                let Role::Backing { slots, .. } = &node.role else {
+                let Packing::Backing { slots, .. } = &node.packing else {
                     return None;
                 };
                 (node.idle == Idle::Run && slots.iter().all(Option::is_none)).then_some((since, b))
@@ -284,7 +284,7 @@ impl Pool {
             }
             Step::Launch(label, offer) => {
                 let offer = self.machine_offers(label)[offer].clone();
-                self.launch(label, &offer, Role::Plain, Some(req), now)
+                self.launch(label, &offer, Packing::Plain, Some(req), now)
             }
             Step::Slot { backing, index } => self.fill_slot(backing, index, req, now),
             Step::Backing {
@@ -296,12 +296,12 @@ impl Pool {
                     return;
                 };
                 let offer = self.machine_offers(backing)[offer].clone();
-                let role = Role::Backing {
+                let packing = Packing::Backing {
                     slot_label,
                     slots: vec![None; usize::from(slots)],
                     free_since: None,
                 };
-                let b = self.launch(backing, &offer, role, None, now);
+                let b = self.launch(backing, &offer, packing, None, now);
                 for index in 0..fill {
                     let n = self.fill_slot(b, index, req, now);
                     self.add_to_request(req, n);
@@ -324,7 +324,7 @@ impl Pool {
         &mut self,
         label: LabelIx,
         offer: &Offer,
-        role: Role,
+        packing: Packing,
         assigned: Option<RequestId>,
         now: Time,
     ) -> NodeId {
@@ -342,7 +342,7 @@ impl Pool {
                 attempt: 0,
             },
             idle: Idle::Run,
-            role,
+            packing,
             assigned,
             created: now,
             endpoint: None,
@@ -356,7 +356,7 @@ impl Pool {
         let Some(b) = self.nodes.get(&backing) else {
             return id;
         };
-        let Role::Backing { slot_label, .. } = b.role else {
+        let Packing::Backing { slot_label, .. } = b.packing else {
             return id;
         };
         let state = match b.state {
@@ -376,15 +376,15 @@ impl Pool {
             instance: b.instance.clone(),
             state,
             idle: Idle::Run,
-            role: Role::Slot { backing, index },
+            packing: Packing::Slot { backing, index },
             assigned: Some(req),
             created: now,
             endpoint: b.endpoint.clone(),
         };
         self.update(backing, |b| {
-            if let Role::Backing {
+            if let Packing::Backing {
                 slots, free_since, ..
-            } = &mut b.role
+            } = &mut b.packing
             {
                 slots[usize::from(index)] = Some(id);
                 *free_since = None;
@@ -454,7 +454,10 @@ impl Pool {
         self.timer(now + self.config.timings.history, Timer::PurgeRequest(id));
         for n in nodes {
             self.update(n, |n| n.assigned = None);
-            if matches!(self.nodes.get(&n).map(|n| &n.role), Some(Role::Slot { .. })) {
+            if matches!(
+                self.nodes.get(&n).map(|n| &n.packing),
+                Some(Packing::Slot { .. })
+            ) {
                 self.free_slot_node(n, GoneReason::SlotFreed, now);
             } else if let Some(NodeState::Ready { since }) = self.nodes.get(&n).map(|n| &n.state) {
                 let since = *since;
@@ -499,7 +502,7 @@ impl Pool {
                         return;
                     };
                     let offer = self.machine_offers(label)[offer].clone();
-                    self.launch(label, &offer, Role::Plain, None, now);
+                    self.launch(label, &offer, Packing::Plain, None, now);
                 }
             }
             &LabelKind::Slots { slots, backing, .. } => {
@@ -509,12 +512,12 @@ impl Pool {
                         return;
                     };
                     let offer = self.machine_offers(backing)[offer].clone();
-                    let role = Role::Backing {
+                    let packing = Packing::Backing {
                         slot_label: label,
                         slots: vec![None; usize::from(slots)],
                         free_since: Some(now),
                     };
-                    self.launch(backing, &offer, role, None, now);
+                    self.launch(backing, &offer, packing, None, now);
                     have += u32::from(slots);
                 }
             }
@@ -625,7 +628,7 @@ impl Pool {
             if node.idle != Idle::Run {
                 continue;
             }
-            let Role::Backing { slots, .. } = &node.role else {
+            let Packing::Backing { slots, .. } = &node.packing else {
                 continue;
             };
             let free: Vec<u16> = (0..slots.len() as u16)
@@ -653,8 +656,8 @@ impl Pool {
             .filter_map(|b| self.nodes.get(b))
             .filter(|n| n.idle == Idle::Run)
             .filter(|n| !ready_only || matches!(n.state, NodeState::Ready { .. }))
-            .map(|n| match &n.role {
-                Role::Backing { slots, .. } => slots.iter().filter(|s| s.is_none()).count(),
+            .map(|n| match &n.packing {
+                Packing::Backing { slots, .. } => slots.iter().filter(|s| s.is_none()).count(),
                 _ => 0,
             })
             .sum()
@@ -671,7 +674,7 @@ impl Pool {
         if !matches!(node.state, NodeState::Used { .. }) {
             return;
         }
-        if matches!(node.role, Role::Slot { .. }) {
+        if matches!(node.packing, Packing::Slot { .. }) {
             self.free_slot_node(id, GoneReason::SlotFreed, now);
             return;
         }
@@ -699,7 +702,7 @@ impl Pool {
         if let Some(label) = prewarm_label(node) {
             self.ix.labels[label.0 as usize].failures = 0;
         }
-        if let Role::Backing { slots, .. } = &node.role {
+        if let Packing::Backing { slots, .. } = &node.packing {
             let waiting: Vec<NodeId> = slots.iter().flatten().copied().collect();
             let (instance, endpoint) = (node.instance.clone(), node.endpoint.clone());
             for s in waiting {
@@ -737,7 +740,7 @@ impl Pool {
         let drain = self
             .nodes
             .get(&id)
-            .is_some_and(|n| n.idle == Idle::Drain && n.role == Role::Plain);
+            .is_some_and(|n| n.idle == Idle::Drain && n.packing == Packing::Plain);
         if drain {
             self.begin_delete(id, DeleteReason::Drained, now);
         } else {
@@ -748,8 +751,8 @@ impl Pool {
     fn slot_nodes(&self, backing: NodeId) -> impl Iterator<Item = NodeId> + '_ {
         self.nodes
             .get(&backing)
-            .and_then(|n| match &n.role {
-                Role::Backing { slots, .. } => Some(slots.iter().flatten().copied()),
+            .and_then(|n| match &n.packing {
+                Packing::Backing { slots, .. } => Some(slots.iter().flatten().copied()),
                 _ => None,
             })
             .into_iter()
@@ -761,7 +764,7 @@ impl Pool {
         let Some(node) = self.nodes.get(&id) else {
             return;
         };
-        if node.role != Role::Plain {
+        if node.packing != Packing::Plain {
             return;
         }
         let label = &self.config[node.label];
@@ -779,11 +782,11 @@ impl Pool {
         let Some(node) = self.nodes.get(&id) else {
             return;
         };
-        let Role::Backing {
+        let Packing::Backing {
             slot_label,
             slots,
             free_since,
-        } = &node.role
+        } = &node.packing
         else {
             return;
         };
@@ -799,7 +802,7 @@ impl Pool {
             Some(t) => t,
             None => {
                 self.update(id, |n| {
-                    if let Role::Backing { free_since, .. } = &mut n.role {
+                    if let Packing::Backing { free_since, .. } = &mut n.packing {
                         *free_since = Some(now);
                     }
                 });
@@ -816,19 +819,19 @@ impl Pool {
         let Some(node) = self.nodes.get(&id) else {
             return;
         };
-        let Role::Slot { backing, index } = node.role else {
+        let Packing::Slot { backing, index } = node.packing else {
             return;
         };
         self.unassign(id);
         self.update(id, |n| n.state = NodeState::Gone { since: now, reason });
         self.timer(now + self.config.timings.history, Timer::PurgeNode(id));
-        let held = self.nodes.get(&backing).is_some_and(|b| match &b.role {
-            Role::Backing { slots, .. } => slots.get(usize::from(index)) == Some(&Some(id)),
+        let held = self.nodes.get(&backing).is_some_and(|b| match &b.packing {
+            Packing::Backing { slots, .. } => slots.get(usize::from(index)) == Some(&Some(id)),
             _ => false,
         });
         if held {
             self.update(backing, |b| {
-                if let Role::Backing { slots, .. } = &mut b.role {
+                if let Packing::Backing { slots, .. } = &mut b.packing {
                     slots[usize::from(index)] = None;
                 }
             });
@@ -844,7 +847,7 @@ impl Pool {
         if node.state.is_final() || matches!(node.state, NodeState::Deleting { .. }) {
             return;
         }
-        if matches!(node.role, Role::Slot { .. }) {
+        if matches!(node.packing, Packing::Slot { .. }) {
             self.free_slot_node(id, GoneReason::SlotFreed, now);
             return;
         }
@@ -901,14 +904,14 @@ impl Pool {
         let provider = node.provider;
         let assigned = node.assigned;
         let has_instance = node.instance.is_some();
-        let role = node.role.clone();
+        let packing = node.packing.clone();
         let attempt = match node.state {
             NodeState::Creating { attempt, .. } => attempt + 1,
             _ => 1,
         };
         let retries = self.config[label].launch_retries;
-        let mut requests: Vec<RequestId> = match &role {
-            Role::Backing { slots, .. } => slots
+        let mut requests: Vec<RequestId> = match &packing {
+            Packing::Backing { slots, .. } => slots
                 .iter()
                 .flatten()
                 .filter_map(|s| self.nodes.get(s).and_then(|s| s.assigned))
@@ -972,11 +975,11 @@ impl Pool {
             // plan.
             self.begin_delete(id, delete, now);
             let tally = self.tally();
-            if role == Role::Plain
+            if packing == Packing::Plain
                 && let Some(offer) = self.pick_offer(label, Some(provider), &tally, now)
             {
                 let offer = self.machine_offers(label)[offer].clone();
-                let new = self.launch(label, &offer, Role::Plain, assigned, now);
+                let new = self.launch(label, &offer, Packing::Plain, assigned, now);
                 self.update(new, |n| {
                     n.state = NodeState::Creating {
                         since: now,
@@ -1038,8 +1041,8 @@ impl Pool {
     /// Whether someone uses the node: it is in use, or it is a backing node
     /// one of whose slots is.
     pub(super) fn in_use(&self, node: &Node) -> bool {
-        match &node.role {
-            Role::Backing { slots, .. } => slots.iter().flatten().any(|s| {
+        match &node.packing {
+            Packing::Backing { slots, .. } => slots.iter().flatten().any(|s| {
                 self.nodes
                     .get(s)
                     .is_some_and(|n| matches!(n.state, NodeState::InUse { .. }))
@@ -1165,7 +1168,7 @@ impl Pool {
             (Timer::ReadyAge(_), NodeState::Ready { since })
                 if node.assigned.is_none()
                     && node.idle == Idle::Run
-                    && node.role == Role::Plain
+                    && node.packing == Packing::Plain
                     && label.max_ready_age.is_some_and(|a| *since + a <= now) =>
             {
                 self.begin_delete(id, DeleteReason::Recycled, now);
@@ -1173,7 +1176,7 @@ impl Pool {
             (Timer::IdleTimeout(_), NodeState::Ready { since })
                 if node.assigned.is_none()
                     && node.idle == Idle::Run
-                    && node.role == Role::Plain
+                    && node.packing == Packing::Plain
                     && label.idle_timeout.is_some_and(|a| *since + a <= now) =>
             {
                 let free = self.ix.labels[node.label.0 as usize].free_ready.len() as u32;
@@ -1182,11 +1185,11 @@ impl Pool {
                 }
             }
             (Timer::SlotGrace(_), NodeState::Ready { .. }) if node.idle == Idle::Run => {
-                let Role::Backing {
+                let Packing::Backing {
                     slot_label,
                     slots,
                     free_since: Some(since),
-                } = &node.role
+                } = &node.packing
                 else {
                     return;
                 };
@@ -1277,9 +1280,9 @@ fn request_end(r: &Request) -> Option<Time> {
 /// The label whose prewarming a node's launch serves: a backing node's slot
 /// label, a plain node's own; none for a slot node, which launches nothing.
 fn prewarm_label(node: &Node) -> Option<LabelIx> {
-    match node.role {
-        Role::Plain => Some(node.label),
-        Role::Backing { slot_label, .. } => Some(slot_label),
-        Role::Slot { .. } => None,
+    match node.packing {
+        Packing::Plain => Some(node.label),
+        Packing::Backing { slot_label, .. } => Some(slot_label),
+        Packing::Slot { .. } => None,
     }
 }

@@ -453,7 +453,7 @@ fn run(ops: &[Op], c: &Cloudiness) -> Result<(), TestCaseError> {
                             n.state.name(),
                             n.idle,
                             n.assigned,
-                            n.role
+                            n.packing
                         )
                     })
                     .collect();

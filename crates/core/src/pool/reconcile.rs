@@ -98,7 +98,7 @@ impl Pool {
             let holder = self.holder(p, &inst.id);
             let ours = node_id.and_then(|id| self.nodes.get(&id)).is_some_and(|n| {
                 n.provider == p
-                    && !matches!(n.role, Role::Slot { .. })
+                    && !matches!(n.packing, Packing::Slot { .. })
                     && n.instance.as_deref().is_none_or(|i| i == inst.id)
             });
             let owner = holder.or(if ours { node_id } else { None });
@@ -535,9 +535,9 @@ impl Pool {
         let Some(offer) = self.adopted_offer(p, inst, &a) else {
             return;
         };
-        let role = match a.slots {
-            None => Role::Plain,
-            Some((slot_label, count)) => Role::Backing {
+        let packing = match a.slots {
+            None => Packing::Plain,
+            Some((slot_label, count)) => Packing::Backing {
                 slot_label,
                 slots: vec![None; usize::from(count)],
                 free_since: None,
@@ -556,7 +556,7 @@ impl Pool {
                 attempt: 0,
             },
             idle: a.idle,
-            role,
+            packing,
             assigned: None,
             created: inst.created_at_ms.map_or(now, Time),
             endpoint: None,

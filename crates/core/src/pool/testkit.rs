@@ -858,7 +858,7 @@ impl Harness {
             for n in pool.nodes() {
                 if n.provider.0 as usize == i
                     && n.state.holds_instance()
-                    && !matches!(n.role, Role::Slot { .. })
+                    && !matches!(n.packing, Packing::Slot { .. })
                 {
                     usage.add(n.resources);
                 }
@@ -917,13 +917,13 @@ impl Harness {
         }
         // Slots: each held by one live node, which points back.
         for n in pool.nodes() {
-            match &n.role {
-                Role::Backing { slots, .. } => {
+            match &n.packing {
+                Packing::Backing { slots, .. } => {
                     for (i, s) in slots.iter().enumerate() {
                         let Some(s) = s else { continue };
                         let ok = pool.node(*s).is_some_and(|sn| {
-                            sn.role
-                                == Role::Slot {
+                            sn.packing
+                                == Packing::Slot {
                                     backing: n.id,
                                     index: i as u16,
                                 }
@@ -941,9 +941,9 @@ impl Harness {
                         return Err(format!("{} is final with slots taken", n.id));
                     }
                 }
-                Role::Slot { backing, index } if !n.state.is_final() => {
-                    let ok = pool.node(*backing).is_some_and(|b| match &b.role {
-                        Role::Backing { slots, .. } => {
+                Packing::Slot { backing, index } if !n.state.is_final() => {
+                    let ok = pool.node(*backing).is_some_and(|b| match &b.packing {
+                        Packing::Backing { slots, .. } => {
                             slots.get(usize::from(*index)) == Some(&Some(n.id))
                         }
                         _ => false,
@@ -959,7 +959,7 @@ impl Harness {
         // its instance through it, not by holding it).
         let mut holder: HashMap<(ProviderIx, &str), NodeId> = HashMap::new();
         for n in pool.nodes() {
-            if n.state.is_final() || matches!(n.role, Role::Slot { .. }) {
+            if n.state.is_final() || matches!(n.packing, Packing::Slot { .. }) {
                 continue;
             }
             if let Some(i) = n.instance.as_deref()
@@ -991,7 +991,9 @@ impl Harness {
                 let owners: Vec<&Node> = self
                     .pool
                     .nodes()
-                    .filter(|n| n.provider.0 as usize == p && !matches!(n.role, Role::Slot { .. }))
+                    .filter(|n| {
+                        n.provider.0 as usize == p && !matches!(n.packing, Packing::Slot { .. })
+                    })
                     .filter(|n| n.instance.as_deref() == Some(i.id.as_str()))
                     .filter(|n| !n.state.is_final())
                     .collect();
@@ -1009,7 +1011,7 @@ impl Harness {
                 n.state,
                 NodeState::Ready { .. } | NodeState::InUse { .. } | NodeState::Used { .. }
             );
-            if !settled || matches!(n.role, Role::Slot { .. }) {
+            if !settled || matches!(n.packing, Packing::Slot { .. }) {
                 continue;
             }
             let Some(inst) = &n.instance else {

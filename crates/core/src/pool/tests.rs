@@ -961,7 +961,7 @@ fn backings(h: &Harness) -> Vec<Node> {
     let mut v: Vec<Node> = h
         .pool
         .nodes()
-        .filter(|n| matches!(n.role, Role::Backing { .. }) && !n.state.is_final())
+        .filter(|n| matches!(n.packing, Packing::Backing { .. }) && !n.state.is_final())
         .cloned()
         .collect();
     v.sort_by_key(|n| n.created);
@@ -982,8 +982,8 @@ fn slots_are_packed_before_launching_and_never_given_twice() {
     assert_eq!(b.len(), 2, "one slot packed, one backing launched");
     let mut taken: Vec<usize> = b
         .iter()
-        .map(|n| match &n.role {
-            Role::Backing { slots, .. } => slots.iter().flatten().count(),
+        .map(|n| match &n.packing {
+            Packing::Backing { slots, .. } => slots.iter().flatten().count(),
             _ => 0,
         })
         .collect();

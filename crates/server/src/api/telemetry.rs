@@ -12,7 +12,7 @@ use super::views;
 use crate::metrics::{Counter, DEFAULT_BUCKETS, Gauge, Histogram, Registry};
 use crate::runtime::{CallKind, Health, Observer, Providers, outcome_name, trap_name};
 use berth_config::{Config, ProviderIx};
-use berth_core::pool::{NodeState, Notice, Pool, Request, RequestState, Role};
+use berth_core::pool::{NodeState, Notice, Packing, Pool, Request, RequestState};
 use berth_plugin::CallError;
 
 /// How many recent calls per provider `/v1/providers` summarises.
@@ -302,11 +302,11 @@ impl Telemetry {
         // backing node's, so only plain and backing nodes count.
         let mut held: HashMap<(usize, bool), (f64, f64, f64, f64)> = HashMap::new();
         for n in pool.nodes() {
-            if !n.state.holds_instance() || matches!(n.role, Role::Slot { .. }) {
+            if !n.state.holds_instance() || matches!(n.packing, Packing::Slot { .. }) {
                 continue;
             }
-            let in_use = match &n.role {
-                Role::Backing { slots, .. } => slots.iter().any(|s| {
+            let in_use = match &n.packing {
+                Packing::Backing { slots, .. } => slots.iter().any(|s| {
                     s.and_then(|s| pool.node(s))
                         .is_some_and(|s| matches!(s.state, NodeState::InUse { .. }))
                 }),

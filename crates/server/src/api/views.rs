@@ -10,7 +10,7 @@ use crate::runtime::{Health, LoadedDriver, Providers};
 use axum::http::StatusCode;
 use berth_config::{Config, LabelIx, LabelKind, ProviderIx};
 use berth_core::pool::{
-    ListHealth, Node, NodeId, NodeState, Pool, Request, RequestId, RequestState, Role,
+    ListHealth, Node, NodeId, NodeState, Packing, Pool, Request, RequestId, RequestState,
 };
 
 /// Node `id` as `caller` sees it; 404 if the pool does not have it.
@@ -74,15 +74,15 @@ pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
         requestor,
         since: rfc3339(n.state.since().as_millis()),
         created: rfc3339(n.created.as_millis()),
-        slot: match n.role {
-            Role::Slot { backing, index } => Some(types::Slot {
+        slot: match n.packing {
+            Packing::Slot { backing, index } => Some(types::Slot {
                 backing: backing.to_string(),
                 index,
             }),
             _ => None,
         },
-        hosting: match &n.role {
-            Role::Backing {
+        hosting: match &n.packing {
+            Packing::Backing {
                 slot_label, slots, ..
             } => Some(types::Hosting {
                 label: config[*slot_label].name.clone(),
