@@ -242,14 +242,9 @@ async fn quota_exceeded_pauses_creates_on_the_provider() {
                 .is_some()
     })
     .await;
-    // Paused: once the creates that were already on their way have been
-    // answered, no create reaches the cloud.
+    // That no create reaches the cloud during the pause is proved exactly,
+    // in paused time, by berth-server's runtime tests.
     assert!(first_status(&sim.cloud, 403).is_some(), "a quota refusal");
-    let posts = |c: &SimCloud| c.calls().iter().filter(|c| c.method == "POST").count();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let settled = posts(&sim.cloud);
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(posts(&sim.cloud), settled, "creates sent during the pause");
     assert_eq!(live_instances(&sim.cloud).len(), 2);
     service.stop().await.expect("clean stop");
 }
@@ -348,12 +343,11 @@ ram = "32GiB"
         .collect();
     assert_eq!(types, BTreeSet::from(["big-b".to_string()]));
     // "big" is paused, not retried: refusals are only the creates that were
-    // already on their way (at most min-ready of them), and no more come.
+    // already on their way (at most min-ready of them). That none comes
+    // during the pause is proved exactly, in paused time, by berth-server's
+    // runtime tests.
     let refusals = sim.cloud.calls().iter().filter(|c| c.status == 503).count();
     assert!((1..=2).contains(&refusals), "{refusals} refusals");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let later = sim.cloud.calls().iter().filter(|c| c.status == 503).count();
-    assert_eq!(later, refusals);
     service.stop().await.expect("clean stop");
 }
 

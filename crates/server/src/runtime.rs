@@ -8,6 +8,8 @@
 
 mod commands;
 mod providers;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -29,7 +31,7 @@ use berth_plugin::{CallError, CallErrorKind, DriverState, Runtime, RuntimeConfig
 use berth_store::{SqliteStore, Store, StoreError};
 
 pub use commands::{Caller, Change, Done};
-pub use providers::{Health, LoadedDriver, Providers};
+pub use providers::{BoxFuture, Cloud, Health, LoadedDriver, Providers};
 
 /// Wall-clock time as the core sees it, advanced by tokio's clock so that
 /// tests with paused time control it.

@@ -5,14 +5,45 @@
 //! and started again with backoff, while the others serve.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use berth_config::{ProviderIx, Settings};
-use berth_plugin::{Driver, DriverState, Provider, ProviderConfig, Runtime};
+use berth_core::driver::{CreateSpec, Instance, Tags};
+use berth_plugin::{CallError, Deletion, Driver, DriverState, Provider, ProviderConfig, Runtime};
+
+/// A boxed future that can move between threads.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the pool's task asks of one started provider: the contract's calls.
+/// A driver in its sandbox ([`Provider`]) is one; tests run the loop on
+/// fakes of their own, under paused time.
+pub trait Cloud: Send + Sync {
+    fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>>;
+    fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>>;
+    fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>>;
+    fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>>;
+}
+
+impl Cloud for Provider {
+    fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>> {
+        Box::pin(Provider::create(self, spec))
+    }
+    fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+        Box::pin(Provider::list(self, filter))
+    }
+    fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>> {
+        Box::pin(Provider::delete(self, id))
+    }
+    fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>> {
+        Box::pin(Provider::set_tags(self, id, tags))
+    }
+}
 
 /// How a provider's start is going, as operators see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,7 +63,9 @@ pub enum Health {
 #[derive(Clone)]
 enum State {
     Starting,
-    Up(Arc<Provider>),
+    /// Started: its calls, and the driver behind them (for stats) unless
+    /// it is a [`Providers::fixed`] one.
+    Up(Arc<dyn Cloud>, Option<Arc<Provider>>),
     Failed {
         error: Arc<str>,
         tries: u32,
@@ -52,7 +85,8 @@ pub struct LoadedDriver {
 /// Every configured provider, in the config's order.
 pub struct Providers {
     slots: Vec<Slot>,
-    loader: Arc<Loader>,
+    /// `None` for [`Providers::fixed`]: nothing is loaded.
+    loader: Option<Arc<Loader>>,
     starters: Vec<tokio::task::AbortHandle>,
 }
 
@@ -121,14 +155,36 @@ impl Providers {
         }
         Arc::new(Providers {
             slots,
-            loader,
+            loader: Some(loader),
             starters,
+        })
+    }
+
+    /// Providers that are up from the start, each answering through its
+    /// own [`Cloud`]: for tests of the pool's task and for embedders that
+    /// bring their own calls. Named as the config names them, in order.
+    pub fn fixed(clouds: Vec<(String, Arc<dyn Cloud>)>) -> Arc<Providers> {
+        let slots = clouds
+            .into_iter()
+            .map(|(name, cloud)| {
+                let (tx, _) = watch::channel(State::Up(cloud, None));
+                Slot {
+                    name,
+                    driver: PathBuf::new(),
+                    tx,
+                }
+            })
+            .collect();
+        Arc::new(Providers {
+            slots,
+            loader: None,
+            starters: Vec::new(),
         })
     }
 
     /// The provider once it has started: waits while it starts; the reason
     /// if its start failed (or the service is stopping).
-    pub async fn get(&self, p: ProviderIx) -> Result<Arc<Provider>, Arc<str>> {
+    pub async fn get(&self, p: ProviderIx) -> Result<Arc<dyn Cloud>, Arc<str>> {
         let slot = &self.slots[p.0 as usize];
         let mut rx = slot.tx.subscribe();
         let state = rx
@@ -137,7 +193,7 @@ impl Providers {
             .map(|s| s.clone())
             .unwrap_or(State::Closed);
         match state {
-            State::Up(provider) => Ok(provider),
+            State::Up(cloud, _) => Ok(cloud),
             State::Failed { error, .. } => Err(error),
             State::Closed | State::Starting => Err("berth is stopping".into()),
         }
@@ -160,7 +216,7 @@ impl Providers {
     pub fn health(&self, p: ProviderIx) -> Health {
         match &*self.slots[p.0 as usize].tx.borrow() {
             State::Starting => Health::Starting,
-            State::Up(_) => Health::Up,
+            State::Up(..) => Health::Up,
             State::Failed {
                 error,
                 tries,
@@ -183,7 +239,7 @@ impl Providers {
         self.slots
             .iter()
             .filter_map(|s| match &*s.tx.borrow() {
-                State::Up(p) => Some((s.name.clone(), p.clone())),
+                State::Up(_, p) => Some((s.name.clone(), p.clone()?)),
                 _ => None,
             })
             .collect()
@@ -191,11 +247,9 @@ impl Providers {
 
     /// The drivers of the providers started so far, with those providers.
     pub fn drivers(&self) -> Vec<LoadedDriver> {
-        self.loader
-            .started
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.loader.as_ref().map_or_else(Vec::new, |l| {
+            l.started.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        })
     }
 
     /// Stopping: starts still under way are abandoned, and calls that wait
@@ -206,7 +260,7 @@ impl Providers {
         }
         for slot in &self.slots {
             slot.tx.send_if_modified(|s| {
-                if matches!(s, State::Up(_)) {
+                if matches!(s, State::Up(..)) {
                     false
                 } else {
                     *s = State::Closed;
@@ -241,7 +295,8 @@ async fn keep_starting(
                 if tries > 0 {
                     tracing::info!(provider = %name, tries, "provider started after failing");
                 }
-                tx.send_replace(State::Up(Arc::new(provider)));
+                let provider = Arc::new(provider);
+                tx.send_replace(State::Up(provider.clone(), Some(provider)));
                 return;
             }
             Err(error) => {
