@@ -175,10 +175,10 @@ fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-/// The one create after a refusal comes when the pause it set is over:
-/// not before (nothing reaches the cloud in between), and not a poll late.
-async fn paused_then_made_once(refusal: DriverError, pause: Duration) {
-    let fake = Fake::new(vec![Some(refusal)]);
+/// Asks for one node from a cloud whose creates answer `script` first;
+/// when each create was made, once the request is fulfilled.
+async fn creates_until_fulfilled(script: Vec<Option<DriverError>>) -> Vec<Duration> {
+    let fake = Fake::new(script);
     let service = start(&fake, Config::DEFAULT_LEASE_TTL);
     let h = service.handle.clone();
     let id = h.submit(one_small()).await.unwrap();
@@ -187,11 +187,17 @@ async fn paused_then_made_once(refusal: DriverError, pause: Duration) {
         matches!(request.state, RequestState::Fulfilled { .. }),
         "{request:?}"
     );
-    let creates = fake.times(Call::Create);
+    service.stop().await.unwrap();
+    fake.times(Call::Create)
+}
+
+/// The one create after a refusal comes when the pause it set is over:
+/// not before (nothing reaches the cloud in between), and not a poll late.
+async fn paused_then_made_once(refusal: DriverError, pause: Duration) {
+    let creates = creates_until_fulfilled(vec![Some(refusal)]).await;
     assert_eq!(creates.len(), 2, "{creates:?}");
     let gap = creates[1] - creates[0];
     assert!(gap >= pause && gap < pause + secs(1), "{gap:?}");
-    service.stop().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -221,22 +227,12 @@ async fn an_instance_type_out_of_capacity_is_paused_for_the_capacity_pause() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_create_is_made_again_after_a_backoff_that_doubles() {
     let transient = || Some(DriverError::Transient("try again".into()));
-    let fake = Fake::new(vec![transient(), transient(), transient()]);
-    let service = start(&fake, Config::DEFAULT_LEASE_TTL);
-    let h = service.handle.clone();
-    let id = h.submit(one_small()).await.unwrap();
-    let request = h.wait(id).await.unwrap().expect("the request");
-    assert!(
-        matches!(request.state, RequestState::Fulfilled { .. }),
-        "{request:?}"
-    );
-    let t = fake.times(Call::Create);
+    let t = creates_until_fulfilled(vec![transient(), transient(), transient()]).await;
     assert_eq!(t.len(), 4, "{t:?}");
     let gaps: Vec<Duration> = t.windows(2).map(|w| w[1] - w[0]).collect();
     for (gap, want) in gaps.iter().zip([secs(1), secs(2), secs(4)]) {
         assert!(*gap >= want && *gap < want + secs(1), "{gaps:?}");
     }
-    service.stop().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
