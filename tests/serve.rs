@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::disk::{Tmpfs, skip};
 use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
@@ -332,6 +333,27 @@ async fn serve_end_to_end_through_the_binary() {
     ] {
         assert!(m.contains(needle), "no `{needle}` in\n{m}");
     }
+    // OpenMetrics text, said so and whole.
+    assert!(m.ends_with("\n# EOF\n"), "{m}");
+    let addr = server.base.strip_prefix("http://").unwrap();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let ask = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {OPS}\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(ask.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    let head = answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(
+        head.contains(
+            "\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n"
+        ),
+        "{head}"
+    );
 
     // SIGTERM: a clean stop; a restart adopts every node from the store and
     // the cloud, with no create in between.

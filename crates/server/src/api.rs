@@ -594,7 +594,7 @@ async fn readyz(State(api): State<Api>) -> Response {
     security(("bearerAuth" = [])),
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     responses(
-        (status = 200, description = "Metrics in the Prometheus text format 0.0.4.", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
+        (status = 200, description = "Metrics in the OpenMetrics text format 1.0.0, which Prometheus reads.", body = String, content_type = crate::metrics::CONTENT_TYPE),
         (status = 400, response = doc::TakesNoQuery),
         (status = 401, response = doc::Unauthorized),
         (status = 503, response = doc::Unavailable)
@@ -608,14 +608,7 @@ async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response>
         .handle()
         .inspect(move |pool| telemetry.render(pool, &providers))
         .await?;
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response())
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 
 #[utoipa::path(

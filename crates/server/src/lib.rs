@@ -4,7 +4,8 @@
 //! - [`runtime`]: the pool's task, its commands, and the providers' calls.
 //! - [`api`]: the HTTP API on a running pool, with auth, telemetry and the
 //!   OpenAPI document generated from its handlers.
-//! - [`metrics`]: the Prometheus registry behind `/metrics`.
+//! - [`metrics`]: berth's glue to `prometheus-client`, which keeps the
+//!   metrics behind `/metrics`.
 //! - [`serve`]: `berth serve`, the pool and its API as one service.
 //! - `embedded`: the sim driver carried inside the binary (feature
 //!   `embedded-sim`).

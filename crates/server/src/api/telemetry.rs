@@ -2,14 +2,24 @@
 //! provider's recent driver calls for `/v1/providers`. Counters and
 //! histograms are fed as things happen (it is the runtime's [`Observer`]);
 //! gauges of the pool's state are computed from the pool at each scrape.
+//!
+//! The metrics are `prometheus-client`'s, registered here by the names and
+//! help texts that [`crate::metrics`] says how to write: a counter's name
+//! without `_total`, a help text without its final full stop.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
 use super::types::{self, rfc3339};
 use super::views;
-use crate::metrics::{Counter, DEFAULT_BUCKETS, Gauge, Histogram, Registry};
+use crate::metrics::{self, Gauge, Histograms, register};
 use crate::runtime::{CallKind, Health, Observer, Providers, outcome_name, trap_name};
 use berth_config::{Config, ProviderIx};
 use berth_core::pool::{NodeState, Notice, Packing, Pool, Request, RequestState};
@@ -20,36 +30,96 @@ const RECENT: usize = 200;
 /// How many of the latest errors it lists.
 const LAST_ERRORS: usize = 5;
 
+// Label sets: each field is a label, its name the label's name, written out
+// in this order.
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallOutcome {
+    provider: String,
+    call: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderCall {
+    provider: String,
+    call: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TrapKind {
+    provider: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByProvider {
+    provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Rule {
+    provider: String,
+    rule: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeKey {
+    label: String,
+    provider: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Held {
+    provider: String,
+    in_use: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
+impl ByProvider {
+    fn new(name: &str) -> ByProvider {
+        ByProvider {
+            provider: name.to_owned(),
+        }
+    }
+}
+
 pub struct Telemetry {
-    registry: Registry,
-    calls: Counter,
-    call_seconds: Histogram,
-    traps: Counter,
+    calls: Family<CallOutcome, Counter>,
+    call_seconds: Histograms<ProviderCall>,
+    traps: Family<TrapKind, Counter>,
     fulfilment: Histogram,
     commit_seconds: Histogram,
-    quota_pauses: Counter,
-    rate_limit_holds: Counter,
-    capacity_pauses: Counter,
-    leaks_deleted: Counter,
-    not_adopted: Counter,
-    refused: Counter,
+    quota_pauses: Family<ByProvider, Counter>,
+    rate_limit_holds: Family<ByProvider, Counter>,
+    capacity_pauses: Family<ByProvider, Counter>,
+    leaks_deleted: Family<ByProvider, Counter>,
+    not_adopted: Family<ByProvider, Counter>,
+    refused: Family<Rule, Counter>,
     leases_expired: Counter,
     requests_failed: Counter,
-    nodes: Gauge,
+    nodes: Family<NodeKey, Gauge>,
     pending: Gauge,
     oldest_pending: Gauge,
-    instances: Gauge,
-    vcpus: Gauge,
-    ram: Gauge,
-    price: Gauge,
-    provider_started: Gauge,
-    lists_believed: Gauge,
-    last_list_age: Gauge,
-    nodes_missing: Gauge,
-    log_dropped: Counter,
-    outbound_denied: Counter,
+    instances: Family<Held, Gauge>,
+    vcpus: Family<Held, Gauge>,
+    ram: Family<Held, Gauge>,
+    price: Family<Held, Gauge>,
+    provider_started: Family<ByProvider, Gauge>,
+    lists_believed: Family<ByProvider, Gauge>,
+    last_list_age: Family<ByProvider, Gauge>,
+    nodes_missing: Family<ByProvider, Gauge>,
+    log_dropped: Family<ByProvider, Counter>,
     http_open: Gauge,
-    http_closed: Counter,
+    http_closed: Family<Reason, Counter>,
+    outbound_denied: Family<ByProvider, Counter>,
+    /// Holds the metrics above, written out in this order.
+    registry: Registry,
     recent: HashMap<String, Mutex<Recent>>,
 }
 
@@ -63,239 +133,255 @@ struct Recent {
 
 impl Telemetry {
     pub fn new(config: &Config) -> Telemetry {
-        let r = Registry::new();
-        let calls = r.counter(
-            "berth_driver_calls_total",
-            "Driver calls by provider, call and outcome.",
-            &["provider", "call", "outcome"],
-        );
-        let call_seconds = r.histogram(
-            "berth_driver_call_seconds",
-            "Driver call duration by provider and call.",
-            &["provider", "call"],
-            DEFAULT_BUCKETS,
-        );
-        let traps = r.counter(
-            "berth_sandbox_traps_total",
-            "Driver instances discarded after a trap, by provider and kind.",
-            &["provider", "kind"],
-        );
-        let fulfilment = r.histogram(
-            "berth_request_fulfilment_seconds",
-            "Time from a request's creation to its nodes being handed out.",
-            &[],
-            DEFAULT_BUCKETS,
-        );
-        let commit_seconds = r.histogram(
-            "berth_store_commit_seconds",
-            "Time the pool's store took to commit one batch of changes.",
-            &[],
-            &[
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-            ],
-        );
-        let quota_pauses = r.counter(
-            "berth_quota_pauses_total",
-            "Times creates were paused on a provider after quota-exceeded.",
-            &["provider"],
-        );
-        let rate_limit_holds = r.counter(
-            "berth_rate_limit_holds_total",
-            "Times every call to a provider was held after rate-limited.",
-            &["provider"],
-        );
-        let capacity_pauses = r.counter(
-            "berth_capacity_pauses_total",
-            "Times an instance type was paused on a provider for lack of capacity.",
-            &["provider"],
-        );
-        let leaks_deleted = r.counter(
-            "berth_leaked_instances_deleted_total",
-            "Instances with this pool's id that no node accounted for, deleted.",
-            &["provider"],
-        );
-        let not_adopted = r.counter(
-            "berth_adoptions_refused_total",
-            "Instances with this pool's tags not adopted because the provider's limits were full.",
-            &["provider"],
-        );
-        let refused = r.counter(
-            "berth_driver_answers_refused_total",
-            "Instances a driver answered that failed berth's checks, by provider and rule (id, duplicate, type, tags, address, connection).",
-            &["provider", "rule"],
-        );
-        let leases_expired = r.counter(
-            "berth_leases_expired_total",
-            "Requestors whose lease expired with requests or nodes to take back.",
-            &[],
-        );
-        let requests_failed =
-            r.counter("berth_requests_failed_total", "Requests that failed.", &[]);
-        let nodes = r.gauge(
-            "berth_nodes",
-            "Nodes by label, provider and state.",
-            &["label", "provider", "state"],
-        );
-        let pending = r.gauge("berth_requests_pending", "Requests waiting for nodes.", &[]);
-        let oldest_pending = r.gauge(
-            "berth_requests_pending_oldest_seconds",
-            "Age of the oldest pending request.",
-            &[],
-        );
-        let instances = r.gauge(
-            "berth_instances",
-            "Cloud instances held (creating to deleting), by provider, in use or not.",
-            &["provider", "in_use"],
-        );
-        let vcpus = r.gauge(
-            "berth_vcpus",
-            "vCPUs of the instances held, by provider, in use or not.",
-            &["provider", "in_use"],
-        );
-        let ram = r.gauge(
-            "berth_memory_bytes",
-            "Memory of the instances held, by provider, in use or not.",
-            &["provider", "in_use"],
-        );
-        let price = r.gauge(
-            "berth_hourly_price",
-            "Hourly price of the instances held, by provider, in use or not.",
-            &["provider", "in_use"],
-        );
-        let provider_started = r.gauge(
-            "berth_provider_started",
-            "1 once a provider's driver has loaded and started, 0 while it starts or after its start failed.",
-            &["provider"],
-        );
-        let lists_believed = r.gauge(
-            "berth_provider_lists_believed",
-            "1 while a provider's last list was believed, 0 while its lists fail or show none of the instances berth holds there.",
-            &["provider"],
-        );
-        let last_list_age = r.gauge(
-            "berth_provider_last_list_age_seconds",
-            "Time since the start of a provider's last believed list (absent before the first).",
-            &["provider"],
-        );
-        let nodes_missing = r.gauge(
-            "berth_nodes_missing",
-            "Nodes whose instance the provider's lists stopped showing (suspected, or confirmed while in use).",
-            &["provider"],
-        );
-        let log_dropped = r.counter(
-            "berth_driver_log_dropped_total",
-            "Driver log records (log import and stdio lines) dropped over the provider's log-rate.",
-            &["provider"],
-        );
-        let http_open = r.gauge(
-            "berth_http_connections",
-            "Connections to the API open now.",
-            &[],
-        );
-        let http_closed = r.counter(
-            "berth_http_connections_closed_total",
-            "API connections berth closed itself, by reason (header_timeout, body_timeout, evicted: idle, closed to make room at max-connections; refused: new at the cap, without a request or with every connection busy).",
-            &["reason"],
-        );
-        let outbound_denied = r.counter(
-            "berth_sandbox_denied_total",
-            "Outbound requests and probes of a driver that the sandbox refused.",
-            &["provider"],
-        );
+        let mut registry = Registry::default();
+        let r = &mut registry;
         let recent = config
             .providers
             .iter()
             .map(|p| (p.name.clone(), Mutex::new(Recent::default())))
             .collect();
         Telemetry {
-            registry: r,
-            calls,
-            call_seconds,
-            traps,
-            fulfilment,
-            commit_seconds,
-            quota_pauses,
-            rate_limit_holds,
-            capacity_pauses,
-            leaks_deleted,
-            not_adopted,
-            refused,
-            leases_expired,
-            requests_failed,
-            nodes,
-            pending,
-            oldest_pending,
-            instances,
-            vcpus,
-            ram,
-            price,
-            provider_started,
-            lists_believed,
-            last_list_age,
-            nodes_missing,
-            log_dropped,
-            outbound_denied,
-            http_open,
-            http_closed,
+            calls: register(
+                r,
+                "berth_driver_calls",
+                "Driver calls by provider, call and outcome",
+                Family::default(),
+            ),
+            call_seconds: register(
+                r,
+                "berth_driver_call_seconds",
+                "Driver call duration by provider and call",
+                Family::new_with_constructor(metrics::latency),
+            ),
+            traps: register(
+                r,
+                "berth_sandbox_traps",
+                "Driver instances discarded after a trap, by provider and kind",
+                Family::default(),
+            ),
+            fulfilment: register(
+                r,
+                "berth_request_fulfilment_seconds",
+                "Time from a request's creation to its nodes being handed out",
+                metrics::latency(),
+            ),
+            commit_seconds: register(
+                r,
+                "berth_store_commit_seconds",
+                "Time the pool's store took to commit one batch of changes",
+                Histogram::new([
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    1.0,
+                ]),
+            ),
+            quota_pauses: register(
+                r,
+                "berth_quota_pauses",
+                "Times creates were paused on a provider after quota-exceeded",
+                Family::default(),
+            ),
+            rate_limit_holds: register(
+                r,
+                "berth_rate_limit_holds",
+                "Times every call to a provider was held after rate-limited",
+                Family::default(),
+            ),
+            capacity_pauses: register(
+                r,
+                "berth_capacity_pauses",
+                "Times an instance type was paused on a provider for lack of capacity",
+                Family::default(),
+            ),
+            leaks_deleted: register(
+                r,
+                "berth_leaked_instances_deleted",
+                "Instances with this pool's id that no node accounted for, deleted",
+                Family::default(),
+            ),
+            not_adopted: register(
+                r,
+                "berth_adoptions_refused",
+                "Instances with this pool's tags not adopted because the provider's limits were full",
+                Family::default(),
+            ),
+            refused: register(
+                r,
+                "berth_driver_answers_refused",
+                "Instances a driver answered that failed berth's checks, by provider and rule (id, duplicate, type, tags, address, connection)",
+                Family::default(),
+            ),
+            leases_expired: register(
+                r,
+                "berth_leases_expired",
+                "Requestors whose lease expired with requests or nodes to take back",
+                Counter::default(),
+            ),
+            requests_failed: register(
+                r,
+                "berth_requests_failed",
+                "Requests that failed",
+                Counter::default(),
+            ),
+            nodes: register(
+                r,
+                "berth_nodes",
+                "Nodes by label, provider and state",
+                Family::default(),
+            ),
+            pending: register(
+                r,
+                "berth_requests_pending",
+                "Requests waiting for nodes",
+                Gauge::default(),
+            ),
+            oldest_pending: register(
+                r,
+                "berth_requests_pending_oldest_seconds",
+                "Age of the oldest pending request",
+                Gauge::default(),
+            ),
+            instances: register(
+                r,
+                "berth_instances",
+                "Cloud instances held (creating to deleting), by provider, in use or not",
+                Family::default(),
+            ),
+            vcpus: register(
+                r,
+                "berth_vcpus",
+                "vCPUs of the instances held, by provider, in use or not",
+                Family::default(),
+            ),
+            ram: register(
+                r,
+                "berth_memory_bytes",
+                "Memory of the instances held, by provider, in use or not",
+                Family::default(),
+            ),
+            price: register(
+                r,
+                "berth_hourly_price",
+                "Hourly price of the instances held, by provider, in use or not",
+                Family::default(),
+            ),
+            provider_started: register(
+                r,
+                "berth_provider_started",
+                "1 once a provider's driver has loaded and started, 0 while it starts or after its start failed",
+                Family::default(),
+            ),
+            lists_believed: register(
+                r,
+                "berth_provider_lists_believed",
+                "1 while a provider's last list was believed, 0 while its lists fail or show none of the instances berth holds there",
+                Family::default(),
+            ),
+            last_list_age: register(
+                r,
+                "berth_provider_last_list_age_seconds",
+                "Time since the start of a provider's last believed list (absent before the first)",
+                Family::default(),
+            ),
+            nodes_missing: register(
+                r,
+                "berth_nodes_missing",
+                "Nodes whose instance the provider's lists stopped showing (suspected, or confirmed while in use)",
+                Family::default(),
+            ),
+            log_dropped: register(
+                r,
+                "berth_driver_log_dropped",
+                "Driver log records (log import and stdio lines) dropped over the provider's log-rate",
+                Family::default(),
+            ),
+            http_open: register(
+                r,
+                "berth_http_connections",
+                "Connections to the API open now",
+                Gauge::default(),
+            ),
+            http_closed: register(
+                r,
+                "berth_http_connections_closed",
+                "API connections berth closed itself, by reason (header_timeout, body_timeout, evicted: idle, closed to make room at max-connections; refused: new at the cap, without a request or with every connection busy)",
+                Family::default(),
+            ),
+            outbound_denied: register(
+                r,
+                "berth_sandbox_denied",
+                "Outbound requests and probes of a driver that the sandbox refused",
+                Family::default(),
+            ),
+            registry,
             recent,
         }
     }
 
-    /// The metrics text, with the pool's gauges as of now. Runs on the
-    /// pool's task.
     /// How many API connections are open.
     pub fn http_connections_open(&self, n: usize) {
-        self.http_open.set_u64(&[], n as u64);
+        self.http_open.set(n as f64);
     }
 
     /// An API connection berth closed, and why.
-    pub fn http_connection_closed(&self, reason: &str) {
-        self.http_closed.inc(&[reason]);
+    pub fn http_connection_closed(&self, reason: &'static str) {
+        self.http_closed.get_or_create(&Reason { reason }).inc();
     }
 
+    /// The metrics text, with the pool's gauges as of now. Runs on the
+    /// pool's task, so that two scrapes do not interleave.
     pub fn render(&self, pool: &Pool, providers: &Providers) -> String {
         let config = pool.config();
         for (i, p) in config.providers.iter().enumerate() {
             let ix = ProviderIx(i as u16);
+            let labels = ByProvider::new(&p.name);
             let up = providers.health(ix) == Health::Up;
             self.provider_started
-                .with(&[&p.name])
+                .get_or_create(&labels)
                 .set(if up { 1.0 } else { 0.0 });
             let s = pool.provider_status(ix);
             let believed = s.list == berth_core::pool::ListHealth::Ok;
             self.lists_believed
-                .with(&[&p.name])
+                .get_or_create(&labels)
                 .set(if believed { 1.0 } else { 0.0 });
             if let Some(t) = s.last_listed {
                 self.last_list_age
-                    .with(&[&p.name])
+                    .get_or_create(&labels)
                     .set(pool.last_tick().since(t).as_secs_f64());
             }
-            self.nodes_missing.with(&[&p.name]).set(s.missing as f64);
+            self.nodes_missing
+                .get_or_create(&labels)
+                .set(s.missing as f64);
         }
-        for (name, provider) in providers.started() {
-            let catch_up = |c: &Counter, total: u64| {
-                let child = c.with(&[&name]);
-                child.inc_by(total.saturating_sub(child.get()));
-            };
-            catch_up(&self.log_dropped, provider.log_dropped());
-            catch_up(&self.outbound_denied, provider.denied_requests());
+        for (name, started) in providers.started() {
+            let labels = ByProvider { provider: name };
+            catch_up(&self.log_dropped, &labels, started.log_dropped());
+            catch_up(&self.outbound_denied, &labels, started.denied_requests());
         }
-        self.nodes.reset();
+        self.pool_gauges(pool);
+        metrics::encode(&self.registry)
+    }
+
+    /// Sets the gauges computed from the pool alone.
+    fn pool_gauges(&self, pool: &Pool) {
+        let config = pool.config();
+        // Set afresh, so that no stale label set is left behind.
+        self.nodes.clear();
         for ((label, provider, state), n) in views::node_counts(pool) {
-            self.nodes
-                .with(&[&config[label].name, &config[provider].name, state])
-                .set(n as f64);
+            let labels = NodeKey {
+                label: config[label].name.clone(),
+                provider: config[provider].name.clone(),
+                state,
+            };
+            self.nodes.get_or_create(&labels).set(n as f64);
         }
         let now = pool.last_tick();
         let pending: Vec<&Request> = pool
             .requests()
             .filter(|r| r.state == RequestState::Pending)
             .collect();
-        self.pending.with(&[]).set(pending.len() as f64);
+        self.pending.set(pending.len() as f64);
         let oldest = pending.iter().map(|r| r.created).min();
         self.oldest_pending
-            .with(&[])
             .set(oldest.map_or(0.0, |t| now.since(t).as_secs_f64()));
 
         // Instances are the nodes that hold one: slot nodes share their
@@ -322,14 +408,16 @@ impl Telemetry {
             for in_use in [false, true] {
                 let (count, cpus, bytes, price) =
                     held.get(&(i, in_use)).copied().unwrap_or_default();
-                let labels = [p.name.as_str(), if in_use { "true" } else { "false" }];
-                self.instances.with(&labels).set(count);
-                self.vcpus.with(&labels).set(cpus);
-                self.ram.with(&labels).set(bytes);
-                self.price.with(&labels).set(price);
+                let labels = Held {
+                    provider: p.name.clone(),
+                    in_use,
+                };
+                self.instances.get_or_create(&labels).set(count);
+                self.vcpus.get_or_create(&labels).set(cpus);
+                self.ram.get_or_create(&labels).set(bytes);
+                self.price.get_or_create(&labels).set(price);
             }
         }
-        self.registry.render()
     }
 
     /// A summary of `provider`'s recent calls.
@@ -357,17 +445,39 @@ impl Telemetry {
     }
 }
 
+/// Raises a counter that follows a running total kept elsewhere to that
+/// total; a total that went down (a restarted driver) leaves it alone.
+fn catch_up(family: &Family<ByProvider, Counter>, labels: &ByProvider, total: u64) {
+    let child = family.get_or_create(labels);
+    child.inc_by(total.saturating_sub(child.get()));
+}
+
 impl Observer for Telemetry {
     fn call(&self, provider: &str, call: CallKind, result: Result<(), &CallError>, took: Duration) {
         let outcome = outcome_name(result);
-        self.calls.with(&[provider, call.as_str(), outcome]).inc();
+        let call_name = call.as_str();
+        self.calls
+            .get_or_create(&CallOutcome {
+                provider: provider.to_owned(),
+                call: call_name,
+                outcome,
+            })
+            .inc();
         self.call_seconds
-            .with(&[provider, call.as_str()])
+            .get_or_create(&ProviderCall {
+                provider: provider.to_owned(),
+                call: call_name,
+            })
             .observe(took.as_secs_f64());
         if let Err(e) = result
             && let Some(t) = e.kind.trap()
         {
-            self.traps.with(&[provider, trap_name(t)]).inc();
+            self.traps
+                .get_or_create(&TrapKind {
+                    provider: provider.to_owned(),
+                    kind: trap_name(t),
+                })
+                .inc();
         }
         if let Some(r) = self.recent.get(provider) {
             let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
@@ -393,23 +503,23 @@ impl Observer for Telemetry {
     }
 
     fn notice(&self, config: &Config, notice: &Notice) {
-        let name = |p: berth_config::ProviderIx| config[p].name.as_str();
+        let count = |family: &Family<ByProvider, Counter>, p: ProviderIx| {
+            family
+                .get_or_create(&ByProvider::new(&config[p].name))
+                .inc();
+        };
         match notice {
-            Notice::QuotaPaused { provider, .. } => {
-                self.quota_pauses.with(&[name(*provider)]).inc()
+            Notice::QuotaPaused { provider, .. } => count(&self.quota_pauses, *provider),
+            Notice::RateLimited { provider, .. } => count(&self.rate_limit_holds, *provider),
+            Notice::CapacityPaused { provider, .. } => count(&self.capacity_pauses, *provider),
+            Notice::LeakDeleted { provider, .. } => count(&self.leaks_deleted, *provider),
+            Notice::NotAdopted { provider, .. } => count(&self.not_adopted, *provider),
+            Notice::LeaseExpired { .. } => {
+                self.leases_expired.inc();
             }
-            Notice::RateLimited { provider, .. } => {
-                self.rate_limit_holds.with(&[name(*provider)]).inc()
+            Notice::RequestFailed { .. } => {
+                self.requests_failed.inc();
             }
-            Notice::CapacityPaused { provider, .. } => {
-                self.capacity_pauses.with(&[name(*provider)]).inc()
-            }
-            Notice::LeakDeleted { provider, .. } => {
-                self.leaks_deleted.with(&[name(*provider)]).inc()
-            }
-            Notice::NotAdopted { provider, .. } => self.not_adopted.with(&[name(*provider)]).inc(),
-            Notice::LeaseExpired { .. } => self.leases_expired.with(&[]).inc(),
-            Notice::RequestFailed { .. } => self.requests_failed.with(&[]).inc(),
             Notice::Foreign { .. }
             | Notice::Adopted { .. }
             | Notice::Vanished { .. }
@@ -425,15 +535,336 @@ impl Observer for Telemetry {
 
     fn refused(&self, provider: &str, refused: &[berth_core::driver::check::BadAnswer]) {
         for r in refused {
-            self.refused.with(&[provider, r.rule]).inc();
+            self.refused
+                .get_or_create(&Rule {
+                    provider: provider.to_owned(),
+                    rule: r.rule,
+                })
+                .inc();
         }
     }
 
     fn fulfilled(&self, _request: &Request, latency: Duration) {
-        self.fulfilment.with(&[]).observe(latency.as_secs_f64());
+        self.fulfilment.observe(latency.as_secs_f64());
     }
 
     fn committed(&self, took: Duration) {
-        self.commit_seconds.with(&[]).observe(took.as_secs_f64());
+        self.commit_seconds.observe(took.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use berth_core::driver::Call;
+    use berth_core::driver::check::BadAnswer;
+    use berth_core::pool::Time;
+    use berth_plugin::{CallErrorKind, Trap};
+
+    const CONFIG: &str = r#"
+pool-id = "t"
+
+[providers.p0]
+driver = "p0.wasm"
+[providers.p1]
+driver = "p1.wasm"
+
+[labels.small]
+min-ready = 1
+[labels.small.providers.p0]
+instance-type = "s"
+image = "debian-12"
+vcpus = 2
+ram = "4GiB"
+"#;
+
+    fn config() -> Arc<Config> {
+        let settings = berth_config::parse(CONFIG, Path::new("/"), &|_| None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        Arc::new(settings.pool)
+    }
+
+    /// Every family's `# HELP` and `# TYPE` lines, in order: the names, help
+    /// texts and types that berth wrote out before prometheus-client, but for
+    /// a counter's family named without the `_total` its samples carry.
+    const DESCRIBED: &str = "\
+# HELP berth_driver_calls Driver calls by provider, call and outcome.
+# TYPE berth_driver_calls counter
+# HELP berth_driver_call_seconds Driver call duration by provider and call.
+# TYPE berth_driver_call_seconds histogram
+# HELP berth_sandbox_traps Driver instances discarded after a trap, by provider and kind.
+# TYPE berth_sandbox_traps counter
+# HELP berth_request_fulfilment_seconds Time from a request's creation to its nodes being handed out.
+# TYPE berth_request_fulfilment_seconds histogram
+# HELP berth_store_commit_seconds Time the pool's store took to commit one batch of changes.
+# TYPE berth_store_commit_seconds histogram
+# HELP berth_quota_pauses Times creates were paused on a provider after quota-exceeded.
+# TYPE berth_quota_pauses counter
+# HELP berth_rate_limit_holds Times every call to a provider was held after rate-limited.
+# TYPE berth_rate_limit_holds counter
+# HELP berth_capacity_pauses Times an instance type was paused on a provider for lack of capacity.
+# TYPE berth_capacity_pauses counter
+# HELP berth_leaked_instances_deleted Instances with this pool's id that no node accounted for, deleted.
+# TYPE berth_leaked_instances_deleted counter
+# HELP berth_adoptions_refused Instances with this pool's tags not adopted because the provider's limits were full.
+# TYPE berth_adoptions_refused counter
+# HELP berth_driver_answers_refused Instances a driver answered that failed berth's checks, by provider and rule (id, duplicate, type, tags, address, connection).
+# TYPE berth_driver_answers_refused counter
+# HELP berth_leases_expired Requestors whose lease expired with requests or nodes to take back.
+# TYPE berth_leases_expired counter
+# HELP berth_requests_failed Requests that failed.
+# TYPE berth_requests_failed counter
+# HELP berth_nodes Nodes by label, provider and state.
+# TYPE berth_nodes gauge
+# HELP berth_requests_pending Requests waiting for nodes.
+# TYPE berth_requests_pending gauge
+# HELP berth_requests_pending_oldest_seconds Age of the oldest pending request.
+# TYPE berth_requests_pending_oldest_seconds gauge
+# HELP berth_instances Cloud instances held (creating to deleting), by provider, in use or not.
+# TYPE berth_instances gauge
+# HELP berth_vcpus vCPUs of the instances held, by provider, in use or not.
+# TYPE berth_vcpus gauge
+# HELP berth_memory_bytes Memory of the instances held, by provider, in use or not.
+# TYPE berth_memory_bytes gauge
+# HELP berth_hourly_price Hourly price of the instances held, by provider, in use or not.
+# TYPE berth_hourly_price gauge
+# HELP berth_provider_started 1 once a provider's driver has loaded and started, 0 while it starts or after its start failed.
+# TYPE berth_provider_started gauge
+# HELP berth_provider_lists_believed 1 while a provider's last list was believed, 0 while its lists fail or show none of the instances berth holds there.
+# TYPE berth_provider_lists_believed gauge
+# HELP berth_provider_last_list_age_seconds Time since the start of a provider's last believed list (absent before the first).
+# TYPE berth_provider_last_list_age_seconds gauge
+# HELP berth_nodes_missing Nodes whose instance the provider's lists stopped showing (suspected, or confirmed while in use).
+# TYPE berth_nodes_missing gauge
+# HELP berth_driver_log_dropped Driver log records (log import and stdio lines) dropped over the provider's log-rate.
+# TYPE berth_driver_log_dropped counter
+# HELP berth_http_connections Connections to the API open now.
+# TYPE berth_http_connections gauge
+# HELP berth_http_connections_closed API connections berth closed itself, by reason (header_timeout, body_timeout, evicted: idle, closed to make room at max-connections; refused: new at the cap, without a request or with every connection busy).
+# TYPE berth_http_connections_closed counter
+# HELP berth_sandbox_denied Outbound requests and probes of a driver that the sandbox refused.
+# TYPE berth_sandbox_denied counter
+# EOF
+";
+
+    /// The name of each family's samples (a histogram's `_bucket` ones), and
+    /// the name the docs give it.
+    fn sample_names() -> Vec<(String, String)> {
+        DESCRIBED
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| match l.split_once(' ') {
+                Some((name, "counter")) => (format!("{name}_total"), format!("{name}_total")),
+                Some((name, "histogram")) => (format!("{name}_bucket"), name.to_owned()),
+                Some((name, _)) => (name.to_owned(), name.to_owned()),
+                None => panic!("`{l}`"),
+            })
+            .collect()
+    }
+
+    fn trap(t: Trap) -> CallError {
+        CallError {
+            provider: "p0".into(),
+            call: Call::Create,
+            kind: CallErrorKind::Trap(t),
+        }
+    }
+
+    /// A child in every family, through the paths berth feeds them by.
+    fn fed() -> Telemetry {
+        let config = config();
+        let t = Telemetry::new(&config);
+        // Powers of two, so that the sum is exact.
+        let secs = Duration::from_secs_f64;
+        t.call("p0", CallKind::Create, Ok(()), secs(0.001953125));
+        t.call("p0", CallKind::Create, Ok(()), secs(0.03125));
+        let deadline = trap(Trap::Deadline(Duration::from_secs(10)));
+        t.call("p0", CallKind::Create, Err(&deadline), secs(0.5));
+        t.call("p1", CallKind::List, Ok(()), secs(0.001));
+        let at = Time::from_millis(0);
+        for notice in [
+            Notice::QuotaPaused {
+                provider: ProviderIx(0),
+                until: at,
+            },
+            Notice::RateLimited {
+                provider: ProviderIx(1),
+                until: at,
+            },
+            Notice::CapacityPaused {
+                provider: ProviderIx(0),
+                instance_type: None,
+                until: at,
+            },
+            Notice::LeaseExpired {
+                requestor: "ci".into(),
+                failed: 1,
+                reclaimed: 0,
+            },
+        ] {
+            t.notice(&config, &notice);
+        }
+        for (family, p) in [(&t.leaks_deleted, "p0"), (&t.not_adopted, "p1")] {
+            family.get_or_create(&ByProvider::new(p)).inc();
+        }
+        t.requests_failed.inc();
+        t.refused(
+            "p1",
+            &[BadAnswer {
+                instance: "i-1".into(),
+                rule: "tags",
+                why: String::new(),
+            }],
+        );
+        t.committed(Duration::from_micros(300));
+        t.http_connections_open(3);
+        t.http_connection_closed("evicted");
+        t.pool_gauges(&Pool::new(config.clone(), 1));
+        let key = NodeKey {
+            label: "small".into(),
+            provider: "p0".into(),
+            state: "ready",
+        };
+        t.nodes.get_or_create(&key).set(2.0);
+        for family in [
+            &t.provider_started,
+            &t.lists_believed,
+            &t.last_list_age,
+            &t.nodes_missing,
+        ] {
+            family.get_or_create(&ByProvider::new("p0")).set(1.0);
+        }
+        for family in [&t.log_dropped, &t.outbound_denied] {
+            family.get_or_create(&ByProvider::new("p0")).inc_by(4);
+        }
+        t
+    }
+
+    fn encode(t: &Telemetry) -> String {
+        metrics::encode(&t.registry)
+    }
+
+    #[test]
+    fn names_types_and_help_are_kept() {
+        let text = encode(&fed());
+        let described: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
+        assert_eq!(described, DESCRIBED.lines().collect::<Vec<_>>(), "{text}");
+        for (sample, _) in sample_names() {
+            assert!(
+                text.lines().any(|l| l
+                    .strip_prefix(sample.as_str())
+                    .is_some_and(|rest| rest.starts_with([' ', '{']))),
+                "no sample of {sample} in\n{text}"
+            );
+        }
+        assert!(text.ends_with("\n# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn documented_metrics_are_exposed() {
+        let doc = include_str!("../../../../docs/api.md");
+        let section = doc
+            .split("## Health and metrics")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("docs/api.md has a section on metrics");
+        let mut documented: Vec<&str> = section
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("berth_"))
+            .collect();
+        documented.sort_unstable();
+        documented.dedup();
+        let mut exposed: Vec<String> = sample_names().into_iter().map(|(_, doc)| doc).collect();
+        exposed.sort_unstable();
+        assert_eq!(documented, exposed);
+    }
+
+    #[test]
+    fn samples_read_as_before() {
+        let text = encode(&fed());
+        let mut lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        lines.sort_unstable();
+        for want in [
+            "berth_driver_calls_total{provider=\"p0\",call=\"create\",outcome=\"ok\"} 2",
+            "berth_driver_calls_total{provider=\"p0\",call=\"create\",outcome=\"trap\"} 1",
+            "berth_driver_calls_total{provider=\"p1\",call=\"list\",outcome=\"ok\"} 1",
+            "berth_sandbox_traps_total{provider=\"p0\",kind=\"deadline\"} 1",
+            "berth_driver_answers_refused_total{provider=\"p1\",rule=\"tags\"} 1",
+            "berth_quota_pauses_total{provider=\"p0\"} 1",
+            "berth_rate_limit_holds_total{provider=\"p1\"} 1",
+            "berth_capacity_pauses_total{provider=\"p0\"} 1",
+            "berth_leases_expired_total 1",
+            "berth_requests_failed_total 1",
+            "berth_http_connections 3.0",
+            "berth_http_connections_closed_total{reason=\"evicted\"} 1",
+            "berth_nodes{label=\"small\",provider=\"p0\",state=\"ready\"} 2.0",
+            "berth_requests_pending 0.0",
+            "berth_requests_pending_oldest_seconds 0.0",
+            "berth_instances{provider=\"p0\",in_use=\"false\"} 0.0",
+            "berth_instances{provider=\"p1\",in_use=\"true\"} 0.0",
+            "berth_memory_bytes{provider=\"p1\",in_use=\"false\"} 0.0",
+            "berth_driver_log_dropped_total{provider=\"p0\"} 4",
+            // Histograms: cumulative buckets up to `+Inf`, the count is the
+            // `+Inf` bucket.
+            "berth_driver_call_seconds_bucket{le=\"0.001\",provider=\"p0\",call=\"create\"} 0",
+            "berth_driver_call_seconds_bucket{le=\"0.0025\",provider=\"p0\",call=\"create\"} 1",
+            "berth_driver_call_seconds_bucket{le=\"0.05\",provider=\"p0\",call=\"create\"} 2",
+            "berth_driver_call_seconds_bucket{le=\"0.25\",provider=\"p0\",call=\"create\"} 2",
+            "berth_driver_call_seconds_bucket{le=\"0.5\",provider=\"p0\",call=\"create\"} 3",
+            "berth_driver_call_seconds_bucket{le=\"60.0\",provider=\"p0\",call=\"create\"} 3",
+            "berth_driver_call_seconds_bucket{le=\"+Inf\",provider=\"p0\",call=\"create\"} 3",
+            "berth_driver_call_seconds_count{provider=\"p0\",call=\"create\"} 3",
+            "berth_driver_call_seconds_sum{provider=\"p0\",call=\"create\"} 0.533203125",
+            "berth_driver_call_seconds_bucket{le=\"0.001\",provider=\"p1\",call=\"list\"} 1",
+            "berth_store_commit_seconds_bucket{le=\"0.00025\"} 0",
+            "berth_store_commit_seconds_bucket{le=\"0.0005\"} 1",
+            "berth_store_commit_seconds_bucket{le=\"+Inf\"} 1",
+            "berth_store_commit_seconds_count 1",
+            "berth_request_fulfilment_seconds_count 0",
+            "berth_request_fulfilment_seconds_bucket{le=\"0.0005\"} 0",
+        ] {
+            assert!(lines.binary_search(&want).is_ok(), "no `{want}` in\n{text}");
+        }
+        // One `le` per bound and `+Inf`, for each of the two call labels.
+        let buckets = lines
+            .iter()
+            .filter(|l| l.starts_with("berth_driver_call_seconds_bucket{"))
+            .count();
+        assert_eq!(buckets, 2 * (metrics::DEFAULT_BUCKETS.len() + 1));
+    }
+
+    #[test]
+    fn recomputed_gauges_leave_no_stale_label_sets() {
+        let config = config();
+        let t = Telemetry::new(&config);
+        let key = |state| NodeKey {
+            label: "small".into(),
+            provider: "p0".into(),
+            state,
+        };
+        t.nodes.get_or_create(&key("booting")).set(1.0);
+        t.pool_gauges(&Pool::new(config.clone(), 1));
+        assert!(t.nodes.get(&key("booting")).is_none());
+        assert!(!encode(&t).contains("berth_nodes{"));
+        // Every provider's held instances, in use or not, even at zero.
+        let held: Vec<String> = encode(&t)
+            .lines()
+            .filter(|l| l.starts_with("berth_instances{"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(held.len(), 4, "{held:?}");
+    }
+
+    #[test]
+    fn counters_fed_from_running_totals_catch_up() {
+        let t = Telemetry::new(&config());
+        let labels = ByProvider::new("p0");
+        for (total, want) in [(0, 0), (5, 5), (5, 5), (9, 9), (2, 9)] {
+            catch_up(&t.log_dropped, &labels, total);
+            assert_eq!(t.log_dropped.get_or_create(&labels).get(), want);
+        }
     }
 }
