@@ -27,7 +27,7 @@ use berth_core::pool::{
     Changes, Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refused, Request,
     RequestId, RequestState, Time,
 };
-use berth_plugin::{CallError, CallErrorKind, DriverState, Runtime, RuntimeConfig, Trap};
+use berth_plugin::{CallError, CallErrorKind, DriverState, Runtime, RuntimeConfig};
 use berth_store::{SqliteStore, Store, StoreError};
 
 pub use commands::{Caller, Change, Done};
@@ -125,11 +125,6 @@ impl CallKind {
 /// [`CallErrorKind::outcome`]'s.
 pub fn outcome_name(result: Result<(), &CallError>) -> &'static str {
     result.err().map_or("ok", |e| e.kind.outcome())
-}
-
-/// The kind of a sandbox trap, in a word ([`Trap::name`]).
-pub fn trap_name(t: &Trap) -> &'static str {
-    t.name()
 }
 
 /// Hears what the running pool does, for metrics and health. Called on the

@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use super::types::{self, rfc3339};
 use super::views;
 use crate::metrics::{self, Gauge, Histograms, register};
-use crate::runtime::{CallKind, Health, Observer, Providers, outcome_name, trap_name};
+use crate::runtime::{CallKind, Health, Observer, Providers, outcome_name};
 use berth_config::{Config, ProviderIx};
 use berth_core::pool::{NodeState, Notice, Packing, Pool, Request, RequestState};
 use berth_plugin::CallError;
@@ -475,7 +475,7 @@ impl Observer for Telemetry {
             self.traps
                 .get_or_create(&TrapKind {
                     provider: provider.to_owned(),
-                    kind: trap_name(t),
+                    kind: t.name(),
                 })
                 .inc();
         }
