@@ -55,28 +55,14 @@ pub fn parse(text: &str) -> Result<Duration, ParseDurationError> {
 }
 
 /// Milliseconds since the Unix epoch as RFC 3339 UTC with milliseconds,
-/// e.g. `2026-11-23T10:04:05.123Z`.
+/// e.g. `2026-11-23T10:04:05.123Z`. Instants past the last that `jiff`
+/// holds (late on 9999-12-30) are written as that last one.
 pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+    let at = i64::try_from(ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .unwrap_or(jiff::Timestamp::MAX);
+    format!("{at:.3}")
 }
 
 #[cfg(test)]
@@ -95,6 +81,18 @@ mod tests {
         check("3h", Ok(Duration::from_secs(3 * 3600)));
         check("0ms", Ok(Duration::ZERO));
         check("0", Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn writes_instants_with_milliseconds() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1), "1970-01-01T00:00:00.001Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_431_845_123), "2026-11-23T11:04:05.123Z");
+        assert_eq!(rfc3339(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(253_402_207_199_999), "9999-12-30T21:59:59.999Z");
+        assert_eq!(rfc3339(253_402_300_799_999), "9999-12-30T22:00:00.999Z");
+        assert_eq!(rfc3339(u64::MAX), "9999-12-30T22:00:00.999Z");
     }
 
     #[test]

@@ -14,12 +14,14 @@
 //! clear.
 
 use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
 
-use hmac::{Hmac, Mac};
+use aws_credential_types::Credentials;
+use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+use aws_sigv4::sign::v4::SigningParams;
 use http::header::{AUTHORIZATION, HOST, HeaderName, HeaderValue};
-use sha2::{Digest, Sha256};
 
-use berth_config::{Auth, Credential, Secret};
+use berth_config::{Auth, Credential};
 
 /// The headers a credential owns: a guest's own values for them are
 /// removed before it is applied.
@@ -44,6 +46,8 @@ pub enum NotApplied {
     Insecure(String),
     #[error("the request body is over {0} bytes, too large to sign")]
     BodyTooLarge(usize),
+    #[error("the request could not be signed: {0}")]
+    Unsignable(String),
 }
 
 /// The largest body the host reads to sign.
@@ -68,8 +72,15 @@ pub fn may_send(host: &str, https: bool) -> bool {
 }
 
 /// Authenticates `parts` (whose body is `body`) with `auth` at `now_ms`.
-/// Headers the credential owns that the guest set are replaced.
-pub fn apply(auth: &Auth, parts: &mut http::request::Parts, body: &[u8], now_ms: u64) {
+/// Headers the credential owns that the guest set are replaced. A request
+/// that cannot be signed (a header that is not text, no host) is refused
+/// rather than sent unsigned.
+pub fn apply(
+    auth: &Auth,
+    parts: &mut http::request::Parts,
+    body: &[u8],
+    now_ms: u64,
+) -> Result<(), NotApplied> {
     for h in owned_headers(auth) {
         parts.headers.remove(h);
     }
@@ -79,6 +90,7 @@ pub fn apply(auth: &Auth, parts: &mut http::request::Parts, body: &[u8], now_ms:
                 v.set_sensitive(true);
                 parts.headers.insert(name.clone(), v);
             }
+            Ok(())
         }
         Auth::AwsSigV4 {
             access_key_id,
@@ -87,187 +99,80 @@ pub fn apply(auth: &Auth, parts: &mut http::request::Parts, body: &[u8], now_ms:
             region,
             service,
         } => {
-            let signer = SigV4 {
+            let credentials = Credentials::new(
                 access_key_id,
-                secret: secret_access_key.expose(),
-                session_token: session_token.as_ref().map(Secret::expose),
-                region,
-                service,
-            };
-            signer.sign(parts, body, now_ms);
+                secret_access_key.expose(),
+                session_token.as_ref().map(|t| t.expose().to_owned()),
+                None,
+                "berth",
+            );
+            let at = SystemTime::UNIX_EPOCH + Duration::from_millis(now_ms);
+            sigv4(credentials, region, service, parts, body, at).map_err(NotApplied::Unsignable)
         }
     }
 }
 
-type HmacSha256 = Hmac<Sha256>;
-
-fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes a key of any length");
-    m.update(data);
-    m.finalize().into_bytes().to_vec()
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    hex::encode(Sha256::digest(data))
-}
-
-/// One signing of AWS Signature Version 4.
-struct SigV4<'a> {
-    access_key_id: &'a str,
-    secret: &'a str,
-    session_token: Option<&'a str>,
-    region: &'a str,
-    service: &'a str,
-}
-
-impl SigV4<'_> {
-    fn sign(&self, parts: &mut http::request::Parts, body: &[u8], now_ms: u64) {
-        // 2026-11-23T11:04:05.123Z → 20261123T110405Z
-        let stamp: String = berth_core::duration::rfc3339(now_ms)
-            .chars()
-            .take(19)
-            .filter(|c| c.is_ascii_alphanumeric())
-            .chain(std::iter::once('Z'))
-            .collect();
-        let date = &stamp[..8];
-        let payload = sha256_hex(body);
-        let set = |parts: &mut http::request::Parts, name: &'static str, value: &str| {
-            if let Ok(v) = HeaderValue::from_str(value) {
-                parts.headers.insert(HeaderName::from_static(name), v);
-            }
-        };
-        set(parts, "x-amz-date", &stamp);
-        if let Some(t) = self.session_token {
-            set(parts, "x-amz-security-token", t);
-        }
-        if !parts.headers.contains_key(HOST)
-            && let Some(a) = parts.uri.authority()
-            && let Ok(v) = HeaderValue::from_str(a.as_str())
-        {
-            parts.headers.insert(HOST, v);
-        }
-
-        // Every header is signed, so none can be changed on the way.
-        let mut headers: Vec<(String, String)> = Vec::new();
-        for name in parts.headers.keys() {
-            let values: Vec<String> = parts
-                .headers
-                .get_all(name)
-                .iter()
-                .map(|v| collapse(&String::from_utf8_lossy(v.as_bytes())))
-                .collect();
-            headers.push((name.as_str().to_ascii_lowercase(), values.join(",")));
-        }
-        headers.sort();
-        let signed: Vec<&str> = headers.iter().map(|(k, _)| k.as_str()).collect();
-        let signed = signed.join(";");
-        let canonical_headers: String = headers.iter().map(|(k, v)| format!("{k}:{v}\n")).collect();
-        let canonical = format!(
-            "{}\n{}\n{}\n{}\n{}\n{}",
-            parts.method.as_str(),
-            canonical_path(parts.uri.path()),
-            canonical_query(parts.uri.query().unwrap_or("")),
-            canonical_headers,
-            signed,
-            payload
-        );
-        let scope = format!("{date}/{}/{}/aws4_request", self.region, self.service);
-        let to_sign = format!(
-            "AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{}",
-            sha256_hex(canonical.as_bytes())
-        );
-        let k_date = hmac(format!("AWS4{}", self.secret).as_bytes(), date.as_bytes());
-        let k_region = hmac(&k_date, self.region.as_bytes());
-        let k_service = hmac(&k_region, self.service.as_bytes());
-        let k_signing = hmac(&k_service, b"aws4_request");
-        let signature = hex::encode(hmac(&k_signing, to_sign.as_bytes()));
-        let authorization = format!(
-            "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed}, Signature={signature}",
-            self.access_key_id
-        );
-        if let Ok(mut v) = HeaderValue::from_str(&authorization) {
-            v.set_sensitive(true);
-            parts.headers.insert(AUTHORIZATION, v);
-        }
+/// Signs `parts` with AWS Signature Version 4 (`aws-sigv4`) at `at`, and
+/// adds `x-amz-date`, `authorization` and, with a session token,
+/// `x-amz-security-token`.
+fn sigv4(
+    credentials: Credentials,
+    region: &str,
+    service: &str,
+    parts: &mut http::request::Parts,
+    body: &[u8],
+    at: SystemTime,
+) -> Result<(), String> {
+    // The host is signed as the request names it and sent as signed: a
+    // plain HTTP request later goes to the checked address instead.
+    if !parts.headers.contains_key(HOST) {
+        let authority = parts.uri.authority().ok_or("the request names no host")?;
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?;
+        parts.headers.insert(HOST, host);
     }
-}
-
-/// A header value trimmed, with runs of spaces made one.
-fn collapse(v: &str) -> String {
-    v.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// RFC 3986 encoding as SigV4 wants it: everything but unreserved characters.
-fn encode(s: &str, keep_slash: bool) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                out.push(b as char)
-            }
-            b'/' if keep_slash => out.push('/'),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
-}
-
-/// Decodes `%XX` escapes (and, in a query, `+` as a space is not assumed:
-/// SigV4 takes the query as sent).
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(h) = s.get(i + 1..i + 3)
-            && let Ok(b) = u8::from_str_radix(h, 16)
-        {
-            out.push(b);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The path with each segment normalised and encoded once (non-S3 services
-/// sign the path encoded twice; the path is sent encoded once, so encoding
-/// the decoded segments once more here gives the same).
-fn canonical_path(path: &str) -> String {
-    if path.is_empty() {
-        return "/".into();
-    }
-    path.split('/')
-        .map(|seg| encode(&encode(&decode(seg), false), false))
-        .collect::<Vec<_>>()
-        .join("/")
-}
-
-/// The query's pairs decoded, encoded again, sorted.
-fn canonical_query(q: &str) -> String {
-    let mut pairs: Vec<(String, String)> = q
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (encode(&decode(k), false), encode(&decode(v), false))
-        })
-        .collect();
-    pairs.sort();
-    pairs
+    let headers = parts
+        .headers
         .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join("&")
+        .map(|(name, value)| Ok((name.as_str(), std::str::from_utf8(value.as_bytes())?)))
+        .collect::<Result<Vec<_>, std::str::Utf8Error>>()
+        .map_err(|_| "a header value is not UTF-8".to_owned())?;
+    let request = SignableRequest::new(
+        parts.method.as_str(),
+        parts.uri.to_string(),
+        headers.into_iter(),
+        SignableBody::Bytes(body),
+    )
+    .map_err(|e| e.to_string())?;
+    // Every header is signed (by default a few that proxies may change are
+    // left out), so none can be changed on the way.
+    let mut settings = SigningSettings::default();
+    settings.excluded_headers = None;
+    let identity = credentials.into();
+    let params = SigningParams::builder()
+        .identity(&identity)
+        .region(region)
+        .name(service)
+        .time(at)
+        .settings(settings)
+        .build()
+        .map_err(|e| e.to_string())?
+        .into();
+    let (instructions, _signature) = sign(request, &params)
+        .map_err(|e| e.to_string())?
+        .into_parts();
+    let (add, _query) = instructions.into_parts();
+    for header in add {
+        let mut value = HeaderValue::from_str(header.value()).map_err(|e| e.to_string())?;
+        value.set_sensitive(header.sensitive() || header.name() == AUTHORIZATION);
+        parts.headers.insert(header.name(), value);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use berth_config::AllowedHost;
+    use berth_config::{AllowedHost, Secret};
 
     fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> http::request::Parts {
         let mut b = http::Request::builder().method(method).uri(uri);
@@ -292,39 +197,209 @@ mod tests {
     /// 2015-08-30T12:36:00Z, the instant of AWS's published examples.
     const EXAMPLE_MS: u64 = 1_440_938_160_000;
 
-    #[test]
-    fn sigv4_matches_the_published_get_vanilla_example() {
-        let mut p = parts("GET", "https://example.amazonaws.com/", &[]);
-        p.headers
-            .insert(HOST, HeaderValue::from_static("example.amazonaws.com"));
-        let signer = SigV4 {
-            access_key_id: "AKIDEXAMPLE",
-            secret: SECRET,
-            session_token: None,
-            region: "us-east-1",
-            service: "service",
-        };
-        signer.sign(&mut p, b"", EXAMPLE_MS);
-        let auth = p.headers[AUTHORIZATION].to_str().unwrap().to_owned();
-        assert_eq!(
-            auth,
-            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, \
-             SignedHeaders=host;x-amz-date, Signature=\
-             5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31",
-            "{auth}"
+    /// A request of the published Signature Version 4 test suite signed
+    /// through [`apply`] (`AKIDEXAMPLE`, us-east-1, service `service`, at
+    /// [`EXAMPLE_MS`], body not signed so empty), and its `Authorization`.
+    fn suite(
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        auth: &Auth,
+    ) -> (http::request::Parts, String) {
+        let mut p = parts(
+            method,
+            &format!("https://example.amazonaws.com{path}"),
+            headers,
         );
-        assert_eq!(p.headers["x-amz-date"], "20150830T123600Z");
+        apply(auth, &mut p, b"", EXAMPLE_MS).unwrap();
+        let authorization = p.headers[AUTHORIZATION].to_str().unwrap().to_owned();
+        (p, authorization)
+    }
+
+    fn expect(signed_headers: &str, signature: &str) -> String {
+        format!(
+            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, \
+             SignedHeaders={signed_headers}, Signature={signature}"
+        )
     }
 
     #[test]
-    fn canonical_forms() {
-        assert_eq!(canonical_query("b=2&a=1&a=0"), "a=0&a=1&b=2");
-        assert_eq!(canonical_query("k=a b"), "k=a%20b");
-        assert_eq!(canonical_query("k=a%2Fb&x"), "k=a%2Fb&x=");
-        assert_eq!(canonical_path(""), "/");
-        assert_eq!(canonical_path("/"), "/");
-        assert_eq!(canonical_path("/a b/c"), "/a%2520b/c");
-        assert_eq!(encode("Tag:berth-pool", false), "Tag%3Aberth-pool");
+    fn sigv4_matches_the_published_get_vanilla_example() {
+        let (p, auth) = suite(
+            "GET",
+            "/",
+            &[("host", "example.amazonaws.com")],
+            &aws("service"),
+        );
+        assert_eq!(
+            auth,
+            expect(
+                "host;x-amz-date",
+                "5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31"
+            )
+        );
+        assert_eq!(p.headers["x-amz-date"], "20150830T123600Z");
+        // The host is taken from the URI when the request has none.
+        let (p, auth2) = suite("GET", "/", &[], &aws("service"));
+        assert_eq!(auth2, auth);
+        assert_eq!(p.headers[HOST], "example.amazonaws.com");
+    }
+
+    #[test]
+    fn sigv4_matches_the_published_suite() {
+        let host = ("host", "example.amazonaws.com");
+        for (name, method, path, headers, signed, signature) in [
+            (
+                "get-vanilla-query-order-key-case",
+                "GET",
+                "/?Param2=value2&Param1=value1",
+                &[host][..],
+                "host;x-amz-date",
+                "b97d918cfa904a5beff61c982a1b6f458b799221646efd99d3219ec94cdf2500",
+            ),
+            (
+                "get-vanilla-query-order-encoded",
+                "GET",
+                "/?Param-3=Value3&Param=Value2&%E1%88%B4=Value1",
+                &[host][..],
+                "host;x-amz-date",
+                "371d3713e185cc334048618a97f809c9ffe339c62934c032af5a0e595648fcac",
+            ),
+            (
+                "get-vanilla-utf8-query",
+                "GET",
+                "/?%E1%88%B4=bar",
+                &[host][..],
+                "host;x-amz-date",
+                "2cdec8eed098649ff3a119c94853b13c643bcf08f8b0a1d91e12c9027818dd04",
+            ),
+            (
+                "post-vanilla-query",
+                "POST",
+                "/?Param1=value1",
+                &[host][..],
+                "host;x-amz-date",
+                "28038455d6de14eafc1f9222cf5aa6f1a96197d7deb8263271d420d138af7f11",
+            ),
+            (
+                "get-header-value-trim",
+                "GET",
+                "/",
+                &[
+                    host,
+                    ("my-header1", "value1"),
+                    ("my-header2", "\"a   b   c\""),
+                ][..],
+                "host;my-header1;my-header2;x-amz-date",
+                "acc3ed3afb60bb290fc8d2dd0098b9911fcaa05412b367055dee359757a9c736",
+            ),
+            (
+                "get-header-key-duplicate",
+                "GET",
+                "/",
+                &[
+                    host,
+                    ("my-header1", "value2"),
+                    ("my-header1", "value2"),
+                    ("my-header1", "value1"),
+                ][..],
+                "host;my-header1;x-amz-date",
+                "c9d5ea9f3f72853aea855b47ea873832890dbdd183b4468f858259531a5138ea",
+            ),
+        ] {
+            let (_, auth) = suite(method, path, headers, &aws("service"));
+            assert_eq!(auth, expect(signed, signature), "{name}");
+        }
+    }
+
+    #[test]
+    fn sigv4_matches_the_published_session_token_example() {
+        let token = "6e86291e8372ff2a2260956d9b8aae1d763fbf315fa00fa31553b73ebf194267";
+        let Auth::AwsSigV4 {
+            access_key_id,
+            secret_access_key,
+            region,
+            service,
+            ..
+        } = aws("service")
+        else {
+            unreachable!()
+        };
+        let auth = Auth::AwsSigV4 {
+            access_key_id,
+            secret_access_key,
+            session_token: Some(Secret::new(token)),
+            region,
+            service,
+        };
+        let guest = [
+            ("host", "example.amazonaws.com"),
+            ("x-amz-security-token", "guess"),
+        ];
+        let (p, authorization) = suite("GET", "/", &guest, &auth);
+        assert_eq!(
+            authorization,
+            expect(
+                "host;x-amz-date;x-amz-security-token",
+                "07ec1639c89043aa0e3e2de82b96708f198cceab042d4a97044c66dd9f74e7f8"
+            )
+        );
+        assert_eq!(p.headers.get_all("x-amz-security-token").iter().count(), 1);
+        assert_eq!(p.headers["x-amz-security-token"], token);
+        assert!(p.headers["x-amz-security-token"].is_sensitive());
+    }
+
+    /// The path is encoded once more than it is sent, as every service but
+    /// S3 wants (the suite's `double-encode-path`, signed with its own key).
+    #[test]
+    fn sigv4_encodes_the_path_twice() {
+        let auth = Auth::AwsSigV4 {
+            access_key_id: "ANOTREAL".into(),
+            secret_access_key: Secret::new("notrealrnrELgWzOk3IfjzDKtFBhDby"),
+            session_token: None,
+            region: "us-east-1".into(),
+            service: "service".into(),
+        };
+        let mut p = parts(
+            "POST",
+            "https://tj9n5r0m12.execute-api.us-east-1.amazonaws.com/test/@connections/JBDvjfGEIAMCERw%3D",
+            &[],
+        );
+        apply(&auth, &mut p, b"", EXAMPLE_MS).unwrap();
+        assert!(
+            p.headers[AUTHORIZATION].to_str().unwrap().ends_with(
+                "SignedHeaders=host;x-amz-date, \
+                 Signature=57d157672191bac40bae387e48bbe14b15303c001fdbb01f4abf295dccb09705"
+            ),
+            "{:?}",
+            p.headers[AUTHORIZATION]
+        );
+    }
+
+    #[test]
+    fn sigv4_signs_every_header_and_refuses_what_it_cannot_sign() {
+        let mut p = parts(
+            "POST",
+            "https://ec2.us-east-1.amazonaws.com/",
+            &[("user-agent", "berth"), ("content-type", "text/plain")],
+        );
+        apply(&aws("ec2"), &mut p, b"Action=DescribeInstances", EXAMPLE_MS).unwrap();
+        assert!(
+            p.headers[AUTHORIZATION]
+                .to_str()
+                .unwrap()
+                .contains("SignedHeaders=content-type;host;user-agent;x-amz-date,")
+        );
+
+        let mut p = parts("GET", "https://ec2.us-east-1.amazonaws.com/", &[]);
+        p.headers
+            .insert("x-note", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let refused = apply(&aws("ec2"), &mut p, b"", EXAMPLE_MS);
+        assert!(
+            matches!(refused, Err(NotApplied::Unsignable(_))),
+            "{refused:?}"
+        );
+        assert!(!p.headers.contains_key(AUTHORIZATION));
     }
 
     #[test]
@@ -338,7 +413,7 @@ mod tests {
                 ("host", "127.0.0.1:5000"),
             ],
         );
-        apply(&aws("ec2"), &mut p, b"Action=DescribeInstances", EXAMPLE_MS);
+        apply(&aws("ec2"), &mut p, b"Action=DescribeInstances", EXAMPLE_MS).unwrap();
         let auth = p.headers.get_all(AUTHORIZATION).iter().count();
         assert_eq!(auth, 1);
         assert!(
@@ -355,7 +430,7 @@ mod tests {
             name: HeaderName::from_static("x-api-key"),
             value: Secret::new("s3cr3t-value"),
         };
-        apply(&header, &mut p, b"", 0);
+        apply(&header, &mut p, b"", 0).unwrap();
         assert_eq!(p.headers.get_all("x-api-key").iter().count(), 1);
         assert_eq!(p.headers["x-api-key"], "s3cr3t-value");
     }

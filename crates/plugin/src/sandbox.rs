@@ -492,7 +492,7 @@ async fn authenticate(
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    credentials::apply(&cred.auth, &mut parts, &body, now_ms);
+    credentials::apply(&cred.auth, &mut parts, &body, now_ms)?;
     let body = http_body_util::Full::new(body)
         .map_err(|never| match never {})
         .boxed_unsync();

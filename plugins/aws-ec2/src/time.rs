@@ -1,5 +1,6 @@
 //! EC2's ISO 8601 timestamps (`2024-05-01T12:34:56.000Z`) as milliseconds
-//! since the Unix epoch, without a date library.
+//! since the Unix epoch, without a date library (one would grow the driver;
+//! see ARCHITECTURE.md).
 
 /// Parses `YYYY-MM-DDTHH:MM:SS[.fff…](Z|±HH:MM|±HHMM)`; `None` if malformed.
 pub(crate) fn parse_ms(text: &str) -> Option<u64> {
