@@ -874,7 +874,7 @@ mod tests {
     fn a_server_that_is_not_a_web_url_is_refused_plainly() {
         let e = Client::new("ftp://berth.example", None).unwrap_err();
         assert!(
-            e.to_string().contains("not an http:// or https:// URL"),
+            e.to_string().contains("is not an http:// or https:// URL"),
             "{e}"
         );
         assert_eq!(exit_code(&e), None);

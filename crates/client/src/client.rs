@@ -29,7 +29,7 @@ pub enum Error {
     },
     /// No answer from the service: it refused, timed out, or the
     /// connection (or its TLS) failed.
-    #[error("cannot reach berth at {server}: {detail}; is it running? (see --server)")]
+    #[error("cannot reach berth at {server}: {detail}; is it running there?")]
     Unreachable { server: String, detail: String },
     /// An answer that is not what this client expects.
     #[error("berth at {server} sent an answer this client cannot read: {detail}")]
@@ -89,10 +89,10 @@ impl Client {
     /// the system's trusted roots.
     pub fn new(server: &str, token: Option<String>) -> Result<Client, Error> {
         let base = Url::parse(server)
-            .map_err(|e| Error::Setup(format!("--server `{server}` is not a URL: {e}")))?;
+            .map_err(|e| Error::Setup(format!("the server `{server}` is not a URL: {e}")))?;
         if !matches!(base.scheme(), "http" | "https") || base.host_str().is_none() {
             return Err(Error::Setup(format!(
-                "--server {server}: not an http:// or https:// URL with a host"
+                "the server {server} is not an http:// or https:// URL with a host"
             )));
         }
         if let Some(t) = &token
