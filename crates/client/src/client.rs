@@ -9,6 +9,7 @@ use url::Url;
 
 use crate::MAX_WAIT;
 use crate::types::{self, Node, Request};
+use berth_core::pool::Idle;
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,24 +54,6 @@ pub struct NodeFilter {
 pub struct RequestFilter {
     pub state: Option<String>,
     pub requestor: Option<String>,
-}
-
-/// What a node should do when idle (`PUT /v1/nodes/{id}/idle`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Idle {
-    Run,
-    Hold,
-    Drain,
-}
-
-impl Idle {
-    fn as_str(self) -> &'static str {
-        match self {
-            Idle::Run => "run",
-            Idle::Hold => "hold",
-            Idle::Drain => "drain",
-        }
-    }
 }
 
 /// A berth service. Cheap to clone; calls share one connection pool.

@@ -30,5 +30,6 @@
 mod client;
 pub mod types;
 
-pub use client::{Client, Error, Idle, NodeFilter, RequestFilter};
+pub use berth_core::pool::Idle;
+pub use client::{Client, Error, NodeFilter, RequestFilter};
 pub use types::MAX_WAIT;

@@ -65,6 +65,13 @@ pub fn rfc3339(ms: u64) -> String {
     format!("{at:.3}")
 }
 
+/// Reads an RFC 3339 time (any offset, with or without fractions of a
+/// second; [`rfc3339`] writes one) as milliseconds since the Unix epoch.
+pub fn parse_rfc3339(text: &str) -> Option<u64> {
+    let t: jiff::Timestamp = text.parse().ok()?;
+    u64::try_from(t.as_millisecond()).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,6 +100,32 @@ mod tests {
         assert_eq!(rfc3339(253_402_207_199_999), "9999-12-30T21:59:59.999Z");
         assert_eq!(rfc3339(253_402_300_799_999), "9999-12-30T22:00:00.999Z");
         assert_eq!(rfc3339(u64::MAX), "9999-12-30T22:00:00.999Z");
+    }
+
+    #[test]
+    fn instants_read_back_as_written() {
+        let mut ms: u64 = 0;
+        for i in 0..20_000u64 {
+            assert_eq!(parse_rfc3339(&rfc3339(ms)), Some(ms), "{ms}");
+            ms = ms.wrapping_mul(6364136223846793005).wrapping_add(i) % 13_000_000_000_000;
+        }
+        for ms in [0, 951_782_400_000, 1_795_431_845_123, 4_102_444_799_999] {
+            assert_eq!(parse_rfc3339(&rfc3339(ms)), Some(ms));
+        }
+        // Any RFC 3339 form reads, not only the one berth writes.
+        assert_eq!(
+            parse_rfc3339("2026-11-23T10:04:05Z"),
+            parse_rfc3339("2026-11-23T11:04:05.000+01:00")
+        );
+        for bad in [
+            "2026-02-29T00:00:00.000Z",
+            "2026-13-01T00:00:00.000Z",
+            "2026-11-23T24:00:00.000Z",
+            "2026-11-23T10:04:05.12xZ",
+            "2026-11-2éT10:04:05.12Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
     }
 
     #[test]
