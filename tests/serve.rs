@@ -705,3 +705,58 @@ async fn a_config_it_cannot_use_ends_berth_with_code_2() {
     let log = exited.log_text();
     assert!(log.contains("sync-interval"), "{log}");
 }
+
+/// The sim's answers with `status` to creates, by when it answered them.
+fn refused_creates(sim: &SimServer, status: u16) -> Vec<u64> {
+    let calls = sim.cloud.calls();
+    let refused = calls
+        .iter()
+        .filter(|c| c.method == "POST" && c.status == status);
+    refused.map(|c| c.at_ms).collect()
+}
+
+/// Refusals grouped into bursts: the creates that were on their way
+/// together (less than 500 ms apart); when each burst began.
+fn bursts(refusals: &[u64]) -> Vec<u64> {
+    let mut starts: Vec<u64> = Vec::new();
+    for (i, &at) in refusals.iter().enumerate() {
+        if i == 0 || at - refusals[i - 1] >= 500 {
+            starts.push(at);
+        }
+    }
+    starts
+}
+
+#[tokio::test]
+async fn the_binary_sends_no_create_while_a_quota_pause_lasts() {
+    // One instance allowed and three wanted: every create past the first is
+    // refused for quota, and each refusal pauses creates for 2 s.
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        quota: Some(1),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 3", "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace(
+        "leak-grace = \"1s\"",
+        "leak-grace = \"1s\"\nquota-pause = \"2s\"",
+    );
+    std::fs::write(&config, text).unwrap();
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let refusals = until(30, "three bursts of quota refusals", || async {
+        let refusals = refused_creates(&sim, 403);
+        (bursts(&refusals).len() >= 3).then_some(refusals)
+    })
+    .await;
+    server.terminate().await.assert_success();
+    // Each burst comes when the pause set by the one before is over, as the
+    // sim's own record shows; a retry on the ordinary backoff (1 s) would
+    // come inside it.
+    let starts = bursts(&refusals);
+    for w in starts.windows(2) {
+        assert!(w[1] - w[0] >= 2_000, "bursts at {starts:?}: {refusals:?}");
+    }
+}
