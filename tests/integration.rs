@@ -629,13 +629,20 @@ async fn config_check_prints_every_problem_with_its_path() {
     assert_eq!(out.code(), Some(0), "{out}");
     assert!(out.stdout.contains("ok (1 providers, 0 labels)"), "{out}");
 
-    let out = run(bad).await;
+    let out = run(bad.clone()).await;
     assert_eq!(out.code(), Some(1), "{out}");
+    // Each line leads with the file, line and column of its key.
+    let bad = bad.display();
     assert!(
-        out.stdout.contains("sync-interval: duration `soon`"),
+        out.stdout
+            .contains(&format!("{bad}:2:1: sync-interval: duration `soon`")),
         "{out}"
     );
-    assert!(out.stdout.contains("providers.a.rate: must be"), "{out}");
+    assert!(
+        out.stdout
+            .contains(&format!("{bad}:5:1: providers.a.rate: must be")),
+        "{out}"
+    );
     assert!(out.stdout.contains("2 problems"), "{out}");
 }
 

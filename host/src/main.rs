@@ -216,7 +216,8 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             let env = |name: &str| std::env::var(name).ok();
             let problems = match berth::config::parse(&text, berth::config::base_dir(&file), &env) {
                 Ok(config) => {
-                    let problems = berth::config::check_files(&config);
+                    let mut problems = berth::config::check_files(&config);
+                    berth::config::locate(&text, &mut problems);
                     if problems.is_empty() {
                         println!(
                             "{}: ok ({} providers, {} labels)",
@@ -230,9 +231,10 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                 }
                 Err(e) => e.problems,
             };
-            println!("{}", file.display());
+            // `file:line:column: path: message`, one line each.
             for p in &problems {
-                println!("  {p}");
+                let sep = if p.location.is_some() { ":" } else { ": " };
+                println!("{}{sep}{p}", file.display());
             }
             let n = problems.len();
             println!("{n} problem{}", if n == 1 { "" } else { "s" });

@@ -20,7 +20,9 @@ mod tests;
 pub use berth_core::config::{
     Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, ProviderLimits, Timings,
 };
-pub use parse::{ConfigErrors, Problem, base_dir, check_files, credentials, load, parse};
+pub use parse::{
+    ConfigErrors, Location, Problem, base_dir, check_files, credentials, load, locate, parse,
+};
 pub use sandbox::{AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret};
 
 /// A checked config file.

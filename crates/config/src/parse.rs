@@ -1,5 +1,11 @@
 //! From TOML text to a checked [`Config`], walking the document by hand so
-//! that every problem is found in one pass, each with its dotted path.
+//! that every problem is found in one pass, each with its dotted path and
+//! the line and column the path starts at.
+//!
+//! Why a walker and not serde derive: a derived `Deserialize` stops at the
+//! first problem, and `berth config check` names them all. The reading
+//! helpers here are short; most of this file is checks serde would not make
+//! (ranges, cross-references, secrets from the environment only).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,10 +21,36 @@ pub struct Problem {
     /// Dotted path of the key (`labels.small.min-ready`); empty for the file.
     pub path: String,
     pub message: String,
+    /// Where in the text: the key itself, or for a missing key the table it
+    /// is missing from. `None` when the problem has no place in the text.
+    pub location: Option<Location>,
 }
 
+/// A line and column in config text, both from 1; the column counts
+/// characters, not bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub line: usize,
+    pub column: usize,
+}
+
+impl Location {
+    fn of(text: &str, offset: usize) -> Self {
+        let before = text.get(..offset).unwrap_or(text);
+        Location {
+            line: before.matches('\n').count() + 1,
+            column: before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1,
+        }
+    }
+}
+
+/// `line:column: path: message`, the shape editors and terminals jump from
+/// when a file name is put in front.
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(Location { line, column }) = self.location {
+            write!(f, "{line}:{column}: ")?;
+        }
         if self.path.is_empty() {
             f.write_str(&self.message)
         } else {
@@ -54,6 +86,7 @@ pub fn load(path: &Path) -> Result<Settings, ConfigErrors> {
         problems: vec![Problem {
             path: String::new(),
             message: format!("reading {}: {e}", path.display()),
+            location: None,
         }],
     })?;
     parse(&text, base_dir(path), &|name| std::env::var(name).ok())
@@ -110,6 +143,7 @@ pub fn parse(
     if w.problems.is_empty() {
         Ok(config)
     } else {
+        locate(text, &mut w.problems);
         Err(ConfigErrors {
             problems: w.problems,
         })
@@ -119,19 +153,74 @@ pub fn parse(
 /// A TOML syntax error as one line. The crate's own rendering spans several
 /// (source line and caret), which would break "one line per problem".
 fn syntax_problem(text: &str, e: &toml::de::Error) -> Problem {
-    let what = e.message().trim().replace('\n', "; ");
-    let message = match e.span() {
-        Some(span) => {
-            let before = text.get(..span.start).unwrap_or(text);
-            let line = before.matches('\n').count() + 1;
-            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-            format!("not valid TOML at line {line}, column {column}: {what}")
-        }
-        None => format!("not valid TOML: {what}"),
-    };
     Problem {
         path: String::new(),
-        message,
+        message: format!("not valid TOML: {}", e.message().trim().replace('\n', "; ")),
+        location: e.span().map(|span| Location::of(text, span.start)),
+    }
+}
+
+/// Gives each problem that has none the location of its path in `text`: the
+/// key, or the nearest table above it that the text has (a missing key is
+/// missing from somewhere). Paths are built by the same [`join`] the walker
+/// uses, so the two always agree.
+pub fn locate(text: &str, problems: &mut [Problem]) {
+    let Ok(doc) = toml::de::DeTable::parse(text) else {
+        return;
+    };
+    let mut starts = std::collections::HashMap::new();
+    index_table("", doc.get_ref(), &mut starts);
+    for p in problems.iter_mut().filter(|p| p.location.is_none()) {
+        let mut path = p.path.as_str();
+        p.location = loop {
+            if let Some(&start) = starts.get(path) {
+                break Some(Location::of(text, start));
+            }
+            // Up one level: the longest indexed path that this one extends.
+            let Some(parent) = starts
+                .keys()
+                .filter(|k| {
+                    k.len() < path.len()
+                        && path.starts_with(k.as_str())
+                        && matches!(path.as_bytes()[k.len()], b'.' | b'[')
+                })
+                .max_by_key(|k| k.len())
+            else {
+                break None;
+            };
+            path = parent;
+        };
+    }
+}
+
+/// Byte offset of every key, and every array element, by its path.
+fn index_table(
+    path: &str,
+    t: &toml::de::DeTable<'_>,
+    out: &mut std::collections::HashMap<String, usize>,
+) {
+    for (key, value) in t {
+        let at = join(path, key.get_ref());
+        out.entry(at.clone()).or_insert(key.span().start);
+        index_value(&at, value, out);
+    }
+}
+
+fn index_value(
+    path: &str,
+    v: &toml::Spanned<toml::de::DeValue<'_>>,
+    out: &mut std::collections::HashMap<String, usize>,
+) {
+    match v.get_ref() {
+        toml::de::DeValue::Table(t) => index_table(path, t, out),
+        toml::de::DeValue::Array(a) => {
+            for (i, item) in a.iter().enumerate() {
+                let at = format!("{path}[{i}]");
+                out.entry(at.clone()).or_insert(item.span().start);
+                index_value(&at, item, out);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -151,6 +240,7 @@ pub fn check_files(config: &Settings) -> Vec<Problem> {
         problems.push(Problem {
             path: join(&join("providers", &p.name), "driver"),
             message,
+            location: None,
         });
     }
     problems
@@ -232,6 +322,7 @@ impl Walker<'_> {
         self.problems.push(Problem {
             path: path.into(),
             message: message.into(),
+            location: None,
         });
     }
 

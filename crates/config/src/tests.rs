@@ -317,12 +317,42 @@ fn a_syntax_error_is_one_line_with_its_position() {
     assert_eq!(e.problems.len(), 1);
     let p = &e.problems[0];
     assert_eq!(p.path, "");
-    assert!(
-        p.message
-            .starts_with("not valid TOML at line 2, column 6: "),
-        "{p}"
-    );
+    assert_eq!(p.location, Some(Location { line: 2, column: 6 }));
+    assert!(p.to_string().starts_with("2:6: not valid TOML: "), "{p}");
     assert!(!p.message.contains('\n'), "{p}");
+}
+
+/// Each problem carries the line and column of its key; a missing key, the
+/// table it is missing from; a bad array element, the element itself.
+#[test]
+fn every_problem_has_the_line_and_column_of_its_key() {
+    let text = r#"pool-id = "p"
+sync-interval = "soon"
+[providers."a.b"]
+driver = "d"
+allow-hosts = ["ok:1", 7]
+[labels.x.providers."a.b"]
+image = "i"
+  vcpus = 0
+ram = "1GiB"
+"#;
+    let e = parse(text, Path::new("."), &env).unwrap_err();
+    let at = |path: &str| {
+        let p = e.problems.iter().find(|p| p.path == path);
+        p.unwrap_or_else(|| panic!("no {path} in {e}")).location
+    };
+    let loc = |line, column| Some(Location { line, column });
+    assert_eq!(at("sync-interval"), loc(2, 1), "{e}");
+    assert_eq!(at("providers.\"a.b\".allow-hosts[1]"), loc(5, 24), "{e}");
+    assert_eq!(at("labels.x.providers.\"a.b\".vcpus"), loc(8, 3), "{e}");
+    // Missing: the key of the table it belongs in, on its header line.
+    assert_eq!(
+        at("labels.x.providers.\"a.b\".instance-type"),
+        loc(6, 21),
+        "{e}"
+    );
+    assert_eq!(e.problems.len(), 4, "{e}");
+    assert!(e.problems.iter().all(|p| p.location.is_some()), "{e}");
 }
 
 #[test]
