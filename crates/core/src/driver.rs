@@ -28,25 +28,14 @@ pub const SLOT_LABEL_TAG: &str = "berth-slot-label";
 pub const BERTH_TAG_PREFIX: &str = "berth-";
 
 /// Lifecycle state of an instance as the cloud reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display)]
+#[strum(serialize_all = "kebab-case")]
 pub enum InstanceState {
     Pending,
     Running,
     Stopping,
     Terminated,
     Unknown,
-}
-
-impl fmt::Display for InstanceState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            InstanceState::Pending => "pending",
-            InstanceState::Running => "running",
-            InstanceState::Stopping => "stopping",
-            InstanceState::Terminated => "terminated",
-            InstanceState::Unknown => "unknown",
-        })
-    }
 }
 
 /// Network addresses of an instance.
@@ -100,7 +89,9 @@ pub enum CapacityScope {
 
 /// A typed error value returned by a driver. The host acts on the variant;
 /// the message is for people.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// Its kind in a word (`rate-limited`) is `<&str>::from(&error)`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum DriverError {
     #[error("rate limited, retry after {}ms: {message}", retry_after.as_millis())]
     RateLimited {
@@ -126,28 +117,17 @@ pub enum DriverError {
     Permanent(String),
 }
 
-/// The type of a config field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The type of a config field, as messages name it (`string list`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::Display)]
+#[strum(serialize_all = "lowercase")]
 pub enum FieldType {
     String,
     Integer,
     Number,
     Boolean,
+    #[strum(serialize = "string list")]
     StringList,
     Object,
-}
-
-impl fmt::Display for FieldType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            FieldType::String => "string",
-            FieldType::Integer => "integer",
-            FieldType::Number => "number",
-            FieldType::Boolean => "boolean",
-            FieldType::StringList => "string list",
-            FieldType::Object => "object",
-        })
-    }
 }
 
 /// One documented field of a driver's config or label options.
@@ -193,7 +173,8 @@ pub struct AccountLimits {
 }
 
 /// The calls of the contract, for errors, traces and metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Call {
     Describe,
     Configure,
@@ -207,15 +188,7 @@ pub enum Call {
 impl Call {
     /// The call's name as the WIT spells it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Call::Describe => "describe",
-            Call::Configure => "configure",
-            Call::Create => "create",
-            Call::List => "list",
-            Call::Delete => "delete",
-            Call::SetTags => "set-tags",
-            Call::Limits => "limits",
-        }
+        self.into()
     }
 }
 

@@ -89,7 +89,8 @@ impl CallErrorKind {
 }
 
 /// Why a driver instance was discarded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Trap {
     /// The call ran past its deadline (in a CPU loop or waiting) and was stopped.
     #[error("call ran past its deadline of {}ms and was stopped", .0.as_millis())]
@@ -114,16 +115,7 @@ impl CallErrorKind {
     /// `not-started` or `stopped`. A call that did not fail is `ok`.
     pub fn outcome(&self) -> &'static str {
         match self {
-            CallErrorKind::Driver(e) => match e {
-                DriverError::RateLimited { .. } => "rate-limited",
-                DriverError::QuotaExceeded(_) => "quota-exceeded",
-                DriverError::Capacity { .. } => "capacity",
-                DriverError::NotFound(_) => "not-found",
-                DriverError::Unauthorized(_) => "unauthorized",
-                DriverError::InvalidConfig(_) => "invalid-config",
-                DriverError::Transient(_) => "transient",
-                DriverError::Permanent(_) => "permanent",
-            },
+            CallErrorKind::Driver(e) => e.into(),
             CallErrorKind::Trap(_) => "trap",
             CallErrorKind::Start(_) => "start-failed",
             CallErrorKind::NotStarted(_) => "not-started",
@@ -136,12 +128,7 @@ impl Trap {
     /// The kind of trap in a word, the same in stats, metrics and the API:
     /// `deadline`, `out-of-memory`, `panic` or `crash`.
     pub fn name(&self) -> &'static str {
-        match self {
-            Trap::Deadline(_) => "deadline",
-            Trap::OutOfMemory(_) => "out-of-memory",
-            Trap::Panic(_) => "panic",
-            Trap::Crash(_) => "crash",
-        }
+        self.into()
     }
 }
 
@@ -707,5 +694,56 @@ async fn start(shared: &Shared) -> Result<Live, CallErrorKind> {
         Err(trap) => Err(CallErrorKind::Trap(trap)),
         Ok(Err(e)) => Err(CallErrorKind::Driver(e.into())),
         Ok(Ok(())) => Ok(live),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The outcome and trap words are metric labels and stats keys that
+    /// dashboards and alerts match on; they come from variant names, so a
+    /// rename must fail here first.
+    #[test]
+    fn outcome_and_trap_words_are_pinned() {
+        let s = String::new;
+        let outcomes = [
+            DriverError::RateLimited {
+                retry_after: Duration::ZERO,
+                message: s(),
+            },
+            DriverError::QuotaExceeded(s()),
+            DriverError::Capacity {
+                scope: berth_core::driver::CapacityScope::General,
+                message: s(),
+            },
+            DriverError::NotFound(s()),
+            DriverError::Unauthorized(s()),
+            DriverError::InvalidConfig(s()),
+            DriverError::Transient(s()),
+            DriverError::Permanent(s()),
+        ]
+        .map(|e| CallErrorKind::Driver(e).outcome());
+        assert_eq!(
+            outcomes,
+            [
+                "rate-limited",
+                "quota-exceeded",
+                "capacity",
+                "not-found",
+                "unauthorized",
+                "invalid-config",
+                "transient",
+                "permanent"
+            ]
+        );
+        let traps = [
+            Trap::Deadline(Duration::ZERO),
+            Trap::OutOfMemory(0),
+            Trap::Panic(s()),
+            Trap::Crash(s()),
+        ]
+        .map(|t| t.name());
+        assert_eq!(traps, ["deadline", "out-of-memory", "panic", "crash"]);
     }
 }

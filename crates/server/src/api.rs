@@ -1036,7 +1036,7 @@ async fn set_idle(
     api.refuse_if_stopping()?;
     let id = node_id(&id)?;
     let asked: types::SetIdle = self::body(&body)?;
-    let idle = Idle::parse(&asked.idle).ok_or_else(|| {
+    let idle = asked.idle.parse::<Idle>().map_err(|_| {
         ApiError::bad(
             "idle",
             format!(

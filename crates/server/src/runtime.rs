@@ -102,7 +102,8 @@ pub enum PoolError {
 }
 
 /// A driver call, as reported to an [`Observer`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum CallKind {
     Create,
     List,
@@ -112,12 +113,7 @@ pub enum CallKind {
 
 impl CallKind {
     pub fn as_str(self) -> &'static str {
-        match self {
-            CallKind::Create => "create",
-            CallKind::List => "list",
-            CallKind::Delete => "delete",
-            CallKind::SetTags => "set-tags",
-        }
+        self.into()
     }
 }
 

@@ -1,6 +1,7 @@
 //! Rows as stored and their conversion to and from core types. The text of
-//! every enum column is decided here, in both directions, so the two cannot
-//! drift apart.
+//! every enum column is the core type's own name for it (`NodeState::name`,
+//! `Idle::as_str`…), read back through the same names (`NodeStateName`,
+//! `Idle`'s `FromStr`), so the two directions cannot drift apart.
 
 use rusqlite::ToSql;
 
@@ -8,8 +9,8 @@ use super::StoreError;
 use berth_core::config::{Config, LabelIx, ProviderIx};
 use berth_core::driver::{Addresses, Connection as Login};
 use berth_core::pool::{
-    DeleteReason, Endpoint, GoneReason, Idle, Node, NodeId, NodeState, Packing, Request, RequestId,
-    RequestState, Resources, Time,
+    DeleteReason, Endpoint, GoneReason, Idle, Node, NodeId, NodeState, NodeStateName, Packing,
+    PackingName, Request, RequestId, RequestState, RequestStateName, Resources, Time,
 };
 
 /// A `nodes` row. A slot node's `slot_backing` and `slot_index` repeat what
@@ -121,22 +122,19 @@ impl NodeRow {
 
     /// The row for `n`, naming its label and provider as `config` does.
     pub fn encode(n: &Node, config: &Config) -> Result<NodeRow, StoreError> {
-        let (state, since, attempt, request, reason) = match &n.state {
-            NodeState::Creating { since, attempt } => ("creating", since, *attempt, None, None),
-            NodeState::Booting { since } => ("booting", since, 0, None, None),
-            NodeState::Ready { since } => ("ready", since, 0, None, None),
-            NodeState::InUse { request, since } => {
-                ("in-use", since, 0, Some(request.to_string()), None)
-            }
-            NodeState::Used { since } => ("used", since, 0, None, None),
+        let (since, attempt, request, reason) = match &n.state {
+            NodeState::Creating { since, attempt } => (since, *attempt, None, None),
+            NodeState::Booting { since }
+            | NodeState::Ready { since }
+            | NodeState::Used { since } => (since, 0, None, None),
+            NodeState::InUse { request, since } => (since, 0, Some(request.to_string()), None),
             NodeState::Deleting { since, reason } => {
-                ("deleting", since, 0, None, Some(reason.as_str().to_owned()))
+                (since, 0, None, Some(reason.as_str().to_owned()))
             }
-            NodeState::Gone { since, reason } => {
-                ("gone", since, 0, None, Some(reason.as_str().to_owned()))
-            }
-            NodeState::Failed { since, reason } => ("failed", since, 0, None, Some(reason.clone())),
+            NodeState::Gone { since, reason } => (since, 0, None, Some(reason.as_str().to_owned())),
+            NodeState::Failed { since, reason } => (since, 0, None, Some(reason.clone())),
         };
+        let state = n.state.name();
         let mut row = NodeRow {
             id: n.id.to_string(),
             label: label_name(config, n.label)?.to_owned(),
@@ -152,7 +150,7 @@ impl NodeRow {
             request,
             reason,
             idle: n.idle.as_str(),
-            role: "plain",
+            role: n.packing.name(),
             slot_label: None,
             slot_count: None,
             free_since: None,
@@ -169,7 +167,6 @@ impl NodeRow {
                 slots,
                 free_since,
             } => {
-                row.role = "backing";
                 row.slot_label = Some(label_name(config, *slot_label)?.to_owned());
                 row.slot_count =
                     Some(
@@ -181,7 +178,6 @@ impl NodeRow {
                 row.free_since = free_since.map(|t| t.0);
             }
             Packing::Slot { backing, index } => {
-                row.role = "slot";
                 row.slot_backing = Some(backing.to_string());
                 row.slot_index = Some(*index);
             }
@@ -252,43 +248,49 @@ impl RawNodeRow {
                 .ok_or_else(|| corrupt("reason", format!("missing for state `{state}`")))
         };
         let unknown = |text: &str| corrupt("reason", format!("unknown `{text}`"));
-        let decoded = match state.as_str() {
-            "creating" => NodeState::Creating {
+        let name = state
+            .parse::<NodeStateName>()
+            .map_err(|_| corrupt("state", format!("unknown `{state}`")))?;
+        let decoded = match name {
+            NodeStateName::Creating => NodeState::Creating {
                 since,
                 attempt: row.attempt,
             },
-            "booting" => NodeState::Booting { since },
-            "ready" => NodeState::Ready { since },
-            "in-use" => NodeState::InUse {
+            NodeStateName::Booting => NodeState::Booting { since },
+            NodeStateName::Ready => NodeState::Ready { since },
+            NodeStateName::InUse => NodeState::InUse {
                 request: parse_request(row.request.as_deref(), "request", &corrupt)?,
                 since,
             },
-            "used" => NodeState::Used { since },
-            "deleting" => {
+            NodeStateName::Used => NodeState::Used { since },
+            NodeStateName::Deleting => {
                 let text = reason()?;
                 NodeState::Deleting {
                     since,
-                    reason: DeleteReason::parse(text).ok_or_else(|| unknown(text))?,
+                    reason: text.parse::<DeleteReason>().map_err(|_| unknown(text))?,
                 }
             }
-            "gone" => {
+            NodeStateName::Gone => {
                 let text = reason()?;
                 NodeState::Gone {
                     since,
-                    reason: GoneReason::parse(text).ok_or_else(|| unknown(text))?,
+                    reason: text.parse::<GoneReason>().map_err(|_| unknown(text))?,
                 }
             }
-            "failed" => NodeState::Failed {
+            NodeStateName::Failed => NodeState::Failed {
                 since,
                 reason: reason()?.to_owned(),
             },
-            other => return Err(corrupt("state", format!("unknown `{other}`"))),
         };
-        let idle =
-            Idle::parse(&idle).ok_or_else(|| corrupt("idle", format!("unknown `{idle}`")))?;
-        let packing = match role.as_str() {
-            "plain" => Packing::Plain,
-            "backing" => {
+        let idle = idle
+            .parse::<Idle>()
+            .map_err(|_| corrupt("idle", format!("unknown `{idle}`")))?;
+        let packing = role
+            .parse::<PackingName>()
+            .map_err(|_| corrupt("role", format!("unknown `{role}`")))?;
+        let packing = match packing {
+            PackingName::Plain => Packing::Plain,
+            PackingName::Backing => {
                 let name = row
                     .slot_label
                     .as_deref()
@@ -306,7 +308,7 @@ impl RawNodeRow {
                     free_since: row.free_since.map(Time),
                 }
             }
-            "slot" => {
+            PackingName::Slot => {
                 let backing = row
                     .slot_backing
                     .as_deref()
@@ -320,7 +322,6 @@ impl RawNodeRow {
                         .ok_or_else(|| corrupt("slot_index", "missing for a slot node".into()))?,
                 }
             }
-            other => return Err(corrupt("role", format!("unknown `{other}`"))),
         };
         let assigned = match row.assigned.as_deref() {
             None => None,
@@ -412,18 +413,17 @@ impl RequestRow {
     }
 
     pub fn encode(r: &Request) -> RequestRow {
-        let (state, at, reason) = match &r.state {
-            RequestState::Pending => ("pending", None, None),
-            RequestState::Fulfilled { at } => ("fulfilled", Some(at.0), None),
-            RequestState::Failed { at, reason } => ("failed", Some(at.0), Some(reason.clone())),
-            RequestState::Cancelled { at } => ("cancelled", Some(at.0), None),
+        let (at, reason) = match &r.state {
+            RequestState::Pending => (None, None),
+            RequestState::Fulfilled { at } | RequestState::Cancelled { at } => (Some(at.0), None),
+            RequestState::Failed { at, reason } => (Some(at.0), Some(reason.clone())),
         };
         RequestRow {
             id: r.id.to_string(),
             requestor: r.requestor.clone(),
             priority: r.priority,
             created: r.created.0,
-            state: state.to_owned(),
+            state: r.state.name().to_owned(),
             at,
             reason,
             failures: r.failures,
@@ -451,18 +451,21 @@ impl RequestRow {
                 .map(Time)
                 .ok_or_else(|| self.corrupt("at", format!("missing for state `{}`", self.state)))
         };
-        Ok(match self.state.as_str() {
-            "pending" => RequestState::Pending,
-            "fulfilled" => RequestState::Fulfilled { at: at()? },
-            "failed" => RequestState::Failed {
+        let name = self
+            .state
+            .parse::<RequestStateName>()
+            .map_err(|_| self.corrupt("state", format!("unknown `{}`", self.state)))?;
+        Ok(match name {
+            RequestStateName::Pending => RequestState::Pending,
+            RequestStateName::Fulfilled => RequestState::Fulfilled { at: at()? },
+            RequestStateName::Failed => RequestState::Failed {
                 at: at()?,
                 reason: self
                     .reason
                     .clone()
                     .ok_or_else(|| self.corrupt("reason", "missing for state `failed`".into()))?,
             },
-            "cancelled" => RequestState::Cancelled { at: at()? },
-            other => return Err(self.corrupt("state", format!("unknown `{other}`"))),
+            RequestStateName::Cancelled => RequestState::Cancelled { at: at()? },
         })
     }
 }

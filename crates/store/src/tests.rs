@@ -229,6 +229,81 @@ fn every_state() -> Vec<Node> {
     out
 }
 
+/// The words in the enum columns are a file format: a database written by
+/// one version is read by the next. They come from the core's variant names,
+/// so renaming a variant, or adding one, must fail here and not in a user's
+/// store.
+#[test]
+fn the_stored_words_are_pinned() {
+    use berth_core::pool::{NodeStateName, PackingName, RequestStateName};
+    use strum::VariantNames;
+    let pinned: [(&str, &[&str]); 6] = [
+        (
+            "nodes.state",
+            &[
+                "creating", "booting", "ready", "in-use", "used", "deleting", "gone", "failed",
+            ],
+        ),
+        (
+            "nodes.reason (deleting)",
+            &[
+                "released",
+                "recycled",
+                "idle-timeout",
+                "boot-timeout",
+                "drained",
+                "admin",
+                "slots-idle",
+                "launch-failed",
+                "evicted",
+            ],
+        ),
+        (
+            "nodes.reason (gone)",
+            &[
+                "deleted",
+                "vanished",
+                "slot-freed",
+                "backing-lost",
+                "aborted",
+            ],
+        ),
+        ("nodes.idle", &["run", "hold", "drain"]),
+        ("nodes.role", &["plain", "backing", "slot"]),
+        (
+            "requests.state",
+            &["pending", "fulfilled", "failed", "cancelled"],
+        ),
+    ];
+    let have: [&[&str]; 6] = [
+        NodeStateName::VARIANTS,
+        DeleteReason::VARIANTS,
+        GoneReason::VARIANTS,
+        Idle::VARIANTS,
+        PackingName::VARIANTS,
+        RequestStateName::VARIANTS,
+    ];
+    for ((column, want), have) in pinned.iter().zip(have) {
+        assert_eq!(have, *want, "{column}");
+    }
+    // And each word reads back as what wrote it.
+    for word in pinned[0].1 {
+        assert_eq!(word.parse::<NodeStateName>().map(|_| ()), Ok(()), "{word}");
+    }
+    for word in pinned[1].1 {
+        let r: DeleteReason = word.parse().unwrap();
+        assert_eq!(r.as_str(), *word);
+    }
+    for word in pinned[2].1 {
+        let r: GoneReason = word.parse().unwrap();
+        assert_eq!(r.as_str(), *word);
+    }
+    for word in pinned[3].1 {
+        let r: Idle = word.parse().unwrap();
+        assert_eq!(r.as_str(), *word);
+    }
+}
+
 #[test]
 fn every_node_state_idle_and_endpoint_round_trips_across_a_reopen() {
     let dir = tempfile::tempdir().unwrap();

@@ -77,8 +77,21 @@ id_type!(
     "r-"
 );
 
-/// What berth does with a node when nobody is using it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// What berth does with a node when nobody is using it. Spelled `run`,
+/// `hold`, `drain` in tags, the store and the API (`FromStr`, [`Idle::as_str`]).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantNames,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum Idle {
     /// Hand it out, recycle it by the label's rules.
     #[default]
@@ -91,20 +104,7 @@ pub enum Idle {
 
 impl Idle {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Idle::Run => "run",
-            Idle::Hold => "hold",
-            Idle::Drain => "drain",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Idle> {
-        match s {
-            "run" => Some(Idle::Run),
-            "hold" => Some(Idle::Hold),
-            "drain" => Some(Idle::Drain),
-            _ => None,
-        }
+        self.into()
     }
 }
 
@@ -114,8 +114,20 @@ impl fmt::Display for Idle {
     }
 }
 
-/// Why a node is being deleted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Why a node is being deleted, spelled in kebab case (`idle-timeout`) in
+/// the store and the API.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantNames,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum DeleteReason {
     /// A client returned it and the label is single use.
     Released,
@@ -139,38 +151,23 @@ pub enum DeleteReason {
 
 impl DeleteReason {
     pub fn as_str(self) -> &'static str {
-        match self {
-            DeleteReason::Released => "released",
-            DeleteReason::Recycled => "recycled",
-            DeleteReason::IdleTimeout => "idle-timeout",
-            DeleteReason::BootTimeout => "boot-timeout",
-            DeleteReason::Drained => "drained",
-            DeleteReason::Admin => "admin",
-            DeleteReason::SlotsIdle => "slots-idle",
-            DeleteReason::LaunchFailed => "launch-failed",
-            DeleteReason::Evicted => "evicted",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<DeleteReason> {
-        [
-            DeleteReason::Released,
-            DeleteReason::Recycled,
-            DeleteReason::IdleTimeout,
-            DeleteReason::BootTimeout,
-            DeleteReason::Drained,
-            DeleteReason::Admin,
-            DeleteReason::SlotsIdle,
-            DeleteReason::LaunchFailed,
-            DeleteReason::Evicted,
-        ]
-        .into_iter()
-        .find(|r| r.as_str() == s)
+        self.into()
     }
 }
 
-/// Why a node is gone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Why a node is gone, spelled in kebab case (`slot-freed`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantNames,
+)]
+#[strum(serialize_all = "kebab-case")]
 pub enum GoneReason {
     /// berth deleted its instance.
     Deleted,
@@ -187,30 +184,19 @@ pub enum GoneReason {
 
 impl GoneReason {
     pub fn as_str(self) -> &'static str {
-        match self {
-            GoneReason::Deleted => "deleted",
-            GoneReason::Vanished => "vanished",
-            GoneReason::SlotFreed => "slot-freed",
-            GoneReason::BackingLost => "backing-lost",
-            GoneReason::Aborted => "aborted",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<GoneReason> {
-        [
-            GoneReason::Deleted,
-            GoneReason::Vanished,
-            GoneReason::SlotFreed,
-            GoneReason::BackingLost,
-            GoneReason::Aborted,
-        ]
-        .into_iter()
-        .find(|r| r.as_str() == s)
+        self.into()
     }
 }
 
-/// Where a node is in its life.
-#[derive(Clone, Debug, PartialEq)]
+/// Where a node is in its life. Its [name](NodeState::name) (`in-use`) is
+/// what the store and the API spell; [`NodeStateName`] reads one back.
+#[derive(Clone, Debug, PartialEq, strum::IntoStaticStr, strum::EnumDiscriminants)]
+#[strum(serialize_all = "kebab-case")]
+#[strum_discriminants(
+    name(NodeStateName),
+    derive(strum::EnumString, strum::VariantNames),
+    strum(serialize_all = "kebab-case")
+)]
 pub enum NodeState {
     /// The create intent is stored; the call is waiting or in flight. For a
     /// slot node: waiting for its backing instance to run.
@@ -233,16 +219,7 @@ pub enum NodeState {
 
 impl NodeState {
     pub fn name(&self) -> &'static str {
-        match self {
-            NodeState::Creating { .. } => "creating",
-            NodeState::Booting { .. } => "booting",
-            NodeState::Ready { .. } => "ready",
-            NodeState::InUse { .. } => "in-use",
-            NodeState::Used { .. } => "used",
-            NodeState::Deleting { .. } => "deleting",
-            NodeState::Gone { .. } => "gone",
-            NodeState::Failed { .. } => "failed",
-        }
+        self.into()
     }
 
     /// Whether the node has (or may have) a cloud instance counted against
@@ -270,8 +247,15 @@ impl NodeState {
     }
 }
 
-/// A node's part in slot packing.
-#[derive(Clone, Debug, PartialEq)]
+/// A node's part in slot packing. Its [name](Packing::name) (`plain`,
+/// `backing`, `slot`) is what the store spells; [`PackingName`] reads one back.
+#[derive(Clone, Debug, PartialEq, strum::IntoStaticStr, strum::EnumDiscriminants)]
+#[strum(serialize_all = "kebab-case")]
+#[strum_discriminants(
+    name(PackingName),
+    derive(strum::EnumString, strum::VariantNames),
+    strum(serialize_all = "kebab-case")
+)]
 pub enum Packing {
     /// One node, one instance.
     Plain,
@@ -285,6 +269,12 @@ pub enum Packing {
     },
     /// A node occupying slot `index` of `backing`.
     Slot { backing: NodeId, index: u16 },
+}
+
+impl Packing {
+    pub fn name(&self) -> &'static str {
+        self.into()
+    }
 }
 
 /// What a node needs from the cloud: counted against provider limits.
@@ -360,8 +350,15 @@ pub struct Request {
     pub failures: u32,
 }
 
-/// Where a request is.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where a request is. Its [name](RequestState::name) is what the store and
+/// the API spell; [`RequestStateName`] reads one back.
+#[derive(Clone, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumDiscriminants)]
+#[strum(serialize_all = "kebab-case")]
+#[strum_discriminants(
+    name(RequestStateName),
+    derive(strum::EnumString, strum::VariantNames),
+    strum(serialize_all = "kebab-case")
+)]
 pub enum RequestState {
     Pending,
     Fulfilled { at: Time },
@@ -371,12 +368,7 @@ pub enum RequestState {
 
 impl RequestState {
     pub fn name(&self) -> &'static str {
-        match self {
-            RequestState::Pending => "pending",
-            RequestState::Fulfilled { .. } => "fulfilled",
-            RequestState::Failed { .. } => "failed",
-            RequestState::Cancelled { .. } => "cancelled",
-        }
+        self.into()
     }
 }
 

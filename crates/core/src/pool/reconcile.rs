@@ -476,7 +476,7 @@ impl Pool {
         let idle = inst
             .tags
             .get(IDLE_TAG)
-            .and_then(|t| Idle::parse(t))
+            .and_then(|t| t.parse::<Idle>().ok())
             .unwrap_or_default();
         let slots = match (inst.tags.get(SLOT_LABEL_TAG), inst.tags.get(SLOTS_TAG)) {
             (None, None) => None,
