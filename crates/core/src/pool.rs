@@ -13,6 +13,7 @@
 //! `purge`), which keeps the indexes (free ready nodes per label, usage per
 //! provider, the calls each provider owes) true; nothing else touches them.
 
+mod bucket;
 mod calls;
 mod leases;
 mod model;
@@ -33,7 +34,7 @@ use crate::driver::{
     CreateSpec, IDLE_TAG, LABEL_TAG, NODE_TAG, POOL_TAG, SLOT_LABEL_TAG, SLOTS_TAG, Tags,
 };
 
-pub use calls::Bucket;
+pub use bucket::Bucket;
 pub use model::*;
 
 /// The pool's state and decisions. See the module docs.
@@ -52,11 +53,7 @@ pub struct Pool {
     timers: BTreeSet<(Time, Timer)>,
     /// Failed delete and tag calls per node in a row, for their backoff.
     tries: HashMap<NodeId, u32>,
-    /// Leases by requestor, and the same ordered by expiry.
-    leases: HashMap<String, Time>,
-    lease_expiry: BTreeSet<(Time, String)>,
-    dirty_leases: HashSet<String>,
-    purged_leases: Vec<String>,
+    leases: leases::Leases,
     /// Creating nodes marked busy while they wait out a backoff after a
     /// failed try on the same provider: no call is in flight for them.
     create_waits: HashSet<NodeId>,
@@ -272,10 +269,7 @@ impl Pool {
             timers: BTreeSet::new(),
             tries: HashMap::new(),
             create_waits: HashSet::new(),
-            leases: HashMap::new(),
-            lease_expiry: BTreeSet::new(),
-            dirty_leases: HashSet::new(),
-            purged_leases: Vec::new(),
+            leases: leases::Leases::default(),
             dirty_nodes: HashSet::new(),
             dirty_requests: HashSet::new(),
             purged_nodes: Vec::new(),
@@ -301,7 +295,7 @@ impl Pool {
             pool.requests.insert(req.id, req);
         }
         for lease in snapshot.leases {
-            pool.restore_lease(lease);
+            pool.leases.restore(lease);
         }
         let ids: Vec<NodeId> = pool.nodes.keys().copied().collect();
         for id in ids {
@@ -404,24 +398,14 @@ impl Pool {
             .drain()
             .filter_map(|id| self.requests.get(&id).cloned())
             .collect();
-        let leases = self
-            .dirty_leases
-            .drain()
-            .filter_map(|r| {
-                let expires = *self.leases.get(&r)?;
-                Some(Lease {
-                    requestor: r,
-                    expires,
-                })
-            })
-            .collect();
+        let (leases, purged_leases) = self.leases.take_changes();
         Changes {
             nodes,
             requests,
             leases,
             purged_nodes: std::mem::take(&mut self.purged_nodes),
             purged_requests: std::mem::take(&mut self.purged_requests),
-            purged_leases: std::mem::take(&mut self.purged_leases),
+            purged_leases,
         }
     }
 
@@ -566,8 +550,8 @@ impl Pool {
         if let Some(&(t, _)) = self.timers.first() {
             at(t);
         }
-        if let Some((t, _)) = self.lease_expiry.first() {
-            at(*t);
+        if let Some(t) = self.leases.next_expiry() {
+            at(t);
         }
         for rt in &self.ix.providers {
             let list_owed = !rt.list_busy && rt.next_list <= after;

@@ -6,56 +6,6 @@ use std::time::Duration;
 use super::*;
 use crate::driver::{BERTH_TAG_PREFIX, CapacityScope, DriverError, Instance, InstanceState};
 
-/// A token bucket: `rate` calls per second, up to `burst` at once. Time comes
-/// in; nothing here reads a clock.
-#[derive(Clone, Debug)]
-pub struct Bucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: Time,
-}
-
-impl Bucket {
-    pub fn new(rate: f64, burst: u32) -> Bucket {
-        let burst = f64::from(burst.max(1));
-        Bucket {
-            rate,
-            burst,
-            tokens: burst,
-            last: Time::ZERO,
-        }
-    }
-
-    fn refill(&mut self, now: Time) {
-        if now > self.last {
-            let secs = now.since(self.last).as_secs_f64();
-            self.tokens = (self.tokens + secs * self.rate).min(self.burst);
-            self.last = now;
-        }
-    }
-
-    /// Takes a token if one is there.
-    pub fn try_take(&mut self, now: Time) -> bool {
-        self.refill(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-
-    /// When the next token will be there (as of the last refill).
-    pub fn next_token(&self) -> Time {
-        if self.tokens >= 1.0 {
-            return self.last;
-        }
-        let wait = (1.0 - self.tokens) / self.rate;
-        self.last + Duration::from_secs_f64(wait.max(0.001))
-    }
-}
-
 /// Backoff before a failed call is made again after `tries` failures:
 /// 1 s doubling to 5 min.
 pub(super) fn backoff(tries: u32) -> Duration {

@@ -1,61 +1,120 @@
 //! Client leases: a requestor renews its lease with each heartbeat; when it
 //! stops, its pending requests fail and its nodes in use are taken back, as
 //! if it had released them.
+//!
+//! [`Leases`] is the book of who holds a lease until when, and what the store
+//! has yet to hear of; it knows nothing of nodes or requests. What an expiry
+//! does to them is [`Pool::reclaim`]'s.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use super::*;
+use super::{Lease, NodeId, NodeState, Notice, Pool, RequestState, Time};
+
+/// Leases by requestor, and the same ordered by expiry.
+#[derive(Default)]
+pub(super) struct Leases {
+    until: HashMap<String, Time>,
+    by_expiry: BTreeSet<(Time, String)>,
+    /// Renewed since the store last heard.
+    dirty: HashSet<String>,
+    /// Ended since the store last heard.
+    ended: Vec<String>,
+}
+
+impl Leases {
+    /// Renews `requestor`'s lease (or takes one out) until `expires`.
+    pub(super) fn renew(&mut self, requestor: &str, expires: Time) {
+        match self.until.get_mut(requestor) {
+            Some(old) if *old == expires => return,
+            Some(old) => {
+                self.by_expiry.remove(&(*old, requestor.to_owned()));
+                *old = expires;
+            }
+            None => {
+                self.until.insert(requestor.to_owned(), expires);
+            }
+        }
+        self.by_expiry.insert((expires, requestor.to_owned()));
+        self.dirty.insert(requestor.to_owned());
+    }
+
+    pub(super) fn get(&self, requestor: &str) -> Option<Time> {
+        self.until.get(requestor).copied()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = Lease> + '_ {
+        self.until.iter().map(|(r, t)| Lease {
+            requestor: r.clone(),
+            expires: *t,
+        })
+    }
+
+    /// A lease as stored: held, and nothing for the store to write.
+    pub(super) fn restore(&mut self, lease: Lease) {
+        self.by_expiry
+            .insert((lease.expires, lease.requestor.clone()));
+        self.until.insert(lease.requestor, lease.expires);
+    }
+
+    /// The first lease to expire, when.
+    pub(super) fn next_expiry(&self) -> Option<Time> {
+        self.by_expiry.first().map(|(t, _)| *t)
+    }
+
+    /// Ends the lease that expires first if it has by `now`, and names its
+    /// requestor.
+    pub(super) fn pop_expired(&mut self, now: Time) -> Option<String> {
+        if self.next_expiry()? > now {
+            return None;
+        }
+        let (_, requestor) = self.by_expiry.pop_first()?;
+        self.until.remove(&requestor);
+        self.dirty.remove(&requestor);
+        self.ended.push(requestor.clone());
+        Some(requestor)
+    }
+
+    /// What the store has yet to hear: leases renewed, and leases ended.
+    pub(super) fn take_changes(&mut self) -> (Vec<Lease>, Vec<String>) {
+        let renewed = self
+            .dirty
+            .drain()
+            .filter_map(|r| {
+                let expires = *self.until.get(&r)?;
+                Some(Lease {
+                    requestor: r,
+                    expires,
+                })
+            })
+            .collect();
+        (renewed, std::mem::take(&mut self.ended))
+    }
+}
 
 impl Pool {
     /// Renews `requestor`'s lease (or takes one out) until `now + ttl`, and
     /// returns that time.
     pub fn renew(&mut self, now: Time, requestor: &str, ttl: Duration) -> Time {
         let expires = now + ttl;
-        match self.leases.get_mut(requestor) {
-            Some(old) if *old == expires => return expires,
-            Some(old) => {
-                self.lease_expiry.remove(&(*old, requestor.to_owned()));
-                *old = expires;
-            }
-            None => {
-                self.leases.insert(requestor.to_owned(), expires);
-            }
-        }
-        self.lease_expiry.insert((expires, requestor.to_owned()));
-        self.dirty_leases.insert(requestor.to_owned());
+        self.leases.renew(requestor, expires);
         expires
     }
 
     /// When `requestor`'s lease expires, if it holds one.
     pub fn lease(&self, requestor: &str) -> Option<Time> {
-        self.leases.get(requestor).copied()
+        self.leases.get(requestor)
     }
 
     /// Every lease held.
     pub fn leases(&self) -> impl Iterator<Item = Lease> + '_ {
-        self.leases.iter().map(|(r, t)| Lease {
-            requestor: r.clone(),
-            expires: *t,
-        })
+        self.leases.iter()
     }
 
-    pub(super) fn restore_lease(&mut self, lease: Lease) {
-        self.lease_expiry
-            .insert((lease.expires, lease.requestor.clone()));
-        self.leases.insert(lease.requestor, lease.expires);
-    }
-
-    /// Ends every lease that expired by `now`.
+    /// Ends every lease that expired by `now`, and takes back what its
+    /// requestor held.
     pub(super) fn expire_leases(&mut self, now: Time) {
-        while let Some((at, _)) = self.lease_expiry.first()
-            && *at <= now
-        {
-            let Some((_, requestor)) = self.lease_expiry.pop_first() else {
-                break;
-            };
-            self.leases.remove(&requestor);
-            self.dirty_leases.remove(&requestor);
-            self.purged_leases.push(requestor.clone());
+        while let Some(requestor) = self.leases.pop_expired(now) {
             self.reclaim(&requestor, now);
         }
     }
