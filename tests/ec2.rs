@@ -19,8 +19,8 @@ use berth::config::{self, ProviderIx, Settings};
 use berth::conformance::{self, TestConfig};
 use berth::driver::{CapacityScope, CreateSpec, DriverError, LABEL_TAG, NODE_TAG, POOL_TAG};
 use berth::plugin::{
-    AllowedHost, CallError, CallErrorKind, Credential, Deletion, Provider, ProviderConfig, Runtime,
-    RuntimeConfig, SandboxLimits,
+    AllowedHost, CallError, CallErrorKind, Credential, Deletion, Runtime, RuntimeConfig, Sandbox,
+    SandboxConfig, SandboxLimits,
 };
 use berth::pool::NodeState;
 use berth::runtime::{self, Service, StartOptions};
@@ -599,7 +599,7 @@ async fn signed_provider(
     moto: &MotoServer,
     proxy: &Proxy,
     extra: serde_json::Value,
-) -> Provider {
+) -> Sandbox {
     // The secret comes from this table, never the process environment,
     // which other tests share.
     const VAR: &str = "MOTO_SECRET";
@@ -616,9 +616,9 @@ async fn signed_provider(
     if let serde_json::Value::Object(extra) = extra {
         driver_config.as_object_mut().unwrap().extend(extra);
     }
-    Provider::start(
+    Sandbox::start(
         &driver,
-        ProviderConfig {
+        SandboxConfig {
             name: "ec2".into(),
             pool_id: "ec2-itest".into(),
             driver_config: driver_config.to_string(),
@@ -824,9 +824,9 @@ async fn the_guest_never_sees_the_secret_and_the_host_signs_its_requests() {
     let rt = runtime_compiled().await;
     let driver = rt.load_file(&p.driver).await.expect("aws-ec2 loads");
     let provider = |credentials: Vec<Credential>| {
-        Provider::start(
+        Sandbox::start(
             &driver,
-            ProviderConfig {
+            SandboxConfig {
                 name: "ec2".into(),
                 pool_id: config.pool.pool_id.clone(),
                 driver_config: p.driver_config.clone(),

@@ -22,8 +22,8 @@ use std::time::Duration;
 use berth::conformance::{self, TestConfig};
 use berth::driver::{CreateSpec, DriverError, POOL_TAG};
 use berth::plugin::{
-    AllowedHost, CallErrorKind, LoadErrorKind, LoadSource, Provider, ProviderConfig, Rejection,
-    Runtime, RuntimeConfig, SandboxLimits, Trap,
+    AllowedHost, CallErrorKind, LoadErrorKind, LoadSource, Rejection, Runtime, RuntimeConfig,
+    Sandbox, SandboxConfig, SandboxLimits, Trap,
 };
 use support::server::run_berth;
 use support::{KIT_STEPS, LogCapture, SimServer, plugin};
@@ -52,14 +52,14 @@ async fn provider(
     config: serde_json::Value,
     limits: SandboxLimits,
     allow: &[&str],
-) -> Provider {
+) -> Sandbox {
     let driver = runtime
         .load_file(plugin(plugin_name))
         .await
         .expect("plugin loads");
-    Provider::start(
+    Sandbox::start(
         &driver,
-        ProviderConfig {
+        SandboxConfig {
             name: name.into(),
             pool_id: "pool".into(),
             driver_config: config.to_string(),
@@ -81,7 +81,7 @@ async fn hostile(
     config: serde_json::Value,
     limits: SandboxLimits,
     allow: &[&str],
-) -> Provider {
+) -> Sandbox {
     provider(runtime, "hostile", name, config, limits, allow).await
 }
 
@@ -675,9 +675,9 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
     )
     .expect("credentials");
     let start = |name: &str, credentials| {
-        Provider::start(
+        Sandbox::start(
             &driver,
-            ProviderConfig {
+            SandboxConfig {
                 name: name.into(),
                 pool_id: "pool".into(),
                 driver_config: serde_json::json!({"endpoint": sim.url()}).to_string(),

@@ -436,9 +436,9 @@ async fn a_leaked_instance_is_deleted_and_a_tagged_one_adopted() {
     let runtime = berth::plugin::Runtime::new(Default::default()).unwrap();
     let driver = runtime.load_file(plugin("sim")).await.unwrap();
     let setup = |pool_id: &str| {
-        berth::plugin::Provider::start(
+        berth::plugin::Sandbox::start(
             &driver,
-            berth::plugin::ProviderConfig {
+            berth::plugin::SandboxConfig {
                 name: "setup".into(),
                 pool_id: pool_id.into(),
                 driver_config: serde_json::json!({ "endpoint": sim.url() }).to_string(),

@@ -16,7 +16,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use berth::driver::{Addresses, Connection, CreateSpec, Instance, InstanceState, POOL_TAG, Tags};
-use berth::plugin::{Provider, ProviderConfig, Runtime, RuntimeConfig, SandboxLimits};
+use berth::plugin::{Runtime, RuntimeConfig, Sandbox, SandboxConfig, SandboxLimits};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -96,10 +96,10 @@ fn provider(
     driver: &berth::plugin::Driver,
     config: serde_json::Value,
     instances: usize,
-) -> Provider {
-    Provider::start(
+) -> Sandbox {
+    Sandbox::start(
         driver,
-        ProviderConfig {
+        SandboxConfig {
             name: "bench".into(),
             pool_id: "bench".into(),
             driver_config: config.to_string(),
@@ -212,9 +212,9 @@ async fn run() {
         ("JavaScript (js-example)", &js_path),
     ] {
         let driver = langs.load_file(path).await.expect("load");
-        let p = Provider::start(
+        let p = Sandbox::start(
             &driver,
-            ProviderConfig {
+            SandboxConfig {
                 name: "lang".into(),
                 pool_id: "bench-lang".into(),
                 driver_config: serde_json::json!({"endpoint": sim.url()}).to_string(),
@@ -318,7 +318,7 @@ async fn run() {
         figure: fmt(wasm_noop),
     });
     rows.push(Row {
-        what: format!("warm no-op call through a Provider (instance checkout, mean of {n})"),
+        what: format!("warm no-op call through a Sandbox (instance checkout, mean of {n})"),
         figure: fmt(queued_noop),
     });
     rows.push(Row {

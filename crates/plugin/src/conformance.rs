@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use crate::{
-    AllowedHost, Deletion, Provider, ProviderConfig, Provision, Runtime, SandboxLimits, inspect,
+    AllowedHost, Deletion, Provision, Runtime, Sandbox, SandboxConfig, SandboxLimits, inspect,
 };
 use berth_core::driver::{CreateSpec, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG, Tags};
 
@@ -272,9 +272,9 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
         .pool_id
         .clone()
         .unwrap_or_else(|| format!("conformance-{:08x}", rand::random::<u32>()));
-    let provider = Provider::start(
+    let provider = Sandbox::start(
         &driver,
-        ProviderConfig {
+        SandboxConfig {
             name: format!("test:{}", driver.file_name()),
             pool_id: pool_id.clone(),
             driver_config: config.config.to_string(),
@@ -307,7 +307,7 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
     report
 }
 
-async fn run_cycle(provider: &Provider, pool_id: &str, config: &TestConfig, report: &mut Report) {
+async fn run_cycle(provider: &Sandbox, pool_id: &str, config: &TestConfig, report: &mut Report) {
     let node_id = format!("conformance-node-{:08x}", rand::random::<u32>());
     let tags: Tags = [
         (POOL_TAG.to_string(), pool_id.to_string()),

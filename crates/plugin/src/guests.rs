@@ -4,7 +4,7 @@
 //!
 //! Both are held (through an `Arc<Guests>`) by everything that can call into
 //! a guest: the plugin [`Runtime`](super::Runtime), every loaded
-//! [`Driver`](super::Driver), every [`Provider`](super::Provider) and every
+//! [`Driver`](super::Driver), every [`Sandbox`](super::Sandbox) and every
 //! [`DriverInstance`](super::DriverInstance) an embedder holds. So the ticker
 //! cannot stop while a guest may still run: a call deadline is enforced for
 //! as long as a guest exists, whoever built the runtime and however long they

@@ -4,8 +4,9 @@
 //! the linker with everything a driver may import, and the compiled-artifact
 //! cache. [`Runtime::load_file`] turns a `.wasm` into a [`Driver`]: checked
 //! against the contract, compiled (or loaded from the cache) and
-//! pre-instantiated. [`Provider::start`] runs one configured provider on a
-//! driver: a bounded set of instances, each owned by one task.
+//! pre-instantiated. [`Sandbox::start`] runs one configured provider's driver
+//! in its sandbox: a bounded set of instances, each owned by one task. (The
+//! provider as the pool decides for it is `berth_core::config::Provider`.)
 
 mod bindings;
 mod cache;
@@ -36,7 +37,7 @@ pub use berth_config::{AllowedHost, Auth, Credential, SandboxLimits, Secret};
 pub use cache::LoadSource;
 pub use inspect::{Import, Inspection, Provision, Rejection, inspect};
 pub use provider::{
-    CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Provider, ProviderConfig, Trap,
+    CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Sandbox, SandboxConfig, Trap,
 };
 pub use sandbox::{HttpPolicy, is_forbidden_ip};
 pub use state::{DriverState, StateSpace};

@@ -24,9 +24,9 @@ use berth_core::driver::{
     AccountLimits, Call, CreateSpec, DriverError, DriverInfo, Instance, Tags,
 };
 
-/// How one provider runs its driver.
+/// How one provider's driver runs in its sandbox.
 #[derive(Clone, Debug)]
-pub struct ProviderConfig {
+pub struct SandboxConfig {
     /// The provider's name, used in logs and errors.
     pub name: String,
     /// The pool id passed to `configure`; the driver tags everything with it.
@@ -195,13 +195,13 @@ struct Shared {
     stats: Mutex<CallStats>,
 }
 
-/// A running provider. Cheap to clone; the instances go away when the last
-/// clone is dropped.
+/// One provider's driver, running in its sandbox. Cheap to clone; the
+/// instances go away when the last clone is dropped.
 #[derive(Clone)]
-pub struct Provider {
+pub struct Sandbox {
     shared: Arc<Shared>,
     driver: Driver,
-    idle: Arc<Idle>,
+    spare: Arc<Spare>,
     /// Where its calls run; held here (not by the calls themselves) so the
     /// guests' runtime is never dropped on one of its own threads.
     guests: Arc<Guests>,
@@ -213,7 +213,7 @@ pub struct Provider {
 /// the task that runs it keeps the same guarantee (each `Store` owned by one
 /// task at a time, moved, never shared) with one hand-off per call (to a
 /// guest thread and back) instead of one per instance and call.
-struct Idle {
+struct Spare {
     /// One permit per instance that may exist; bounds concurrency.
     permits: Semaphore,
     /// Plain mutex: held only to push or pop, never across an await.
@@ -225,10 +225,10 @@ struct Live {
     plugin: DriverPlugin,
 }
 
-impl Provider {
+impl Sandbox {
     /// Starts a provider on `driver`. Instances are created lazily, when a
     /// call finds none idle and fewer than `max_instances` exist.
-    pub fn start(driver: &Driver, config: ProviderConfig) -> Provider {
+    pub fn start(driver: &Driver, config: SandboxConfig) -> Sandbox {
         let name: Arc<str> = config.name.into();
         let mut limits = config.limits;
         if limits.memory_bytes > driver.inner.max_memory_bytes {
@@ -254,14 +254,14 @@ impl Provider {
             pre: driver.inner.pre.clone(),
             stats: Mutex::new(CallStats::default()),
         });
-        let idle = Arc::new(Idle {
+        let spare = Arc::new(Spare {
             permits: Semaphore::new(shared.limits.max_instances.max(1)),
             instances: Mutex::new(Vec::new()),
         });
-        Provider {
+        Sandbox {
             shared,
             driver: driver.clone(),
-            idle,
+            spare,
             guests: driver.inner.guests.clone(),
         }
     }
@@ -298,7 +298,7 @@ impl Provider {
     /// Stops taking calls: calls already running finish, later ones fail
     /// with `Stopped`.
     pub fn close(&self) {
-        self.idle.permits.close();
+        self.spare.permits.close();
     }
 
     async fn call(&self, request: Invocation) -> Result<Reply, CallError> {
@@ -308,31 +308,31 @@ impl Provider {
             call,
             kind,
         };
-        let (shared, idle) = (self.shared.clone(), self.idle.clone());
+        let (shared, spare) = (self.shared.clone(), self.spare.clone());
         // Dropping the task (the caller was cancelled) cancels the call: the
         // instance is dropped with it and its permit freed, and a later call
         // starts a fresh one.
         let task = self.guests.spawn(async move {
-            let _permit = idle
+            let _permit = spare
                 .permits
                 .acquire()
                 .await
                 .map_err(|_| CallErrorKind::Stopped)?;
             // Most recently used first, so a lightly loaded provider keeps
             // few instances warm.
-            let mut instance = idle
+            let mut instance = spare
                 .instances
                 .lock()
                 .ok()
-                .and_then(|mut idle| idle.pop())
+                .and_then(|mut spare| spare.pop())
                 .unwrap_or_else(|| DriverInstance {
                     shared,
                     live: None,
                     _guests: None,
                 });
             let result = instance.dispatch(request).await;
-            if let Ok(mut idle) = idle.instances.lock() {
-                idle.push(instance);
+            if let Ok(mut spare) = spare.instances.lock() {
+                spare.push(instance);
             }
             result
         });
@@ -507,8 +507,8 @@ fn classify(e: wasmtime::Error, budget: Duration, store: Option<&Store<StoreStat
 
 /// One driver instance owned by its holder: calls run on the holder's task,
 /// one at a time. A trap discards the underlying instance; the next call
-/// starts a fresh one. `Provider` keeps a bounded set of these; an embedder
-/// that wants one of its own can hold it directly ([`Provider::instance`]).
+/// starts a fresh one. `Sandbox` keeps a bounded set of these; an embedder
+/// that wants one of its own can hold it directly ([`Sandbox::instance`]).
 pub struct DriverInstance {
     shared: Arc<Shared>,
     live: Option<Live>,
@@ -612,7 +612,7 @@ impl DriverInstance {
 
 macro_rules! typed_calls {
     ($($(#[$doc:meta])* $vis:vis async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty = $req:expr, $resp:pat => $val:expr;)*) => {
-        impl Provider {
+        impl Sandbox {
             $($(#[$doc])* $vis async fn $name(&self $(, $arg: $ty)*) -> Result<$ret, CallError> {
                 match self.call($req).await? {
                     $resp => Ok($val),

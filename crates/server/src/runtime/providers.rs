@@ -15,13 +15,13 @@ use tokio::sync::watch;
 
 use berth_config::{ProviderIx, Settings};
 use berth_core::driver::{CreateSpec, Instance, Tags};
-use berth_plugin::{CallError, Deletion, Driver, DriverState, Provider, ProviderConfig, Runtime};
+use berth_plugin::{CallError, Deletion, Driver, DriverState, Runtime, Sandbox, SandboxConfig};
 
 /// A boxed future that can move between threads.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What the pool's task asks of one started provider: the contract's calls.
-/// A driver in its sandbox ([`Provider`]) is one; tests run the loop on
+/// A driver in its sandbox ([`Sandbox`]) is one; tests run the loop on
 /// fakes of their own, under paused time.
 pub trait Cloud: Send + Sync {
     fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>>;
@@ -30,18 +30,18 @@ pub trait Cloud: Send + Sync {
     fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>>;
 }
 
-impl Cloud for Provider {
+impl Cloud for Sandbox {
     fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>> {
-        Box::pin(Provider::create(self, spec))
+        Box::pin(Sandbox::create(self, spec))
     }
     fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
-        Box::pin(Provider::list(self, filter))
+        Box::pin(Sandbox::list(self, filter))
     }
     fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>> {
-        Box::pin(Provider::delete(self, id))
+        Box::pin(Sandbox::delete(self, id))
     }
     fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>> {
-        Box::pin(Provider::set_tags(self, id, tags))
+        Box::pin(Sandbox::set_tags(self, id, tags))
     }
 }
 
@@ -65,7 +65,7 @@ enum State {
     Starting,
     /// Started: its calls, and the driver behind them (for stats) unless
     /// it is a [`Providers::fixed`] one.
-    Up(Arc<dyn Cloud>, Option<Arc<Provider>>),
+    Up(Arc<dyn Cloud>, Option<Arc<Sandbox>>),
     Failed {
         error: Arc<str>,
         tries: u32,
@@ -130,7 +130,7 @@ impl Providers {
         let mut starters = Vec::new();
         for (p, d) in settings.pool.providers.iter().zip(&settings.drivers) {
             let (tx, _) = watch::channel(State::Starting);
-            let provider = ProviderConfig {
+            let provider = SandboxConfig {
                 name: p.name.clone(),
                 pool_id: settings.pool.pool_id.clone(),
                 driver_config: d.driver_config.clone(),
@@ -235,7 +235,7 @@ impl Providers {
     }
 
     /// The started providers, by name (for stats).
-    pub fn started(&self) -> Vec<(String, Arc<Provider>)> {
+    pub fn started(&self) -> Vec<(String, Arc<Sandbox>)> {
         self.slots
             .iter()
             .filter_map(|s| match &*s.tx.borrow() {
@@ -284,7 +284,7 @@ impl Drop for Providers {
 async fn keep_starting(
     loader: Arc<Loader>,
     path: PathBuf,
-    config: ProviderConfig,
+    config: SandboxConfig,
     tx: watch::Sender<State>,
 ) {
     let name = config.name.clone();
@@ -326,8 +326,8 @@ async fn keep_starting(
 async fn start_one(
     loader: &Loader,
     path: &PathBuf,
-    config: ProviderConfig,
-) -> Result<Provider, String> {
+    config: SandboxConfig,
+) -> Result<Sandbox, String> {
     let name = config.name.clone();
     let driver = {
         let mut loaded = loader.loaded.lock().await;
@@ -345,7 +345,7 @@ async fn start_one(
             }
         }
     };
-    let provider = Provider::start(&driver, config);
+    let provider = Sandbox::start(&driver, config);
     provider
         .warm()
         .await
