@@ -7,6 +7,11 @@
 pub mod disk;
 #[path = "support/fault_proxy.rs"]
 pub mod fault_proxy;
+// For the PostgreSQL store's tests (the store crate's tests include it by
+// path too).
+#[path = "support/postgres.rs"]
+#[allow(dead_code)]
+pub mod postgres;
 #[path = "support/server.rs"]
 pub mod server;
 
