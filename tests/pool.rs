@@ -750,7 +750,7 @@ ram = "1GiB"
     )
     .unwrap();
     use berth::store::Store;
-    let snapshot = store.load(&config).unwrap().snapshot;
+    let snapshot = store.load(&config).await.unwrap().snapshot;
     // No lost request: every request a client was told of is in the store,
     // and none is left pending.
     let stored: BTreeMap<String, &berth::pool::Request> = snapshot

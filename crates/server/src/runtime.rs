@@ -436,7 +436,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     let path = state_dir.join("berth.db");
     let mut store = SqliteStore::open(&path, config.clone(), settings.store.sync)
         .with_context(|| format!("opening the store {}", path.display()))?;
-    let loaded = store.load(&config).context("loading the store")?;
+    let loaded = store.load(&config).await.context("loading the store")?;
     let runtime = Runtime::new(RuntimeConfig {
         cache_dir: Some(state_dir.join("cache")),
         ..Default::default()
@@ -533,7 +533,7 @@ impl Loop {
     ) -> Result<Duration, StoreError> {
         // The first step is owed at once (the first lists, prewarming): a
         // pool nobody talks to must not wait for an event to start.
-        self.step()?;
+        self.step().await?;
         let grace = loop {
             let wake = self.pool.next_wakeup().map(|t| self.clock.instant(t));
             tokio::select! {
@@ -555,7 +555,7 @@ impl Loop {
                     break;
                 }
             }
-            self.step()?;
+            self.step().await?;
         };
         Ok(grace)
     }
@@ -586,7 +586,7 @@ impl Loop {
         // Calls waiting for a provider to start are not worth the grace.
         self.providers.close();
         loop {
-            self.commit_and_answer()?;
+            self.commit_and_answer().await?;
             if self.in_flight == 0 {
                 break;
             }
@@ -605,13 +605,13 @@ impl Loop {
         // Whatever is still queued is refused, so no client waits for ever.
         inbox.close(&ServiceError::Stopped);
         self.waiters.clear();
-        self.commit_and_answer()
+        self.commit_and_answer().await
     }
 
     /// Stores what changed, then answers the commands that changed it.
-    fn commit_and_answer(&mut self) -> Result<(), StoreError> {
+    async fn commit_and_answer(&mut self) -> Result<(), StoreError> {
         let changes = self.pool.take_changes();
-        self.commit(&changes)?;
+        self.commit(&changes).await?;
         self.answer();
         Ok(())
     }
@@ -629,7 +629,7 @@ impl Loop {
     /// Writes `changes`, if any. A store that cannot be written stops the
     /// pool (see [`Loop::fail`]): acting on the cloud without a stored
     /// intent is how machines leak.
-    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
+    async fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
         if changes.is_empty() {
             return Ok(());
         }
@@ -639,7 +639,7 @@ impl Loop {
         // worker's queue to another thread with `block_in_place` first cost
         // more than it saved: lone requests and one-client loops were slower
         // and the commits themselves took longer.
-        self.store.commit(changes)?;
+        self.store.commit(changes).await?;
         self.observer.committed(started.elapsed());
         Ok(())
     }
@@ -678,7 +678,7 @@ impl Loop {
     }
 
     /// Decide, store, then act.
-    fn step(&mut self) -> Result<(), StoreError> {
+    async fn step(&mut self) -> Result<(), StoreError> {
         let now = self.clock.now();
         self.pool.tick(now, &mut self.effects);
         let changes = self.pool.take_changes();
@@ -689,7 +689,7 @@ impl Loop {
                 self.observer.fulfilled(r, at.since(r.created));
             }
         }
-        self.commit(&changes)?;
+        self.commit(&changes).await?;
         self.answer();
         // Leak deletes and refused adoptions can come by the thousand (a
         // driver that lists thousands of orphans): one line per provider and

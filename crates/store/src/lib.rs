@@ -29,6 +29,7 @@ mod rows;
 mod schema;
 #[cfg(test)]
 mod tests;
+mod value;
 mod write;
 
 use std::path::Path;
@@ -41,15 +42,20 @@ use berth_config::StoreSync;
 use berth_core::config::Config;
 use berth_core::pool::{Changes, Snapshot};
 
+/// What a [`Store`] call returns: a future, since a store may be across a
+/// network (PostgreSQL); the embedded one is ready at once.
+pub type StoreFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
 /// Where the pool's records are kept. Object safe, so the runtime can hold a
 /// `Box<dyn Store>`.
 pub trait Store: Send {
     /// Everything stored, converted to core types against `config`.
-    fn load(&mut self, config: &Config) -> Result<Loaded, StoreError>;
+    fn load<'a>(&'a mut self, config: &'a Config) -> StoreFuture<'a, Loaded>;
     /// Writes `changes` atomically (one transaction): upserts nodes and
     /// requests, removes purged ones, rewrites the slot assignments of
     /// changed backing nodes. On error nothing of `changes` is written.
-    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError>;
+    fn commit<'a>(&'a mut self, changes: &'a Changes) -> StoreFuture<'a, ()>;
 }
 
 /// What [`Store::load`] found.
@@ -303,19 +309,69 @@ impl SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
-    fn load(&mut self, config: &Config) -> Result<Loaded, StoreError> {
+impl SqliteStore {
+    fn load_now(&mut self, config: &Config) -> Result<Loaded, StoreError> {
         // One read transaction, so the tables are seen at one moment.
         let tx = self.conn.transaction().map_err(sql("starting a load"))?;
-        let loaded = load::load(&tx, config)?;
+        let mut tables = load::Tables::default();
+        for (q, query) in load::queries().iter().enumerate() {
+            let doing = "reading the store";
+            let mut stmt = tx.prepare_cached(query).map_err(sql(doing))?;
+            let mut rows = stmt.query([]).map_err(sql(doing))?;
+            while let Some(row) = rows.next().map_err(sql(doing))? {
+                tables.read(q, row)?;
+            }
+        }
         tx.commit().map_err(sql("ending a load"))?;
-        Ok(loaded)
+        load::assemble(tables, config)
     }
 
-    fn commit(&mut self, changes: &Changes) -> Result<(), StoreError> {
+    fn commit_now(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        let ops = write::plan(&self.config, changes)?;
         // Dropping the transaction on an error rolls it back.
         let tx = self.conn.transaction().map_err(sql("starting a commit"))?;
-        write::write(&tx, &self.config, changes)?;
+        for (stmt, vals) in &ops {
+            tx.prepare_cached(stmt.sql())
+                .and_then(|mut s| s.execute(rusqlite::params_from_iter(vals)))
+                .map_err(sql(stmt.doing()))?;
+        }
         tx.commit().map_err(sql("committing"))
+    }
+}
+
+impl value::Cells for rusqlite::Row<'_> {
+    fn int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        self.get(i).map_err(sql("reading a row"))
+    }
+
+    fn real(&self, i: usize) -> Result<Option<f64>, StoreError> {
+        self.get(i).map_err(sql("reading a row"))
+    }
+
+    fn text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        self.get(i).map_err(sql("reading a row"))
+    }
+}
+
+impl rusqlite::ToSql for value::Val {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, Value, ValueRef};
+        Ok(match self {
+            value::Val::Null => ToSqlOutput::Owned(Value::Null),
+            value::Val::Int(i) => ToSqlOutput::Owned(Value::Integer(*i)),
+            value::Val::Real(f) => ToSqlOutput::Owned(Value::Real(*f)),
+            value::Val::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+        })
+    }
+}
+
+/// SQLite answers in the calling thread, before the future is returned.
+impl Store for SqliteStore {
+    fn load<'a>(&'a mut self, config: &'a Config) -> StoreFuture<'a, Loaded> {
+        Box::pin(std::future::ready(self.load_now(config)))
+    }
+
+    fn commit<'a>(&'a mut self, changes: &'a Changes) -> StoreFuture<'a, ()> {
+        Box::pin(std::future::ready(self.commit_now(changes)))
     }
 }

@@ -1,69 +1,116 @@
 //! Reading everything stored into a [`Loaded`] snapshot, checked against the
 //! config and against itself: each slot assignment must join a live slot
-//! node to a backing node that has that slot.
+//! node to a backing node that has that slot. A backend reads its tables
+//! into [`Tables`]; everything after that is here, once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use rusqlite::Transaction;
-
-use super::rows::{NodeRow, RequestRow};
-use super::{Loaded, StoreError, sql};
+use super::rows::{NodeRow, RawNodeRow, RequestRow};
+use super::value::{Cells, Reader};
+use super::{Loaded, StoreError};
 use berth_core::config::Config;
 use berth_core::pool::{
     GoneReason, Lease, Node, NodeId, NodeState, Packing, Request, RequestId, RequestState,
     Snapshot, Time,
 };
 
-pub(super) fn load(tx: &Transaction<'_>, config: &Config) -> Result<Loaded, StoreError> {
+/// The queries a load runs, in one read transaction, in this order;
+/// [`Tables::read`] takes the rows of each by its position here.
+pub(super) fn queries() -> [String; 6] {
+    [
+        format!("SELECT {} FROM nodes", NodeRow::COLUMNS),
+        "SELECT backing, idx, node FROM slots ORDER BY backing, idx".into(),
+        format!("SELECT {} FROM requests", RequestRow::COLUMNS),
+        "SELECT request, label, count FROM request_wants ORDER BY request, position".into(),
+        "SELECT request, node FROM request_nodes ORDER BY request, position".into(),
+        "SELECT requestor, expires FROM leases ORDER BY requestor".into(),
+    ]
+}
+
+/// Every stored row, as read, before any of it is checked.
+#[derive(Default)]
+pub(super) struct Tables {
+    nodes: Vec<RawNodeRow>,
+    /// (backing, index, node)
+    slots: Vec<(String, i64, String)>,
+    requests: Vec<RequestRow>,
+    /// request → (label, count), in position order.
+    wants: HashMap<String, Vec<(String, u32)>>,
+    /// request → node ids, in position order.
+    members: HashMap<String, Vec<String>>,
+    leases: Vec<Lease>,
+}
+
+impl Tables {
+    /// Takes one row of query `q` of [`queries`].
+    pub fn read<C: Cells + ?Sized>(&mut self, q: usize, row: &C) -> Result<(), StoreError> {
+        let text = |i| row.text(i).map(Option::unwrap_or_default);
+        match q {
+            0 => self.nodes.push(NodeRow::read(row)?),
+            1 => {
+                let r = Reader {
+                    cells: row,
+                    table: "slots",
+                    id: text(0)?,
+                };
+                self.slots.push((r.id.clone(), r.num(1, "idx")?, text(2)?));
+            }
+            2 => self.requests.push(RequestRow::read(row)?),
+            3 => {
+                let r = Reader {
+                    cells: row,
+                    table: "request_wants",
+                    id: text(0)?,
+                };
+                let want = (text(1)?, r.num(2, "count")?);
+                self.wants.entry(r.id).or_default().push(want);
+            }
+            4 => self.members.entry(text(0)?).or_default().push(text(1)?),
+            _ => {
+                let r = Reader {
+                    cells: row,
+                    table: "leases",
+                    id: text(0)?,
+                };
+                let expires = Time(r.num(1, "expires")?);
+                self.leases.push(Lease {
+                    requestor: r.id,
+                    expires,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The snapshot `tables` hold, checked against `config` and itself.
+pub(super) fn assemble(tables: Tables, config: &Config) -> Result<Loaded, StoreError> {
+    let Tables {
+        nodes: rows,
+        slots,
+        requests,
+        wants,
+        members,
+        leases,
+    } = tables;
     let mut notes = Vec::new();
-    let mut nodes = read_nodes(tx, config, &mut notes)?;
-    let ended = place_slots(tx, &mut nodes, &mut notes)?;
-    let (mut requests, failed) = read_requests(tx, config, &mut notes)?;
+    let mut nodes = BTreeMap::new();
+    for raw in rows {
+        if let Some(node) = raw.decode(config, &mut notes)? {
+            nodes.insert(node.id, node);
+        }
+    }
+    let ended = place_slots(slots, &mut nodes, &mut notes)?;
+    let (mut requests, failed) = read_requests(requests, wants, members, config, &mut notes)?;
     untangle(&mut nodes, &mut requests, &ended, &failed);
     Ok(Loaded {
         snapshot: Snapshot {
             nodes: nodes.into_values().collect(),
             requests: requests.into_values().collect(),
-            leases: read_leases(tx)?,
+            leases,
         },
         dropped: notes,
     })
-}
-
-fn read_leases(tx: &Transaction<'_>) -> Result<Vec<Lease>, StoreError> {
-    let doing = "reading leases";
-    let mut stmt = tx
-        .prepare("SELECT requestor, expires FROM leases ORDER BY requestor")
-        .map_err(sql(doing))?;
-    let rows = stmt
-        .query_map([], |r| {
-            Ok(Lease {
-                requestor: r.get(0)?,
-                expires: Time(r.get(1)?),
-            })
-        })
-        .map_err(sql(doing))?;
-    rows.collect::<Result<_, _>>().map_err(sql(doing))
-}
-
-fn read_nodes(
-    tx: &Transaction<'_>,
-    config: &Config,
-    notes: &mut Vec<String>,
-) -> Result<BTreeMap<NodeId, Node>, StoreError> {
-    let doing = "reading nodes";
-    let mut stmt = tx
-        .prepare(&format!("SELECT {} FROM nodes", NodeRow::COLUMNS))
-        .map_err(sql(doing))?;
-    let mut rows = stmt.query([]).map_err(sql(doing))?;
-    let mut nodes = BTreeMap::new();
-    while let Some(row) = rows.next().map_err(sql(doing))? {
-        let raw = NodeRow::read(row).map_err(sql(doing))?;
-        if let Some(node) = raw.decode(config, notes)? {
-            nodes.insert(node.id, node);
-        }
-    }
-    Ok(nodes)
 }
 
 /// Fills each backing node's slots and places each live slot node from the
@@ -72,20 +119,12 @@ fn read_nodes(
 /// node no row places has lost its slot and is ended. Returns the nodes
 /// ended here.
 fn place_slots(
-    tx: &Transaction<'_>,
+    rows: Vec<(String, i64, String)>,
     nodes: &mut BTreeMap<NodeId, Node>,
     notes: &mut Vec<String>,
 ) -> Result<HashSet<NodeId>, StoreError> {
-    let doing = "reading slot assignments";
-    let mut stmt = tx
-        .prepare("SELECT backing, idx, node FROM slots ORDER BY backing, idx")
-        .map_err(sql(doing))?;
-    let mut rows = stmt.query([]).map_err(sql(doing))?;
     let mut placed = HashSet::new();
-    while let Some(row) = rows.next().map_err(sql(doing))? {
-        let backing: String = row.get(0).map_err(sql(doing))?;
-        let index: i64 = row.get(1).map_err(sql(doing))?;
-        let node: String = row.get(2).map_err(sql(doing))?;
+    for (backing, index, node) in rows {
         let corrupt = |column, what| StoreError::Corrupt {
             table: "slots",
             id: format!("{backing} slot {index}"),
@@ -154,32 +193,15 @@ fn place_slots(
 /// the config no longer has is failed (and returned in the second set); a
 /// finished one keeps the wants that still resolve.
 fn read_requests(
-    tx: &Transaction<'_>,
+    rows: Vec<RequestRow>,
+    mut wants: HashMap<String, Vec<(String, u32)>>,
+    mut members: HashMap<String, Vec<String>>,
     config: &Config,
     notes: &mut Vec<String>,
 ) -> Result<(BTreeMap<RequestId, Request>, HashSet<RequestId>), StoreError> {
-    let mut wants = grouped(
-        tx,
-        "SELECT request, label, count FROM request_wants ORDER BY request, position",
-        "reading request wants",
-        |row| Ok((row.get::<_, String>(1)?, row.get::<_, u32>(2)?)),
-    )?;
-    let mut members = grouped(
-        tx,
-        "SELECT request, node FROM request_nodes ORDER BY request, position",
-        "reading request nodes",
-        |row| row.get::<_, String>(1),
-    )?;
-
-    let doing = "reading requests";
-    let mut stmt = tx
-        .prepare(&format!("SELECT {} FROM requests", RequestRow::COLUMNS))
-        .map_err(sql(doing))?;
-    let mut rows = stmt.query([]).map_err(sql(doing))?;
     let mut requests = BTreeMap::new();
     let mut failed = HashSet::new();
-    while let Some(row) = rows.next().map_err(sql(doing))? {
-        let row = RequestRow::read(row).map_err(sql(doing))?;
+    for row in rows {
         let id = row.parse_id()?;
         let mut state = row.decode_state()?;
         let mut resolved = Vec::new();
@@ -229,25 +251,6 @@ fn read_requests(
         );
     }
     Ok((requests, failed))
-}
-
-/// Rows of `query` (request id first) grouped by request, in row order.
-fn grouped<T>(
-    tx: &Transaction<'_>,
-    query: &str,
-    doing: &'static str,
-    read: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-) -> Result<HashMap<String, Vec<T>>, StoreError> {
-    let mut stmt = tx.prepare(query).map_err(sql(doing))?;
-    let mut rows = stmt.query([]).map_err(sql(doing))?;
-    let mut out: HashMap<String, Vec<T>> = HashMap::new();
-    while let Some(row) = rows.next().map_err(sql(doing))? {
-        let request: String = row.get(0).map_err(sql(doing))?;
-        out.entry(request)
-            .or_default()
-            .push(read(row).map_err(sql(doing))?);
-    }
-    Ok(out)
 }
 
 /// Keeps "a node is assigned to a request ⇔ the pending request lists it"

@@ -3,9 +3,8 @@
 //! `Idle::as_str`…), read back through the same names (`NodeStateName`,
 //! `Idle`'s `FromStr`), so the two directions cannot drift apart.
 
-use rusqlite::ToSql;
-
 use super::StoreError;
+use super::value::{Cells, Reader, Val, big};
 use berth_core::config::{Config, LabelIx, ProviderIx};
 use berth_core::driver::{Addresses, Connection as Login};
 use berth_core::pool::{
@@ -53,70 +52,81 @@ pub(super) struct RawNodeRow {
 }
 
 impl NodeRow {
-    /// The columns of [`NodeRow::params`] and [`NodeRow::read`], in order.
+    /// The columns of [`NodeRow::into_vals`] and [`NodeRow::read`], in order.
     pub const COLUMNS: &'static str = "id, label, provider, instance_type, vcpus, ram_mib, price, \
         instance, state, since, attempt, request, reason, idle, role, slot_label, slot_count, \
         free_since, slot_backing, slot_index, assigned, created, endpoint";
-    pub const COUNT: usize = 23;
 
-    pub fn params(&self) -> [&dyn ToSql; NodeRow::COUNT] {
-        [
-            &self.id,
-            &self.label,
-            &self.provider,
-            &self.instance_type,
-            &self.vcpus,
-            &self.ram_mib,
-            &self.price,
-            &self.instance,
-            &self.state,
-            &self.since,
-            &self.attempt,
-            &self.request,
-            &self.reason,
-            &self.idle,
-            &self.role,
-            &self.slot_label,
-            &self.slot_count,
-            &self.free_since,
-            &self.slot_backing,
-            &self.slot_index,
-            &self.assigned,
-            &self.created,
-            &self.endpoint,
-        ]
+    /// The row's values in [`NodeRow::COLUMNS`] order.
+    pub fn into_vals(self) -> Result<Vec<Val>, StoreError> {
+        let id = self.id.clone();
+        let big = |v: u64, what: &str| big(v, &id, what);
+        Ok(vec![
+            self.id.into(),
+            self.label.into(),
+            self.provider.into(),
+            self.instance_type.into(),
+            self.vcpus.into(),
+            big(self.ram_mib, "ram_mib")?,
+            self.price.into(),
+            self.instance.into(),
+            self.state.into(),
+            big(self.since, "since")?,
+            self.attempt.into(),
+            self.request.into(),
+            self.reason.into(),
+            self.idle.into(),
+            self.role.into(),
+            self.slot_label.into(),
+            self.slot_count.into(),
+            match self.free_since {
+                Some(t) => big(t, "free_since")?,
+                None => Val::Null,
+            },
+            self.slot_backing.into(),
+            self.slot_index.into(),
+            self.assigned.into(),
+            big(self.created, "created")?,
+            self.endpoint.into(),
+        ])
     }
 
-    pub fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawNodeRow> {
+    /// A row read in [`NodeRow::COLUMNS`] order.
+    pub fn read<C: Cells + ?Sized>(cells: &C) -> Result<RawNodeRow, StoreError> {
+        let r = Reader {
+            cells,
+            table: "nodes",
+            id: cells.text(0)?.unwrap_or_default(),
+        };
         Ok(RawNodeRow {
             row: NodeRow {
-                id: r.get(0)?,
-                label: r.get(1)?,
-                provider: r.get(2)?,
-                instance_type: r.get(3)?,
-                vcpus: r.get(4)?,
-                ram_mib: r.get(5)?,
-                price: r.get(6)?,
-                instance: r.get(7)?,
+                id: r.id.clone(),
+                label: r.text(1, "label")?,
+                provider: r.text(2, "provider")?,
+                instance_type: r.text(3, "instance_type")?,
+                vcpus: r.num(4, "vcpus")?,
+                ram_mib: r.num(5, "ram_mib")?,
+                price: r.real(6, "price")?,
+                instance: r.opt_text(7)?,
                 state: "",
-                since: r.get(9)?,
-                attempt: r.get(10)?,
-                request: r.get(11)?,
-                reason: r.get(12)?,
+                since: r.num(9, "since")?,
+                attempt: r.num(10, "attempt")?,
+                request: r.opt_text(11)?,
+                reason: r.opt_text(12)?,
                 idle: "",
                 role: "",
-                slot_label: r.get(15)?,
-                slot_count: r.get(16)?,
-                free_since: r.get(17)?,
-                slot_backing: r.get(18)?,
-                slot_index: r.get(19)?,
-                assigned: r.get(20)?,
-                created: r.get(21)?,
-                endpoint: r.get(22)?,
+                slot_label: r.opt_text(15)?,
+                slot_count: r.opt_num(16, "slot_count")?,
+                free_since: r.opt_num(17, "free_since")?,
+                slot_backing: r.opt_text(18)?,
+                slot_index: r.opt_num(19, "slot_index")?,
+                assigned: r.opt_text(20)?,
+                created: r.num(21, "created")?,
+                endpoint: r.opt_text(22)?,
             },
-            state: r.get(8)?,
-            idle: r.get(13)?,
-            role: r.get(14)?,
+            state: r.text(8, "state")?,
+            idle: r.text(13, "idle")?,
+            role: r.text(14, "role")?,
         })
     }
 
@@ -381,34 +391,48 @@ pub(super) struct RequestRow {
 }
 
 impl RequestRow {
-    /// The columns of [`RequestRow::params`] and [`RequestRow::read`], in order.
+    /// The columns of [`RequestRow::into_vals`] and [`RequestRow::read`], in order.
     pub const COLUMNS: &'static str =
         "id, requestor, priority, created, state, at, reason, failures";
-    pub const COUNT: usize = 8;
 
-    pub fn params(&self) -> [&dyn ToSql; RequestRow::COUNT] {
-        [
-            &self.id,
-            &self.requestor,
-            &self.priority,
-            &self.created,
-            &self.state,
-            &self.at,
-            &self.reason,
-            &self.failures,
-        ]
+    /// The row's values in [`RequestRow::COLUMNS`] order.
+    pub fn into_vals(self) -> Result<Vec<Val>, StoreError> {
+        let big = |v: u64, what: &str| big(v, &self.id, what);
+        let (created, at) = (
+            big(self.created, "created")?,
+            match self.at {
+                Some(t) => big(t, "at")?,
+                None => Val::Null,
+            },
+        );
+        Ok(vec![
+            self.id.into(),
+            self.requestor.into(),
+            self.priority.into(),
+            created,
+            self.state.into(),
+            at,
+            self.reason.into(),
+            self.failures.into(),
+        ])
     }
 
-    pub fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<RequestRow> {
+    /// A row read in [`RequestRow::COLUMNS`] order.
+    pub fn read<C: Cells + ?Sized>(cells: &C) -> Result<RequestRow, StoreError> {
+        let r = Reader {
+            cells,
+            table: "requests",
+            id: cells.text(0)?.unwrap_or_default(),
+        };
         Ok(RequestRow {
-            id: r.get(0)?,
-            requestor: r.get(1)?,
-            priority: r.get(2)?,
-            created: r.get(3)?,
-            state: r.get(4)?,
-            at: r.get(5)?,
-            reason: r.get(6)?,
-            failures: r.get(7)?,
+            id: r.id.clone(),
+            requestor: r.text(1, "requestor")?,
+            priority: r.num(2, "priority")?,
+            created: r.num(3, "created")?,
+            state: r.text(4, "state")?,
+            at: r.opt_num(5, "at")?,
+            reason: r.opt_text(6)?,
+            failures: r.num(7, "failures")?,
         })
     }
 

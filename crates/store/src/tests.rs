@@ -159,8 +159,8 @@ fn requests(r: Vec<Request>) -> Changes {
     }
 }
 
-fn load(store: &mut SqliteStore) -> Loaded {
-    store.load(&config()).expect("load")
+async fn load(store: &mut SqliteStore) -> Loaded {
+    store.load(&config()).await.expect("load")
 }
 
 fn count(store: &SqliteStore, table: &str) -> i64 {
@@ -233,8 +233,8 @@ fn every_state() -> Vec<Node> {
 /// one version is read by the next. They come from the core's variant names,
 /// so renaming a variant, or adding one, must fail here and not in a user's
 /// store.
-#[test]
-fn the_stored_words_are_pinned() {
+#[tokio::test]
+async fn the_stored_words_are_pinned() {
     use berth_core::pool::{NodeStateName, PackingName, RequestStateName};
     use strum::VariantNames;
     let pinned: [(&str, &[&str]); 6] = [
@@ -304,24 +304,24 @@ fn the_stored_words_are_pinned() {
     }
 }
 
-#[test]
-fn every_node_state_idle_and_endpoint_round_trips_across_a_reopen() {
+#[tokio::test]
+async fn every_node_state_idle_and_endpoint_round_trips_across_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("berth.db");
     let all = every_state();
     {
         let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
-        store.commit(&nodes(all.clone())).unwrap();
-        assert_eq!(sorted(load(&mut store).snapshot.nodes), all);
+        store.commit(&nodes(all.clone())).await.unwrap();
+        assert_eq!(sorted(load(&mut store).await.snapshot.nodes), all);
     }
     let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
-    let loaded = load(&mut store);
+    let loaded = load(&mut store).await;
     assert!(loaded.dropped.is_empty(), "{:?}", loaded.dropped);
     assert_eq!(loaded.snapshot.nodes, all, "sorted by id");
 }
 
-#[test]
-fn backing_and_slot_roles_round_trip_through_the_slots_table() {
+#[tokio::test]
+async fn backing_and_slot_roles_round_trip_through_the_slots_table() {
     let mut store = store();
     let mut b = backing(10, vec![Some(11), None, Some(12)]);
     if let Packing::Backing { free_since, .. } = &mut b.packing {
@@ -359,15 +359,15 @@ fn backing_and_slot_roles_round_trip_through_the_slots_table() {
         ),
         backing(20, vec![None, None, None]),
     ];
-    store.commit(&nodes(all.clone())).unwrap();
+    store.commit(&nodes(all.clone())).await.unwrap();
     assert_eq!(count(&store, "slots"), 2);
-    let loaded = load(&mut store);
+    let loaded = load(&mut store).await;
     assert!(loaded.dropped.is_empty(), "{:?}", loaded.dropped);
     assert_eq!(loaded.snapshot.nodes, all);
 }
 
-#[test]
-fn every_request_state_round_trips_with_wants_and_nodes_in_order() {
+#[tokio::test]
+async fn every_request_state_round_trips_with_wants_and_nodes_in_order() {
     let mut store = store();
     let mut fulfilled = request(1, RequestState::Fulfilled { at: Time(9) });
     fulfilled.wants = vec![(SMALL, 2), (BIG, 1), (SLOT, 3)];
@@ -388,14 +388,14 @@ fn every_request_state_round_trips_with_wants_and_nodes_in_order() {
         ),
         request(4, RequestState::Cancelled { at: Time(7) }),
     ];
-    store.commit(&requests(all.clone())).unwrap();
-    let loaded = load(&mut store);
+    store.commit(&requests(all.clone())).await.unwrap();
+    let loaded = load(&mut store).await;
     assert!(loaded.dropped.is_empty(), "{:?}", loaded.dropped);
     assert_eq!(loaded.snapshot.requests, all);
 }
 
-#[test]
-fn a_second_commit_replaces_rows_and_bumps_their_version() {
+#[tokio::test]
+async fn a_second_commit_replaces_rows_and_bumps_their_version() {
     let mut store = store();
     let mut r = request(1, RequestState::Pending);
     r.wants = vec![(BIG, 1), (SMALL, 1)];
@@ -406,6 +406,7 @@ fn a_second_commit_replaces_rows_and_bumps_their_version() {
             requests: vec![r.clone()],
             ..Default::default()
         })
+        .await
         .unwrap();
     let mut n = ready(1);
     n.state = NodeState::InUse {
@@ -423,8 +424,9 @@ fn a_second_commit_replaces_rows_and_bumps_their_version() {
             requests: vec![r.clone()],
             ..Default::default()
         })
+        .await
         .unwrap();
-    let loaded = load(&mut store);
+    let loaded = load(&mut store).await;
     assert_eq!(loaded.snapshot.nodes, vec![n]);
     assert_eq!(loaded.snapshot.requests, vec![r]);
     assert_eq!(count(&store, "request_wants"), 1);
@@ -440,8 +442,8 @@ fn a_second_commit_replaces_rows_and_bumps_their_version() {
     assert_eq!(versions, (1, 1));
 }
 
-#[test]
-fn purges_remove_rows_and_a_freed_slot_leaves_the_slots_table() {
+#[tokio::test]
+async fn purges_remove_rows_and_a_freed_slot_leaves_the_slots_table() {
     let mut store = store();
     let mut r = request(1, RequestState::Pending);
     r.nodes = vec![NodeId(11)];
@@ -456,6 +458,7 @@ fn purges_remove_rows_and_a_freed_slot_leaves_the_slots_table() {
             requests: vec![r, request(2, RequestState::Pending)],
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(count(&store, "slots"), 2);
     // Slot 0 freed (its node ended, then purged) and a plain node and a
@@ -467,6 +470,7 @@ fn purges_remove_rows_and_a_freed_slot_leaves_the_slots_table() {
             purged_requests: vec![RequestId(1)],
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(count(&store, "nodes"), 2);
     assert_eq!(count(&store, "slots"), 1);
@@ -480,10 +484,11 @@ fn purges_remove_rows_and_a_freed_slot_leaves_the_slots_table() {
             purged_requests: vec![RequestId(2)],
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(count(&store, "slots"), 0);
     assert_eq!(count(&store, "request_wants"), 0);
-    let loaded = load(&mut store);
+    let loaded = load(&mut store).await;
     assert!(loaded.snapshot.requests.is_empty());
     // The slot node left behind lost its slot: ended, with a note.
     assert_eq!(loaded.snapshot.nodes.len(), 1);
@@ -497,13 +502,14 @@ fn purges_remove_rows_and_a_freed_slot_leaves_the_slots_table() {
     assert_eq!(loaded.dropped.len(), 1, "{:?}", loaded.dropped);
 }
 
-#[test]
-fn one_node_in_two_slots_is_refused_and_the_commit_writes_nothing() {
+#[tokio::test]
+async fn one_node_in_two_slots_is_refused_and_the_commit_writes_nothing() {
     let mut store = store();
     store
         .commit(&nodes(vec![backing(10, vec![None; 3])]))
+        .await
         .unwrap();
-    let before = load(&mut store).snapshot.nodes;
+    let before = load(&mut store).await.snapshot.nodes;
     let err = store
         .commit(&nodes(vec![
             ready(1),
@@ -511,6 +517,7 @@ fn one_node_in_two_slots_is_refused_and_the_commit_writes_nothing() {
             backing(20, vec![None, Some(11), None]),
             slot_node(11, 10, 0, NodeState::Ready { since: T }),
         ]))
+        .await
         .unwrap_err();
     assert!(
         matches!(
@@ -523,12 +530,12 @@ fn one_node_in_two_slots_is_refused_and_the_commit_writes_nothing() {
         "{err}"
     );
     assert!(err.to_string().contains("UNIQUE"), "{err}");
-    assert_eq!(load(&mut store).snapshot.nodes, before);
+    assert_eq!(load(&mut store).await.snapshot.nodes, before);
     assert_eq!(count(&store, "slots"), 0);
 }
 
-#[test]
-fn two_nodes_in_one_slot_are_refused_and_the_commit_writes_nothing() {
+#[tokio::test]
+async fn two_nodes_in_one_slot_are_refused_and_the_commit_writes_nothing() {
     let mut store = store();
     // The same backing node twice in one commit, each time with a different
     // node in slot 0: the primary key must refuse the second.
@@ -539,6 +546,7 @@ fn two_nodes_in_one_slot_are_refused_and_the_commit_writes_nothing() {
             slot_node(11, 10, 0, NodeState::Ready { since: T }),
             slot_node(12, 10, 0, NodeState::Ready { since: T }),
         ]))
+        .await
         .unwrap_err();
     assert!(err.to_string().contains("UNIQUE"), "{err}");
     assert_eq!(count(&store, "nodes"), 0);
@@ -555,15 +563,15 @@ fn two_nodes_in_one_slot_are_refused_and_the_commit_writes_nothing() {
     assert!(raw.is_err());
 }
 
-#[test]
-fn nodes_naming_an_unconfigured_label_or_provider_are_dropped_with_a_note() {
+#[tokio::test]
+async fn nodes_naming_an_unconfigured_label_or_provider_are_dropped_with_a_note() {
     let mut store = store();
     let mut on_b = ready(2);
     on_b.provider = B;
     on_b.label = SMALL;
-    store.commit(&nodes(vec![ready(1), on_b])).unwrap();
+    store.commit(&nodes(vec![ready(1), on_b])).await.unwrap();
 
-    let loaded = store.load(&renamed("big", "huge")).unwrap();
+    let loaded = store.load(&renamed("big", "huge")).await.unwrap();
     assert_eq!(loaded.snapshot.nodes.len(), 1);
     assert_eq!(loaded.snapshot.nodes[0].id, NodeId(2));
     assert_eq!(loaded.dropped.len(), 1);
@@ -574,7 +582,7 @@ fn nodes_naming_an_unconfigured_label_or_provider_are_dropped_with_a_note() {
         loaded.dropped
     );
 
-    let loaded = store.load(&renamed("b", "c")).unwrap();
+    let loaded = store.load(&renamed("b", "c")).await.unwrap();
     assert_eq!(loaded.snapshot.nodes.len(), 1);
     assert!(
         loaded.dropped[0].contains("provider `b`"),
@@ -585,23 +593,24 @@ fn nodes_naming_an_unconfigured_label_or_provider_are_dropped_with_a_note() {
     assert_eq!(count(&store, "nodes"), 2);
 }
 
-#[test]
-fn an_unconfigured_slot_label_drops_the_backing_and_its_slot_rows() {
+#[tokio::test]
+async fn an_unconfigured_slot_label_drops_the_backing_and_its_slot_rows() {
     let mut store = store();
     store
         .commit(&nodes(vec![
             backing(10, vec![Some(11), None, None]),
             slot_node(11, 10, 0, NodeState::Ready { since: T }),
         ]))
+        .await
         .unwrap();
-    let loaded = store.load(&renamed("slot", "slice")).unwrap();
+    let loaded = store.load(&renamed("slot", "slice")).await.unwrap();
     assert!(loaded.snapshot.nodes.is_empty());
     // Backing node, slot node, and the slot row joining them.
     assert_eq!(loaded.dropped.len(), 3, "{:?}", loaded.dropped);
 }
 
-#[test]
-fn a_pending_request_for_an_unconfigured_label_is_failed_and_frees_its_nodes() {
+#[tokio::test]
+async fn a_pending_request_for_an_unconfigured_label_is_failed_and_frees_its_nodes() {
     let mut store = store();
     let mut set_aside = ready(1);
     set_aside.label = SMALL;
@@ -618,8 +627,9 @@ fn a_pending_request_for_an_unconfigured_label_is_failed_and_frees_its_nodes() {
             requests: vec![pending, done],
             ..Default::default()
         })
+        .await
         .unwrap();
-    let loaded = store.load(&renamed("big", "huge")).unwrap();
+    let loaded = store.load(&renamed("big", "huge")).await.unwrap();
     let [failed, done] = &loaded.snapshot.requests[..] else {
         panic!("{:?}", loaded.snapshot.requests);
     };
@@ -638,8 +648,8 @@ fn a_pending_request_for_an_unconfigured_label_is_failed_and_frees_its_nodes() {
     assert_eq!(loaded.dropped.len(), 2, "{:?}", loaded.dropped);
 }
 
-#[test]
-fn slot_rows_that_do_not_join_are_ignored_and_a_slotless_slot_node_ends() {
+#[tokio::test]
+async fn slot_rows_that_do_not_join_are_ignored_and_a_slotless_slot_node_ends() {
     let mut store = store();
     let mut waiting = slot_node(12, 10, 1, NodeState::Ready { since: T });
     waiting.assigned = Some(RequestId(1));
@@ -665,6 +675,7 @@ fn slot_rows_that_do_not_join_are_ignored_and_a_slotless_slot_node_ends() {
             requests: vec![r],
             ..Default::default()
         })
+        .await
         .unwrap();
     // Slot 1's row lost, plus rows for a node that is not stored, a plain
     // node, and a slot the backing does not have.
@@ -675,7 +686,7 @@ fn slot_rows_that_do_not_join_are_ignored_and_a_slotless_slot_node_ends() {
          INSERT INTO slots VALUES ('n-0000000000000014', 0, 'n-0000000000000001');
          INSERT INTO slots VALUES ('n-000000000000000a', 7, 'n-000000000000000c');",
     );
-    let loaded = load(&mut store);
+    let loaded = load(&mut store).await;
     let got: Vec<_> = loaded
         .snapshot
         .nodes
@@ -710,8 +721,8 @@ fn slot_rows_that_do_not_join_are_ignored_and_a_slotless_slot_node_ends() {
     );
 }
 
-#[test]
-fn unknown_text_in_a_row_is_corrupt_naming_table_id_and_column() {
+#[tokio::test]
+async fn unknown_text_in_a_row_is_corrupt_naming_table_id_and_column() {
     let cases = [
         (
             "UPDATE nodes SET state = 'sleeping'",
@@ -773,9 +784,10 @@ fn unknown_text_in_a_row_is_corrupt_naming_table_id_and_column() {
                 requests: vec![r],
                 ..Default::default()
             })
+            .await
             .unwrap();
         exec(&store, sql);
-        match store.load(&config()) {
+        match store.load(&config()).await {
             Err(StoreError::Corrupt {
                 table: t,
                 id: i,
@@ -787,12 +799,12 @@ fn unknown_text_in_a_row_is_corrupt_naming_table_id_and_column() {
     }
 }
 
-#[test]
-fn reopening_is_a_no_op_and_the_file_is_in_wal_mode() {
+#[tokio::test]
+async fn reopening_is_a_no_op_and_the_file_is_in_wal_mode() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("berth.db");
     let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
-    store.commit(&nodes(vec![ready(1)])).unwrap();
+    store.commit(&nodes(vec![ready(1)])).await.unwrap();
     drop(store);
     let store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
     assert_eq!(
@@ -807,8 +819,8 @@ fn reopening_is_a_no_op_and_the_file_is_in_wal_mode() {
     assert_eq!(count(&store, "nodes"), 1);
 }
 
-#[test]
-fn a_newer_schema_is_refused_naming_both_versions() {
+#[tokio::test]
+async fn a_newer_schema_is_refused_naming_both_versions() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("berth.db");
     drop(SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap());
@@ -834,8 +846,8 @@ fn a_newer_schema_is_refused_naming_both_versions() {
     }
 }
 
-#[test]
-fn migrations_apply_in_order_and_a_failed_step_changes_nothing() {
+#[tokio::test]
+async fn migrations_apply_in_order_and_a_failed_step_changes_nothing() {
     let mut store = store();
     let base = schema::MIGRATIONS.len() as u32;
     let mut two = schema::MIGRATIONS.to_vec();
@@ -864,8 +876,8 @@ fn migrations_apply_in_order_and_a_failed_step_changes_nothing() {
     assert_eq!(extra, 0, "the failed step's first statement was kept");
 }
 
-#[test]
-fn opening_in_a_missing_directory_is_an_error_naming_it() {
+#[tokio::test]
+async fn opening_in_a_missing_directory_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no-such-dir").join("berth.db");
     match SqliteStore::open(&path, Arc::new(config()), StoreSync::Full) {
@@ -875,8 +887,8 @@ fn opening_in_a_missing_directory_is_an_error_naming_it() {
     }
 }
 
-#[test]
-fn ten_thousand_nodes_commit_and_load_back() {
+#[tokio::test]
+async fn ten_thousand_nodes_commit_and_load_back() {
     let mut store = store();
     let all: Vec<Node> = (1..=10_000)
         .map(|i| {
@@ -885,8 +897,8 @@ fn ten_thousand_nodes_commit_and_load_back() {
             n
         })
         .collect();
-    store.commit(&nodes(all.clone())).unwrap();
-    let loaded = load(&mut store);
+    store.commit(&nodes(all.clone())).await.unwrap();
+    let loaded = load(&mut store).await;
     assert_eq!(loaded.snapshot.nodes, all);
     // And all of them changed again, as one commit of updates.
     let moved: Vec<Node> = all
@@ -896,12 +908,12 @@ fn ten_thousand_nodes_commit_and_load_back() {
             n
         })
         .collect();
-    store.commit(&nodes(moved.clone())).unwrap();
-    assert_eq!(load(&mut store).snapshot.nodes, moved);
+    store.commit(&nodes(moved.clone())).await.unwrap();
+    assert_eq!(load(&mut store).await.snapshot.nodes, moved);
 }
 
-#[test]
-fn leases_round_trip_and_expired_ones_are_removed() {
+#[tokio::test]
+async fn leases_round_trip_and_expired_ones_are_removed() {
     let mut store = store();
     let lease = |r: &str, t: u64| Lease {
         requestor: r.into(),
@@ -912,6 +924,7 @@ fn leases_round_trip_and_expired_ones_are_removed() {
             leases: vec![lease("ci", 10), lease("batch", 20)],
             ..Default::default()
         })
+        .await
         .unwrap();
     store
         .commit(&Changes {
@@ -919,23 +932,27 @@ fn leases_round_trip_and_expired_ones_are_removed() {
             purged_leases: vec!["batch".into()],
             ..Default::default()
         })
+        .await
         .unwrap();
-    assert_eq!(load(&mut store).snapshot.leases, vec![lease("ci", 30)]);
+    assert_eq!(
+        load(&mut store).await.snapshot.leases,
+        vec![lease("ci", 30)]
+    );
 }
 
-#[test]
-fn a_version_one_store_gains_the_leases_table_and_keeps_its_rows() {
+#[tokio::test]
+async fn a_version_one_store_gains_the_leases_table_and_keeps_its_rows() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("berth.db");
     {
         let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
-        store.commit(&nodes(vec![ready(1)])).unwrap();
+        store.commit(&nodes(vec![ready(1)])).await.unwrap();
         // Back to what a berth that knew only the first step wrote.
         exec(&store, "DROP TABLE leases; PRAGMA user_version = 1;");
         assert_eq!(store.schema_version().unwrap(), 1);
     }
     let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
     assert_eq!(store.schema_version().unwrap(), 2);
-    assert_eq!(load(&mut store).snapshot.nodes, vec![ready(1)]);
+    assert_eq!(load(&mut store).await.snapshot.nodes, vec![ready(1)]);
     assert_eq!(count(&store, "leases"), 0);
 }

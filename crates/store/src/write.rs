@@ -1,14 +1,34 @@
-//! Writing the core's [`Changes`] inside the commit's one transaction, with
-//! cached prepared statements: a commit is one pass over the changed records.
+//! What a commit writes, as a list of statements with their values, the same
+//! for every backend: a backend runs them in order inside one transaction.
 
 use std::sync::LazyLock;
 
-use rusqlite::{Transaction, params};
+use strum::IntoEnumIterator;
 
+use super::StoreError;
 use super::rows::{NodeRow, RequestRow, label_name};
-use super::{StoreError, sql};
+use super::value::Val;
 use berth_core::config::Config;
 use berth_core::pool::{Changes, Packing};
+
+/// The statements a commit is made of, written once for every backend
+/// ([`Stmt::sql`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::EnumIter)]
+pub(super) enum Stmt {
+    UpsertNode,
+    ClearSlots,
+    PutSlot,
+    PurgeNode,
+    PurgeSlots,
+    UpsertRequest,
+    ClearWants,
+    PutWant,
+    ClearMembers,
+    PutMember,
+    PutLease,
+    PurgeLease,
+    PurgeRequest,
+}
 
 /// `INSERT … ON CONFLICT DO UPDATE` over every column of `row`'s table,
 /// bumping `version` on update.
@@ -21,124 +41,141 @@ fn upsert_sql(table: &str, columns: &str) -> String {
         .collect();
     format!(
         "INSERT INTO {table} ({}) VALUES ({}) ON CONFLICT (id) DO UPDATE SET {}, \
-         version = version + 1",
+         version = {table}.version + 1",
         names.join(", "),
         values.join(", "),
         sets.join(", ")
     )
 }
 
-static UPSERT_NODE: LazyLock<String> = LazyLock::new(|| upsert_sql("nodes", NodeRow::COLUMNS));
-static UPSERT_REQUEST: LazyLock<String> =
-    LazyLock::new(|| upsert_sql("requests", RequestRow::COLUMNS));
+impl Stmt {
+    /// The statement's text with `?1`-style placeholders (SQLite's).
+    pub fn sql(self) -> &'static str {
+        static TEXTS: LazyLock<Vec<String>> =
+            LazyLock::new(|| Stmt::iter().map(Stmt::text).collect());
+        &TEXTS[self as usize]
+    }
 
-pub(super) fn write(
-    tx: &Transaction<'_>,
-    config: &Config,
-    changes: &Changes,
-) -> Result<(), StoreError> {
-    let prepare = |q: &str| tx.prepare_cached(q).map_err(sql("preparing a commit"));
+    fn text(self) -> String {
+        match self {
+            Stmt::UpsertNode => upsert_sql("nodes", NodeRow::COLUMNS),
+            Stmt::ClearSlots => "DELETE FROM slots WHERE backing = ?1".into(),
+            Stmt::PutSlot => "INSERT INTO slots (backing, idx, node) VALUES (?1, ?2, ?3)".into(),
+            Stmt::PurgeNode => "DELETE FROM nodes WHERE id = ?1".into(),
+            Stmt::PurgeSlots => "DELETE FROM slots WHERE backing = ?1 OR node = ?1".into(),
+            Stmt::UpsertRequest => upsert_sql("requests", RequestRow::COLUMNS),
+            Stmt::ClearWants => "DELETE FROM request_wants WHERE request = ?1".into(),
+            Stmt::PutWant => "INSERT INTO request_wants (request, position, label, count) \
+                              VALUES (?1, ?2, ?3, ?4)"
+                .into(),
+            Stmt::ClearMembers => "DELETE FROM request_nodes WHERE request = ?1".into(),
+            Stmt::PutMember => {
+                "INSERT INTO request_nodes (request, position, node) VALUES (?1, ?2, ?3)".into()
+            }
+            Stmt::PutLease => "INSERT INTO leases (requestor, expires) VALUES (?1, ?2) \
+                               ON CONFLICT (requestor) DO UPDATE SET expires = excluded.expires, \
+                               version = leases.version + 1"
+                .into(),
+            Stmt::PurgeLease => "DELETE FROM leases WHERE requestor = ?1".into(),
+            Stmt::PurgeRequest => "DELETE FROM requests WHERE id = ?1".into(),
+        }
+    }
 
-    let mut upsert = prepare(&UPSERT_NODE)?;
-    let mut clear_slots = prepare("DELETE FROM slots WHERE backing = ?1")?;
+    /// What a failure of this statement was doing, for its error.
+    pub fn doing(self) -> &'static str {
+        match self {
+            Stmt::UpsertNode => "writing a node",
+            Stmt::ClearSlots => "clearing slot assignments",
+            Stmt::PutSlot => "writing a slot assignment",
+            Stmt::PurgeNode => "purging a node",
+            Stmt::PurgeSlots => "purging a node's slot assignments",
+            Stmt::UpsertRequest => "writing a request",
+            Stmt::ClearWants | Stmt::PutWant => "writing a request's wants",
+            Stmt::ClearMembers | Stmt::PutMember => "writing a request's nodes",
+            Stmt::PutLease => "writing a lease",
+            Stmt::PurgeLease => "removing a lease",
+            Stmt::PurgeRequest => "purging a request",
+        }
+    }
+}
+
+/// One statement of a commit and its values.
+pub(super) type Op = (Stmt, Vec<Val>);
+
+/// The statements that write `changes`, in the order they must run.
+pub(super) fn plan(config: &Config, changes: &Changes) -> Result<Vec<Op>, StoreError> {
+    let mut ops = Vec::new();
     // Every changed backing node's slots are cleared before any is written
     // back: a commit that frees a slot on one backing node and fills one on
     // another must not collide with itself on `UNIQUE (node)`.
     let mut backings = Vec::new();
     for n in &changes.nodes {
         let row = NodeRow::encode(n, config)?;
-        upsert
-            .execute(row.params())
-            .map_err(sql("writing a node"))?;
+        let id = row.id.clone();
+        ops.push((Stmt::UpsertNode, row.into_vals()?));
         if let Packing::Backing { slots, .. } = &n.packing {
-            clear_slots
-                .execute([&row.id])
-                .map_err(sql("clearing slot assignments"))?;
-            backings.push((row.id, slots));
+            ops.push((Stmt::ClearSlots, vec![id.as_str().into()]));
+            backings.push((id, slots));
         }
     }
     // The primary key and `UNIQUE (node)` refuse a slot held twice here, and
     // the error rolls the whole commit back.
-    let mut put_slot = prepare("INSERT INTO slots (backing, idx, node) VALUES (?1, ?2, ?3)")?;
     for (backing, slots) in backings {
         for (index, node) in slots.iter().enumerate() {
             if let Some(node) = node {
-                put_slot
-                    .execute(params![backing, index, node.to_string()])
-                    .map_err(sql("writing a slot assignment"))?;
+                ops.push((
+                    Stmt::PutSlot,
+                    vec![
+                        backing.as_str().into(),
+                        index.into(),
+                        node.to_string().into(),
+                    ],
+                ));
             }
         }
     }
-    let mut purge_node = prepare("DELETE FROM nodes WHERE id = ?1")?;
-    let mut purge_slots = prepare("DELETE FROM slots WHERE backing = ?1 OR node = ?1")?;
     for id in &changes.purged_nodes {
-        let id = id.to_string();
-        purge_node.execute([&id]).map_err(sql("purging a node"))?;
-        purge_slots
-            .execute([&id])
-            .map_err(sql("purging a node's slot assignments"))?;
+        let id = Val::from(id.to_string());
+        ops.push((Stmt::PurgeNode, vec![id.clone()]));
+        ops.push((Stmt::PurgeSlots, vec![id]));
     }
 
-    let mut upsert = prepare(&UPSERT_REQUEST)?;
-    let mut clear_wants = prepare("DELETE FROM request_wants WHERE request = ?1")?;
-    let mut put_want = prepare(
-        "INSERT INTO request_wants (request, position, label, count) VALUES (?1, ?2, ?3, ?4)",
-    )?;
-    let mut clear_nodes = prepare("DELETE FROM request_nodes WHERE request = ?1")?;
-    let mut put_node =
-        prepare("INSERT INTO request_nodes (request, position, node) VALUES (?1, ?2, ?3)")?;
     for r in &changes.requests {
         let row = RequestRow::encode(r);
-        upsert
-            .execute(row.params())
-            .map_err(sql("writing a request"))?;
-        clear_wants
-            .execute([&row.id])
-            .map_err(sql("writing a request's wants"))?;
+        let id = Val::from(row.id.as_str());
+        ops.push((Stmt::UpsertRequest, row.into_vals()?));
+        ops.push((Stmt::ClearWants, vec![id.clone()]));
         for (position, (label, count)) in r.wants.iter().enumerate() {
-            put_want
-                .execute(params![
-                    row.id,
-                    position,
-                    label_name(config, *label)?,
-                    count
-                ])
-                .map_err(sql("writing a request's wants"))?;
+            ops.push((
+                Stmt::PutWant,
+                vec![
+                    id.clone(),
+                    position.into(),
+                    label_name(config, *label)?.into(),
+                    (*count).into(),
+                ],
+            ));
         }
-        clear_nodes
-            .execute([&row.id])
-            .map_err(sql("writing a request's nodes"))?;
+        ops.push((Stmt::ClearMembers, vec![id.clone()]));
         for (position, node) in r.nodes.iter().enumerate() {
-            put_node
-                .execute(params![row.id, position, node.to_string()])
-                .map_err(sql("writing a request's nodes"))?;
+            ops.push((
+                Stmt::PutMember,
+                vec![id.clone(), position.into(), node.to_string().into()],
+            ));
         }
     }
-    let mut put_lease = prepare(
-        "INSERT INTO leases (requestor, expires) VALUES (?1, ?2) \
-         ON CONFLICT (requestor) DO UPDATE SET expires = excluded.expires, version = version + 1",
-    )?;
     for l in &changes.leases {
-        put_lease
-            .execute(params![l.requestor, l.expires.0])
-            .map_err(sql("writing a lease"))?;
+        let expires = super::value::big(l.expires.0, &l.requestor, "lease expiry")?;
+        ops.push((Stmt::PutLease, vec![l.requestor.as_str().into(), expires]));
     }
-    let mut purge_lease = prepare("DELETE FROM leases WHERE requestor = ?1")?;
     for r in &changes.purged_leases {
-        purge_lease.execute([r]).map_err(sql("removing a lease"))?;
+        ops.push((Stmt::PurgeLease, vec![r.as_str().into()]));
     }
-    let mut purge_request = prepare("DELETE FROM requests WHERE id = ?1")?;
     for id in &changes.purged_requests {
-        let id = id.to_string();
-        purge_request
-            .execute([&id])
-            .map_err(sql("purging a request"))?;
-        clear_wants
-            .execute([&id])
-            .map_err(sql("purging a request"))?;
-        clear_nodes
-            .execute([&id])
-            .map_err(sql("purging a request"))?;
+        let id = Val::from(id.to_string());
+        ops.push((Stmt::PurgeRequest, vec![id.clone()]));
+        ops.push((Stmt::ClearWants, vec![id.clone()]));
+        ops.push((Stmt::ClearMembers, vec![id]));
     }
-    Ok(())
+    Ok(ops)
 }
