@@ -25,6 +25,7 @@
 //!   no two processes serve the same request.
 
 mod load;
+mod pg;
 mod rows;
 mod schema;
 #[cfg(test)]
@@ -41,6 +42,8 @@ use rusqlite::Connection;
 use berth_config::StoreSync;
 use berth_core::config::Config;
 use berth_core::pool::{Changes, Snapshot};
+
+pub use pg::PgStore;
 
 /// What a [`Store`] call returns: a future, since a store may be across a
 /// network (PostgreSQL); the embedded one is ready at once.
@@ -113,6 +116,20 @@ pub enum StoreError {
     Unwritable {
         path: String,
         source: std::io::Error,
+    },
+    /// A PostgreSQL statement, or the connection, failed; `doing` says what
+    /// for.
+    #[error("{doing}: {source}")]
+    Postgres {
+        doing: &'static str,
+        source: tokio_postgres::Error,
+    },
+    /// A PostgreSQL migration step failed; the database stays at `from`.
+    #[error("migrating the PostgreSQL store from schema version {from} to {to}: {source}")]
+    PostgresMigrate {
+        from: u32,
+        to: u32,
+        source: tokio_postgres::Error,
     },
     /// The WAL checkpoint thread could not be started.
     #[error("starting the store's checkpoint thread: {0}")]

@@ -12,7 +12,7 @@ use berth_core::config::Config;
 use berth_core::pool::{Changes, Packing};
 
 /// The statements a commit is made of, written once for every backend
-/// ([`Stmt::sql`]).
+/// ([`Stmt::sql`], [`Stmt::dollar_sql`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::EnumIter)]
 pub(super) enum Stmt {
     UpsertNode,
@@ -53,6 +53,14 @@ impl Stmt {
     pub fn sql(self) -> &'static str {
         static TEXTS: LazyLock<Vec<String>> =
             LazyLock::new(|| Stmt::iter().map(Stmt::text).collect());
+        &TEXTS[self as usize]
+    }
+
+    /// The same with `$1`-style placeholders (PostgreSQL's). No statement
+    /// has a `?` anywhere but in a placeholder.
+    pub fn dollar_sql(self) -> &'static str {
+        static TEXTS: LazyLock<Vec<String>> =
+            LazyLock::new(|| Stmt::iter().map(|s| s.text().replace('?', "$")).collect());
         &TEXTS[self as usize]
     }
 

@@ -1,0 +1,314 @@
+//! The PostgreSQL store: the same rows, the same commit and the same load as
+//! the embedded SQLite store (`write::plan`, `load::assemble`), over one
+//! `tokio-postgres` connection. Several berth processes can open one
+//! database; what keeps them from deciding the same thing twice (provider
+//! leases, conditional commits) is built on top of this.
+
+use std::sync::Arc;
+
+use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+use tokio_postgres::{Client, IsolationLevel, NoTls, Statement};
+
+use super::value::{Cells, Val};
+use super::{Loaded, Store, StoreError, StoreFuture, load, write};
+use berth_core::config::Config;
+use berth_core::pool::Changes;
+use strum::IntoEnumIterator;
+
+/// Schema steps, in order; step `i` takes the database to version `i + 1`,
+/// kept in `berth_schema`. A step that has shipped is never edited. The
+/// tables are SQLite's (see `schema::MIGRATIONS`) in PostgreSQL's types:
+/// integers are `BIGINT`, as [`Val::Int`] is.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE nodes (
+    id TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    instance_type TEXT NOT NULL,
+    vcpus BIGINT NOT NULL,
+    ram_mib BIGINT NOT NULL,
+    price DOUBLE PRECISION NOT NULL,
+    instance TEXT,
+    state TEXT NOT NULL,
+    since BIGINT NOT NULL,
+    attempt BIGINT NOT NULL DEFAULT 0,
+    request TEXT,
+    reason TEXT,
+    idle TEXT NOT NULL,
+    role TEXT NOT NULL,
+    slot_label TEXT,
+    slot_count BIGINT,
+    free_since BIGINT,
+    slot_backing TEXT,
+    slot_index BIGINT,
+    assigned TEXT,
+    created BIGINT NOT NULL,
+    endpoint TEXT,
+    version BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE slots (
+    backing TEXT NOT NULL,
+    idx BIGINT NOT NULL,
+    node TEXT NOT NULL UNIQUE,
+    PRIMARY KEY (backing, idx)
+);
+CREATE TABLE requests (
+    id TEXT PRIMARY KEY,
+    requestor TEXT NOT NULL,
+    priority BIGINT NOT NULL,
+    created BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    at BIGINT,
+    reason TEXT,
+    failures BIGINT NOT NULL DEFAULT 0,
+    version BIGINT NOT NULL DEFAULT 0
+);
+CREATE TABLE request_wants (
+    request TEXT NOT NULL,
+    position BIGINT NOT NULL,
+    label TEXT NOT NULL,
+    count BIGINT NOT NULL,
+    PRIMARY KEY (request, position),
+    UNIQUE (request, label)
+);
+CREATE TABLE request_nodes (
+    request TEXT NOT NULL,
+    position BIGINT NOT NULL,
+    node TEXT NOT NULL,
+    PRIMARY KEY (request, position)
+);
+CREATE TABLE leases (
+    requestor TEXT PRIMARY KEY,
+    expires BIGINT NOT NULL,
+    version BIGINT NOT NULL DEFAULT 0
+);
+"#];
+
+/// The advisory lock key that migrations hold, so that processes starting
+/// together migrate one after the other ("berth" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6265_7274_68;
+
+fn pg(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
+    move |source| StoreError::Postgres { doing, source }
+}
+
+/// The PostgreSQL store. It keeps the config it was opened with to name
+/// labels and providers in the rows it writes.
+pub struct PgStore {
+    client: Client,
+    config: Arc<Config>,
+    /// [`write::Stmt`]'s statements, prepared once, by `Stmt as usize`.
+    statements: Vec<Statement>,
+    connection: tokio::task::JoinHandle<()>,
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (`postgres://user@host:port/db`),
+    /// with `password` if the server asks for one, and brings its schema up
+    /// to date.
+    pub async fn connect(
+        url: &str,
+        password: Option<&str>,
+        config: Arc<Config>,
+    ) -> Result<PgStore, StoreError> {
+        let mut settings: tokio_postgres::Config =
+            url.parse().map_err(pg("reading the store's url"))?;
+        if let Some(p) = password {
+            settings.password(p);
+        }
+        settings.application_name("berth");
+        let (mut client, connection) = settings
+            .connect(NoTls)
+            .await
+            .map_err(pg("connecting to PostgreSQL"))?;
+        let connection = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::error!(error = %e, "the connection to PostgreSQL ended");
+            }
+        });
+        migrate(&mut client, MIGRATIONS).await?;
+        let mut statements = Vec::new();
+        for stmt in write::Stmt::iter() {
+            statements.push(
+                client
+                    .prepare(stmt.dollar_sql())
+                    .await
+                    .map_err(pg("preparing the store's statements"))?,
+            );
+        }
+        Ok(PgStore {
+            client,
+            config,
+            statements,
+            connection,
+        })
+    }
+
+    /// The schema version of the database.
+    pub async fn schema_version(&self) -> Result<u32, StoreError> {
+        version(&self.client).await
+    }
+
+    async fn load_now(&mut self, config: &Config) -> Result<Loaded, StoreError> {
+        // One snapshot for every table, as SQLite's one read transaction.
+        let tx = self
+            .client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(pg("starting a load"))?;
+        let mut tables = load::Tables::default();
+        for (q, query) in load::queries().iter().enumerate() {
+            let rows = tx
+                .query(query.as_str(), &[])
+                .await
+                .map_err(pg("reading the store"))?;
+            for row in &rows {
+                tables.read(q, row)?;
+            }
+        }
+        tx.commit().await.map_err(pg("ending a load"))?;
+        load::assemble(tables, config)
+    }
+
+    async fn commit_now(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        let ops = write::plan(&self.config, changes)?;
+        // Dropping the transaction on an error rolls it back.
+        let tx = self
+            .client
+            .transaction()
+            .await
+            .map_err(pg("starting a commit"))?;
+        for (stmt, vals) in &ops {
+            let params: Vec<&(dyn ToSql + Sync)> =
+                vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+            tx.execute(&self.statements[*stmt as usize], &params)
+                .await
+                .map_err(pg(stmt.doing()))?;
+        }
+        tx.commit().await.map_err(pg("committing"))
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
+}
+
+impl Store for PgStore {
+    fn load<'a>(&'a mut self, config: &'a Config) -> StoreFuture<'a, Loaded> {
+        Box::pin(self.load_now(config))
+    }
+
+    fn commit<'a>(&'a mut self, changes: &'a Changes) -> StoreFuture<'a, ()> {
+        Box::pin(self.commit_now(changes))
+    }
+}
+
+async fn version(client: &Client) -> Result<u32, StoreError> {
+    let doing = "reading the schema version";
+    let row = client
+        .query_opt("SELECT version FROM berth_schema", &[])
+        .await;
+    match row {
+        Ok(Some(row)) => {
+            let v: i64 = row.try_get(0).map_err(pg(doing))?;
+            Ok(u32::try_from(v).unwrap_or(u32::MAX))
+        }
+        Ok(None) => Ok(0),
+        // No `berth_schema` table yet: a new database.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => Ok(0),
+        Err(e) => Err(pg(doing)(e)),
+    }
+}
+
+/// Applies the steps the database does not have yet, each in its own
+/// transaction with its version bump, under an advisory lock so that
+/// processes starting together take turns. A database newer than `steps` is
+/// refused, as SQLite's is.
+async fn migrate(client: &mut Client, steps: &[&str]) -> Result<(), StoreError> {
+    let known = u32::try_from(steps.len()).unwrap_or(u32::MAX);
+    loop {
+        let tx = client
+            .transaction()
+            .await
+            .map_err(pg("starting a migration"))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(pg("waiting for the migration lock"))?;
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS berth_schema (version BIGINT NOT NULL)")
+            .await
+            .map_err(pg("creating the schema version table"))?;
+        let found: Option<i64> = tx
+            .query_opt("SELECT version FROM berth_schema", &[])
+            .await
+            .map_err(pg("reading the schema version"))?
+            .map(|r| r.get(0));
+        let found = u32::try_from(found.unwrap_or(0)).unwrap_or(u32::MAX);
+        if found > known {
+            return Err(StoreError::TooNew { found, known });
+        }
+        if found == known {
+            tx.commit().await.map_err(pg("ending the migration"))?;
+            return Ok(());
+        }
+        let to = found + 1;
+        let err = |source| StoreError::PostgresMigrate {
+            from: found,
+            to,
+            source,
+        };
+        tx.batch_execute(steps[found as usize]).await.map_err(err)?;
+        tx.execute("DELETE FROM berth_schema", &[])
+            .await
+            .map_err(err)?;
+        tx.execute(
+            "INSERT INTO berth_schema (version) VALUES ($1)",
+            &[&i64::from(to)],
+        )
+        .await
+        .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+    }
+}
+
+impl Cells for tokio_postgres::Row {
+    fn int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        self.try_get(i).map_err(pg("reading a row"))
+    }
+
+    fn real(&self, i: usize) -> Result<Option<f64>, StoreError> {
+        self.try_get(i).map_err(pg("reading a row"))
+    }
+
+    fn text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        self.try_get(i).map_err(pg("reading a row"))
+    }
+}
+
+impl ToSql for Val {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        // Each value goes only into a column of its own kind: an integer
+        // written as text bytes would be read back as something else.
+        match self {
+            Val::Null => Ok(IsNull::Yes),
+            Val::Int(i) if <i64 as ToSql>::accepts(ty) => i.to_sql(ty, out),
+            Val::Real(f) if <f64 as ToSql>::accepts(ty) => f.to_sql(ty, out),
+            Val::Text(s) if <String as ToSql>::accepts(ty) => s.to_sql(ty, out),
+            v => Err(format!("{v:?} does not go into a {ty} column").into()),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <i64 as ToSql>::accepts(ty) || <f64 as ToSql>::accepts(ty) || <String as ToSql>::accepts(ty)
+    }
+
+    to_sql_checked!();
+}
