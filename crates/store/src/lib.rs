@@ -119,13 +119,16 @@ pub enum StoreError {
     },
     /// A PostgreSQL statement, or the connection, failed; `doing` says what
     /// for.
-    #[error("{doing}: {source}")]
+    #[error("{doing}: {}", pg::describe(.source))]
     Postgres {
         doing: &'static str,
         source: tokio_postgres::Error,
     },
     /// A PostgreSQL migration step failed; the database stays at `from`.
-    #[error("migrating the PostgreSQL store from schema version {from} to {to}: {source}")]
+    #[error(
+        "migrating the PostgreSQL store from schema version {from} to {to}: {}",
+        pg::describe(.source)
+    )]
     PostgresMigrate {
         from: u32,
         to: u32,

@@ -19,7 +19,7 @@ use strum::IntoEnumIterator;
 /// kept in `berth_schema`. A step that has shipped is never edited. The
 /// tables are SQLite's (see `schema::MIGRATIONS`) in PostgreSQL's types:
 /// integers are `BIGINT`, as [`Val::Int`] is.
-const MIGRATIONS: &[&str] = &[r#"
+pub(super) const MIGRATIONS: &[&str] = &[r#"
 CREATE TABLE nodes (
     id TEXT PRIMARY KEY,
     label TEXT NOT NULL,
@@ -88,6 +88,25 @@ CREATE TABLE leases (
 /// together migrate one after the other ("berth" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6265_7274_68;
 
+/// A driver error in one line, with what the server said: its own
+/// `Display` is only "db error" for everything the server refused.
+pub(super) fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut text = format!("{}: {}", db.severity(), db.message());
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!(" ({detail})"));
+        }
+        return text;
+    }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
 fn pg(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |source| StoreError::Postgres { doing, source }
 }
@@ -142,6 +161,17 @@ impl PgStore {
             statements,
             connection,
         })
+    }
+
+    /// The connection, for tests that look under the store.
+    #[cfg(test)]
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    #[cfg(test)]
+    pub(super) fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
     }
 
     /// The schema version of the database.
@@ -229,7 +259,7 @@ async fn version(client: &Client) -> Result<u32, StoreError> {
 /// transaction with its version bump, under an advisory lock so that
 /// processes starting together take turns. A database newer than `steps` is
 /// refused, as SQLite's is.
-async fn migrate(client: &mut Client, steps: &[&str]) -> Result<(), StoreError> {
+pub(super) async fn migrate(client: &mut Client, steps: &[&str]) -> Result<(), StoreError> {
     let known = u32::try_from(steps.len()).unwrap_or(u32::MAX);
     loop {
         let tx = client
