@@ -9,6 +9,7 @@ mod http_edge;
 mod in_berth;
 mod layers;
 mod openapi;
+mod pg_store;
 mod pool;
 mod power_loss;
 mod sandbox;

@@ -79,10 +79,32 @@ impl std::ops::Index<ProviderIx> for Settings {
 }
 
 /// The pool's store (`[store]`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct StoreSettings {
-    /// How far a commit is made durable before berth acts on it (`sync`).
+    /// How far a commit to the embedded store is made durable before berth
+    /// acts on it (`sync`).
     pub sync: StoreSync,
+    /// A PostgreSQL database in place of the embedded SQLite store (`url`).
+    pub postgres: Option<Postgres>,
+}
+
+/// Where the PostgreSQL store is and how berth logs in to it.
+#[derive(Clone, Debug)]
+pub struct Postgres {
+    /// `postgres://USER@HOST:PORT/DATABASE?OPTIONS`, with no password in it.
+    pub url: String,
+    /// The password, if the server asks for one.
+    pub password: Option<Password>,
+}
+
+/// Where the PostgreSQL password comes from.
+#[derive(Clone, Debug)]
+pub enum Password {
+    /// `password = "${NAME}"`, read from the environment at start.
+    Value(Secret),
+    /// `password-file`: the file's first line, read at each connect, so a
+    /// rotated password is used from the next connection on.
+    File(PathBuf),
 }
 
 /// How far a commit is made durable before berth acts on it or answers.

@@ -224,9 +224,22 @@ fn index_value(
     }
 }
 
-/// Problems a checked config has on this machine: driver files missing.
+/// Problems a checked config has on this machine: driver files or the
+/// store's password file missing.
 pub fn check_files(config: &Settings) -> Vec<Problem> {
     let mut problems = Vec::new();
+    if let Some(Postgres {
+        password: Some(Password::File(file)),
+        ..
+    }) = &config.store.postgres
+        && let Err(e) = std::fs::File::open(file)
+    {
+        problems.push(Problem {
+            path: "store.password-file".into(),
+            message: format!("cannot read {}: {e}", file.display()),
+            location: None,
+        });
+    }
     for (p, d) in config.pool.providers.iter().zip(&config.drivers) {
         let shown = d.driver.display();
         let message = match std::fs::metadata(&d.driver) {
@@ -569,7 +582,7 @@ impl Walker<'_> {
             None => (Api::default(), Config::DEFAULT_LEASE_TTL),
         };
         let store = match self.table(&mut s, "store") {
-            Some(t) => self.store(t),
+            Some(t) => self.store(t, base),
             None => StoreSettings::default(),
         };
         self.finish(s);
@@ -636,9 +649,10 @@ impl Walker<'_> {
         }
     }
 
-    fn store(&mut self, t: &Table) -> StoreSettings {
+    fn store(&mut self, t: &Table, base: &Path) -> StoreSettings {
         let mut s = Section::new("store".into(), t);
-        let sync = match self.string(&mut s, "sync").as_deref() {
+        let sync_text = self.string(&mut s, "sync");
+        let sync = match sync_text.as_deref() {
             None | Some("full") => StoreSync::Full,
             Some("normal") => StoreSync::Normal,
             Some(other) => {
@@ -649,8 +663,114 @@ impl Walker<'_> {
                 StoreSync::Full
             }
         };
+        let url = self.string(&mut s, "url");
+        let password = self.secret(&mut s, "password", false);
+        let password_file = self.string(&mut s, "password-file");
+        let postgres = match url {
+            None => {
+                for key in ["password", "password-file"] {
+                    if t.contains_key(key) {
+                        self.problem(s.at(key), "only a PostgreSQL store (`url`) has a password");
+                    }
+                }
+                None
+            }
+            Some(url) => {
+                if sync_text.is_some() {
+                    self.problem(
+                        "store.sync",
+                        "applies to the embedded store only; a PostgreSQL server's durability \
+                         is its own `synchronous_commit` setting",
+                    );
+                }
+                self.postgres_url(&s.at("url"), &url);
+                let password = match (password, password_file) {
+                    (Some(_), Some(_)) => {
+                        self.problem(
+                            s.at("password-file"),
+                            "give `password` or `password-file`, not both",
+                        );
+                        None
+                    }
+                    (Some(p), None) => Some(Password::Value(p)),
+                    (None, Some(f)) => Some(Password::File(base.join(f))),
+                    (None, None) => None,
+                };
+                Some(Postgres { url, password })
+            }
+        };
         self.finish(s);
-        StoreSettings { sync }
+        StoreSettings { sync, postgres }
+    }
+
+    /// Checks a PostgreSQL url: the scheme, a user and a host, and no
+    /// password in it.
+    fn postgres_url(&mut self, at: &str, text: &str) {
+        let url = match url::Url::parse(text) {
+            Ok(u) => u,
+            Err(e) => {
+                return self.problem(
+                    at,
+                    format!("`{text}` is not a url such as postgres://berth@db.example/berth: {e}"),
+                );
+            }
+        };
+        if !matches!(url.scheme(), "postgres" | "postgresql") {
+            return self.problem(
+                at,
+                format!(
+                    "`{}:` is not a PostgreSQL url; it starts with postgres://",
+                    url.scheme()
+                ),
+            );
+        }
+        if url.password().is_some() {
+            // Not echoed: the text holds the password.
+            return self.problem(
+                at,
+                "holds a password, which whoever reads this file would see; \
+                 give it as password = \"${NAME}\" or password-file",
+            );
+        }
+        if url.username().is_empty() {
+            self.problem(at, "names no user, as in postgres://USER@HOST/DATABASE");
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            self.problem(at, "names no host, as in postgres://USER@HOST/DATABASE");
+        }
+        for (key, value) in url.query_pairs() {
+            if key == "password" {
+                self.problem(
+                    at,
+                    "holds a password, which whoever reads this file would see; \
+                     give it as password = \"${NAME}\" or password-file",
+                );
+            } else if key == "sslmode" && !matches!(&*value, "disable" | "prefer") {
+                self.problem(
+                    at,
+                    format!("sslmode={value}: this berth connects to PostgreSQL without TLS"),
+                );
+            }
+        }
+    }
+
+    /// A secret: a string that must come from the environment (`${NAME}`),
+    /// since a config file is read by more people than a process's
+    /// environment.
+    fn secret(&mut self, s: &mut Section<'_>, key: &'static str, required: bool) -> Option<Secret> {
+        let v = if required {
+            self.required_string(s, key)
+        } else {
+            self.string(s, key)
+        }?;
+        if !v.contains("${") {
+            self.problem(
+                s.at(key),
+                "must come from the environment, e.g. \"${NAME}\", not be written in the file",
+            );
+            return None;
+        }
+        Some(Secret::new(self.interpolate(&s.at(key), &v)))
     }
 
     /// `[api]`, and the pool's lease TTL that it holds.
@@ -925,23 +1045,7 @@ impl Walker<'_> {
                 ),
             );
         }
-        // A secret comes from the environment only: a config file is read
-        // by more people than a process's environment.
-        let secret = |w: &mut Self, s: &mut Section<'_>, key: &'static str, required: bool| {
-            let v = if required {
-                w.required_string(s, key)
-            } else {
-                w.string(s, key)
-            }?;
-            if !v.contains("${") {
-                w.problem(
-                    s.at(key),
-                    "must come from the environment, e.g. \"${NAME}\", not be written in the file",
-                );
-                return None;
-            }
-            Some(Secret::new(w.interpolate(&s.at(key), &v)))
-        };
+        let secret = Self::secret;
         let kind = self.required_string(&mut s, "kind");
         let auth = match kind.as_deref() {
             Some("aws-sigv4") => {

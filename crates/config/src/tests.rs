@@ -375,7 +375,8 @@ fn load_resolves_against_the_file_and_check_files_finds_missing_drivers() {
     std::fs::write(
         &file,
         "pool-id = \"p\"\n[providers.a]\ndriver = \"there.wasm\"\n\
-         [providers.b]\ndriver = \"gone.wasm\"\n[providers.c]\ndriver = \".\"",
+         [providers.b]\ndriver = \"gone.wasm\"\n[providers.c]\ndriver = \".\"\n\
+         [store]\nurl = \"postgres://berth@db/berth\"\npassword-file = \"pgpass\"",
     )
     .unwrap();
     let c = load(&file).expect("valid");
@@ -387,6 +388,10 @@ fn load_resolves_against_the_file_and_check_files_finds_missing_drivers() {
     assert_eq!(
         problems,
         [
+            format!(
+                "store.password-file: cannot read {}: No such file or directory (os error 2)",
+                dir.path().join("pgpass").display()
+            ),
             format!("providers.b.driver: no such file: {}", gone.display()),
             format!("providers.c.driver: not a file: {}", not_file.display()),
         ]
@@ -545,4 +550,88 @@ fn credential_problems() {
         &CREDENTIALED.replace("${CI_TOKEN}", "${NOPE}"),
         &[("providers.ec2.credentials[1].token", "NOPE is not set")],
     );
+}
+
+#[test]
+fn a_postgres_store_takes_its_password_from_the_environment_or_a_file() {
+    let text = "pool-id = \"p\"\n[store]\nurl = \"postgres://berth@db.example:5433/pool\"\n\
+                password = \"${SIM_TOKEN}\"";
+    let c = parse(text, Path::new("/etc/berth"), &env).expect("valid");
+    let pg = c.store.postgres.as_ref().expect("postgres");
+    assert_eq!(pg.url, "postgres://berth@db.example:5433/pool");
+    match &pg.password {
+        Some(Password::Value(p)) => assert_eq!(p.expose(), "s3cret-value"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!format!("{c:?}").contains("s3cret-value"));
+
+    let text = "pool-id = \"p\"\n[store]\nurl = \"postgresql://berth@127.0.0.1/berth\"\n\
+                password-file = \"secrets/db\"";
+    let c = parse(text, Path::new("/etc/berth"), &env).expect("valid");
+    match &c.store.postgres.as_ref().unwrap().password {
+        Some(Password::File(f)) => assert_eq!(f, Path::new("/etc/berth/secrets/db")),
+        other => panic!("{other:?}"),
+    }
+    // No [store], or no url: the embedded store.
+    let c = parse("pool-id = \"p\"", Path::new("."), &env).unwrap();
+    assert!(c.store.postgres.is_none());
+}
+
+#[test]
+fn postgres_store_problems() {
+    let at = |url: &str, rest: &str| format!("pool-id = \"p\"\n[store]\nurl = \"{url}\"\n{rest}");
+    check(
+        &at("postgres://berth:hunter2@db/berth", ""),
+        &[("store.url", "holds a password")],
+    );
+    check(
+        &at("postgres://berth@db/berth?password=hunter2", ""),
+        &[("store.url", "holds a password")],
+    );
+    check(
+        &at("mysql://berth@db/berth", ""),
+        &[("store.url", "not a PostgreSQL url")],
+    );
+    check(&at("db.example", ""), &[("store.url", "not a url")]);
+    check(
+        &at("postgres://db/berth", ""),
+        &[("store.url", "names no user")],
+    );
+    check(
+        &at("postgres://berth@db/berth?sslmode=require", ""),
+        &[("store.url", "without TLS")],
+    );
+    check(
+        &at(
+            "postgres://berth@db/berth",
+            "password = \"hunter2\"\nsync = \"full\"",
+        ),
+        &[
+            ("store.password", "must come from the environment"),
+            ("store.sync", "synchronous_commit"),
+        ],
+    );
+    check(
+        &at("postgres://berth@db/berth", "password = \"${NOPE}\""),
+        &[("store.password", "NOPE is not set")],
+    );
+    check(
+        &at(
+            "postgres://berth@db/berth",
+            "password = \"${SIM_TOKEN}\"\npassword-file = \"f\"",
+        ),
+        &[("store.password-file", "not both")],
+    );
+    check(
+        "pool-id = \"p\"\n[store]\npassword-file = \"f\"",
+        &[("store.password-file", "only a PostgreSQL store")],
+    );
+    // The password in a refused url is not repeated in the problem.
+    let e = parse(
+        &at("postgres://berth:hunter2@db/berth", ""),
+        Path::new("."),
+        &env,
+    )
+    .unwrap_err();
+    assert!(!e.to_string().contains("hunter2"), "{e}");
 }

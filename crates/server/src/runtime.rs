@@ -28,7 +28,7 @@ use berth_core::pool::{
     RequestId, RequestState, Time,
 };
 use berth_plugin::{CallError, CallErrorKind, DriverState, Runtime, RuntimeConfig};
-use berth_store::{SqliteStore, Store, StoreError};
+use berth_store::{PgStore, SqliteStore, Store, StoreError};
 
 pub use commands::{Caller, Change, Done};
 pub use providers::{BoxFuture, Cloud, Health, LoadedDriver, Providers};
@@ -433,9 +433,20 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     // The store first: opening it checks that the state directory can be
     // written (a read-only or full one is a clear error now, not a failed
     // commit later), before any driver starts loading.
-    let path = state_dir.join("berth.db");
-    let mut store = SqliteStore::open(&path, config.clone(), settings.store.sync)
-        .with_context(|| format!("opening the store {}", path.display()))?;
+    let mut store: Box<dyn Store> = match &settings.store.postgres {
+        None => {
+            let path = state_dir.join("berth.db");
+            let store = SqliteStore::open(&path, config.clone(), settings.store.sync)
+                .with_context(|| format!("opening the store {}", path.display()))?;
+            Box::new(store)
+        }
+        Some(pg) => {
+            let store = PgStore::open(pg, config.clone())
+                .await
+                .with_context(|| format!("opening the PostgreSQL store {}", pg.url))?;
+            Box::new(store)
+        }
+    };
     let loaded = store.load(&config).await.context("loading the store")?;
     let runtime = Runtime::new(RuntimeConfig {
         cache_dir: Some(state_dir.join("cache")),
@@ -461,7 +472,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     );
     let parts = Parts {
         providers,
-        store: Box::new(store),
+        store,
         clock,
         observer: options.observer.unwrap_or_else(|| Arc::new(Deaf)),
     };

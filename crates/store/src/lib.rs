@@ -119,21 +119,35 @@ pub enum StoreError {
     },
     /// A PostgreSQL statement, or the connection, failed; `doing` says what
     /// for.
-    #[error("{doing}: {}", pg::describe(.source))]
+    /// (The driver's error is described in the message and not given as a
+    /// source: its own chain would repeat the server's words.)
+    #[error("{doing}: {}", pg::describe(.error))]
     Postgres {
         doing: &'static str,
-        source: tokio_postgres::Error,
+        error: tokio_postgres::Error,
     },
     /// A PostgreSQL migration step failed; the database stays at `from`.
     #[error(
         "migrating the PostgreSQL store from schema version {from} to {to}: {}",
-        pg::describe(.source)
+        pg::describe(.error)
     )]
     PostgresMigrate {
         from: u32,
         to: u32,
-        source: tokio_postgres::Error,
+        error: tokio_postgres::Error,
     },
+    /// The PostgreSQL password file could not be read.
+    #[error("reading the PostgreSQL password file {path}: {source}")]
+    PasswordFile {
+        path: String,
+        source: std::io::Error,
+    },
+    /// Another berth process uses the PostgreSQL database.
+    #[error(
+        "another berth process uses this PostgreSQL database ({holder}); \
+         one process per pool database until providers are leased to processes"
+    )]
+    Taken { holder: String },
     /// The WAL checkpoint thread could not be started.
     #[error("starting the store's checkpoint thread: {0}")]
     Checkpointer(String),

@@ -84,6 +84,14 @@ CREATE TABLE leases (
 );
 "#];
 
+/// The advisory lock key that the one berth process using a database holds
+/// for as long as its connection lives ("berth-1" in ASCII).
+const SOLE_WRITER_LOCK: i64 = 0x6265_7274_682d_31;
+
+/// How long a connection attempt may take, unless the url's
+/// `connect_timeout` says otherwise.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The advisory lock key that migrations hold, so that processes starting
 /// together migrate one after the other ("berth" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6265_7274_68;
@@ -108,7 +116,7 @@ pub(super) fn describe(e: &tokio_postgres::Error) -> String {
 }
 
 fn pg(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
-    move |source| StoreError::Postgres { doing, source }
+    move |error| StoreError::Postgres { doing, error }
 }
 
 /// The PostgreSQL store. It keeps the config it was opened with to name
@@ -122,6 +130,31 @@ pub struct PgStore {
 }
 
 impl PgStore {
+    /// Opens the store that `[store]` names for `berth serve`: connects with
+    /// the configured password (a `password-file` is read now), brings the
+    /// schema up to date, and takes the database for this process alone
+    /// ([`PgStore::hold_alone`]).
+    pub async fn open(
+        settings: &berth_config::Postgres,
+        config: Arc<Config>,
+    ) -> Result<PgStore, StoreError> {
+        let password = match &settings.password {
+            None => None,
+            Some(berth_config::Password::Value(p)) => Some(p.expose().to_owned()),
+            Some(berth_config::Password::File(path)) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| StoreError::PasswordFile {
+                        path: path.display().to_string(),
+                        source,
+                    })?;
+                Some(text.lines().next().unwrap_or_default().to_owned())
+            }
+        };
+        let store = PgStore::connect(&settings.url, password.as_deref(), config).await?;
+        store.hold_alone().await?;
+        Ok(store)
+    }
+
     /// Connects to the database at `url` (`postgres://user@host:port/db`),
     /// with `password` if the server asks for one, and brings its schema up
     /// to date.
@@ -136,6 +169,9 @@ impl PgStore {
             settings.password(p);
         }
         settings.application_name("berth");
+        if settings.get_connect_timeout().is_none() {
+            settings.connect_timeout(CONNECT_TIMEOUT);
+        }
         let (mut client, connection) = settings
             .connect(NoTls)
             .await
@@ -160,6 +196,46 @@ impl PgStore {
             config,
             statements,
             connection,
+        })
+    }
+
+    /// Takes the database for this process alone, for as long as this
+    /// connection lives, or fails at once if another process has it. Until
+    /// providers are leased to processes one by one, two berth processes
+    /// deciding on one pool would launch and hand out the same things twice.
+    pub async fn hold_alone(&self) -> Result<(), StoreError> {
+        let row = self
+            .client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&SOLE_WRITER_LOCK])
+            .await
+            .map_err(pg("taking the database's lock"))?;
+        if row.get::<_, bool>(0) {
+            return Ok(());
+        }
+        let holder = self
+            .client
+            .query_opt(
+                "SELECT a.application_name, a.client_addr::text, a.pid \
+                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.locktype = 'advisory' AND l.granted \
+                 AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid",
+                &[&SOLE_WRITER_LOCK],
+            )
+            .await
+            .ok()
+            .flatten()
+            .map(|r| {
+                let app: Option<String> = r.get(0);
+                let addr: Option<String> = r.get(1);
+                let pid: i32 = r.get(2);
+                format!(
+                    "{} from {} (server process {pid})",
+                    app.unwrap_or_default(),
+                    addr.unwrap_or_else(|| "a local socket".into())
+                )
+            });
+        Err(StoreError::Taken {
+            holder: holder.unwrap_or_else(|| "another connection".into()),
         })
     }
 
@@ -286,10 +362,10 @@ pub(super) async fn migrate(client: &mut Client, steps: &[&str]) -> Result<(), S
             return Ok(());
         }
         let to = found + 1;
-        let err = |source| StoreError::PostgresMigrate {
+        let err = |error| StoreError::PostgresMigrate {
             from: found,
             to,
-            source,
+            error,
         };
         tx.batch_execute(steps[found as usize]).await.map_err(err)?;
         tx.execute("DELETE FROM berth_schema", &[])

@@ -1222,3 +1222,29 @@ async fn postgres_a_wrong_password_is_refused_saying_so() {
         Ok(_) => panic!("connected with a wrong password"),
     }
 }
+
+#[tokio::test]
+async fn postgres_one_process_holds_a_database_until_its_connection_ends() {
+    let (first, url) = pg_fresh().await;
+    first.hold_alone().await.unwrap();
+    // Again on the same connection: it still holds it.
+    first.hold_alone().await.unwrap();
+    let second = PgStore::connect(&url, None, Arc::new(config()))
+        .await
+        .unwrap();
+    match second.hold_alone().await {
+        Err(e @ StoreError::Taken { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("berth from 127.0.0.1"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The holder's connection ends (the process died): the lock goes with
+    // it, as soon as the server sees the socket close.
+    drop(first);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while let Err(e) = second.hold_alone().await {
+        assert!(std::time::Instant::now() < deadline, "still taken: {e}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
