@@ -178,3 +178,128 @@ async fn a_wrong_password_ends_the_start_naming_the_database() {
     assert!(log.contains("password authentication failed"), "{log}");
     assert!(!log.contains("not-the-password"), "{log}");
 }
+
+/// PostgreSQL stopped as by a crash under a running `berth serve`: berth
+/// calls no cloud while it is down, answers changes 503 `store_unavailable`
+/// with `Retry-After`, and once the server is back reloads the pool from it
+/// and serves again, with every instance of the cloud still one of its
+/// nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_stops_every_cloud_call_until_it_ends() {
+    let cluster = PgCluster::start(&workspace());
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("pgpass"), cluster.password()).unwrap();
+    let bare = cluster
+        .url()
+        .replacen(&format!("berth:{}@", cluster.password()), "berth@", 1);
+    let store = format!("[store]\nurl = {bare:?}\npassword-file = \"pgpass\"\n");
+    let cfg = config(&sim, dir.path(), &store);
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let before = server.request(CI, &[("small", 1)]).await;
+    server.fulfilled(CI, &before.id).await;
+
+    cluster.stop_immediate();
+    let calls_at_outage = sim.cloud.calls().len();
+    // Idle for 2.5 s: with a sync interval of 1 s, lists are due, and find
+    // the store gone before they reach the cloud.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // A change finds the store gone.
+    let body = serde_json::json!({"labels": {"small": 1}});
+    until(30, "a 503 store_unavailable", || async {
+        let (s, e) = server
+            .call("POST", "/v1/requests", Some(CI), Some(body.clone()))
+            .await;
+        (s == 503 && e["error"]["code"] == "store_unavailable").then_some(())
+    })
+    .await;
+    // Down for 3 s more, with a client asking all along: every change
+    // refused, not one call to the cloud.
+    let down = std::time::Instant::now();
+    while down.elapsed() < Duration::from_secs(3) {
+        let (s, e) = server
+            .call("POST", "/v1/requests", Some(CI), Some(body.clone()))
+            .await;
+        assert_eq!(
+            (s, e["error"]["code"].as_str()),
+            (503, Some("store_unavailable")),
+            "{e}"
+        );
+        assert_eq!(server.call("GET", "/readyz", None, None).await.0, 503);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let head = response_head(
+        &server.base,
+        &format!(
+            "POST /v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CI}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.to_string().len()
+        ),
+    )
+    .await
+    .to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 503"), "{head}");
+    assert!(head.contains("\r\nretry-after: 1\r\n"), "{head}");
+    let new_calls: Vec<String> = sim.cloud.calls()[calls_at_outage..]
+        .iter()
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect();
+    assert_eq!(
+        new_calls,
+        Vec::<String>::new(),
+        "cloud calls while the store was down"
+    );
+
+    cluster.start_again();
+    until(30, "ready again", || async {
+        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
+    })
+    .await;
+    let after = server.request(CI, &[("small", 1)]).await;
+    server.fulfilled(CI, &after.id).await;
+    // The request fulfilled before the outage still holds its node.
+    let (_, r) = server
+        .call(
+            "GET",
+            &format!("/v1/requests/{}", before.id),
+            Some(CI),
+            None,
+        )
+        .await;
+    assert_eq!(r["state"], "fulfilled", "{r}");
+    until(
+        30,
+        "berth's nodes and the cloud's instances agree",
+        || async {
+            let mut known: Vec<String> = nodes(&server)
+                .await
+                .iter()
+                .filter(|n| !matches!(n["state"].as_str(), Some("gone" | "failed")))
+                .filter_map(|n| n["instance"].as_str().map(str::to_owned))
+                .collect();
+            known.sort();
+            (known == live_instances(&sim)).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        server
+            .log_text()
+            .contains("the store is back; the pool is reloaded"),
+        "{}",
+        server.log_text()
+    );
+    server.terminate().await.assert_success();
+}
+
+/// The status line and headers of the answer to `request`.
+async fn response_head(base: &str, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.strip_prefix("http://").expect("http url");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    text.split("\r\n\r\n").next().unwrap_or_default().to_owned()
+}

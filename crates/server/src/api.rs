@@ -387,7 +387,7 @@ impl IntoResponse for ApiError {
                 header::HeaderValue::from_static("Bearer realm=\"berth\""),
             );
         }
-        if self.code == "busy" {
+        if matches!(self.code, "busy" | "store_unavailable") {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
@@ -407,6 +407,11 @@ impl From<ServiceError> for ApiError {
             ServiceError::StoreFailed(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unwritable", message)
             }
+            ServiceError::StoreUnavailable(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                message,
+            ),
             ServiceError::Refused(Refused::Empty) => ApiError::bad("labels", message),
             ServiceError::Refused(Refused::DuplicateLabel(_)) => ApiError::bad("labels", message),
             ServiceError::Refused(Refused::TooMany { .. }) => {

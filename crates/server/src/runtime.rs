@@ -86,6 +86,10 @@ pub enum ServiceError {
     /// was asked is not done.
     #[error("the store could not be written ({0}); nothing was changed")]
     StoreFailed(Arc<str>),
+    /// The store is out of reach (its server stopped, the network broke):
+    /// the pool decides nothing until it is back; try again shortly.
+    #[error("the store is out of reach ({0}); nothing was changed; try again shortly")]
+    StoreUnavailable(Arc<str>),
 }
 
 /// Why a pool's task ended with an error.
@@ -187,7 +191,12 @@ pub struct Handle {
     /// Why the pool's task ended, if it ended by itself; a command sent
     /// after that is answered with it rather than a plain `Stopped`.
     ended: Arc<OnceLock<ServiceError>>,
+    /// Set while the store is out of reach ([`ServiceError::StoreUnavailable`]).
+    down: Down,
 }
+
+/// Why the pool decides nothing for now, while it does not.
+type Down = Arc<std::sync::Mutex<Option<ServiceError>>>;
 
 impl Handle {
     pub fn config(&self) -> &Arc<Config> {
@@ -245,6 +254,9 @@ impl Handle {
 
     /// Why a command could not reach the pool.
     fn gone(&self) -> ServiceError {
+        if let Some(down) = self.down.lock().ok().and_then(|d| d.clone()) {
+            return down;
+        }
         self.ended.get().cloned().unwrap_or(ServiceError::Stopped)
     }
 
@@ -343,8 +355,10 @@ impl Service {
         let (stop_tx, stop_rx) = oneshot::channel();
         let config = pool.config().clone();
         let ended = Arc::new(OnceLock::new());
+        let down = Down::default();
         let run = Loop {
             ended: ended.clone(),
+            down: down.clone(),
             pool,
             providers: parts.providers.clone(),
             store: parts.store,
@@ -363,6 +377,7 @@ impl Service {
                 config,
                 providers: parts.providers,
                 ended,
+                down,
             },
             task,
             outcome: None,
@@ -482,6 +497,8 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
 struct Loop {
     /// Shared with every [`Handle`]: why the task ended, if by itself.
     ended: Arc<OnceLock<ServiceError>>,
+    /// Shared with every [`Handle`]: set while the store is out of reach.
+    down: Down,
     pool: Pool,
     providers: Arc<Providers>,
     store: Box<dyn Store>,
@@ -497,6 +514,11 @@ struct Loop {
     /// Driver calls started whose outcome has not come back.
     in_flight: usize,
 }
+
+/// The first wait before connecting to a lost store again; it doubles up
+/// to [`RECONNECT_MAX`].
+const RECONNECT_FIRST: Duration = Duration::from_millis(250);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
 /// Commands and outcomes taken in one batch before the store is written:
 /// enough to amortise a commit under load, few enough to keep latency low.
@@ -526,9 +548,22 @@ impl Loop {
         stop: oneshot::Receiver<Duration>,
     ) -> Result<(), PoolError> {
         let mut inbox = Inbox { commands, outcomes };
-        let outcome = match self.serve(&mut inbox, stop).await {
-            Ok(grace) => self.drain(&mut inbox, grace).await,
-            Err(e) => Err(e),
+        let mut stop = stop;
+        let outcome = loop {
+            match self.serve(&mut inbox, &mut stop).await {
+                Ok(grace) => break self.drain(&mut inbox, grace).await,
+                Err(e) if e.is_lost() => match self.reconnect(&mut inbox, &mut stop, e).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Stopped while the store was away: nothing was in
+                        // flight that the next start does not resolve.
+                        inbox.close(&ServiceError::Stopped);
+                        return Ok(());
+                    }
+                    Err(e) => break Err(e),
+                },
+                Err(e) => break Err(e),
+            }
         };
         match outcome {
             Ok(()) => Ok(()),
@@ -540,7 +575,7 @@ impl Loop {
     async fn serve(
         &mut self,
         inbox: &mut Inbox,
-        mut stop: oneshot::Receiver<Duration>,
+        stop: &mut oneshot::Receiver<Duration>,
     ) -> Result<Duration, StoreError> {
         // The first step is owed at once (the first lists, prewarming): a
         // pool nobody talks to must not wait for an event to start.
@@ -549,7 +584,7 @@ impl Loop {
             let wake = self.pool.next_wakeup().map(|t| self.clock.instant(t));
             tokio::select! {
                 biased;
-                g = &mut stop => break g.unwrap_or(Duration::ZERO),
+                g = &mut *stop => break g.unwrap_or(Duration::ZERO),
                 Some(o) = inbox.outcomes.recv() => self.outcome(o),
                 c = inbox.commands.recv() => match c {
                     Some(c) => self.command(c),
@@ -588,6 +623,80 @@ impl Loop {
         inbox.close(&failed);
         self.waiters.clear();
         PoolError::Store(e)
+    }
+
+    /// The store is out of reach: nothing is decided, sent to a cloud or
+    /// answered as done until it is back. What changed in memory since the
+    /// last commit is given up (its effects were never started, its
+    /// commands are answered `StoreUnavailable`), and once the store
+    /// answers again the pool is reloaded from it, as after a restart.
+    /// Calls in flight are forgotten: their outcomes go to a channel nobody
+    /// reads, and their stored intents are resolved by the first lists.
+    /// Returns false if told to stop meanwhile; an error other than the
+    /// store being out of reach ends the pool as [`Loop::fail`] says.
+    async fn reconnect(
+        &mut self,
+        inbox: &mut Inbox,
+        stop: &mut oneshot::Receiver<Duration>,
+        lost: StoreError,
+    ) -> Result<bool, StoreError> {
+        tracing::error!(
+            error = %lost,
+            "the store is out of reach: deciding nothing and calling no cloud until it is back"
+        );
+        let why = ServiceError::StoreUnavailable(lost.to_string().into());
+        if let Ok(mut down) = self.down.lock() {
+            *down = Some(why.clone());
+        }
+        for (answer, _) in self.replies.drain(..) {
+            answer(Err(why.clone()));
+        }
+        self.effects.clear();
+        self.waiters.clear();
+        let (outcomes, fresh) = mpsc::unbounded_channel();
+        self.outcomes = outcomes;
+        inbox.outcomes = fresh;
+        self.in_flight = 0;
+
+        let mut backoff = RECONNECT_FIRST;
+        loop {
+            let retry = tokio::time::Instant::now() + backoff;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut *stop => return Ok(false),
+                    Some(c) = inbox.commands.recv() => refuse(c, &why),
+                    _ = tokio::time::sleep_until(retry) => break,
+                }
+            }
+            backoff = (backoff * 2).min(RECONNECT_MAX);
+            let config = self.pool.config().clone();
+            let loaded = match self.store.reconnect().await {
+                Ok(()) => self.store.load(&config).await,
+                Err(e) => Err(e),
+            };
+            match loaded {
+                Ok(loaded) => {
+                    for note in &loaded.dropped {
+                        tracing::warn!("store: {note}");
+                    }
+                    let now = self.clock.now();
+                    self.pool = Pool::restore(config, rand::random(), loaded.snapshot, now);
+                    if let Ok(mut down) = self.down.lock() {
+                        *down = None;
+                    }
+                    tracing::info!(
+                        nodes = self.pool.nodes().count(),
+                        "the store is back; the pool is reloaded from it and lists before it acts"
+                    );
+                    return Ok(true);
+                }
+                Err(e) if e.is_lost() => {
+                    tracing::debug!(error = %e, "the store is still out of reach");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Stopping: no new call starts and commands are refused, while the
@@ -699,6 +808,11 @@ impl Loop {
             {
                 self.observer.fulfilled(r, at.since(r.created));
             }
+        }
+        if changes.is_empty() && !self.effects.is_empty() {
+            // Nothing to store, but calls to make: only while the store is
+            // within reach, so that a lost store stops every call at once.
+            self.store.check().await?;
         }
         self.commit(&changes).await?;
         self.answer();

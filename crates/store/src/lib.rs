@@ -59,6 +59,17 @@ pub trait Store: Send {
     /// requests, removes purged ones, rewrites the slot assignments of
     /// changed backing nodes. On error nothing of `changes` is written.
     fn commit<'a>(&'a mut self, changes: &'a Changes) -> StoreFuture<'a, ()>;
+    /// Whether the store is within reach, for a step that acts without
+    /// committing anything (a list): no cloud call while it is not. The
+    /// embedded store always is.
+    fn check(&mut self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+    /// Connects again after an error for which [`StoreError::is_lost`]
+    /// holds. The embedded store has no connection to lose.
+    fn reconnect(&mut self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// What [`Store::load`] found.
@@ -155,6 +166,19 @@ pub enum StoreError {
     /// have: the two were built from different configs.
     #[error("no {what} with index {index} in the store's config")]
     NoSuchIndex { what: &'static str, index: u16 },
+}
+
+impl StoreError {
+    /// Whether the store is out of reach (its server stopped, the network
+    /// broke) rather than refusing what was written: the pool may go on
+    /// once [`Store::reconnect`] succeeds. Only a PostgreSQL store's errors
+    /// can be.
+    pub fn is_lost(&self) -> bool {
+        match self {
+            StoreError::Postgres { error, .. } => pg::lost(error),
+            _ => false,
+        }
+    }
 }
 
 fn sql(doing: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {

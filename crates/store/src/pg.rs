@@ -124,9 +124,49 @@ fn pg(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
 pub struct PgStore {
     client: Client,
     config: Arc<Config>,
-    /// [`write::Stmt`]'s statements, prepared once, by `Stmt as usize`.
+    /// [`write::Stmt`]'s statements, prepared once per connection, by
+    /// `Stmt as usize`.
     statements: Vec<Statement>,
     connection: tokio::task::JoinHandle<()>,
+    /// How to connect again ([`Store::reconnect`]).
+    login: Login,
+    /// Whether this process holds the database alone ([`PgStore::hold_alone`]),
+    /// which a new connection must take again.
+    alone: bool,
+}
+
+/// What a connection is made with.
+#[derive(Clone)]
+struct Login {
+    settings: tokio_postgres::Config,
+    /// Read again at each connect, so a rotated password is used.
+    password_file: Option<std::path::PathBuf>,
+}
+
+impl Login {
+    fn new(url: &str, password: Option<&str>) -> Result<Login, StoreError> {
+        let mut settings: tokio_postgres::Config =
+            url.parse().map_err(pg("reading the store's url"))?;
+        if let Some(p) = password {
+            settings.password(p);
+        }
+        settings.application_name("berth");
+        if settings.get_connect_timeout().is_none() {
+            settings.connect_timeout(CONNECT_TIMEOUT);
+        }
+        Ok(Login {
+            settings,
+            password_file: None,
+        })
+    }
+}
+
+fn read_password(path: &std::path::Path) -> Result<String, StoreError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StoreError::PasswordFile {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(text.lines().next().unwrap_or_default().to_owned())
 }
 
 impl PgStore {
@@ -138,20 +178,16 @@ impl PgStore {
         settings: &berth_config::Postgres,
         config: Arc<Config>,
     ) -> Result<PgStore, StoreError> {
-        let password = match &settings.password {
-            None => None,
-            Some(berth_config::Password::Value(p)) => Some(p.expose().to_owned()),
-            Some(berth_config::Password::File(path)) => {
-                let text =
-                    std::fs::read_to_string(path).map_err(|source| StoreError::PasswordFile {
-                        path: path.display().to_string(),
-                        source,
-                    })?;
-                Some(text.lines().next().unwrap_or_default().to_owned())
-            }
+        let (password, password_file) = match &settings.password {
+            None => (None, None),
+            Some(berth_config::Password::Value(p)) => (Some(p.expose().to_owned()), None),
+            Some(berth_config::Password::File(path)) => (None, Some(path.clone())),
         };
-        let store = PgStore::connect(&settings.url, password.as_deref(), config).await?;
+        let mut login = Login::new(&settings.url, password.as_deref())?;
+        login.password_file = password_file;
+        let mut store = PgStore::with(login, config).await?;
         store.hold_alone().await?;
+        store.alone = true;
         Ok(store)
     }
 
@@ -163,40 +199,33 @@ impl PgStore {
         password: Option<&str>,
         config: Arc<Config>,
     ) -> Result<PgStore, StoreError> {
-        let mut settings: tokio_postgres::Config =
-            url.parse().map_err(pg("reading the store's url"))?;
-        if let Some(p) = password {
-            settings.password(p);
-        }
-        settings.application_name("berth");
-        if settings.get_connect_timeout().is_none() {
-            settings.connect_timeout(CONNECT_TIMEOUT);
-        }
-        let (mut client, connection) = settings
-            .connect(NoTls)
-            .await
-            .map_err(pg("connecting to PostgreSQL"))?;
-        let connection = tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::error!(error = %e, "the connection to PostgreSQL ended");
-            }
-        });
-        migrate(&mut client, MIGRATIONS).await?;
-        let mut statements = Vec::new();
-        for stmt in write::Stmt::iter() {
-            statements.push(
-                client
-                    .prepare(stmt.dollar_sql())
-                    .await
-                    .map_err(pg("preparing the store's statements"))?,
-            );
-        }
+        PgStore::with(Login::new(url, password)?, config).await
+    }
+
+    async fn with(login: Login, config: Arc<Config>) -> Result<PgStore, StoreError> {
+        let (client, statements, connection) = session(&login).await?;
         Ok(PgStore {
             client,
             config,
             statements,
             connection,
+            login,
+            alone: false,
         })
+    }
+
+    /// A new connection in place of the current one, taking the database
+    /// alone again if this store held it.
+    async fn reconnect_now(&mut self) -> Result<(), StoreError> {
+        let (client, statements, connection) = session(&self.login).await?;
+        self.connection.abort();
+        self.client = client;
+        self.statements = statements;
+        self.connection = connection;
+        if self.alone {
+            self.hold_alone().await?;
+        }
+        Ok(())
     }
 
     /// Takes the database for this process alone, for as long as this
@@ -298,6 +327,46 @@ impl PgStore {
     }
 }
 
+/// A connection: the client, the commit's statements prepared on it, and the
+/// task that runs it. The schema is brought up to date first.
+async fn session(
+    login: &Login,
+) -> Result<(Client, Vec<Statement>, tokio::task::JoinHandle<()>), StoreError> {
+    let mut settings = login.settings.clone();
+    if let Some(path) = &login.password_file {
+        settings.password(read_password(path)?);
+    }
+    let (mut client, connection) = settings
+        .connect(NoTls)
+        .await
+        .map_err(pg("connecting to PostgreSQL"))?;
+    let connection = tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::error!(error = %describe(&e), "the connection to PostgreSQL ended");
+        }
+    });
+    let ready = async {
+        migrate(&mut client, MIGRATIONS).await?;
+        let mut statements = Vec::new();
+        for stmt in write::Stmt::iter() {
+            statements.push(
+                client
+                    .prepare(stmt.dollar_sql())
+                    .await
+                    .map_err(pg("preparing the store's statements"))?,
+            );
+        }
+        Ok(statements)
+    };
+    match ready.await {
+        Ok(statements) => Ok((client, statements, connection)),
+        Err(e) => {
+            connection.abort();
+            Err(e)
+        }
+    }
+}
+
 impl Drop for PgStore {
     fn drop(&mut self) {
         self.connection.abort();
@@ -311,6 +380,33 @@ impl Store for PgStore {
 
     fn commit<'a>(&'a mut self, changes: &'a Changes) -> StoreFuture<'a, ()> {
         Box::pin(self.commit_now(changes))
+    }
+
+    fn check(&mut self) -> StoreFuture<'_, ()> {
+        Box::pin(async {
+            self.client
+                .simple_query("")
+                .await
+                .map(drop)
+                .map_err(pg("checking the connection"))
+        })
+    }
+
+    fn reconnect(&mut self) -> StoreFuture<'_, ()> {
+        Box::pin(self.reconnect_now())
+    }
+}
+
+/// Whether `e` means the connection is gone (closed, refused, reset, or
+/// ended by the server: classes 08 and 57), not that a statement was
+/// refused.
+pub(super) fn lost(e: &tokio_postgres::Error) -> bool {
+    match e.as_db_error() {
+        None => true,
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || code.starts_with("57")
+        }
     }
 }
 

@@ -1248,3 +1248,40 @@ async fn postgres_one_process_holds_a_database_until_its_connection_ends() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn postgres_a_lost_server_is_told_from_a_refused_commit_and_reconnecting_resumes() {
+    // A cluster of its own: this test stops it.
+    let cluster = cluster::PgCluster::start(&workspace_root());
+    let url = cluster.fresh_database("lost");
+    let mut store = PgStore::connect(&url, None, Arc::new(config()))
+        .await
+        .unwrap();
+    store.commit(&nodes(vec![ready(1)])).await.unwrap();
+    // A statement the server refuses is not a lost store.
+    let refused = store
+        .commit(&nodes(vec![
+            backing(10, vec![Some(11), None, None]),
+            backing(20, vec![Some(11), None, None]),
+        ]))
+        .await
+        .unwrap_err();
+    assert!(!refused.is_lost(), "{refused}");
+    store.check().await.unwrap();
+
+    cluster.stop_immediate();
+    let e = store.commit(&nodes(vec![ready(2)])).await.unwrap_err();
+    assert!(e.is_lost(), "{e}");
+    let e = store.check().await.unwrap_err();
+    assert!(e.is_lost(), "{e}");
+    let e = store.reconnect().await.unwrap_err();
+    assert!(e.is_lost(), "{e}");
+
+    cluster.start_again();
+    store.reconnect().await.unwrap();
+    store.commit(&nodes(vec![ready(2)])).await.unwrap();
+    assert_eq!(
+        load(&mut store).await.snapshot.nodes,
+        vec![ready(1), ready(2)]
+    );
+}
