@@ -2,9 +2,12 @@
 //! the scenarios Nodepool's figures exist for, plus a sustained closed loop.
 //!
 //! `cargo bench -p berth --bench api`, or `... -- normal` for the store's
-//! `sync = "normal"` (the default is `full`). Everything runs in this process on
-//! 127.0.0.1: a sim cloud, `berth serve` (sim driver in its sandbox, SQLite
-//! store), and clients that each keep one HTTP/1.1 connection. A request's
+//! `sync = "normal"` (the default is `full`), or `... -- postgres` for the
+//! PostgreSQL store on a throwaway PostgreSQL 15 cluster that syncs to disk
+//! (scripts/postgres; `scripts/setup` installs the server). Everything runs on
+//! 127.0.0.1, in this process but the database: a sim cloud, `berth serve`
+//! (sim driver in its sandbox, the store), and clients that each keep one
+//! HTTP/1.1 connection. A request's
 //! time is from its POST until a `wait` long-poll says fulfilled.
 
 use std::sync::Arc;
@@ -13,6 +16,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
+
+#[path = "../../tests/support/postgres.rs"]
+#[allow(dead_code)]
+mod postgres;
 
 /// One keep-alive HTTP/1.1 connection.
 struct Conn {
@@ -53,7 +60,8 @@ impl Conn {
         let mut line = String::new();
         loop {
             line.clear();
-            self.stream.read_line(&mut line).await.expect("read head");
+            let n = self.stream.read_line(&mut line).await.expect("read head");
+            assert!(n > 0, "the server closed the connection");
             let l = line.trim_end();
             if l.is_empty() {
                 break;
@@ -272,16 +280,26 @@ async fn main() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let sim = listener.local_addr().unwrap();
     tokio::spawn(cloud.serve(listener, std::future::pending()));
-    let sync = if std::env::args().any(|a| a == "normal") {
-        "normal"
+    let arg = |a: &str| std::env::args().any(|x| x == a);
+    // Dropped (stopped and removed) at the end of main.
+    let mut cluster = None;
+    let store = if arg("postgres") {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let c = postgres::PgCluster::start_durable(&root);
+        std::fs::write(dir.path().join("pgpass"), c.password()).unwrap();
+        let url = format!("postgres://berth@127.0.0.1:{}/berth", c.port());
+        println!("store: PostgreSQL 15 on 127.0.0.1 (fsync on, synchronous_commit on)");
+        cluster = Some(c);
+        format!("\n[store]\nurl = \"{url}\"\npassword-file = \"pgpass\"\n")
     } else {
-        "full"
+        let sync = if arg("normal") { "normal" } else { "full" };
+        println!("store: SQLite, sync {sync}");
+        format!("\n[store]\nsync = \"{sync}\"\n")
     };
-    println!("store sync: {sync}");
     let text = CONFIG
         .replace("{state}", &dir.path().display().to_string())
         .replace("{sim}", &sim.to_string())
-        + &format!("\n[store]\nsync = \"{sync}\"\n");
+        + &store;
     let config = dir.path().join("berth.toml");
     std::fs::write(&config, text).unwrap();
 
@@ -367,9 +385,14 @@ async fn main() {
         None => println!("no sustained run kept p99 <= 10 ms"),
     }
 
-    let (_, metrics) = admin.call_text("/metrics").await;
+    // A new connection: the first one sat idle through the sustained runs,
+    // longer than the server keeps an idle connection open.
+    let mut admin = Conn::open(&addr).await;
+    let (status, metrics) = admin.call_text("/metrics").await;
+    assert_eq!(status, 200, "{metrics}");
     println!("{}", commit_summary(&metrics));
 
     let _ = stop_tx.send(());
     server.await.unwrap().expect("clean stop");
+    drop(cluster);
 }

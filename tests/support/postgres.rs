@@ -62,6 +62,17 @@ impl PgCluster {
     /// `crates/store/`). Panics if that fails, e.g. when PostgreSQL 15 is not
     /// installed (`scripts/setup` installs it).
     pub fn start(workspace_root: &Path) -> PgCluster {
+        Self::start_with(workspace_root, false)
+    }
+
+    /// [`PgCluster::start`] with a server that syncs its writes to disk
+    /// (`fsync = on`), as a real one does: for benchmarks. The tests' one
+    /// does not, for speed.
+    pub fn start_durable(workspace_root: &Path) -> PgCluster {
+        Self::start_with(workspace_root, true)
+    }
+
+    fn start_with(workspace_root: &Path, durable: bool) -> PgCluster {
         let script = workspace_root.join("scripts/postgres");
         let dir = tempfile::Builder::new()
             .prefix("berth-pg.")
@@ -83,7 +94,10 @@ impl PgCluster {
             .spawn()
             .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
 
-        let init = run(Command::new(&script).arg("init").arg(dir.path()));
+        let init = run(Command::new(&script)
+            .arg("init")
+            .arg(dir.path())
+            .env("BERTH_PG_FSYNC", if durable { "on" } else { "off" }));
         let password = String::from_utf8_lossy(&init.stdout).trim().to_owned();
         assert!(
             !password.is_empty(),

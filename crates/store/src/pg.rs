@@ -316,13 +316,43 @@ impl PgStore {
             .transaction()
             .await
             .map_err(pg("starting a commit"))?;
-        for (stmt, vals) in &ops {
-            let params: Vec<&(dyn ToSql + Sync)> =
-                vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-            tx.execute(&self.statements[*stmt as usize], &params)
-                .await
-                .map_err(pg(stmt.doing()))?;
+        // Pipelined: every statement is sent before the first answer is
+        // awaited, so a commit costs a few round trips, not one per row.
+        // tokio-postgres queues a statement for the server when its future
+        // is first polled: each is polled once, in order, then all are
+        // awaited in order (the server answers in order; the first to fail
+        // aborts the transaction and is the error returned).
+        let params: Vec<Vec<&(dyn ToSql + Sync)>> = ops
+            .iter()
+            .map(|(_, vals)| vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect())
+            .collect();
+        let open = &tx;
+        let mut runs: Vec<_> = ops
+            .iter()
+            .zip(&params)
+            .map(|((stmt, _), params)| {
+                let statement = &self.statements[*stmt as usize];
+                Box::pin(futures_util::future::maybe_done(async move {
+                    open.execute(statement, params)
+                        .await
+                        .map_err(pg(stmt.doing()))
+                }))
+            })
+            .collect();
+        for run in &mut runs {
+            std::future::poll_fn(|cx| {
+                let _ = run.as_mut().poll(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
         }
+        for run in &mut runs {
+            run.as_mut().await;
+            if let Some(Err(e)) = run.as_mut().take_output() {
+                return Err(e);
+            }
+        }
+        drop(runs);
         tx.commit().await.map_err(pg("committing"))
     }
 }
