@@ -1,5 +1,6 @@
-//! The embedded store: SQLite in WAL mode, holding nodes, requests and slot
-//! assignments. The runtime commits the core's [`Changes`] in one
+//! The pool's store, holding nodes, requests, slot assignments and requestor
+//! leases: the embedded SQLite file in WAL mode ([`SqliteStore`]), or a
+//! PostgreSQL database ([`PgStore`], `[store] url`), both behind [`Store`]. The runtime commits the core's [`Changes`] in one
 //! transaction before it makes any cloud call (intent before act) and loads a
 //! [`Snapshot`] at start. Rows live only in this module: the rest of berth
 //! sees core types.
@@ -9,9 +10,9 @@
 //! the config is dropped with a note (a node) or failed (a pending request);
 //! see [`Loaded::dropped`].
 //!
-//! Several berth processes on one pool would share a PostgreSQL store behind
-//! the same [`Store`] trait (designed for, not built; ARCHITECTURE.md has the
-//! whole story):
+//! Today one berth process uses a PostgreSQL database at a time
+//! ([`PgStore::hold_alone`]). Several processes on one pool would share it
+//! (designed for, not built; ARCHITECTURE.md has the whole story):
 //! - every node and request row carries a `version` (already in this schema,
 //!   bumped on each write), and a commit updates a row only
 //!   `WHERE version = <the version read>`;
