@@ -92,6 +92,16 @@ const SOLE_WRITER_LOCK: i64 = 0x6265_7274_682d_31;
 /// `connect_timeout` says otherwise.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Keepalive on the store's connection: the first probe after this long
+/// idle, then one every [`KEEPALIVE_INTERVAL`], and the connection is dead
+/// after [`KEEPALIVE_RETRIES`] unanswered (about 16 s in all).
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// How long data sent to the server may go unacknowledged before the
+/// connection counts as dead (TCP_USER_TIMEOUT).
+const UNACKNOWLEDGED_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// The advisory lock key that migrations hold, so that processes starting
 /// together migrate one after the other ("berth" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6265_7274_68;
@@ -153,6 +163,19 @@ impl Login {
         settings.application_name("berth");
         if settings.get_connect_timeout().is_none() {
             settings.connect_timeout(CONNECT_TIMEOUT);
+        }
+        // A server that vanishes without closing the socket (a broken
+        // network, a dead host) is noticed in seconds, not hours: keepalive
+        // probes on an idle connection, and a limit on how long written data
+        // may go unacknowledged. The url's own settings win.
+        if settings.get_keepalives_idle() == std::time::Duration::from_secs(2 * 60 * 60) {
+            settings
+                .keepalives_idle(KEEPALIVE_IDLE)
+                .keepalives_interval(KEEPALIVE_INTERVAL)
+                .keepalives_retries(KEEPALIVE_RETRIES);
+        }
+        if settings.get_tcp_user_timeout().is_none() {
+            settings.tcp_user_timeout(UNACKNOWLEDGED_LIMIT);
         }
         Ok(Login {
             settings,
