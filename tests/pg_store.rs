@@ -303,3 +303,85 @@ async fn response_head(base: &str, request: &str) -> String {
     let text = String::from_utf8_lossy(&raw).into_owned();
     text.split("\r\n\r\n").next().unwrap_or_default().to_owned()
 }
+
+/// `berth store migrate` moves a pool kept in SQLite onto PostgreSQL: the
+/// same nodes in the same states, adopted by `berth serve` on the new
+/// store with no create, and a second migrate refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_migrate_moves_a_sqlite_pool_onto_postgres() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, dir.path(), "");
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let request = server.request(CI, &[("small", 1)]).await;
+    let mine = server.fulfilled(CI, &request.id).await.nodes[0].id.clone();
+    until(30, "two ready nodes", || async {
+        let n = nodes(&server).await;
+        (n.iter().filter(|n| n["state"] == "ready").count() == 2).then_some(())
+    })
+    .await;
+    let before = nodes(&server).await;
+    server.terminate().await.assert_success();
+
+    // The same config with the PostgreSQL store (the same state-dir).
+    let (url, store) = database(dir.path(), None);
+    let cfg = config(&sim, dir.path(), &store);
+    let migrate = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["store", "migrate", "--config", &cfg])
+            .output()
+            .unwrap()
+    };
+    let out = migrate();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.starts_with(&format!(
+            "copied {} nodes, 1 requests and 1 requestor leases from ",
+            before.len()
+        )),
+        "{said}"
+    );
+    let stored = psql(&url, "SELECT count(*) FROM nodes").unwrap();
+    assert_eq!(stored, before.len().to_string());
+
+    let creates = || {
+        sim.cloud
+            .calls()
+            .iter()
+            .filter(|c| c.method == "POST" && c.path == "/v1/instances")
+            .count()
+    };
+    let created = creates();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    until(30, "ready on PostgreSQL", || async {
+        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
+    })
+    .await;
+    let (_, n) = server
+        .call("GET", &format!("/v1/nodes/{mine}"), Some(OPS), None)
+        .await;
+    assert_eq!(n["state"], "in-use", "{n}");
+    let ids = |v: &[Value]| {
+        let mut k: Vec<String> = v.iter().map(|n| n["id"].to_string()).collect();
+        k.sort();
+        k
+    };
+    assert_eq!(ids(&nodes(&server).await), ids(&before));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(creates(), created, "no create on the new store");
+    server.terminate().await.assert_success();
+
+    // Into a database that already holds a pool: refused, exit code 3.
+    let out = migrate();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("records are only copied into an empty one"),
+        "{err}"
+    );
+}

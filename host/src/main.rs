@@ -39,6 +39,9 @@ enum Command {
     /// Work with config files.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Work with the pool's store.
+    #[command(subcommand)]
+    Store(StoreCommand),
     /// Run the simulated cloud.
     Sim(berth::sim::SimArgs),
     /// Run the pool and its HTTP API as a service. Without --config: the
@@ -78,6 +81,21 @@ enum ConfigCommand {
     Check {
         /// The config file (TOML).
         file: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Copy a pool's records from its embedded SQLite store into the empty
+    /// PostgreSQL database that the config's `[store] url` names. Stop
+    /// `berth serve` first; start it again with that config afterwards.
+    Migrate {
+        /// The config file naming the PostgreSQL store (TOML).
+        #[arg(long, short, env = "BERTH_CONFIG")]
+        config: PathBuf,
+        /// The SQLite store; by default `berth.db` in the config's state-dir.
+        #[arg(long)]
+        from: Option<PathBuf>,
     },
 }
 
@@ -204,6 +222,44 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             println!(
                 "{}: {n} files of berth:driver@0.1.0 (world driver-plugin) and its WASI deps",
                 dir.display()
+            );
+            Ok(true)
+        }
+        Command::Store(StoreCommand::Migrate { config, from }) => {
+            let settings = berth::config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let Some(pg) = &settings.store.postgres else {
+                anyhow::bail!(
+                    "{}: [store] names no PostgreSQL url to copy the pool into",
+                    config.display()
+                );
+            };
+            let from = from.unwrap_or_else(|| settings.state_dir.join("berth.db"));
+            if !from.is_file() {
+                anyhow::bail!("no SQLite store at {}", from.display());
+            }
+            let pool = std::sync::Arc::new(settings.pool.clone());
+            let mut source = berth::store::SqliteStore::open(
+                &from,
+                pool.clone(),
+                berth::config::StoreSync::Full,
+            )
+            .with_context(|| format!("opening the store {}", from.display()))?;
+            let mut target = berth::store::PgStore::open(pg, pool.clone())
+                .await
+                .with_context(|| format!("opening the PostgreSQL store {}", pg.url))?;
+            let copied = berth::store::copy_into_empty(&mut source, &mut target, &pool)
+                .await
+                .with_context(|| format!("copying {} into {}", from.display(), pg.url))?;
+            for note in &copied.dropped {
+                eprintln!("left out: {note}");
+            }
+            println!(
+                "copied {} nodes, {} requests and {} requestor leases from {} into {}",
+                copied.nodes,
+                copied.requests,
+                copied.leases,
+                from.display(),
+                pg.url
             );
             Ok(true)
         }

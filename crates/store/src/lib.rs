@@ -25,6 +25,7 @@
 //! - pending requests are claimed with `SELECT … FOR UPDATE SKIP LOCKED`, so
 //!   no two processes serve the same request.
 
+mod copy;
 mod load;
 mod pg;
 mod rows;
@@ -44,6 +45,7 @@ use berth_config::StoreSync;
 use berth_core::config::Config;
 use berth_core::pool::{Changes, Snapshot};
 
+pub use copy::{Copied, copy_into_empty};
 pub use pg::PgStore;
 
 /// What a [`Store`] call returns: a future, since a store may be across a
@@ -160,6 +162,19 @@ pub enum StoreError {
          one process per pool database until providers are leased to processes"
     )]
     Taken { holder: String },
+    /// A store to copy into already holds records.
+    #[error(
+        "the target store is not empty ({nodes} nodes, {requests} requests, {leases} requestor \
+         leases); records are only copied into an empty one"
+    )]
+    NotEmpty {
+        nodes: usize,
+        requests: usize,
+        leases: usize,
+    },
+    /// A copy read back differs from what was copied.
+    #[error("the copied records read back differently from the source's")]
+    CopyDiffers,
     /// The WAL checkpoint thread could not be started.
     #[error("starting the store's checkpoint thread: {0}")]
     Checkpointer(String),

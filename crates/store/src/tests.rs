@@ -1285,3 +1285,64 @@ async fn postgres_a_lost_server_is_told_from_a_refused_commit_and_reconnecting_r
         vec![ready(1), ready(2)]
     );
 }
+
+#[tokio::test]
+async fn a_sqlite_pool_is_copied_into_an_empty_postgres_database_whole() {
+    let mut source = Backend::Sqlite.fresh().await;
+    let mut r = request(1, RequestState::Fulfilled { at: Time(9) });
+    r.nodes = vec![NodeId(11)];
+    let all = Changes {
+        nodes: vec![
+            backing(10, vec![Some(11), None, None]),
+            slot_node(
+                11,
+                10,
+                0,
+                NodeState::InUse {
+                    request: RequestId(1),
+                    since: T,
+                },
+            ),
+            ready(1),
+        ],
+        requests: vec![r, request(2, RequestState::Pending)],
+        leases: vec![Lease {
+            requestor: "ci".into(),
+            expires: Time(99),
+        }],
+        ..Default::default()
+    };
+    source.commit(&all).await.unwrap();
+    let mut target = Backend::Postgres.fresh().await;
+    let copied = copy_into_empty(&mut source, &mut target, &config())
+        .await
+        .unwrap();
+    assert_eq!(
+        (copied.nodes, copied.requests, copied.leases),
+        (3, 2, 1),
+        "{copied:?}"
+    );
+    assert_eq!(
+        load(&mut target).await.snapshot,
+        load(&mut source).await.snapshot
+    );
+    assert_eq!(target.count("slots").await, 1);
+
+    // Again: the target is no longer empty, and nothing is written.
+    match copy_into_empty(&mut source, &mut target, &config()).await {
+        Err(
+            e @ StoreError::NotEmpty {
+                nodes: 3,
+                requests: 2,
+                leases: 1,
+            },
+        ) => {
+            assert!(
+                e.to_string().contains("only copied into an empty one"),
+                "{e}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(target.count("nodes").await, 3);
+}

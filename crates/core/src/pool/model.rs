@@ -560,7 +560,7 @@ pub struct Lease {
 }
 
 /// What a store held at start.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     pub nodes: Vec<Node>,
     pub requests: Vec<Request>,
