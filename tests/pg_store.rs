@@ -341,7 +341,7 @@ async fn store_migrate_moves_a_sqlite_pool_onto_postgres() {
     );
     assert!(
         said.starts_with(&format!(
-            "copied {} nodes, 1 requests and 1 requestor leases from ",
+            "copied {} nodes, 1 request and 1 requestor lease from ",
             before.len()
         )),
         "{said}"

@@ -253,11 +253,14 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             for note in &copied.dropped {
                 eprintln!("left out: {note}");
             }
+            let count = |n: usize, one: &str, many: &str| {
+                format!("{n} {}", if n == 1 { one } else { many })
+            };
             println!(
-                "copied {} nodes, {} requests and {} requestor leases from {} into {}",
-                copied.nodes,
-                copied.requests,
-                copied.leases,
+                "copied {}, {} and {} from {} into {}",
+                count(copied.nodes, "node", "nodes"),
+                count(copied.requests, "request", "requests"),
+                count(copied.leases, "requestor lease", "requestor leases"),
                 from.display(),
                 pg.url
             );
