@@ -17,7 +17,7 @@ use crate::support::{SimServer, plugin, workspace};
 /// A fresh database: its url with the password (for psql) and a `[store]`
 /// table that names it without one and reads the password from a file in
 /// `dir`.
-fn database(dir: &Path, password: Option<&str>) -> (String, String) {
+pub(crate) fn database(dir: &Path, password: Option<&str>) -> (String, String) {
     let cluster = PgCluster::shared(&workspace());
     let url = cluster.fresh_database("serve");
     let bare = url.replacen(&format!("berth:{}@", cluster.password()), "berth@", 1);

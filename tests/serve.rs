@@ -77,9 +77,22 @@ price = 0.1
         addr = sim.addr(),
         url = sim.url(),
     );
+    let text = if on_postgres() && !extra.contains("[store]") {
+        let (_, store) = crate::pg_store::database(dir, None);
+        text + &store
+    } else {
+        text
+    };
     let path = dir.join("berth.toml");
     std::fs::write(&path, text).expect("write config");
     path
+}
+
+/// Whether these tests run with the pool on PostgreSQL
+/// (`BERTH_TEST_STORE=postgres`, as `scripts/test` runs them a second time):
+/// each config gets a fresh database of the test process's cluster.
+pub(crate) fn on_postgres() -> bool {
+    std::env::var("BERTH_TEST_STORE").is_ok_and(|v| v == "postgres")
 }
 
 pub(crate) fn code(v: &Value) -> &str {
@@ -603,6 +616,12 @@ async fn a_stop_while_a_driver_compiles_is_a_clean_stop() {
 /// service that refuses everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_be_written_ends_berth_with_code_3() {
+    if on_postgres() {
+        return skip(
+            "a_store_that_cannot_be_written_ends_berth_with_code_3",
+            "the store is on PostgreSQL, not on this disk",
+        );
+    }
     let dir = tempfile::tempdir().unwrap();
     let disk = match Tmpfs::mount(&dir.path().join("state"), "8m") {
         Ok(disk) => disk,
@@ -663,6 +682,12 @@ async fn a_store_that_cannot_be_written_ends_berth_with_code_3() {
 /// the directory.
 #[tokio::test]
 async fn a_read_only_state_directory_ends_the_start_with_code_3() {
+    if on_postgres() {
+        return skip(
+            "a_read_only_state_directory_ends_the_start_with_code_3",
+            "the store is on PostgreSQL, not on this disk",
+        );
+    }
     let dir = tempfile::tempdir().unwrap();
     let disk = match Tmpfs::mount(&dir.path().join("state"), "8m") {
         Ok(disk) => disk,
