@@ -4,7 +4,7 @@
 //! `cargo bench -p berth --bench api`, or `... -- normal` for the store's
 //! `sync = "normal"` (the default is `full`), or `... -- postgres` for the
 //! PostgreSQL store on a throwaway PostgreSQL 15 cluster that syncs to disk
-//! (scripts/postgres; `scripts/setup` installs the server). Everything runs on
+//! (scripts/postgres; `scripts/setup tests` installs the server). Everything runs on
 //! 127.0.0.1, in this process but the database: a sim cloud, `berth serve`
 //! (sim driver in its sandbox, the store), and clients that each keep one
 //! HTTP/1.1 connection. A request's

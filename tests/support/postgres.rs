@@ -24,7 +24,7 @@
 //! own and ignores SIGINT and SIGHUP, so a Ctrl-C of `cargo test` ends the
 //! test process but not the cleanup.
 //!
-//! Needs PostgreSQL 15 (`scripts/setup` installs it). As root, the server
+//! Needs PostgreSQL 15 (`scripts/setup tests` installs it). As root, the server
 //! runs as the `postgres` system user and the directory is chowned to it.
 //!
 //! Uses std and `tempfile` only, and nothing else from tests/support: it is
@@ -60,7 +60,7 @@ impl PgCluster {
     /// port of 127.0.0.1. `workspace_root` is the directory holding
     /// `scripts/` (the workspace root: the parent of `host/`, or two above
     /// `crates/store/`). Panics if that fails, e.g. when PostgreSQL 15 is not
-    /// installed (`scripts/setup` installs it).
+    /// installed (`scripts/setup tests` installs it).
     pub fn start(workspace_root: &Path) -> PgCluster {
         Self::start_with(workspace_root, false)
     }

@@ -5,7 +5,7 @@
 //! The tests of what every store must do run on both backends
 //! ([`on_both_backends!`]): as `NAME::sqlite` on a SQLite file and as
 //! `NAME::postgres` on a fresh database of this test process's throwaway
-//! PostgreSQL cluster (tests/support/postgres.rs; `scripts/setup` installs
+//! PostgreSQL cluster (tests/support/postgres.rs; `scripts/setup tests` installs
 //! PostgreSQL 15). What only one backend has (SQLite's WAL and
 //! `user_version`, PostgreSQL's `berth_schema` and migration lock) is tested
 //! on that one.
