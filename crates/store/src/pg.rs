@@ -450,12 +450,14 @@ impl Store for PgStore {
     }
 }
 
-/// Whether `e` means the connection is gone (closed, refused, reset, or
-/// ended by the server: classes 08 and 57), not that a statement was
-/// refused.
+/// Whether `e` means the connection is gone (closed, refused, reset, timed
+/// out, or ended by the server: classes 08 and 57), not that a statement
+/// was refused or a value could not be sent.
 pub(super) fn lost(e: &tokio_postgres::Error) -> bool {
     match e.as_db_error() {
-        None => true,
+        None => {
+            e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+        }
         Some(db) => {
             let code = db.code().code();
             code.starts_with("08") || code.starts_with("57")
