@@ -48,30 +48,18 @@ impl Tables {
         match q {
             0 => self.nodes.push(NodeRow::read(row)?),
             1 => {
-                let r = Reader {
-                    cells: row,
-                    table: "slots",
-                    id: text(0)?,
-                };
+                let r = Reader::new(row, "slots")?;
                 self.slots.push((r.id.clone(), r.num(1, "idx")?, text(2)?));
             }
             2 => self.requests.push(RequestRow::read(row)?),
             3 => {
-                let r = Reader {
-                    cells: row,
-                    table: "request_wants",
-                    id: text(0)?,
-                };
+                let r = Reader::new(row, "request_wants")?;
                 let want = (text(1)?, r.num(2, "count")?);
                 self.wants.entry(r.id).or_default().push(want);
             }
             4 => self.members.entry(text(0)?).or_default().push(text(1)?),
             _ => {
-                let r = Reader {
-                    cells: row,
-                    table: "leases",
-                    id: text(0)?,
-                };
+                let r = Reader::new(row, "leases")?;
                 let expires = Time(r.num(1, "expires")?);
                 self.leases.push(Lease {
                     requestor: r.id,

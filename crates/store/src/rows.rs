@@ -93,11 +93,7 @@ impl NodeRow {
 
     /// A row read in [`NodeRow::COLUMNS`] order.
     pub fn read<C: Cells + ?Sized>(cells: &C) -> Result<RawNodeRow, StoreError> {
-        let r = Reader {
-            cells,
-            table: "nodes",
-            id: cells.text(0)?.unwrap_or_default(),
-        };
+        let r = Reader::new(cells, "nodes")?;
         Ok(RawNodeRow {
             row: NodeRow {
                 id: r.id.clone(),
@@ -419,11 +415,7 @@ impl RequestRow {
 
     /// A row read in [`RequestRow::COLUMNS`] order.
     pub fn read<C: Cells + ?Sized>(cells: &C) -> Result<RequestRow, StoreError> {
-        let r = Reader {
-            cells,
-            table: "requests",
-            id: cells.text(0)?.unwrap_or_default(),
-        };
+        let r = Reader::new(cells, "requests")?;
         Ok(RequestRow {
             id: r.id.clone(),
             requestor: r.text(1, "requestor")?,

@@ -472,6 +472,8 @@ async fn the_stored_words_are_pinned() {
     for word in pinned[3].1 {
         let r: Idle = word.parse().unwrap();
         assert_eq!(r.as_str(), *word);
+        // Tags are written with its Display.
+        assert_eq!(r.to_string(), *word);
     }
 }
 

@@ -89,12 +89,22 @@ pub(super) trait Cells {
 /// Reads typed columns out of [`Cells`], naming the table, row and column of
 /// anything that does not fit.
 pub(super) struct Reader<'r, C: ?Sized> {
-    pub cells: &'r C,
-    pub table: &'static str,
+    cells: &'r C,
+    table: &'static str,
     pub id: String,
 }
 
-impl<C: Cells + ?Sized> Reader<'_, C> {
+impl<'r, C: Cells + ?Sized> Reader<'r, C> {
+    /// A reader of `table`'s row `cells`, whose first column is the row's
+    /// id (its key, named in every error).
+    pub fn new(cells: &'r C, table: &'static str) -> Result<Reader<'r, C>, StoreError> {
+        Ok(Reader {
+            cells,
+            table,
+            id: cells.text(0)?.unwrap_or_default(),
+        })
+    }
+
     fn corrupt(&self, column: &'static str, what: &str) -> StoreError {
         StoreError::Corrupt {
             table: self.table,

@@ -90,6 +90,7 @@ id_type!(
     strum::IntoStaticStr,
     strum::EnumString,
     strum::VariantNames,
+    strum::Display,
 )]
 #[strum(serialize_all = "kebab-case")]
 pub enum Idle {
@@ -105,12 +106,6 @@ pub enum Idle {
 impl Idle {
     pub fn as_str(self) -> &'static str {
         self.into()
-    }
-}
-
-impl fmt::Display for Idle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
