@@ -1289,6 +1289,26 @@ async fn postgres_a_lost_server_is_told_from_a_refused_commit_and_reconnecting_r
 }
 
 #[tokio::test]
+async fn postgres_a_holder_whose_database_was_taken_meanwhile_cannot_reconnect() {
+    let cluster = cluster::PgCluster::start(&workspace_root());
+    let url = cluster.fresh_database("taken");
+    let settings = berth_config::Postgres {
+        url: url.clone(),
+        password: None,
+    };
+    let mut first = PgStore::open(&settings, Arc::new(config())).await.unwrap();
+    // The server restarts: the holder's session, and its lock, are gone,
+    // and another process takes the database before the holder is back.
+    cluster.stop_immediate();
+    cluster.start_again();
+    let _second = PgStore::open(&settings, Arc::new(config())).await.unwrap();
+    match first.reconnect().await {
+        Err(e @ StoreError::Taken { .. }) => assert!(!e.is_lost(), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
 async fn a_sqlite_pool_is_copied_into_an_empty_postgres_database_whole() {
     let mut source = Backend::Sqlite.fresh().await;
     let mut r = request(1, RequestState::Fulfilled { at: Time(9) });
