@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::support::fault_proxy::{FaultProxy, ListFault};
 use crate::support::server::{Berth, Launch, http, until};
-use crate::support::{SimServer, plugin};
+use crate::support::{SimServer, live, plugin};
 
 /// Most instances the provider may hold.
 const MAX: usize = 12;
@@ -93,13 +93,7 @@ ram = "1GiB"
 impl Rig {
     /// Live instances in the sim cloud's own record.
     fn live(&self) -> BTreeSet<String> {
-        self.sim
-            .cloud
-            .instances()
-            .into_iter()
-            .filter(|i| i.state != berth::sim::InstanceState::Terminated)
-            .map(|i| i.id)
-            .collect()
+        live(&self.sim.cloud).into_iter().map(|i| i.id).collect()
     }
 
     async fn ready(&self) -> u64 {

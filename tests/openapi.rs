@@ -84,10 +84,7 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
     let config = serve_config(&sim, dir.path());
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    until(30, "ready", || async {
-        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
-    })
-    .await;
+    server.until_ready(30, "ready").await;
 
     let (status, doc) = server.call("GET", "/openapi.json", None, None).await;
     assert_eq!(status, 200);

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::serve::{CI, OPS, serve_config_with};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, Launch, until};
-use crate::support::{SimServer, plugin, workspace};
+use crate::support::{SimServer, creates, live, plugin, workspace};
 
 /// A fresh database: its url with the password (for psql) and a `[store]`
 /// table that names it without one and reads the password from a file in
@@ -43,15 +43,9 @@ async fn nodes(server: &Berth) -> Vec<Value> {
     v.as_array().unwrap().clone()
 }
 
-/// The sim's instances that are not deleted, by id.
+/// The sim's instances that are not terminated, by id.
 fn live_instances(sim: &SimServer) -> Vec<String> {
-    let mut ids: Vec<String> = sim
-        .cloud
-        .instances()
-        .into_iter()
-        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
-        .map(|i| i.id)
-        .collect();
+    let mut ids: Vec<String> = live(&sim.cloud).into_iter().map(|i| i.id).collect();
     ids.sort();
     ids
 }
@@ -84,20 +78,10 @@ async fn serve_keeps_its_pool_in_postgres_across_a_sigkill() {
     let before = nodes(&server).await;
     server.signal(libc::SIGKILL);
     server.exit_within(Duration::from_secs(30)).await;
-    let creates = || {
-        sim.cloud
-            .calls()
-            .iter()
-            .filter(|c| c.method == "POST" && c.path == "/v1/instances")
-            .count()
-    };
-    let created = creates();
+    let created = creates(&sim.cloud);
 
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    until(30, "ready again", || async {
-        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
-    })
-    .await;
+    server.until_ready(30, "ready again").await;
     let (_, n) = server
         .call("GET", &format!("/v1/nodes/{mine}"), Some(OPS), None)
         .await;
@@ -123,7 +107,7 @@ async fn serve_keeps_its_pool_in_postgres_across_a_sigkill() {
         "the same nodes after the restart"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(creates(), created, "no create after the restart");
+    assert_eq!(creates(&sim.cloud), created, "no create after the restart");
     // Every live instance of the cloud is one of berth's nodes.
     let mut known: Vec<String> = after
         .iter()
@@ -226,6 +210,8 @@ async fn a_database_outage_stops_every_cloud_call_until_it_ends() {
             "{e}"
         );
         assert_eq!(server.call("GET", "/readyz", None, None).await.0, 503);
+        // Alive, only waiting: nothing for a supervisor to restart.
+        assert_eq!(server.call("GET", "/healthz", None, None).await.0, 200);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let head = response_head(
@@ -251,10 +237,7 @@ async fn a_database_outage_stops_every_cloud_call_until_it_ends() {
     );
 
     cluster.start_again();
-    until(30, "ready again", || async {
-        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
-    })
-    .await;
+    server.until_ready(30, "ready again").await;
     let after = server.request(CI, &[("small", 1)]).await;
     server.fulfilled(CI, &after.id).await;
     // The request fulfilled before the outage still holds its node.
@@ -349,19 +332,9 @@ async fn store_migrate_moves_a_sqlite_pool_onto_postgres() {
     let stored = psql(&url, "SELECT count(*) FROM nodes").unwrap();
     assert_eq!(stored, before.len().to_string());
 
-    let creates = || {
-        sim.cloud
-            .calls()
-            .iter()
-            .filter(|c| c.method == "POST" && c.path == "/v1/instances")
-            .count()
-    };
-    let created = creates();
+    let created = creates(&sim.cloud);
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    until(30, "ready on PostgreSQL", || async {
-        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
-    })
-    .await;
+    server.until_ready(30, "ready on PostgreSQL").await;
     let (_, n) = server
         .call("GET", &format!("/v1/nodes/{mine}"), Some(OPS), None)
         .await;
@@ -373,7 +346,7 @@ async fn store_migrate_moves_a_sqlite_pool_onto_postgres() {
     };
     assert_eq!(ids(&nodes(&server).await), ids(&before));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(creates(), created, "no create on the new store");
+    assert_eq!(creates(&sim.cloud), created, "no create on the new store");
     server.terminate().await.assert_success();
 
     // Into a database that already holds a pool: refused, exit code 3.

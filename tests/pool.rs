@@ -14,7 +14,7 @@ use berth::pool::{NewRequest, NodeId, NodeState, Pool, Request, RequestState};
 use berth::runtime::{self, Handle, Service, StartOptions};
 use berth::sim::{Knobs, SimCloud};
 
-use crate::support::{SimServer, plugin};
+use crate::support::{SimServer, live, plugin};
 
 /// A config for one sim provider (plus `extra` TOML), with short timings.
 pub fn pool_config(sim: &SimServer, state: &Path, extra: &str) -> Settings {
@@ -125,10 +125,8 @@ fn label(handle: &Handle, name: &str) -> LabelIx {
 
 /// Live (not terminated) instances of this pool in the sim cloud, by node tag.
 pub fn live_instances(cloud: &SimCloud) -> BTreeMap<String, String> {
-    cloud
-        .instances()
+    live(cloud)
         .into_iter()
-        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
         .filter(|i| i.tags.get(POOL_TAG).map(String::as_str) == Some("itest"))
         .map(|i| (i.tags.get(NODE_TAG).cloned().unwrap_or_default(), i.id))
         .collect()
@@ -334,11 +332,8 @@ ram = "32GiB"
     .await;
     let request = fulfil(&h, "ci", vec![(LabelIx(0), 2)]).await;
     assert_eq!(request.nodes.len(), 2);
-    let types: BTreeSet<String> = sim
-        .cloud
-        .instances()
+    let types: BTreeSet<String> = live(&sim.cloud)
         .into_iter()
-        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
         .map(|i| i.instance_type)
         .collect();
     assert_eq!(types, BTreeSet::from(["big-b".to_string()]));
@@ -768,11 +763,8 @@ ram = "1GiB"
     // owned instance belongs to exactly one live node, and every live node
     // with an instance is in the cloud.
     let live = live_instances(&sim.cloud);
-    let owned: usize = sim
-        .cloud
-        .instances()
+    let owned: usize = crate::support::live(&sim.cloud)
         .iter()
-        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
         .filter(|i| i.tags.get(POOL_TAG).map(String::as_str) == Some("itest"))
         .count();
     assert_eq!(owned, live.len(), "two live instances share a node tag");

@@ -410,10 +410,9 @@ async fn a_driver_that_lies_cannot_hand_one_machine_out_twice_or_adopt_past_limi
         &[],
     )
     .await;
-    until(30, "ready (every provider listed)", || async {
-        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
-    })
-    .await;
+    server
+        .until_ready(30, "ready (every provider listed)")
+        .await;
     let duplicates = until_metric(
         &server,
         20,

@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::disk::{Tmpfs, skip};
 use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
-use crate::support::{SimServer, plugin, scripted_plugin};
+use crate::support::{SimServer, creates, live, plugin, scripted_plugin};
 
 pub(crate) const CI: &str = "ci-token-0123456789abcdef";
 pub(crate) const OTHER: &str = "other-token-0123456789ab";
@@ -109,10 +109,7 @@ async fn serve_end_to_end_through_the_binary() {
 
     // Health, readiness (after the first list), the description.
     assert_eq!(server.call("GET", "/healthz", None, None).await.0, 200);
-    until(30, "ready", || async {
-        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
-    })
-    .await;
+    server.until_ready(30, "ready").await;
     let (s, doc) = server.call("GET", "/openapi.json", None, None).await;
     assert_eq!(s, 200);
     assert!(doc["paths"]["/v1/requests"].is_object());
@@ -377,18 +374,10 @@ async fn serve_end_to_end_through_the_binary() {
         .as_array()
         .unwrap()
         .clone();
-    let creates = sim
-        .cloud
-        .calls()
-        .iter()
-        .filter(|c| c.method == "POST" && c.path == "/v1/instances")
-        .count();
+    let created = creates(&sim.cloud);
     server.terminate().await.assert_success();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    until(30, "ready again", || async {
-        (server.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
-    })
-    .await;
+    server.until_ready(30, "ready again").await;
     let (_, n) = server
         .call("GET", &format!("/v1/nodes/{my_node}"), Some(OPS), None)
         .await;
@@ -409,13 +398,8 @@ async fn serve_end_to_end_through_the_binary() {
         );
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = sim
-        .cloud
-        .calls()
-        .iter()
-        .filter(|c| c.method == "POST" && c.path == "/v1/instances")
-        .count();
-    assert_eq!(after, creates, "no create after the restart");
+    let after = creates(&sim.cloud);
+    assert_eq!(after, created, "no create after the restart");
     server.terminate().await.assert_success();
 }
 
@@ -572,12 +556,7 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
         (l[0]["ready"].as_u64() == Some(2)).then_some(())
     })
     .await;
-    let live = sim
-        .cloud
-        .instances()
-        .into_iter()
-        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
-        .count();
+    let live = live(&sim.cloud).len();
     assert_eq!(live, 2);
     server.terminate().await.assert_success();
 }

@@ -32,6 +32,24 @@ pub const KIT_STEPS: [&str; 7] = [
     "delete again",
 ];
 
+/// The instances of `cloud` that are not terminated, by its own record.
+pub fn live(cloud: &berth::sim::SimCloud) -> Vec<berth::sim::Instance> {
+    cloud
+        .instances()
+        .into_iter()
+        .filter(|i| i.state != berth::sim::InstanceState::Terminated)
+        .collect()
+}
+
+/// How many creates `cloud` has been sent, by its own record.
+pub fn creates(cloud: &berth::sim::SimCloud) -> usize {
+    cloud
+        .calls()
+        .iter()
+        .filter(|c| c.method == "POST" && c.path == "/v1/instances")
+        .count()
+}
+
 /// The workspace root (host/ is one below it).
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

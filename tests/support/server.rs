@@ -117,6 +117,15 @@ impl Berth {
         Self::spawn(launch).listening().await
     }
 
+    /// Waits (at most `secs`) until `/readyz` answers 200: every provider
+    /// has been listed.
+    pub async fn until_ready(&self, secs: u64, what: &str) {
+        until(secs, what, || async {
+            (self.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
+        })
+        .await
+    }
+
     /// A client of this berth's API, as `token`.
     pub fn client(&self, token: &str) -> Client {
         Client::new(&self.base, Some(token.to_owned())).expect("a client")
