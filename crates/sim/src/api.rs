@@ -29,6 +29,9 @@ pub(super) fn router(cloud: SimCloud) -> Router {
         .route("/v1/limits", get(limits))
         // Added after the routes so it wraps exactly the cloud API.
         .layer(middleware::from_fn_with_state(cloud.clone(), gate));
+    // The same API under `/c/NAME`: callers that share one cloud name
+    // themselves in their endpoint, and the call record says who called.
+    let api = Router::new().nest("/c/{caller}", api.clone()).merge(api);
     let control = Router::new()
         .route("/sim/knobs", get(get_knobs).put(put_knobs))
         .route("/sim/calls", get(calls))
@@ -94,6 +97,12 @@ impl IntoResponse for ApiError {
 async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Response {
     let method = request.method().to_string();
     let path = request.uri().path().to_owned();
+    let caller = request
+        .extensions()
+        .get::<axum::extract::OriginalUri>()
+        .and_then(|o| o.path().strip_prefix("/c/"))
+        .and_then(|rest| rest.split('/').next())
+        .map(str::to_owned);
     let span = tracing::debug_span!("sim_call", %method, %path, status = tracing::field::Empty);
     let at_ms = cloud.now_ms();
     let admitted = {
@@ -130,6 +139,7 @@ async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Re
         path,
         status,
         retry_after_ms,
+        caller,
     });
     response
 }

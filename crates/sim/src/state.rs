@@ -50,6 +50,10 @@ pub struct Call {
     /// For a `429`: how long the caller was told to wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// Who called, when the caller's endpoint named itself with a
+    /// `/c/NAME` prefix (several berth processes on one cloud).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
 }
 
 /// Why a cloud-API call was refused. Turned into a status and error body in

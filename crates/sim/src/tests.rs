@@ -697,3 +697,34 @@ fn sim_args_become_knobs() {
     assert!(Cli::try_parse_from(["berth", "--boot-delay", "2"]).is_err());
     assert!(Cli::try_parse_from(["berth", "--failure-rate", "1.5"]).is_err());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_named_in_the_endpoint_is_recorded_with_its_calls() {
+    let (cloud, app) = sim(Knobs::default());
+    let made = send(
+        &app,
+        "POST",
+        "/c/b1/v1/instances",
+        Some(small(json!({}))),
+        None,
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let id = made.body["id"].as_str().unwrap().to_owned();
+    let listed = send(&app, "GET", "/c/b2/v1/instances", None, None).await;
+    assert_eq!(ids(&listed), [id.clone()]);
+    send(&app, "DELETE", &format!("/v1/instances/{id}"), None, None).await;
+    let recorded = cloud.calls();
+    let seen: Vec<(Option<&str>, &str, &str)> = recorded
+        .iter()
+        .map(|c| (c.caller.as_deref(), c.method.as_str(), c.path.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Some("b1"), "POST", "/v1/instances"),
+            (Some("b2"), "GET", "/v1/instances"),
+            (None, "DELETE", format!("/v1/instances/{id}").as_str()),
+        ]
+    );
+}
