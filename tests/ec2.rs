@@ -631,6 +631,7 @@ async fn signed_provider(
             credentials,
             state: None,
             deny: Vec::new(),
+            gate: None,
         },
     )
 }
@@ -835,6 +836,7 @@ async fn the_guest_never_sees_the_secret_and_the_host_signs_its_requests() {
                 credentials,
                 state: None,
                 deny: Vec::new(),
+                gate: None,
             },
         )
     };

@@ -5,6 +5,7 @@
 mod commands;
 mod ec2;
 mod faults;
+mod ha;
 mod http_edge;
 mod in_berth;
 mod layers;
@@ -72,6 +73,7 @@ async fn provider(
             credentials: Vec::new(),
             state: None,
             deny: Vec::new(),
+            gate: None,
         },
     )
 }
@@ -687,6 +689,7 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
                 credentials,
                 state: None,
                 deny: Vec::new(),
+                gate: None,
             },
         )
     };

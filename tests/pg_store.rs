@@ -1,8 +1,9 @@
 //! `berth serve` on the PostgreSQL store (`[store] url`), through the
 //! binary, on a fresh database of this test process's throwaway cluster
 //! (support/postgres.rs): the pool's records live in PostgreSQL and survive
-//! a SIGKILL, a second process on the same database is refused, and a wrong
-//! password is a clear error.
+//! a SIGKILL, a second process on the same database stands by and relays
+//! calls to the holder, and a wrong password is a clear error. Several
+//! processes failing over are in `ha.rs`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -27,7 +28,10 @@ pub(crate) fn database(dir: &Path, password: Option<&str>) -> (String, String) {
         format!("{}\n", password.unwrap_or(cluster.password())),
     )
     .unwrap();
-    let store = format!("[store]\nurl = {bare:?}\npassword-file = \"pgpass\"\n");
+    // A short lease, so that a process restarted after a SIGKILL takes its
+    // pool back in seconds.
+    let store =
+        format!("[store]\nurl = {bare:?}\npassword-file = \"pgpass\"\npool-lease-ttl = \"1s\"\n");
     (url, store)
 }
 
@@ -76,12 +80,19 @@ async fn serve_keeps_its_pool_in_postgres_across_a_sigkill() {
     assert!(!dir.path().join("state/berth.db").exists());
 
     let before = nodes(&server).await;
+    // The requestor's lease (3 s) is renewed just before the kill: the
+    // restarted process takes the pool back only once the dead one's pool
+    // lease (1 s) has expired.
+    let (s, _) = server.call("POST", "/v1/lease", Some(CI), None).await;
+    assert_eq!(s, 200);
     server.signal(libc::SIGKILL);
     server.exit_within(Duration::from_secs(30)).await;
     let created = creates(&sim.cloud);
 
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
     server.until_ready(30, "ready again").await;
+    let (s, _) = server.call("POST", "/v1/lease", Some(CI), None).await;
+    assert_eq!(s, 200);
     let (_, n) = server
         .call("GET", &format!("/v1/nodes/{mine}"), Some(OPS), None)
         .await;
@@ -114,34 +125,119 @@ async fn serve_keeps_its_pool_in_postgres_across_a_sigkill() {
         .filter_map(|n| n["instance"].as_str().map(str::to_owned))
         .collect();
     known.sort();
-    assert_eq!(live_instances(&sim), known);
+    assert_eq!(
+        live_instances(&sim),
+        known,
+        "{:#?}\n{}",
+        sim.cloud.calls(),
+        server.log_text()
+    );
     server.terminate().await.assert_success();
 }
 
+/// A second `berth serve` on the same database stands by: `/readyz` says
+/// who holds the pool, `/v1` calls made to it are relayed to the holder and
+/// answered as the holder answers them, and when the holder stops cleanly
+/// it gives the lease up and the second takes the pool over at once,
+/// listing before it acts: no create of its own for nodes that exist.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_berth_on_the_same_database_is_refused() {
+async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_stops() {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let (_url, store) = database(dir.path(), None);
+    let (url, store) = database(dir.path(), None);
     let cfg = config(&sim, dir.path(), &store);
     let first = Berth::start(&["--config", &cfg], dir.path()).await;
+    first.until_ready(30, "the first holds the pool").await;
 
     let other = tempfile::tempdir().unwrap();
     std::fs::copy(dir.path().join("pgpass"), other.path().join("pgpass")).unwrap();
     let cfg2 = config(&sim, other.path(), &store);
-    let exited = Berth::spawn(Launch::new(&["--config", &cfg2], other.path()))
-        .exit_within(Duration::from_secs(60))
-        .await;
-    assert_ne!(exited.status.code(), Some(0));
-    let log = exited.log_text();
-    assert!(
-        log.contains("another berth process uses this PostgreSQL database"),
-        "{log}"
+    let second = Berth::start(&["--config", &cfg2], other.path()).await;
+    let (s, e) = second.call("GET", "/readyz", None, None).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (503, Some("standby")),
+        "{e}"
     );
-    // The first goes on serving.
-    let request = first.request(CI, &[("small", 1)]).await;
-    first.fulfilled(CI, &request.id).await;
+    let said = e["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(said.contains(&first.base), "{said}");
+    assert_eq!(second.call("GET", "/healthz", None, None).await.0, 200);
+
+    // A request made to the one standing by is served by the holder.
+    let request = second.request(CI, &[("small", 1)]).await;
+    let done = second.fulfilled(CI, &request.id).await;
+    let (_, held) = first
+        .call(
+            "GET",
+            &format!("/v1/requests/{}", request.id),
+            Some(CI),
+            None,
+        )
+        .await;
+    assert_eq!(held["state"], "fulfilled", "{held}");
+    // Errors come back as the holder gives them.
+    let (s, e) = second
+        .call("GET", "/v1/requests/r-nonesuch", Some(CI), None)
+        .await;
+    assert_eq!((s, e["error"]["field"].as_str()), (400, Some("id")), "{e}");
+    let (s, _) = second.call("GET", "/v1/nodes", Some("wrong"), None).await;
+    assert_eq!(s, 401);
+    let (_, providers) = second.call("GET", "/v1/providers", Some(OPS), None).await;
+    let holder = providers[0]["holder"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(holder.starts_with(&first.base), "{providers}");
+    assert!(providers[0]["lease_expires"].is_string(), "{providers}");
+    assert_eq!(
+        psql(&url, "SELECT holder || ' ' || epoch FROM pool_lease").unwrap(),
+        format!("{holder} 1")
+    );
+    until(30, "two ready nodes", || async {
+        let n = nodes(&first).await;
+        (n.iter().filter(|n| n["state"] == "ready").count() == 2).then_some(())
+    })
+    .await;
+    let created = creates(&sim.cloud);
+
+    // A clean stop gives the pool to the second at once (well within the
+    // lease's TTL).
+    let stopped = std::time::Instant::now();
     first.terminate().await.assert_success();
+    second
+        .until_ready(30, "the second took the pool over")
+        .await;
+    let took = stopped.elapsed();
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let (_, n) = second
+        .call(
+            "GET",
+            &format!("/v1/nodes/{}", done.nodes[0].id),
+            Some(OPS),
+            None,
+        )
+        .await;
+    assert_eq!(n["state"], "in-use", "{n}");
+    let log = second.log_text();
+    assert!(log.contains("this process took the pool over"), "{log}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(creates(&sim.cloud), created, "no create after the takeover");
+    let mut known: Vec<String> = nodes(&second)
+        .await
+        .iter()
+        .filter_map(|n| n["instance"].as_str().map(str::to_owned))
+        .collect();
+    known.sort();
+    assert_eq!(live_instances(&sim), known);
+    assert!(
+        psql(&url, "SELECT holder || ' ' || epoch FROM pool_lease")
+            .unwrap()
+            .ends_with(" 2")
+    );
+    second.terminate().await.assert_success();
 }
 
 #[tokio::test]

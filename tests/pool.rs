@@ -444,6 +444,7 @@ async fn a_leaked_instance_is_deleted_and_a_tagged_one_adopted() {
                 credentials: Vec::new(),
                 state: None,
                 deny: Vec::new(),
+                gate: None,
             },
         )
     };

@@ -111,6 +111,7 @@ fn provider(
             credentials: vec![],
             state: None,
             deny: Vec::new(),
+            gate: None,
         },
     )
 }
@@ -228,6 +229,7 @@ async fn run() {
                 credentials: vec![],
                 state: None,
                 deny: Vec::new(),
+                gate: None,
             },
         );
         let mut instance = p.instance();

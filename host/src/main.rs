@@ -244,7 +244,7 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                 berth::config::StoreSync::Full,
             )
             .with_context(|| format!("opening the store {}", from.display()))?;
-            let mut target = berth::store::PgStore::open(pg, pool.clone())
+            let mut target = berth::store::PgStore::open(pg, pool.clone(), None)
                 .await
                 .with_context(|| format!("opening the PostgreSQL store {}", pg.url))?;
             let copied = berth::store::copy_into_empty(&mut source, &mut target, &pool)

@@ -245,6 +245,13 @@ pub struct Provider {
     pub last_listed: Option<String>,
     /// Nodes whose instance its lists stopped showing.
     pub missing: usize,
+    /// The berth process that holds the provider (with a store shared by
+    /// several processes): only it launches, deletes and lists there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// When the holder's lease expires unless it renews it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]

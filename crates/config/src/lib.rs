@@ -95,6 +95,13 @@ pub struct Postgres {
     pub url: String,
     /// The password, if the server asks for one.
     pub password: Option<Password>,
+    /// How long the pool's lease lasts unrenewed (`pool-lease-ttl`): how
+    /// long after its holder dies another process takes the pool over.
+    pub lease_ttl: Duration,
+}
+
+impl Postgres {
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 }
 
 /// Where the PostgreSQL password comes from.
@@ -136,6 +143,10 @@ pub struct Api {
     /// Connections open at once; at the cap, the one idle longest is closed
     /// for a new one (`max-connections`).
     pub max_connections: usize,
+    /// The url at which the other berth processes sharing this pool reach
+    /// this one's API (`advertise`); `http://` and the listening address
+    /// when not given.
+    pub advertise: Option<String>,
 }
 
 impl Api {
@@ -155,6 +166,7 @@ impl Default for Api {
             header_timeout: Self::DEFAULT_HEADER_TIMEOUT,
             body_timeout: Self::DEFAULT_BODY_TIMEOUT,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            advertise: None,
         }
     }
 }

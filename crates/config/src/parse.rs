@@ -666,12 +666,20 @@ impl Walker<'_> {
         let url = self.string(&mut s, "url");
         let password = self.secret(&mut s, "password", false);
         let password_file = self.string(&mut s, "password-file");
+        let lease_ttl = self.duration(&mut s, "pool-lease-ttl");
         let postgres = match url {
             None => {
                 for key in ["password", "password-file"] {
                     if t.contains_key(key) {
                         self.problem(s.at(key), "only a PostgreSQL store (`url`) has a password");
                     }
+                }
+                if lease_ttl.is_some() {
+                    self.problem(
+                        s.at("pool-lease-ttl"),
+                        "only a PostgreSQL store (`url`), shared by several processes, has a \
+                         pool lease",
+                    );
                 }
                 None
             }
@@ -696,7 +704,18 @@ impl Walker<'_> {
                     (None, Some(f)) => Some(Password::File(base.join(f))),
                     (None, None) => None,
                 };
-                Some(Postgres { url, password })
+                let lease_ttl = lease_ttl.unwrap_or(Postgres::DEFAULT_LEASE_TTL);
+                if lease_ttl < Duration::from_millis(500) {
+                    self.problem(
+                        s.at("pool-lease-ttl"),
+                        "must be at least 500ms: the holder renews it every third of it",
+                    );
+                }
+                Some(Postgres {
+                    url,
+                    password,
+                    lease_ttl,
+                })
             }
         };
         self.finish(s);
@@ -790,6 +809,10 @@ impl Walker<'_> {
                 }
             },
         };
+        let advertise = self.string(&mut s, "advertise");
+        if let Some(text) = &advertise {
+            self.advertise_url(text);
+        }
         let lease_ttl = self
             .duration(&mut s, "lease-ttl")
             .unwrap_or(Config::DEFAULT_LEASE_TTL);
@@ -843,8 +866,32 @@ impl Walker<'_> {
             header_timeout,
             body_timeout,
             max_connections: max_connections.max(1),
+            advertise,
         };
         (api, lease_ttl)
+    }
+
+    /// Checks `api.advertise`: an http url of a host and port, nothing else.
+    fn advertise_url(&mut self, text: &str) {
+        let problem = match url::Url::parse(text) {
+            Err(e) => Some(format!(
+                "`{text}` is not a url such as http://10.0.0.5:8080: {e}"
+            )),
+            Ok(u) if u.scheme() != "http" => Some(format!(
+                "`{text}`: berth's API is plain http (put TLS in front of it), so this starts \
+                 with http://"
+            )),
+            Ok(u) if u.host_str().is_none_or(str::is_empty) => {
+                Some(format!("`{text}` names no host"))
+            }
+            Ok(u) if u.path() != "/" || u.query().is_some() || !u.username().is_empty() => {
+                Some(format!("`{text}`: give only http://HOST:PORT"))
+            }
+            Ok(_) => None,
+        };
+        if let Some(p) = problem {
+            self.problem("api.advertise", p);
+        }
     }
 
     fn token(&mut self, name: String, t: &Table) -> Option<Token> {

@@ -572,9 +572,44 @@ fn a_postgres_store_takes_its_password_from_the_environment_or_a_file() {
         Some(Password::File(f)) => assert_eq!(f, Path::new("/etc/berth/secrets/db")),
         other => panic!("{other:?}"),
     }
+    assert_eq!(
+        c.store.postgres.as_ref().unwrap().lease_ttl,
+        Postgres::DEFAULT_LEASE_TTL
+    );
     // No [store], or no url: the embedded store.
     let c = parse("pool-id = \"p\"", Path::new("."), &env).unwrap();
     assert!(c.store.postgres.is_none());
+}
+
+#[test]
+fn processes_sharing_a_pool_set_their_lease_and_where_they_are_reached() {
+    let text = "pool-id = \"p\"\n[api]\nadvertise = \"http://10.0.0.5:8080\"\n\
+                [store]\nurl = \"postgres://berth@db/berth\"\npool-lease-ttl = \"3s\"";
+    let c = parse(text, Path::new("."), &env).expect("valid");
+    assert_eq!(c.api.advertise.as_deref(), Some("http://10.0.0.5:8080"));
+    assert_eq!(
+        c.store.postgres.unwrap().lease_ttl,
+        std::time::Duration::from_secs(3)
+    );
+    let store = "[store]\nurl = \"postgres://berth@db/berth\"\n";
+    check(
+        &format!("pool-id = \"p\"\n{store}pool-lease-ttl = \"100ms\""),
+        &[("store.pool-lease-ttl", "at least 500ms")],
+    );
+    check(
+        "pool-id = \"p\"\n[store]\npool-lease-ttl = \"5s\"",
+        &[("store.pool-lease-ttl", "only a PostgreSQL store")],
+    );
+    for (url, says) in [
+        ("https://10.0.0.5:8080", "plain http"),
+        ("http://10.0.0.5:8080/berth", "only http://HOST:PORT"),
+        ("10.0.0.5:8080", "not a url"),
+    ] {
+        check(
+            &format!("pool-id = \"p\"\n[api]\nadvertise = \"{url}\"\n{store}"),
+            &[("api.advertise", says)],
+        );
+    }
 }
 
 #[test]

@@ -288,6 +288,7 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
             credentials,
             state: None,
             deny: Vec::new(),
+            gate: None,
         },
     );
     let started = Instant::now();

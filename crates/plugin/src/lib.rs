@@ -13,6 +13,7 @@ mod cache;
 pub mod conformance;
 pub mod contract;
 mod credentials;
+mod gate;
 mod guest_log;
 mod guests;
 mod inspect;
@@ -35,6 +36,7 @@ use sandbox::StoreState;
 
 pub use berth_config::{AllowedHost, Auth, Credential, SandboxLimits, Secret};
 pub use cache::LoadSource;
+pub use gate::Gate;
 pub use inspect::{Import, Inspection, Provision, Rejection, inspect};
 pub use provider::{
     CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Sandbox, SandboxConfig, Trap,

@@ -45,6 +45,9 @@ pub struct SandboxConfig {
     /// Addresses the driver may never reach, whatever its allow-list says:
     /// berth's own API.
     pub deny: Vec<std::net::SocketAddr>,
+    /// Shut while this process may not act on clouds; `None` is always
+    /// open.
+    pub gate: Option<Arc<crate::Gate>>,
 }
 
 /// A failed call: which provider, which call, what went wrong.
@@ -240,6 +243,11 @@ impl Sandbox {
                 HttpPolicy::new(name.clone(), config.allowed_hosts)
                     .with_credentials(config.credentials)
                     .denying(config.deny)
+                    .gated(
+                        config
+                            .gate
+                            .unwrap_or_else(|| Arc::new(crate::Gate::always())),
+                    )
                     .limited(&limits),
             ),
             state: config

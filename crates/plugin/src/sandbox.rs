@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::gate::Gate;
 use tracing::instrument::WithSubscriber;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -113,6 +115,9 @@ pub struct HttpPolicy {
     /// Largest response body a guest may read.
     max_response_bytes: u64,
     denied: AtomicU64,
+    /// Shut while this process may not act on clouds (it does not hold the
+    /// pool's lease).
+    gate: Arc<Gate>,
 }
 
 /// Why an outbound request was refused.
@@ -125,6 +130,8 @@ pub(crate) enum Denial {
     InternalAddress(IpAddr),
     /// berth's own API.
     OwnAddress(SocketAddr),
+    /// This process does not hold the pool's lease now.
+    GateShut,
     BadUri,
     /// A user name or password in the URL.
     UserInfo,
@@ -151,6 +158,9 @@ impl std::fmt::Display for Denial {
                 "address {ip} is loopback or private and the allowed hosts do not name it as a literal"
             ),
             Denial::OwnAddress(a) => write!(f, "{a} is berth's own API, never reachable"),
+            Denial::GateShut => f.write_str(
+                "this process does not hold the pool's lease now, so it sends nothing to clouds",
+            ),
             Denial::BadUri => f.write_str("request has no host"),
             Denial::UserInfo => f.write_str("a user name or password in the URL is refused"),
             Denial::Method(m) => write!(f, "method {m} is refused"),
@@ -175,7 +185,14 @@ impl HttpPolicy {
             max_outbound: limits.max_outbound,
             max_response_bytes: limits.max_response_bytes,
             denied: AtomicU64::new(0),
+            gate: Arc::new(Gate::always()),
         }
+    }
+
+    /// The same policy, sending nothing while `gate` is shut.
+    pub fn gated(mut self, gate: Arc<Gate>) -> Self {
+        self.gate = gate;
+        self
     }
 
     /// The same policy, with `credentials` added to the requests they name.
@@ -392,7 +409,7 @@ impl WasiHttpHooks for Hooks {
                     | Denial::OwnAddress(_) => wasmtime_wasi_http::Error::DestinationIpProhibited,
                     Denial::TooMany { .. } => wasmtime_wasi_http::Error::ConnectionLimitReached,
                     Denial::Method(_) => wasmtime_wasi_http::Error::HttpRequestMethodInvalid,
-                    Denial::NotAllowed | Denial::BadUri | Denial::UserInfo => {
+                    Denial::NotAllowed | Denial::BadUri | Denial::UserInfo | Denial::GateShut => {
                         wasmtime_wasi_http::Error::HttpRequestDenied
                     }
                 })
@@ -436,6 +453,11 @@ impl WasiHttpHooks for Hooks {
                         *request.uri_mut() = uri;
                     }
                 }
+            }
+            // Checked last, after every await before the send: a process
+            // paused anywhere above finds the gate shut when it resumes.
+            if !policy.gate.is_open() {
+                return refuse(Denial::GateShut);
             }
             tracing::debug!(provider = %policy.provider, %url, "outbound request");
             let (response, io) =

@@ -9,6 +9,7 @@
 
 mod auth;
 mod doc;
+mod forward;
 mod telemetry;
 pub use berth_client::types;
 mod views;
@@ -43,6 +44,8 @@ struct Inner {
     /// `[api]`: tokens and limits.
     settings: berth_config::Api,
     stopping: AtomicBool,
+    /// Passes calls to the pool's holder while this process stands by.
+    relay: forward::Relay,
 }
 
 impl Api {
@@ -53,6 +56,7 @@ impl Api {
                 telemetry,
                 settings,
                 stopping: AtomicBool::new(false),
+                relay: forward::Relay::new(),
             }),
         }
     }
@@ -79,6 +83,10 @@ impl Api {
             .route_layer(axum::middleware::from_fn(no_query_where_none_is_taken))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                forward::relay,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 bounded_body,
@@ -387,7 +395,7 @@ impl IntoResponse for ApiError {
                 header::HeaderValue::from_static("Bearer realm=\"berth\""),
             );
         }
-        if matches!(self.code, "busy" | "store_unavailable") {
+        if matches!(self.code, "busy" | "store_unavailable" | "standby") {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
@@ -412,6 +420,9 @@ impl From<ServiceError> for ApiError {
                 "store_unavailable",
                 message,
             ),
+            ServiceError::Standby { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "standby", message)
+            }
             ServiceError::Refused(Refused::Empty) => ApiError::bad("labels", message),
             ServiceError::Refused(Refused::DuplicateLabel(_)) => ApiError::bad("labels", message),
             ServiceError::Refused(Refused::TooMany { .. }) => {
@@ -523,13 +534,13 @@ async fn healthz(State(api): State<Api>) -> Response {
     operation_id = "readyz",
     tag = "health",
     summary = "Readiness",
-    description = "Ready once every provider has been listed at least once since start; nothing is created on a provider until then.",
+    description = "Ready once every provider has been listed at least once since start; nothing is created on a provider until then. With a store shared by several berth processes, only the process holding the pool is ready.",
     security(()),
     extensions(("x-berth-roles" = json!([]))),
     responses(
         (status = 200, description = "Ready.", body = String, content_type = "text/plain"),
         (status = 400, response = doc::TakesNoQuery),
-        (status = 503, description = "Not ready: code `not_ready` (the message names the providers not listed yet) or `stopping` (shutting down).", body = types::ErrorBody)
+        (status = 503, description = "Not ready: code `not_ready` (the message names the providers not listed yet), `stopping` (shutting down), `store_unavailable`, or `standby` (another berth process holds the pool; this one relays `/v1` calls to it).", body = types::ErrorBody)
     )
 )]
 async fn readyz(State(api): State<Api>) -> Response {
@@ -1130,10 +1141,22 @@ async fn providers(State(api): State<Api>, headers: HeaderMap) -> Result<Respons
     api.caller(&headers)?;
     let telemetry = api.inner.telemetry.clone();
     let providers = api.handle().providers().clone();
-    let list = api
+    let mut list = api
         .handle()
         .inspect(move |pool| views::providers(pool, &telemetry, &providers))
         .await?;
+    // One lease covers the whole pool: every provider has the same holder.
+    if let Some(lease) = api.handle().lease() {
+        let expires = lease
+            .expires
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| types::rfc3339(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+            .ok();
+        for p in &mut list {
+            p.holder = Some(lease.holder.clone());
+            p.lease_expires = expires.clone();
+        }
+    }
     Ok(json(StatusCode::OK, list))
 }
 

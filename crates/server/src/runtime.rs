@@ -5,6 +5,15 @@
 //! act). Driver calls run on their own tasks and report back as outcomes.
 //!
 //! Clients talk to it through a cloneable [`Handle`].
+//!
+//! On a store shared by several processes (PostgreSQL) the task decides only
+//! while this process holds the pool's lease: it claims it at start, renews
+//! it with every commit (and on a timer when idle), and opens the drivers'
+//! [`Gate`] only for as long as the lease is certain. When another process
+//! holds the pool, this one stands by: commands are refused with
+//! [`ServiceError::Standby`] (the API forwards them to the holder), and once
+//! the lease is free the task takes the pool over and reloads it from the
+//! store, as after a restart: list first, then act.
 
 mod commands;
 mod providers;
@@ -27,8 +36,8 @@ use berth_core::pool::{
     Changes, Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refused, Request,
     RequestId, RequestState, Time,
 };
-use berth_plugin::{CallError, CallErrorKind, DriverState, Runtime, RuntimeConfig};
-use berth_store::{PgStore, SqliteStore, Store, StoreError};
+use berth_plugin::{CallError, CallErrorKind, DriverState, Gate, Runtime, RuntimeConfig};
+use berth_store::{Claimant, PgStore, SqliteStore, Store, StoreError, Tenure};
 
 pub use commands::{Caller, Change, Done};
 pub use providers::{BoxFuture, Cloud, Health, LoadedDriver, Providers};
@@ -90,6 +99,32 @@ pub enum ServiceError {
     /// the pool decides nothing until it is back; try again shortly.
     #[error("the store is out of reach ({0}); nothing was changed; try again shortly")]
     StoreUnavailable(Arc<str>),
+    /// Another berth process holds the pool; this one stands by.
+    #[error("{}", standby_text(.holder, .address))]
+    Standby { holder: Arc<str>, address: Arc<str> },
+}
+
+fn standby_text(holder: &str, address: &str) -> String {
+    if holder.is_empty() {
+        return "this berth process does not hold the pool and does not know yet who does; \
+                try again shortly"
+            .into();
+    }
+    format!(
+        "this berth process stands by: the pool is held by {holder} ({address}); nothing was \
+         changed here"
+    )
+}
+
+/// The pool's lease as this process holds it, for the API to show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseView {
+    /// This process, as the lease names it.
+    pub holder: String,
+    /// The fencing token.
+    pub epoch: i64,
+    /// When the lease expires unless renewed, by the database's clock.
+    pub expires: SystemTime,
 }
 
 /// Why a pool's task ended with an error.
@@ -191,8 +226,11 @@ pub struct Handle {
     /// Why the pool's task ended, if it ended by itself; a command sent
     /// after that is answered with it rather than a plain `Stopped`.
     ended: Arc<OnceLock<ServiceError>>,
-    /// Set while the store is out of reach ([`ServiceError::StoreUnavailable`]).
+    /// Set while the store is out of reach ([`ServiceError::StoreUnavailable`])
+    /// or another process holds the pool ([`ServiceError::Standby`]).
     down: Down,
+    /// The pool's lease while this process holds one.
+    lease: Arc<std::sync::Mutex<Option<LeaseView>>>,
 }
 
 /// Why the pool decides nothing for now, while it does not.
@@ -264,6 +302,19 @@ impl Handle {
     /// written), if it did.
     pub fn failure(&self) -> Option<ServiceError> {
         self.ended.get().cloned()
+    }
+
+    /// Who holds the pool and where, while another process does.
+    pub fn standby(&self) -> Option<(Arc<str>, Arc<str>)> {
+        match self.down.lock().ok()?.as_ref()? {
+            ServiceError::Standby { holder, address } => Some((holder.clone(), address.clone())),
+            _ => None,
+        }
+    }
+
+    /// The pool's lease, while this process holds one (a shared store).
+    pub fn lease(&self) -> Option<LeaseView> {
+        self.lease.lock().ok()?.clone()
     }
 
     /// Takes a request; see [`Handle::wait`] for its outcome.
@@ -345,6 +396,14 @@ pub struct Parts {
     pub store: Box<dyn Store>,
     pub clock: Clock,
     pub observer: Arc<dyn Observer>,
+    /// Shut while this process may not act on clouds; always open for a
+    /// store of its own.
+    pub gate: Arc<Gate>,
+    /// Who holds the pool at start, if another process does: the task
+    /// stands by until it can take the pool over.
+    pub standby: Option<Tenure>,
+    /// This process as the pool's lease names it (a shared store).
+    pub holder: Option<String>,
 }
 
 impl Service {
@@ -356,9 +415,14 @@ impl Service {
         let config = pool.config().clone();
         let ended = Arc::new(OnceLock::new());
         let down = Down::default();
+        let lease = Arc::default();
         let run = Loop {
             ended: ended.clone(),
             down: down.clone(),
+            lease: Arc::clone(&lease),
+            gate: parts.gate,
+            standby: parts.standby,
+            holder: parts.holder,
             pool,
             providers: parts.providers.clone(),
             store: parts.store,
@@ -378,6 +442,7 @@ impl Service {
                 providers: parts.providers,
                 ended,
                 down,
+                lease,
             },
             task,
             outcome: None,
@@ -436,6 +501,9 @@ pub struct StartOptions {
     /// Addresses no driver may reach whatever its allow-list says: the
     /// API's own.
     pub deny: Vec<SocketAddr>,
+    /// The url at which the other processes sharing the pool reach this
+    /// one's API (a PostgreSQL store).
+    pub advertise: Option<String>,
 }
 
 /// Loads the configured drivers, opens the store in the state directory,
@@ -448,6 +516,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     // The store first: opening it checks that the state directory can be
     // written (a read-only or full one is a clear error now, not a failed
     // commit later), before any driver starts loading.
+    let mut holder = None;
     let mut store: Box<dyn Store> = match &settings.store.postgres {
         None => {
             let path = state_dir.join("berth.db");
@@ -456,13 +525,40 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
             Box::new(store)
         }
         Some(pg) => {
-            let store = PgStore::open(pg, config.clone())
+            let address = options.advertise.clone().unwrap_or_default();
+            let claimant = Claimant {
+                holder: format!(
+                    "{address} pid {} #{:04x}",
+                    std::process::id(),
+                    rand::random::<u16>()
+                ),
+                address,
+                ttl: pg.lease_ttl,
+            };
+            holder = Some(claimant.holder.clone());
+            let store = PgStore::open(pg, config.clone(), Some(claimant))
                 .await
                 .with_context(|| format!("opening the PostgreSQL store {}", pg.url))?;
             Box::new(store)
         }
     };
-    let loaded = store.load(&config).await.context("loading the store")?;
+    let tenure = store.claim().await.context("claiming the pool's lease")?;
+    let (gate, standby) = match tenure {
+        Tenure::Alone => (Gate::always(), None),
+        Tenure::Held(held) => {
+            let gate = Gate::shut();
+            gate.open_until(held.valid_until);
+            tracing::info!(epoch = held.epoch, "this process holds the pool");
+            (gate, None)
+        }
+        other => (Gate::shut(), Some(other)),
+    };
+    let gate = Arc::new(gate);
+    let loaded = match standby {
+        None => store.load(&config).await.context("loading the store")?,
+        // Loaded when the pool is taken over, as it then stands.
+        Some(_) => berth_store::Loaded::default(),
+    };
     let runtime = Runtime::new(RuntimeConfig {
         cache_dir: Some(state_dir.join("cache")),
         ..Default::default()
@@ -472,7 +568,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         .with_context(|| format!("opening the driver records {}", state_path.display()))?;
     // In the background: a driver that fails to start costs its own
     // provider, not the service.
-    let providers = Providers::start(runtime, &settings, driver_state, options.deny);
+    let providers = Providers::start(runtime, &settings, driver_state, options.deny, gate.clone());
     for note in &loaded.dropped {
         tracing::warn!("store: {note}");
     }
@@ -490,6 +586,9 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         store,
         clock,
         observer: options.observer.unwrap_or_else(|| Arc::new(Deaf)),
+        gate,
+        standby,
+        holder,
     };
     Ok(Service::spawn(pool, parts))
 }
@@ -497,8 +596,17 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
 struct Loop {
     /// Shared with every [`Handle`]: why the task ended, if by itself.
     ended: Arc<OnceLock<ServiceError>>,
-    /// Shared with every [`Handle`]: set while the store is out of reach.
+    /// Shared with every [`Handle`]: set while the store is out of reach
+    /// or another process holds the pool.
     down: Down,
+    /// Shared with every [`Handle`]: the lease while this process holds it.
+    lease: Arc<std::sync::Mutex<Option<LeaseView>>>,
+    /// Open while the lease is certain (always, for a store of its own).
+    gate: Arc<Gate>,
+    /// Who held the pool at start, until the task has stood by once.
+    standby: Option<Tenure>,
+    /// This process as the pool's lease names it (a shared store).
+    holder: Option<String>,
     pool: Pool,
     providers: Arc<Providers>,
     store: Box<dyn Store>,
@@ -514,6 +622,10 @@ struct Loop {
     /// Driver calls started whose outcome has not come back.
     in_flight: usize,
 }
+
+/// How often a process standing by asks whether the pool's lease is free,
+/// at most: a holder that stops cleanly frees it at once.
+const STANDBY_POLL: Duration = Duration::from_millis(250);
 
 /// The first wait before connecting to a lost store again; it doubles up
 /// to [`RECONNECT_MAX`].
@@ -549,19 +661,55 @@ impl Loop {
     ) -> Result<(), PoolError> {
         let mut inbox = Inbox { commands, outcomes };
         let mut stop = stop;
+        if let Some(Tenure::Other {
+            holder, address, ..
+        }) = self.standby.take()
+        {
+            let why = ServiceError::Standby {
+                holder: holder.into(),
+                address: address.into(),
+            };
+            match self.suspend(&mut inbox, &mut stop, why).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    inbox.close(&ServiceError::Stopped);
+                    return Ok(());
+                }
+                Err(e) => return Err(self.fail(&mut inbox, e)),
+            }
+        }
         let outcome = loop {
-            match self.serve(&mut inbox, &mut stop).await {
+            let suspended = match self.serve(&mut inbox, &mut stop).await {
                 Ok(grace) => break self.drain(&mut inbox, grace).await,
-                Err(e) if e.is_lost() => match self.reconnect(&mut inbox, &mut stop, e).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        // Stopped while the store was away: nothing was in
-                        // flight that the next start does not resolve.
-                        inbox.close(&ServiceError::Stopped);
-                        return Ok(());
-                    }
-                    Err(e) => break Err(e),
-                },
+                Err(e) if e.is_lost() => {
+                    tracing::error!(
+                        error = %e,
+                        "the store is out of reach: deciding nothing and calling no cloud until it is back"
+                    );
+                    let why = ServiceError::StoreUnavailable(e.to_string().into());
+                    self.suspend(&mut inbox, &mut stop, why).await
+                }
+                Err(e) if e.is_fenced() => {
+                    tracing::warn!(
+                        error = %e,
+                        "another berth process took the pool over: this one stands by, deciding nothing and calling no cloud"
+                    );
+                    let why = ServiceError::Standby {
+                        holder: "".into(),
+                        address: "".into(),
+                    };
+                    self.suspend(&mut inbox, &mut stop, why).await
+                }
+                Err(e) => break Err(e),
+            };
+            match suspended {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Stopped while suspended: nothing was in flight that
+                    // the next start (or the holder) does not resolve.
+                    inbox.close(&ServiceError::Stopped);
+                    return Ok(());
+                }
                 Err(e) => break Err(e),
             }
         };
@@ -582,6 +730,7 @@ impl Loop {
         self.step().await?;
         let grace = loop {
             let wake = self.pool.next_wakeup().map(|t| self.clock.instant(t));
+            let renew = self.renewal_due();
             tokio::select! {
                 biased;
                 g = &mut *stop => break g.unwrap_or(Duration::ZERO),
@@ -591,6 +740,7 @@ impl Loop {
                     None => break Duration::ZERO,
                 },
                 _ = sleep_until(wake) => {}
+                _ = sleep_until(renew) => {}
             }
             for _ in 1..BATCH {
                 if let Ok(o) = inbox.outcomes.try_recv() {
@@ -625,29 +775,26 @@ impl Loop {
         PoolError::Store(e)
     }
 
-    /// The store is out of reach: nothing is decided, sent to a cloud or
-    /// answered as done until it is back. What changed in memory since the
-    /// last commit is given up (its effects were never started, its
-    /// commands are answered `StoreUnavailable`), and once the store
-    /// answers again the pool is reloaded from it, as after a restart.
-    /// Calls in flight are forgotten: their outcomes go to a channel nobody
-    /// reads, and their stored intents are resolved by the first lists.
-    /// Returns false if told to stop meanwhile; an error other than the
-    /// store being out of reach ends the pool as [`Loop::fail`] says.
-    async fn reconnect(
+    /// The pool is not this process's to decide on for now: the store is
+    /// out of reach, or another process holds the pool. Nothing is decided,
+    /// sent to a cloud or answered as done until that ends. What changed in
+    /// memory since the last commit is given up (its effects were never
+    /// started, its commands are answered with `why`), and once the store
+    /// answers again and this process holds the pool, the pool is reloaded
+    /// from the store, as after a restart. Calls in flight are forgotten:
+    /// their outcomes go to a channel nobody reads, and their stored intents
+    /// are resolved by the first lists. Returns false if told to stop
+    /// meanwhile; an error other than the store being out of reach or taken
+    /// ends the pool as [`Loop::fail`] says.
+    async fn suspend(
         &mut self,
         inbox: &mut Inbox,
         stop: &mut oneshot::Receiver<Duration>,
-        lost: StoreError,
+        mut why: ServiceError,
     ) -> Result<bool, StoreError> {
-        tracing::error!(
-            error = %lost,
-            "the store is out of reach: deciding nothing and calling no cloud until it is back"
-        );
-        let why = ServiceError::StoreUnavailable(lost.to_string().into());
-        if let Ok(mut down) = self.down.lock() {
-            *down = Some(why.clone());
-        }
+        self.gate.shut_now();
+        self.show_lease();
+        self.set_down(Some(why.clone()));
         for (answer, _) in self.replies.drain(..) {
             answer(Err(why.clone()));
         }
@@ -658,9 +805,12 @@ impl Loop {
         inbox.outcomes = fresh;
         self.in_flight = 0;
 
+        let mut lost = matches!(why, ServiceError::StoreUnavailable(_));
+        let was_lost = lost;
         let mut backoff = RECONNECT_FIRST;
+        let mut wait = if lost { backoff } else { Duration::ZERO };
         loop {
-            let retry = tokio::time::Instant::now() + backoff;
+            let retry = tokio::time::Instant::now() + wait;
             loop {
                 tokio::select! {
                     biased;
@@ -669,39 +819,143 @@ impl Loop {
                     _ = tokio::time::sleep_until(retry) => break,
                 }
             }
-            backoff = (backoff * 2).min(RECONNECT_MAX);
-            let config = self.pool.config().clone();
-            let loaded = match self.store.reconnect().await {
-                Ok(()) => self.store.load(&config).await,
-                Err(e) => Err(e),
-            };
-            match loaded {
-                Ok(loaded) => {
-                    for note in &loaded.dropped {
-                        tracing::warn!("store: {note}");
+            if lost {
+                backoff = (backoff * 2).min(RECONNECT_MAX);
+                wait = backoff;
+                match self.store.reconnect().await {
+                    Ok(()) => lost = false,
+                    Err(e) if e.is_lost() => {
+                        tracing::debug!(error = %e, "the store is still out of reach");
+                        continue;
                     }
-                    let now = self.clock.now();
-                    self.pool = Pool::restore(config, rand::random(), loaded.snapshot, now);
-                    if let Ok(mut down) = self.down.lock() {
-                        *down = None;
-                    }
-                    tracing::info!(
-                        nodes = self.pool.nodes().count(),
-                        "the store is back; the pool is reloaded from it and lists before it acts"
-                    );
-                    return Ok(true);
+                    Err(e) => return Err(e),
                 }
+            }
+            let tenure = match self.store.claim().await {
+                Ok(t) => t,
                 Err(e) if e.is_lost() => {
-                    tracing::debug!(error = %e, "the store is still out of reach");
+                    lost = true;
+                    continue;
                 }
                 Err(e) => return Err(e),
+            };
+            if let Tenure::Other {
+                holder,
+                address,
+                expires_in,
+            } = tenure
+            {
+                if !matches!(&why, ServiceError::Standby { holder: h, .. } if **h == *holder) {
+                    tracing::info!(%holder, %address, "standing by: another berth process holds the pool");
+                }
+                why = ServiceError::Standby {
+                    holder: holder.into(),
+                    address: address.into(),
+                };
+                self.set_down(Some(why.clone()));
+                // Tried again once the lease could have expired, and at
+                // least every STANDBY_POLL, so a holder's clean stop (which
+                // frees the lease at once) is noticed soon.
+                wait = (expires_in + Duration::from_millis(5)).min(STANDBY_POLL);
+                continue;
             }
+            let config = self.pool.config().clone();
+            let loaded = match self.store.load(&config).await {
+                Ok(l) => l,
+                Err(e) if e.is_lost() => {
+                    lost = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for note in &loaded.dropped {
+                tracing::warn!("store: {note}");
+            }
+            let now = self.clock.now();
+            self.pool = Pool::restore(config, rand::random(), loaded.snapshot, now);
+            self.opened();
+            self.set_down(None);
+            let epoch = self.store.holding().map(|h| h.epoch);
+            if was_lost {
+                tracing::info!(
+                    ?epoch,
+                    nodes = self.pool.nodes().count(),
+                    "the store is back; the pool is reloaded from it and lists before it acts"
+                );
+            } else {
+                tracing::info!(
+                    ?epoch,
+                    nodes = self.pool.nodes().count(),
+                    "this process took the pool over; reloaded from the store, it lists every provider before it acts"
+                );
+            }
+            return Ok(true);
         }
+    }
+
+    fn set_down(&self, why: Option<ServiceError>) {
+        if let Ok(mut down) = self.down.lock() {
+            *down = why;
+        }
+    }
+
+    /// Opens the drivers' gate for as long as the lease is certain, after
+    /// the store confirmed it, and shows the lease to the API.
+    fn opened(&self) {
+        if let Some(held) = self.store.holding() {
+            self.gate.open_until(held.valid_until);
+        }
+        self.show_lease();
+    }
+
+    fn show_lease(&self) {
+        let view = self.store.holding().map(|h| LeaseView {
+            holder: self.holder.clone().unwrap_or_default(),
+            epoch: h.epoch,
+            expires: h.expires,
+        });
+        if let Ok(mut lease) = self.lease.lock() {
+            *lease = view;
+        }
+    }
+
+    /// When the lease is next renewed if nothing is committed before:
+    /// halfway through the time it is certain for.
+    fn renewal_due(&self) -> Option<tokio::time::Instant> {
+        let held = self.store.holding()?;
+        let due = held.renewed + held.valid_until.saturating_duration_since(held.renewed) / 2;
+        Some(tokio::time::Instant::from_std(due))
     }
 
     /// Stopping: no new call starts and commands are refused, while the
     /// outcomes of calls in flight come in (up to `grace`) and are stored.
     async fn drain(&mut self, inbox: &mut Inbox, grace: Duration) -> Result<(), StoreError> {
+        match self.drain_calls(inbox, grace).await {
+            Ok(()) => {}
+            Err(e) if e.is_fenced() => {
+                // The pool is another process's now: what is left is its to
+                // resolve, from the stored intents and its first lists.
+                tracing::warn!(error = %e, "stopping: the pool was taken over meanwhile");
+                inbox.close(&ServiceError::Stopped);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        // Given up at once, so that a process standing by takes the pool
+        // over now rather than when the lease would have expired.
+        if self.store.holding().is_some() {
+            self.gate.shut_now();
+            match self.store.release().await {
+                Ok(()) => tracing::info!("gave the pool's lease up for another process to take"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not give the pool's lease up; another process takes the pool over once it expires")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn drain_calls(&mut self, inbox: &mut Inbox, grace: Duration) -> Result<(), StoreError> {
         let deadline = tokio::time::Instant::now() + grace;
         // Calls waiting for a provider to start are not worth the grace.
         self.providers.close();
@@ -809,12 +1063,18 @@ impl Loop {
                 self.observer.fulfilled(r, at.since(r.created));
             }
         }
-        if changes.is_empty() && !self.effects.is_empty() {
+        let renewal_due = self
+            .renewal_due()
+            .is_some_and(|at| at <= tokio::time::Instant::now());
+        if changes.is_empty() && (!self.effects.is_empty() || renewal_due) {
             // Nothing to store, but calls to make: only while the store is
-            // within reach, so that a lost store stops every call at once.
+            // within reach (and the pool still this process's), so that a
+            // lost store or lease stops every call at once. The same check
+            // renews the lease when it is due.
             self.store.check().await?;
         }
         self.commit(&changes).await?;
+        self.opened();
         self.answer();
         // Leak deletes and refused adoptions can come by the thousand (a
         // driver that lists thousands of orphans): one line per provider and

@@ -272,13 +272,25 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
     // Listening first, so that the drivers are started knowing the API's
     // address, which none of them may reach.
     let listener = http::listen(listen).with_context(|| format!("listening on {listen}"))?;
+    let bound = listener.local_addr()?;
+    // Where the other processes sharing the pool relay calls to this one.
+    let advertise = match &settings.api.advertise {
+        Some(url) => Some(url.clone()),
+        None if !bound.ip().is_unspecified() => Some(format!("http://{bound}")),
+        None if settings.store.postgres.is_some() => anyhow::bail!(
+            "listening on {bound}, which other berth processes cannot reach as such: set \
+             api.advertise to the url they reach this one at"
+        ),
+        None => None,
+    };
     let telemetry = Arc::new(Telemetry::new(&settings.pool));
     let api_settings = settings.api.clone();
     let service = runtime::start(
         settings,
         StartOptions {
             observer: Some(telemetry.clone()),
-            deny: vec![listener.local_addr()?],
+            deny: vec![bound],
+            advertise,
             ..Default::default()
         },
     )

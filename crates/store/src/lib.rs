@@ -10,20 +10,12 @@
 //! the config is dropped with a note (a node) or failed (a pending request);
 //! see [`Loaded::dropped`].
 //!
-//! Today one berth process uses a PostgreSQL database at a time
-//! ([`PgStore::hold_alone`]). Several processes on one pool would share it
-//! (designed for, not built; ARCHITECTURE.md has the whole story):
-//! - every node and request row carries a `version` (already in this schema,
-//!   bumped on each write), and a commit updates a row only
-//!   `WHERE version = <the version read>`;
-//! - each provider is owned under a lease row (provider, holder, expires) and
-//!   a commit also requires the committer's lease to be live, so only the
-//!   holder launches, deletes and reconciles on that provider;
-//! - a commit that loses either check rolls back, and the process reloads
-//!   those rows before deciding again; effects run only after their commit,
-//!   so a lost race never reaches the cloud;
-//! - pending requests are claimed with `SELECT … FOR UPDATE SKIP LOCKED`, so
-//!   no two processes serve the same request.
+//! Several berth processes may share a PostgreSQL store. One of them holds
+//! the pool at a time, under a lease with an epoch ([`Store::claim`]); each
+//! of its commits renews the lease in the same transaction and fails as
+//! [`StoreError::Fenced`] once another process has taken the pool over.
+//! ARCHITECTURE.md ("Several berth processes, one pool") has the whole
+//! story.
 
 mod copy;
 mod load;
@@ -73,6 +65,73 @@ pub trait Store: Send {
     fn reconnect(&mut self) -> StoreFuture<'_, ()> {
         Box::pin(std::future::ready(Ok(())))
     }
+    /// Takes the pool's lease for this process if nobody else holds it,
+    /// or says who does. A store of one process's own is always
+    /// [`Tenure::Alone`].
+    fn claim(&mut self) -> StoreFuture<'_, Tenure> {
+        Box::pin(std::future::ready(Ok(Tenure::Alone)))
+    }
+    /// The lease as last confirmed (by a claim, a commit, or
+    /// [`Store::check`]), while this process holds it.
+    fn holding(&self) -> Option<Holding> {
+        None
+    }
+    /// Gives the lease up, so that another process takes over at once.
+    fn release(&mut self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// A process that shares a pool, as it claims the pool's lease.
+#[derive(Clone, Debug)]
+pub struct Claimant {
+    /// This process, unique among those sharing the store.
+    pub holder: String,
+    /// Where the others reach this process's API.
+    pub address: String,
+    /// How long the lease lasts unrenewed.
+    pub ttl: Duration,
+}
+
+impl Claimant {
+    /// Until when a lease renewed at `sent` (before the statement went out)
+    /// certainly still holds: no other process can take the pool over
+    /// before `sent + ttl` by the server's clock, and a fifth of the TTL is
+    /// kept back for clocks that do not run quite alike.
+    pub fn valid_until(&self, sent: std::time::Instant) -> std::time::Instant {
+        sent + self.ttl - self.ttl / 5
+    }
+}
+
+/// Who holds the pool, as a claim found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Tenure {
+    /// The store is this process's own: there is no lease.
+    Alone,
+    /// This process holds the lease.
+    Held(Holding),
+    /// Another process does; its lease runs out in `expires_in` unless it
+    /// renews it.
+    Other {
+        holder: String,
+        address: String,
+        expires_in: Duration,
+    },
+}
+
+/// A lease this process holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holding {
+    /// The fencing token: bumped at each takeover, and checked by every
+    /// commit.
+    pub epoch: i64,
+    /// When the confirming statement was sent, by the monotonic clock.
+    pub renewed: std::time::Instant,
+    /// By this process's monotonic clock, the moment before which no other
+    /// process can have taken the pool over ([`Claimant::valid_until`]).
+    pub valid_until: std::time::Instant,
+    /// When the lease expires unrenewed, by the database's clock.
+    pub expires: std::time::SystemTime,
 }
 
 /// What [`Store::load`] found.
@@ -156,12 +215,10 @@ pub enum StoreError {
         path: String,
         source: std::io::Error,
     },
-    /// Another berth process uses the PostgreSQL database.
-    #[error(
-        "another berth process uses this PostgreSQL database ({holder}); \
-         one process per pool database until providers are leased to processes"
-    )]
-    Taken { holder: String },
+    /// This process no longer holds the pool's lease (of `epoch`): another
+    /// process took the pool over. Nothing of the commit was written.
+    #[error("{}", fenced_text(.epoch))]
+    Fenced { epoch: Option<i64> },
     /// A store to copy into already holds records.
     #[error(
         "the target store is not empty ({nodes} nodes, {requests} requests, {leases} requestor \
@@ -184,7 +241,23 @@ pub enum StoreError {
     NoSuchIndex { what: &'static str, index: u16 },
 }
 
+fn fenced_text(epoch: &Option<i64>) -> String {
+    let held = match epoch {
+        Some(e) => format!(" (epoch {e})"),
+        None => String::new(),
+    };
+    format!(
+        "this process no longer holds the pool's lease{held}: another berth process took the \
+         pool over, so nothing was written"
+    )
+}
+
 impl StoreError {
+    /// Whether another process took the pool over from this one.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, StoreError::Fenced { .. })
+    }
+
     /// Whether the store is out of reach (its server stopped, the network
     /// broke) rather than refusing what was written: the pool may go on
     /// once [`Store::reconnect`] succeeds. Only a PostgreSQL store's errors

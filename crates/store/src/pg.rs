@@ -1,8 +1,13 @@
 //! The PostgreSQL store: the same rows, the same commit and the same load as
 //! the embedded SQLite store (`write::plan`, `load::assemble`), over one
-//! `tokio-postgres` connection. Several berth processes can open one
-//! database; what keeps them from deciding the same thing twice (provider
-//! leases, conditional commits) is built on top of this.
+//! `tokio-postgres` connection.
+//!
+//! Several berth processes can open one database. One of them holds the
+//! pool at a time, under a lease row with an epoch ([`PgStore::claim`]):
+//! its every commit first renews that lease in the same transaction, and
+//! fails as [`StoreError::Fenced`] once another process has taken the pool
+//! over, so a process that lost the pool (it was paused, or cut off) cannot
+//! write anything, and so cannot start a cloud call on a stale decision.
 
 use std::sync::Arc;
 
@@ -10,7 +15,7 @@ use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, IsolationLevel, NoTls, Statement};
 
 use super::value::{Cells, Val};
-use super::{Loaded, Store, StoreError, StoreFuture, load, write};
+use super::{Claimant, Holding, Loaded, Store, StoreError, StoreFuture, Tenure, load, write};
 use berth_core::config::Config;
 use berth_core::pool::Changes;
 use strum::IntoEnumIterator;
@@ -19,7 +24,8 @@ use strum::IntoEnumIterator;
 /// kept in `berth_schema`. A step that has shipped is never edited. The
 /// tables are SQLite's (see `schema::MIGRATIONS`) in PostgreSQL's types:
 /// integers are `BIGINT`, as [`Val::Int`] is.
-pub(super) const MIGRATIONS: &[&str] = &[r#"
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE nodes (
     id TEXT PRIMARY KEY,
     label TEXT NOT NULL,
@@ -82,11 +88,50 @@ CREATE TABLE leases (
     expires BIGINT NOT NULL,
     version BIGINT NOT NULL DEFAULT 0
 );
-"#];
+"#,
+    r#"
+CREATE TABLE pool_lease (
+    scope TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    address TEXT NOT NULL,
+    epoch BIGINT NOT NULL,
+    expires TIMESTAMPTZ NOT NULL
+);
+CREATE FUNCTION berth_fence(who TEXT, held BIGINT, ttl_ms BIGINT) RETURNS TIMESTAMPTZ
+LANGUAGE plpgsql AS $$
+DECLARE
+    until TIMESTAMPTZ;
+BEGIN
+    UPDATE pool_lease SET expires = clock_timestamp() + ttl_ms * INTERVAL '1 millisecond'
+     WHERE scope = 'pool' AND holder = who AND epoch = held
+     RETURNING expires INTO until;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the pool lease of epoch % is no longer held by %', held, who
+            USING ERRCODE = 'BE001';
+    END IF;
+    RETURN until;
+END $$;
+"#,
+];
 
-/// The advisory lock key that the one berth process using a database holds
-/// for as long as its connection lives ("berth-1" in ASCII).
-const SOLE_WRITER_LOCK: i64 = 0x6265_7274_682d_31;
+/// The SQLSTATE `berth_fence` raises when the lease is not held.
+const FENCED: &str = "BE001";
+
+/// Takes the pool's lease when it is free, expired, or already this
+/// process's under the epoch it holds ($4); a takeover bumps the epoch.
+const CLAIM: &str = "INSERT INTO pool_lease AS l (scope, holder, address, epoch, expires) \
+     VALUES ('pool', $1, $2, 1, clock_timestamp() + $3::BIGINT * INTERVAL '1 millisecond') \
+     ON CONFLICT (scope) DO UPDATE SET holder = EXCLUDED.holder, address = EXCLUDED.address, \
+       epoch = CASE WHEN l.holder = EXCLUDED.holder AND l.epoch = $4 THEN l.epoch \
+               ELSE l.epoch + 1 END, \
+       expires = EXCLUDED.expires \
+     WHERE (l.holder = EXCLUDED.holder AND l.epoch = $4::BIGINT) OR l.expires <= clock_timestamp() \
+     RETURNING epoch, expires";
+
+/// Who holds the pool's lease and for how much longer, in milliseconds.
+const HOLDER: &str = "SELECT holder, address, \
+     GREATEST(EXTRACT(EPOCH FROM expires - clock_timestamp()) * 1000, 0)::BIGINT \
+     FROM pool_lease WHERE scope = 'pool'";
 
 /// How long a connection attempt may take, unless the url's
 /// `connect_timeout` says otherwise.
@@ -137,12 +182,16 @@ pub struct PgStore {
     /// [`write::Stmt`]'s statements, prepared once per connection, by
     /// `Stmt as usize`.
     statements: Vec<Statement>,
+    /// `berth_fence`, prepared on the same connection.
+    fence: Statement,
     connection: tokio::task::JoinHandle<()>,
     /// How to connect again ([`Store::reconnect`]).
     login: Login,
-    /// Whether this process holds the database alone ([`PgStore::hold_alone`]),
-    /// which a new connection must take again.
-    alone: bool,
+    /// Who this process is, if it shares the pool ([`PgStore::open`]); a
+    /// store without one writes whatever it is asked to.
+    claimant: Option<Claimant>,
+    /// The lease as last confirmed, while this process holds it.
+    holding: Option<Holding>,
 }
 
 /// What a connection is made with.
@@ -194,12 +243,13 @@ fn read_password(path: &std::path::Path) -> Result<String, StoreError> {
 
 impl PgStore {
     /// Opens the store that `[store]` names for `berth serve`: connects with
-    /// the configured password (a `password-file` is read now), brings the
-    /// schema up to date, and takes the database for this process alone
-    /// ([`PgStore::hold_alone`]).
+    /// the configured password (a `password-file` is read now) and brings
+    /// the schema up to date. With a `claimant`, the store commits only
+    /// while that process holds the pool ([`PgStore::claim`]).
     pub async fn open(
         settings: &berth_config::Postgres,
         config: Arc<Config>,
+        claimant: Option<Claimant>,
     ) -> Result<PgStore, StoreError> {
         let (password, password_file) = match &settings.password {
             None => (None, None),
@@ -208,9 +258,24 @@ impl PgStore {
         };
         let mut login = Login::new(&settings.url, password.as_deref())?;
         login.password_file = password_file;
+        if let Some(me) = &claimant {
+            // A holder stopped in the middle of a commit (SIGSTOP, a stalled
+            // VM) would keep the lease row locked for as long as it stays
+            // stopped, and no other process could take the pool over: the
+            // server ends such a session once it has idled in a transaction
+            // for half the lease.
+            let idle = format!(
+                "-c idle_in_transaction_session_timeout={}",
+                (ttl_ms(me) / 2).max(1)
+            );
+            let options = match login.settings.get_options() {
+                Some(given) => format!("{given} {idle}"),
+                None => idle,
+            };
+            login.settings.options(options);
+        }
         let mut store = PgStore::with(login, config).await?;
-        store.hold_alone().await?;
-        store.alone = true;
+        store.claimant = claimant;
         Ok(store)
     }
 
@@ -226,69 +291,145 @@ impl PgStore {
     }
 
     async fn with(login: Login, config: Arc<Config>) -> Result<PgStore, StoreError> {
-        let (client, statements, connection) = session(&login).await?;
+        let s = session(&login).await?;
         Ok(PgStore {
-            client,
+            client: s.client,
             config,
-            statements,
-            connection,
+            statements: s.statements,
+            fence: s.fence,
+            connection: s.connection,
             login,
-            alone: false,
+            claimant: None,
+            holding: None,
         })
     }
 
-    /// A new connection in place of the current one, taking the database
-    /// alone again if this store held it.
+    /// A new connection in place of the current one. The lease, if held,
+    /// stays as it was: the next commit or renewal says whether it still is.
     async fn reconnect_now(&mut self) -> Result<(), StoreError> {
-        let (client, statements, connection) = session(&self.login).await?;
+        let s = session(&self.login).await?;
         self.connection.abort();
-        self.client = client;
-        self.statements = statements;
-        self.connection = connection;
-        if self.alone {
-            self.hold_alone().await?;
-        }
+        self.client = s.client;
+        self.statements = s.statements;
+        self.fence = s.fence;
+        self.connection = s.connection;
         Ok(())
     }
 
-    /// Takes the database for this process alone, for as long as this
-    /// connection lives, or fails at once if another process has it. Until
-    /// providers are leased to processes one by one, two berth processes
-    /// deciding on one pool would launch and hand out the same things twice.
-    pub async fn hold_alone(&self) -> Result<(), StoreError> {
+    /// Takes the pool's lease for this process if it is free, expired, or
+    /// already this process's; otherwise says who holds it. A store opened
+    /// without a claimant always holds it.
+    pub async fn claim(&mut self) -> Result<Tenure, StoreError> {
+        let Some(me) = self.claimant.clone() else {
+            return Ok(Tenure::Alone);
+        };
+        let held = self.holding.map_or(-1, |h| h.epoch);
+        let sent = std::time::Instant::now();
         let row = self
             .client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&SOLE_WRITER_LOCK])
+            .query_opt(CLAIM, &[&me.holder, &me.address, &ttl_ms(&me), &held])
             .await
-            .map_err(pg("taking the database's lock"))?;
-        if row.get::<_, bool>(0) {
-            return Ok(());
+            .map_err(pg("claiming the pool's lease"))?;
+        if let Some(row) = row {
+            let holding = Holding {
+                epoch: row.get(0),
+                renewed: sent,
+                valid_until: me.valid_until(sent),
+                expires: row.get(1),
+            };
+            self.holding = Some(holding);
+            return Ok(Tenure::Held(holding));
         }
-        let holder = self
+        self.holding = None;
+        let row = self
             .client
-            .query_opt(
-                "SELECT a.application_name, a.client_addr::text, a.pid \
-                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-                 WHERE l.locktype = 'advisory' AND l.granted \
-                 AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid",
-                &[&SOLE_WRITER_LOCK],
+            .query_opt(HOLDER, &[])
+            .await
+            .map_err(pg("reading who holds the pool's lease"))?;
+        Ok(match row {
+            Some(row) => Tenure::Other {
+                holder: row.get(0),
+                address: row.get(1),
+                expires_in: std::time::Duration::from_millis(
+                    u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
+                ),
+            },
+            // Deleted by hand between the two statements: free next time.
+            None => Tenure::Other {
+                holder: String::new(),
+                address: String::new(),
+                expires_in: std::time::Duration::ZERO,
+            },
+        })
+    }
+
+    /// Renews the lease this process holds, or fails with
+    /// [`StoreError::Fenced`] if another process has taken the pool over.
+    async fn renew_now(&mut self) -> Result<(), StoreError> {
+        let (Some(me), Some(held)) = (self.claimant.clone(), self.holding) else {
+            return match self.claimant {
+                None => self.ping().await,
+                Some(_) => Err(StoreError::Fenced { epoch: None }),
+            };
+        };
+        let sent = std::time::Instant::now();
+        let row = self
+            .client
+            .query_one(&self.fence, &[&me.holder, &held.epoch, &ttl_ms(&me)])
+            .await
+            .map_err(|e| self.fenced(e, "renewing the pool's lease"))?;
+        self.renewed(&me, held.epoch, sent, row.get(0));
+        Ok(())
+    }
+
+    fn renewed(
+        &mut self,
+        me: &Claimant,
+        epoch: i64,
+        sent: std::time::Instant,
+        expires: std::time::SystemTime,
+    ) {
+        self.holding = Some(Holding {
+            epoch,
+            renewed: sent,
+            valid_until: me.valid_until(sent),
+            expires,
+        });
+    }
+
+    /// A failed fence: [`StoreError::Fenced`] if the lease is another
+    /// process's now (and this store no longer holds it).
+    fn fenced(&mut self, e: tokio_postgres::Error, doing: &'static str) -> StoreError {
+        if e.code().is_some_and(|c| c.code() == FENCED) {
+            let epoch = self.holding.take().map(|h| h.epoch);
+            return StoreError::Fenced { epoch };
+        }
+        pg(doing)(e)
+    }
+
+    /// Gives the lease up at once, so that another process takes the pool
+    /// over without waiting for it to expire (a clean stop).
+    async fn release_now(&mut self) -> Result<(), StoreError> {
+        let (Some(me), Some(held)) = (&self.claimant, self.holding.take()) else {
+            return Ok(());
+        };
+        self.client
+            .execute(
+                "UPDATE pool_lease SET expires = clock_timestamp() \
+                 WHERE scope = 'pool' AND holder = $1 AND epoch = $2",
+                &[&me.holder, &held.epoch],
             )
             .await
-            .ok()
-            .flatten()
-            .map(|r| {
-                let app: Option<String> = r.get(0);
-                let addr: Option<String> = r.get(1);
-                let pid: i32 = r.get(2);
-                format!(
-                    "{} from {} (server process {pid})",
-                    app.unwrap_or_default(),
-                    addr.unwrap_or_else(|| "a local socket".into())
-                )
-            });
-        Err(StoreError::Taken {
-            holder: holder.unwrap_or_else(|| "another connection".into()),
-        })
+            .map(drop)
+            .map_err(pg("giving the pool's lease up"))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.client
+            .simple_query("")
+            .await
+            .map(drop)
+            .map_err(pg("checking the connection"))
     }
 
     /// The connection, for tests that look under the store.
@@ -333,6 +474,12 @@ impl PgStore {
 
     async fn commit_now(&mut self, changes: &Changes) -> Result<(), StoreError> {
         let ops = write::plan(&self.config, changes)?;
+        let lease = match (&self.claimant, self.holding) {
+            (None, _) => None,
+            (Some(me), Some(held)) => Some((me.clone(), held.epoch)),
+            (Some(_), None) => return Err(StoreError::Fenced { epoch: None }),
+        };
+        let sent = std::time::Instant::now();
         // Dropping the transaction on an error rolls it back.
         let tx = self
             .client
@@ -350,6 +497,25 @@ impl PgStore {
             .map(|(_, vals)| vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect())
             .collect();
         let open = &tx;
+        // The lease first: while it is renewed in this transaction, the row
+        // stays locked, so no takeover can slip in before the commit ends.
+        let fence_params = lease
+            .as_ref()
+            .map(|(me, epoch)| (me.holder.clone(), *epoch, ttl_ms(me)));
+        let fence = &self.fence;
+        let mut fenced = Box::pin(futures_util::future::maybe_done(async move {
+            match &fence_params {
+                Some((who, epoch, ttl)) => {
+                    open.query_one(fence, &[who, epoch, ttl]).await.map(Some)
+                }
+                None => Ok(None),
+            }
+        }));
+        std::future::poll_fn(|cx| {
+            let _ = fenced.as_mut().poll(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
         let mut runs: Vec<_> = ops
             .iter()
             .zip(&params)
@@ -369,6 +535,17 @@ impl PgStore {
             })
             .await;
         }
+        fenced.as_mut().await;
+        let expires = match fenced.as_mut().take_output() {
+            Some(Ok(row)) => row.map(|r| r.get::<_, std::time::SystemTime>(0)),
+            Some(Err(e)) => {
+                drop(runs);
+                drop(fenced);
+                drop(tx);
+                return Err(self.fenced(e, "renewing the pool's lease in a commit"));
+            }
+            None => None,
+        };
         for run in &mut runs {
             run.as_mut().await;
             if let Some(Err(e)) = run.as_mut().take_output() {
@@ -376,15 +553,26 @@ impl PgStore {
             }
         }
         drop(runs);
-        tx.commit().await.map_err(pg("committing"))
+        drop(fenced);
+        tx.commit().await.map_err(pg("committing"))?;
+        if let (Some((me, epoch)), Some(expires)) = (lease, expires) {
+            self.renewed(&me, epoch, sent, expires);
+        }
+        Ok(())
     }
 }
 
-/// A connection: the client, the commit's statements prepared on it, and the
-/// task that runs it. The schema is brought up to date first.
-async fn session(
-    login: &Login,
-) -> Result<(Client, Vec<Statement>, tokio::task::JoinHandle<()>), StoreError> {
+/// A connection: the client, the statements prepared on it, and the task
+/// that runs it.
+struct Session {
+    client: Client,
+    statements: Vec<Statement>,
+    fence: Statement,
+    connection: tokio::task::JoinHandle<()>,
+}
+
+/// Connects, and brings the schema up to date first.
+async fn session(login: &Login) -> Result<Session, StoreError> {
     let mut settings = login.settings.clone();
     if let Some(path) = &login.password_file {
         settings.password(read_password(path)?);
@@ -400,24 +588,33 @@ async fn session(
     });
     let ready = async {
         migrate(&mut client, MIGRATIONS).await?;
+        let prepare = pg("preparing the store's statements");
         let mut statements = Vec::new();
         for stmt in write::Stmt::iter() {
-            statements.push(
-                client
-                    .prepare(stmt.dollar_sql())
-                    .await
-                    .map_err(pg("preparing the store's statements"))?,
-            );
+            statements.push(client.prepare(stmt.dollar_sql()).await.map_err(&prepare)?);
         }
-        Ok(statements)
+        let fence = client
+            .prepare("SELECT berth_fence($1, $2, $3)")
+            .await
+            .map_err(&prepare)?;
+        Ok((statements, fence))
     };
     match ready.await {
-        Ok(statements) => Ok((client, statements, connection)),
+        Ok((statements, fence)) => Ok(Session {
+            client,
+            statements,
+            fence,
+            connection,
+        }),
         Err(e) => {
             connection.abort();
             Err(e)
         }
     }
+}
+
+fn ttl_ms(me: &Claimant) -> i64 {
+    i64::try_from(me.ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Drop for PgStore {
@@ -436,17 +633,23 @@ impl Store for PgStore {
     }
 
     fn check(&mut self) -> StoreFuture<'_, ()> {
-        Box::pin(async {
-            self.client
-                .simple_query("")
-                .await
-                .map(drop)
-                .map_err(pg("checking the connection"))
-        })
+        Box::pin(self.renew_now())
     }
 
     fn reconnect(&mut self) -> StoreFuture<'_, ()> {
         Box::pin(self.reconnect_now())
+    }
+
+    fn claim(&mut self) -> StoreFuture<'_, Tenure> {
+        Box::pin(PgStore::claim(self))
+    }
+
+    fn holding(&self) -> Option<Holding> {
+        self.holding
+    }
+
+    fn release(&mut self) -> StoreFuture<'_, ()> {
+        Box::pin(self.release_now())
     }
 }
 

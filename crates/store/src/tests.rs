@@ -1225,30 +1225,117 @@ async fn postgres_a_wrong_password_is_refused_saying_so() {
     }
 }
 
-#[tokio::test]
-async fn postgres_one_process_holds_a_database_until_its_connection_ends() {
-    let (first, url) = pg_fresh().await;
-    first.hold_alone().await.unwrap();
-    // Again on the same connection: it still holds it.
-    first.hold_alone().await.unwrap();
-    let second = PgStore::connect(&url, None, Arc::new(config()))
+fn claimant(name: &str, ttl: Duration) -> Claimant {
+    Claimant {
+        holder: name.to_owned(),
+        address: format!("http://{name}.example:8080"),
+        ttl,
+    }
+}
+
+async fn pg_open(url: &str, who: &Claimant) -> PgStore {
+    let settings = berth_config::Postgres {
+        url: url.to_owned(),
+        password: None,
+        lease_ttl: who.ttl,
+    };
+    PgStore::open(&settings, Arc::new(config()), Some(who.clone()))
         .await
-        .unwrap();
-    match second.hold_alone().await {
-        Err(e @ StoreError::Taken { .. }) => {
-            let text = e.to_string();
-            assert!(text.contains("berth from 127.0.0.1"), "{text}");
+        .unwrap()
+}
+
+#[tokio::test]
+async fn postgres_one_process_holds_the_pool_and_another_takes_it_over_only_once_its_lease_expired()
+{
+    let (_, url) = pg_fresh().await;
+    let ttl = Duration::from_millis(600);
+    let (a, b) = (claimant("a", ttl), claimant("b", ttl));
+    let mut first = pg_open(&url, &a).await;
+    let mut second = pg_open(&url, &b).await;
+    // Nobody may write before holding the pool.
+    assert!(
+        first
+            .commit(&nodes(vec![ready(1)]))
+            .await
+            .unwrap_err()
+            .is_fenced()
+    );
+    let Tenure::Held(held) = first.claim().await.unwrap() else {
+        panic!("a free lease was not taken");
+    };
+    assert_eq!(held.epoch, 1);
+    assert_eq!(first.holding(), Some(held));
+    // A holder stopped mid-commit loses its session after half the lease,
+    // so its row lock cannot keep the pool from being taken over.
+    let idle: String = first
+        .client()
+        .query_one("SHOW idle_in_transaction_session_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(idle, "300ms");
+    match second.claim().await.unwrap() {
+        Tenure::Other {
+            holder,
+            address,
+            expires_in,
+        } => {
+            assert_eq!(
+                (holder.as_str(), address.as_str()),
+                ("a", "http://a.example:8080")
+            );
+            assert!(expires_in <= ttl, "{expires_in:?}");
         }
         other => panic!("{other:?}"),
     }
-    // The holder's connection ends (the process died): the lock goes with
-    // it, as soon as the server sees the socket close.
-    drop(first);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while let Err(e) = second.hold_alone().await {
-        assert!(std::time::Instant::now() < deadline, "still taken: {e}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Each commit renews the lease: the holder keeps it for as long as it
+    // writes more often than the TTL.
+    for id in 1..=4 {
+        tokio::time::sleep(ttl / 3).await;
+        first.commit(&nodes(vec![ready(id)])).await.unwrap();
+        assert!(matches!(
+            second.claim().await.unwrap(),
+            Tenure::Other { .. }
+        ));
     }
+    assert!(first.holding().unwrap().valid_until > held.valid_until);
+
+    // The holder stops renewing (it was paused): once the lease has
+    // expired, the other process takes the pool over with the next epoch.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let Tenure::Held(taken) = second.claim().await.unwrap() else {
+        panic!("an expired lease was not taken over");
+    };
+    assert_eq!(taken.epoch, 2);
+    // The old holder resumes: its commit is refused whole, and so are its
+    // renewals and claims, while the new holder writes.
+    match first.commit(&nodes(vec![ready(5)])).await {
+        Err(e @ StoreError::Fenced { epoch: Some(1) }) => {
+            assert!(e.to_string().contains("took the pool over"), "{e}");
+            assert!(!e.is_lost());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(first.holding(), None);
+    assert!(first.check().await.unwrap_err().is_fenced());
+    assert!(matches!(first.claim().await.unwrap(), Tenure::Other { holder, .. } if holder == "b"));
+    second.commit(&nodes(vec![ready(6)])).await.unwrap();
+    let ids: Vec<NodeId> = load(&mut second)
+        .await
+        .snapshot
+        .nodes
+        .iter()
+        .map(|n| n.id)
+        .collect();
+    assert_eq!(ids, [1, 2, 3, 4, 6].map(NodeId));
+
+    // A clean stop gives the lease up: the other process takes the pool at
+    // once, without waiting for the TTL.
+    second.release().await.unwrap();
+    let Tenure::Held(back) = first.claim().await.unwrap() else {
+        panic!("a released lease was not taken");
+    };
+    assert_eq!(back.epoch, 3);
 }
 
 #[tokio::test]
@@ -1289,23 +1376,47 @@ async fn postgres_a_lost_server_is_told_from_a_refused_commit_and_reconnecting_r
 }
 
 #[tokio::test]
-async fn postgres_a_holder_whose_database_was_taken_meanwhile_cannot_reconnect() {
+async fn postgres_a_holder_keeps_its_epoch_across_a_server_restart_unless_another_took_over() {
     let cluster = cluster::PgCluster::start(&workspace_root());
     let url = cluster.fresh_database("taken");
-    let settings = berth_config::Postgres {
-        url: url.clone(),
-        password: None,
+    let ttl = Duration::from_millis(800);
+    let (a, b) = (claimant("a", ttl), claimant("b", ttl));
+    let mut first = pg_open(&url, &a).await;
+    let Tenure::Held(held) = first.claim().await.unwrap() else {
+        panic!("not held");
     };
-    let mut first = PgStore::open(&settings, Arc::new(config())).await.unwrap();
-    // The server restarts: the holder's session, and its lock, are gone,
-    // and another process takes the database before the holder is back.
+    // The server restarts while nobody else wants the pool: the holder
+    // connects again and goes on under the same epoch, even though its
+    // lease expired meanwhile.
+    cluster.stop_immediate();
+    assert!(
+        first
+            .commit(&nodes(vec![ready(1)]))
+            .await
+            .unwrap_err()
+            .is_lost()
+    );
+    tokio::time::sleep(ttl).await;
+    cluster.start_again();
+    first.reconnect().await.unwrap();
+    assert!(matches!(first.claim().await.unwrap(), Tenure::Held(h) if h.epoch == held.epoch));
+    first.commit(&nodes(vec![ready(1)])).await.unwrap();
+
+    // Again, but another process takes the pool over while the holder is
+    // away: the holder's next commit is fenced, not lost.
     cluster.stop_immediate();
     cluster.start_again();
-    let _second = PgStore::open(&settings, Arc::new(config())).await.unwrap();
-    match first.reconnect().await {
-        Err(e @ StoreError::Taken { .. }) => assert!(!e.is_lost(), "{e}"),
-        other => panic!("{other:?}"),
-    }
+    tokio::time::sleep(ttl).await;
+    let mut second = pg_open(&url, &b).await;
+    assert!(matches!(second.claim().await.unwrap(), Tenure::Held(h) if h.epoch == held.epoch + 1));
+    let e = match first.commit(&nodes(vec![ready(2)])).await {
+        Err(e) if e.is_lost() => {
+            first.reconnect().await.unwrap();
+            first.commit(&nodes(vec![ready(2)])).await.unwrap_err()
+        }
+        other => other.unwrap_err(),
+    };
+    assert!(e.is_fenced(), "{e}");
 }
 
 #[tokio::test]

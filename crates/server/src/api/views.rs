@@ -392,6 +392,8 @@ pub(super) fn providers(
                 list_error,
                 last_listed: s.last_listed.map(at),
                 missing: s.missing,
+                holder: None,
+                lease_expires: None,
             }
         })
         .collect()

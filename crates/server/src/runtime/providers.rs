@@ -15,7 +15,9 @@ use tokio::sync::watch;
 
 use berth_config::{ProviderIx, Settings};
 use berth_core::driver::{CreateSpec, Instance, Tags};
-use berth_plugin::{CallError, Deletion, Driver, DriverState, Runtime, Sandbox, SandboxConfig};
+use berth_plugin::{
+    CallError, Deletion, Driver, DriverState, Gate, Runtime, Sandbox, SandboxConfig,
+};
 
 /// A boxed future that can move between threads.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -114,12 +116,14 @@ const MAX_RETRY: Duration = Duration::from_secs(300);
 
 impl Providers {
     /// Starts every provider of `config` in the background. `deny`: what
-    /// no driver may reach (berth's own API).
+    /// no driver may reach (berth's own API); `gate`: shut while this
+    /// process may not act on clouds.
     pub fn start(
         runtime: Runtime,
         settings: &Settings,
         state: DriverState,
         deny: Vec<std::net::SocketAddr>,
+        gate: Arc<Gate>,
     ) -> Arc<Providers> {
         let loader = Arc::new(Loader {
             runtime,
@@ -139,6 +143,7 @@ impl Providers {
                 credentials: d.credentials.clone(),
                 state: Some(state.clone()),
                 deny: deny.clone(),
+                gate: Some(gate.clone()),
             };
             let task = tokio::spawn(keep_starting(
                 loader.clone(),

@@ -146,6 +146,9 @@ fn start(fake: &Arc<Fake>, lease_ttl: Duration) -> Service {
         store: Box::new(store),
         clock: Clock::starting_at(T0),
         observer: Arc::new(Deaf),
+        gate: Arc::new(berth_plugin::Gate::always()),
+        standby: None,
+        holder: None,
     };
     Service::spawn(Pool::new(config, 7), parts)
 }

@@ -1,0 +1,514 @@
+//! Several `berth serve` processes sharing one pool on one PostgreSQL
+//! database and one sim cloud, through the binary. Each process names
+//! itself in its sim endpoint (`/c/bN`), so the cloud's own call record says
+//! which process sent what. What is checked is the cloud's record and the
+//! clients' view, not only berth's:
+//! - a holder paused (SIGSTOP) past its lease sends nothing to the cloud
+//!   once another process has taken the pool over, and writes nothing;
+//! - SIGKILLing the holder again and again under churn spread over all
+//!   processes loses no request, hands no node to two clients at once,
+//!   creates no node twice and leaks no instance.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::pg_store::database;
+use crate::serve::{CI, OPS, serve_config_with};
+use crate::support::postgres::psql;
+use crate::support::server::{Berth, http, until};
+use crate::support::{SimServer, live, plugin};
+
+/// The pool's lease TTL in these tests.
+const TTL: Duration = Duration::from_secs(1);
+
+/// Processes on one database, each in a directory of its own.
+struct Fleet {
+    sim: SimServer,
+    url: String,
+    root: tempfile::TempDir,
+    configs: Vec<PathBuf>,
+    procs: Vec<Option<Berth>>,
+}
+
+impl Fleet {
+    /// `n` configs (nothing started yet). Requestor leases last a minute
+    /// here: a client holding a node across a failover keeps it.
+    fn new(sim: SimServer, n: usize) -> Fleet {
+        let root = tempfile::tempdir().unwrap();
+        let (url, store) = database(root.path(), None);
+        let mut configs = Vec::new();
+        for i in 0..n {
+            let dir = root.path().join(format!("b{i}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::copy(root.path().join("pgpass"), dir.join("pgpass")).unwrap();
+            let path = serve_config_with(&sim, &dir, &plugin("sim"), "min-ready = 2", &store);
+            let text = std::fs::read_to_string(&path).unwrap();
+            let named = text
+                .replace(
+                    &format!("endpoint = \"{}\"", sim.url()),
+                    &format!("endpoint = \"{}/c/b{i}\"", sim.url()),
+                )
+                .replace("lease-ttl = \"3s\"", "lease-ttl = \"60s\"");
+            assert_ne!(named, text);
+            std::fs::write(&path, named).unwrap();
+            configs.push(path);
+        }
+        Fleet {
+            sim,
+            url,
+            procs: (0..n).map(|_| None).collect(),
+            root,
+            configs,
+        }
+    }
+
+    fn dir(&self, i: usize) -> PathBuf {
+        self.root.path().join(format!("b{i}"))
+    }
+
+    async fn start(&mut self, i: usize) {
+        let cfg = self.configs[i].display().to_string();
+        let berth = Berth::start(&["--config", &cfg], &self.dir(i)).await;
+        self.procs[i] = Some(berth);
+    }
+
+    fn get(&self, i: usize) -> &Berth {
+        self.procs[i].as_ref().expect("running")
+    }
+
+    /// Which process the lease row names, and its epoch.
+    fn lease(&self) -> (Option<usize>, i64) {
+        let row = psql(&self.url, "SELECT address || ' ' || epoch FROM pool_lease").unwrap();
+        let (address, epoch) = row.rsplit_once(' ').expect("a lease row");
+        let holder = self
+            .procs
+            .iter()
+            .position(|p| p.as_ref().is_some_and(|b| b.base == address));
+        (holder, epoch.parse().unwrap())
+    }
+
+    /// The cloud calls process `i` sent.
+    fn calls_of(&self, i: usize) -> Vec<berth::sim::Call> {
+        let me = format!("b{i}");
+        self.sim
+            .cloud
+            .calls()
+            .into_iter()
+            .filter(|c| c.caller.as_deref() == Some(me.as_str()))
+            .collect()
+    }
+
+    /// Waits until the process holding the pool is ready; returns it.
+    async fn until_held(&self, secs: u64, what: &str) -> usize {
+        until(secs, what, || async {
+            for (i, p) in self.procs.iter().enumerate() {
+                let Some(b) = p else { continue };
+                // Bounded: a paused process does not answer at all.
+                let ready = tokio::time::timeout(
+                    Duration::from_millis(500),
+                    b.try_call("GET", "/readyz", None, None),
+                )
+                .await;
+                if matches!(ready, Ok(Ok((200, _)))) {
+                    return Some(i);
+                }
+            }
+            None
+        })
+        .await
+    }
+
+    /// Settles, then checks that every instance the cloud has live is one
+    /// of the pool's nodes and the other way round, and that no node id was
+    /// ever given two instances.
+    async fn assert_no_leak_and_no_double_create(&self, at: usize) {
+        let berth = self.get(at);
+        until(
+            60,
+            "the pool's nodes and the cloud's instances agree",
+            || async {
+                let (s, nodes) = berth
+                    .try_call("GET", "/v1/nodes", Some(OPS), None)
+                    .await
+                    .ok()?;
+                if s != 200 {
+                    return None;
+                }
+                let mut known: Vec<String> = nodes
+                    .as_array()?
+                    .iter()
+                    .filter(|n| !matches!(n["state"].as_str(), Some("gone" | "failed")))
+                    .filter_map(|n| n["instance"].as_str().map(str::to_owned))
+                    .collect();
+                known.sort();
+                let mut cloud: Vec<String> =
+                    live(&self.sim.cloud).into_iter().map(|i| i.id).collect();
+                cloud.sort();
+                (known == cloud).then_some(())
+            },
+        )
+        .await;
+        let mut per_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for i in self.sim.cloud.instances() {
+            if let Some(node) = i.tags.get("berth-node") {
+                per_node.entry(node.clone()).or_default().push(i.id);
+            }
+        }
+        let twice: Vec<_> = per_node.iter().filter(|(_, v)| v.len() > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "node ids created more than once: {twice:?}"
+        );
+    }
+}
+
+/// Milliseconds since the Unix epoch, as the sim stamps its calls.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A holder stopped with SIGSTOP past its lease: another process takes the
+/// pool over and serves; when the stopped one resumes, it sends nothing to
+/// the cloud (by the sim's own call record), writes nothing (its commits
+/// are fenced), and stands by, relaying to the new holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_over() {
+    let mut fleet = Fleet::new(SimServer::start().await, 2);
+    fleet.start(0).await;
+    fleet.get(0).until_ready(30, "b0 holds the pool").await;
+    fleet.start(1).await;
+    assert_eq!(fleet.lease(), (Some(0), 1));
+    // Served through the one standing by.
+    let first = fleet.get(1).request(CI, &[("small", 1)]).await;
+    let first = fleet.get(1).fulfilled(CI, &first.id).await;
+    assert!(!fleet.calls_of(0).is_empty());
+    assert!(fleet.calls_of(1).is_empty(), "b1 stands by");
+
+    fleet.get(0).signal(libc::SIGSTOP);
+    let paused = Instant::now();
+    // Anything b0 had already put on the wire lands now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sent_before = fleet.calls_of(0).len();
+    let held = fleet.until_held(30, "b1 takes the pool over").await;
+    assert_eq!(held, 1);
+    println!(
+        "b1 took the pool over {:?} after b0 was paused",
+        paused.elapsed()
+    );
+    assert_eq!(fleet.lease(), (Some(1), 2));
+    // b1 acts: it lists, and serves a request from a ready node.
+    let second = fleet.get(1).request(CI, &[("small", 1)]).await;
+    let second = fleet.get(1).fulfilled(CI, &second.id).await;
+    assert_ne!(first.nodes[0].id, second.nodes[0].id);
+    until(30, "b1 calls the cloud", || async {
+        (!fleet.calls_of(1).is_empty()).then_some(())
+    })
+    .await;
+
+    fleet.get(0).signal(libc::SIGCONT);
+    let resumed = now_ms();
+    // b0's timers are all overdue (lists every second, its lease renewal):
+    // whatever it tries is fenced or refused at the gate. A change sent to
+    // it is refused as standing by, or relayed to b1 once it knows.
+    let (s, answer) = fleet
+        .get(0)
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"small": 1}})),
+        )
+        .await;
+    assert!(
+        s == 201 || (s == 503 && answer["error"]["code"] == "standby"),
+        "{s} {answer}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let late: Vec<_> = fleet.calls_of(0)[sent_before..]
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {} at {} (resumed at {resumed})",
+                c.method, c.path, c.at_ms
+            )
+        })
+        .collect();
+    assert!(
+        late.is_empty(),
+        "b0 sent to the cloud after it was paused: {late:?}\n{}",
+        fleet.get(0).log_text()
+    );
+    let (s, e) = fleet.get(0).call("GET", "/readyz", None, None).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (503, Some("standby")),
+        "{e}"
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&fleet.get(1).base),
+        "{e}"
+    );
+    let log = fleet.get(0).log_text();
+    assert!(
+        log.contains("another berth process took the pool over"),
+        "{log}"
+    );
+    // Still b1's, under the same epoch: b0 took nothing back.
+    assert_eq!(fleet.lease(), (Some(1), 2));
+    // b1 still serves, through b0 too.
+    let third = fleet.get(0).request(CI, &[("small", 1)]).await;
+    let third = fleet.get(0).fulfilled(CI, &third.id).await;
+    let mut handed = vec![&first.nodes[0].id, &second.nodes[0].id, &third.nodes[0].id];
+    handed.sort();
+    handed.dedup();
+    assert_eq!(handed.len(), 3, "a node handed out twice");
+    fleet.assert_no_leak_and_no_double_create(1).await;
+    for p in fleet.procs.iter_mut() {
+        p.take().unwrap().terminate().await.assert_success();
+    }
+}
+
+/// What one churn client saw of one node it was handed.
+#[derive(Clone, Debug)]
+struct Held {
+    node: String,
+    got: Instant,
+    /// When the client sent its release (the node may be handed on only
+    /// after that).
+    released: Option<Instant>,
+}
+
+/// Requests, holds and releases nodes until told to stop, spreading its
+/// calls over every running process (`bases`), and records each 201's id
+/// and each node it held.
+async fn churn(
+    client: usize,
+    bases: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    accepted: Arc<Mutex<Vec<String>>>,
+    held: Arc<Mutex<Vec<Held>>>,
+) {
+    let mut turn = client;
+    let pick = |turn: &mut usize| {
+        let b = bases.lock().unwrap();
+        *turn += 1;
+        b[*turn % b.len()].clone()
+    };
+    while !stop.load(Ordering::SeqCst) {
+        let body = json!({"labels": {"small": 1}});
+        let id = match http(
+            &pick(&mut turn),
+            "POST",
+            "/v1/requests",
+            Some(CI),
+            Some(body),
+        )
+        .await
+        {
+            Ok((201, text)) => {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                v["id"].as_str().unwrap().to_owned()
+            }
+            _ => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        accepted.lock().unwrap().push(id.clone());
+        // Waits for it through any process; given up (still pending) after
+        // a minute.
+        let end = Instant::now() + Duration::from_secs(60);
+        let mut node = None;
+        while Instant::now() < end {
+            let path = format!("/v1/requests/{id}?wait=2s");
+            if let Ok((200, text)) = http(&pick(&mut turn), "GET", &path, Some(CI), None).await {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                match v["state"].as_str() {
+                    Some("fulfilled") => {
+                        node = v["nodes"][0]["id"].as_str().map(str::to_owned);
+                        break;
+                    }
+                    Some("pending") => continue,
+                    _ => break,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let Some(node) = node else { continue };
+        let got = Instant::now();
+        tokio::time::sleep(Duration::from_millis(50 + 37 * (client as u64 % 4))).await;
+        let mut record = Held {
+            node: node.clone(),
+            got,
+            released: None,
+        };
+        let end = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < end {
+            let path = format!("/v1/nodes/{node}/release");
+            let sent = Instant::now();
+            match http(&pick(&mut turn), "POST", &path, Some(CI), None).await {
+                Ok((200, _)) => {
+                    record.released = Some(sent);
+                    break;
+                }
+                // Released by an attempt whose answer was lost.
+                Ok((409 | 404, _)) if record.released.is_none() => {
+                    record.released = Some(sent);
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        held.lock().unwrap().push(record);
+    }
+}
+
+/// Three processes, churn clients spreading their calls over all three, and
+/// the holder SIGKILLed again and again (each time restarted): no request
+/// is lost, no node is handed to two clients at once, no node id is
+/// created twice, and nothing leaks. The time from each kill to the new
+/// holder's first cloud call is printed (`BERTH_HA_KILLS` sets how many
+/// kills; docs/BENCHMARKS.md has the figures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_holder_again_and_again_loses_leaks_and_doubles_nothing() {
+    let kills: usize = std::env::var("BERTH_HA_KILLS")
+        .ok()
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(10);
+    let mut fleet = Fleet::new(SimServer::start().await, 3);
+    for i in 0..3 {
+        fleet.start(i).await;
+        if i == 0 {
+            fleet.get(0).until_ready(30, "b0 holds the pool").await;
+        }
+    }
+    let bases = Arc::new(Mutex::new(
+        fleet
+            .procs
+            .iter()
+            .map(|p| p.as_ref().unwrap().base.clone())
+            .collect::<Vec<_>>(),
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            tokio::spawn(churn(
+                c,
+                bases.clone(),
+                stop.clone(),
+                accepted.clone(),
+                held.clone(),
+            ))
+        })
+        .collect();
+
+    let mut failovers = Vec::new();
+    for kill in 0..kills {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let holder = fleet.until_held(30, "a holder").await;
+        let (named, epoch) = fleet.lease();
+        assert_eq!(named, Some(holder));
+        let victim = fleet.procs[holder].take().unwrap();
+        victim.signal(libc::SIGKILL);
+        let killed_ms = now_ms();
+        let killed = Instant::now();
+        victim.exit_within(Duration::from_secs(30)).await;
+        let next = fleet
+            .until_held(30, "another process takes the pool over")
+            .await;
+        assert_ne!(next, holder);
+        let (named, new_epoch) = fleet.lease();
+        assert_eq!((named, new_epoch), (Some(next), epoch + 1));
+        let first_call = until(30, "the new holder calls the cloud", || async {
+            fleet
+                .calls_of(next)
+                .iter()
+                .find(|c| c.at_ms >= killed_ms)
+                .map(|c| c.at_ms)
+        })
+        .await;
+        failovers.push(Duration::from_millis(first_call - killed_ms));
+        println!(
+            "kill {}: b{holder} (epoch {epoch}) -> b{next}: first cloud call {} ms after the kill, ready after {:?}",
+            kill + 1,
+            first_call - killed_ms,
+            killed.elapsed()
+        );
+        fleet.start(holder).await;
+        bases.lock().unwrap()[holder] = fleet.get(holder).base.clone();
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        tokio::time::timeout(Duration::from_secs(180), c)
+            .await
+            .expect("a churn client ended")
+            .unwrap();
+    }
+
+    let at = fleet.until_held(30, "a holder at the end").await;
+    // Every 201 names a request that is still there: fulfilled, failed with
+    // a reason, cancelled, or pending.
+    let accepted = accepted.lock().unwrap().clone();
+    let mut states: BTreeMap<String, usize> = BTreeMap::new();
+    for id in &accepted {
+        let (s, r) = fleet
+            .get(at)
+            .call("GET", &format!("/v1/requests/{id}"), Some(CI), None)
+            .await;
+        assert_eq!(s, 200, "request {id} is lost: {r}");
+        let state = r["state"].as_str().unwrap_or_default().to_owned();
+        if state == "failed" {
+            assert!(r["reason"].is_string(), "failed without a reason: {r}");
+        }
+        *states.entry(state).or_default() += 1;
+    }
+    // No node was handed to a client while another still held it.
+    let held = held.lock().unwrap().clone();
+    let mut by_node: BTreeMap<&str, Vec<&Held>> = BTreeMap::new();
+    for h in &held {
+        by_node.entry(&h.node).or_default().push(h);
+    }
+    for (node, mut spans) in by_node {
+        spans.sort_by_key(|h| h.got);
+        for pair in spans.windows(2) {
+            let released = pair[0].released.expect("every held node was released");
+            assert!(
+                pair[1].got > released,
+                "node {node} handed out again while its holder still held it: {pair:?}"
+            );
+        }
+    }
+    fleet.assert_no_leak_and_no_double_create(at).await;
+    failovers.sort();
+    let pick = |q: f64| failovers[((failovers.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "{} requests accepted ({states:?}), {} nodes held and released, {kills} kills; \
+         kill to the new holder's first cloud call: p50 {:?}, p99 {:?}, max {:?} (lease TTL {TTL:?})",
+        accepted.len(),
+        held.len(),
+        pick(0.5),
+        pick(0.99),
+        failovers.last().unwrap()
+    );
+    assert!(
+        held.len() >= kills,
+        "too little churn to mean anything: {}",
+        held.len()
+    );
+    for p in fleet.procs.iter_mut() {
+        p.take().unwrap().terminate().await.assert_success();
+    }
+}
