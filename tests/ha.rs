@@ -7,7 +7,9 @@
 //!   once another process has taken the pool over, and writes nothing;
 //! - SIGKILLing the holder again and again under churn spread over all
 //!   processes loses no request, hands no node to two clients at once,
-//!   creates no node twice and leaks no instance.
+//!   creates no node twice and leaks no instance;
+//! - PostgreSQL crash-stopped under the same churn: no process calls the
+//!   cloud while it is down, and all of the above holds once it is back.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::pg_store::database;
 use crate::serve::{CI, OPS, serve_config_with};
-use crate::support::postgres::psql;
+use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, http, until};
 use crate::support::{SimServer, live, plugin};
 
@@ -41,12 +43,34 @@ impl Fleet {
     fn new(sim: SimServer, n: usize) -> Fleet {
         let root = tempfile::tempdir().unwrap();
         let (url, store) = database(root.path(), None);
+        Fleet::with_store(sim, n, root, url, &store)
+    }
+
+    /// As [`Fleet::new`], on a database of `cluster` of the test's own.
+    fn on(cluster: &PgCluster, sim: SimServer, n: usize) -> Fleet {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("pgpass"), cluster.password()).unwrap();
+        let url = cluster.url();
+        let bare = url.replacen(&format!("berth:{}@", cluster.password()), "berth@", 1);
+        let store = format!(
+            "[store]\nurl = {bare:?}\npassword-file = \"pgpass\"\npool-lease-ttl = \"1s\"\n"
+        );
+        Fleet::with_store(sim, n, root, url, &store)
+    }
+
+    fn with_store(
+        sim: SimServer,
+        n: usize,
+        root: tempfile::TempDir,
+        url: String,
+        store: &str,
+    ) -> Fleet {
         let mut configs = Vec::new();
         for i in 0..n {
             let dir = root.path().join(format!("b{i}"));
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::copy(root.path().join("pgpass"), dir.join("pgpass")).unwrap();
-            let path = serve_config_with(&sim, &dir, &plugin("sim"), "min-ready = 2", &store);
+            let path = serve_config_with(&sim, &dir, &plugin("sim"), "min-ready = 2", store);
             let text = std::fs::read_to_string(&path).unwrap();
             let named = text
                 .replace(
@@ -374,6 +398,116 @@ async fn churn(
     }
 }
 
+/// Churn clients running against a fleet until stopped.
+struct Churn {
+    bases: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    accepted: Arc<Mutex<Vec<String>>>,
+    held: Arc<Mutex<Vec<Held>>>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Churn {
+    /// Four clients over every process of `fleet`.
+    fn start(fleet: &Fleet) -> Churn {
+        let bases = Arc::new(Mutex::new(
+            fleet
+                .procs
+                .iter()
+                .map(|p| p.as_ref().unwrap().base.clone())
+                .collect::<Vec<_>>(),
+        ));
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let clients = (0..4)
+            .map(|c| {
+                tokio::spawn(churn(
+                    c,
+                    bases.clone(),
+                    stop.clone(),
+                    accepted.clone(),
+                    held.clone(),
+                ))
+            })
+            .collect();
+        Churn {
+            bases,
+            stop,
+            accepted,
+            held,
+            clients,
+        }
+    }
+
+    /// Process `i` was restarted at a new address.
+    fn moved(&self, i: usize, base: &str) {
+        self.bases.lock().unwrap()[i] = base.to_owned();
+    }
+
+    /// How many nodes the clients have held and released so far.
+    fn served(&self) -> usize {
+        self.held.lock().unwrap().len()
+    }
+
+    /// Stops the clients; the ids of every 201 and the nodes they held.
+    async fn stop(self) -> (Vec<String>, Vec<Held>) {
+        self.stop.store(true, Ordering::SeqCst);
+        for c in self.clients {
+            tokio::time::timeout(Duration::from_secs(180), c)
+                .await
+                .expect("a churn client ended")
+                .unwrap();
+        }
+        let accepted = self.accepted.lock().unwrap().clone();
+        let held = self.held.lock().unwrap().clone();
+        (accepted, held)
+    }
+}
+
+impl Fleet {
+    /// After churn: every 201 names a request that is still there
+    /// (fulfilled, failed with a reason, cancelled, or pending); no node was
+    /// handed to a client while another still held it; and the cloud
+    /// agrees with the pool. Returns the requests' states, counted.
+    async fn assert_churn_lost_and_doubled_nothing(
+        &self,
+        at: usize,
+        accepted: &[String],
+        held: &[Held],
+    ) -> BTreeMap<String, usize> {
+        let mut states: BTreeMap<String, usize> = BTreeMap::new();
+        for id in accepted {
+            let (s, r) = self
+                .get(at)
+                .call("GET", &format!("/v1/requests/{id}"), Some(CI), None)
+                .await;
+            assert_eq!(s, 200, "request {id} is lost: {r}");
+            let state = r["state"].as_str().unwrap_or_default().to_owned();
+            if state == "failed" {
+                assert!(r["reason"].is_string(), "failed without a reason: {r}");
+            }
+            *states.entry(state).or_default() += 1;
+        }
+        let mut by_node: BTreeMap<&str, Vec<&Held>> = BTreeMap::new();
+        for h in held {
+            by_node.entry(&h.node).or_default().push(h);
+        }
+        for (node, mut spans) in by_node {
+            spans.sort_by_key(|h| h.got);
+            for pair in spans.windows(2) {
+                let released = pair[0].released.expect("every held node was released");
+                assert!(
+                    pair[1].got > released,
+                    "node {node} handed out again while its holder still held it: {pair:?}"
+                );
+            }
+        }
+        self.assert_no_leak_and_no_double_create(at).await;
+        states
+    }
+}
+
 /// Three processes, churn clients spreading their calls over all three, and
 /// the holder SIGKILLed again and again (each time restarted): no request
 /// is lost, no node is handed to two clients at once, no node id is
@@ -393,27 +527,7 @@ async fn killing_the_holder_again_and_again_loses_leaks_and_doubles_nothing() {
             fleet.get(0).until_ready(30, "b0 holds the pool").await;
         }
     }
-    let bases = Arc::new(Mutex::new(
-        fleet
-            .procs
-            .iter()
-            .map(|p| p.as_ref().unwrap().base.clone())
-            .collect::<Vec<_>>(),
-    ));
-    let stop = Arc::new(AtomicBool::new(false));
-    let accepted = Arc::new(Mutex::new(Vec::new()));
-    let held = Arc::new(Mutex::new(Vec::new()));
-    let clients: Vec<_> = (0..4)
-        .map(|c| {
-            tokio::spawn(churn(
-                c,
-                bases.clone(),
-                stop.clone(),
-                accepted.clone(),
-                held.clone(),
-            ))
-        })
-        .collect();
+    let churning = Churn::start(&fleet);
 
     let mut failovers = Vec::new();
     for kill in 0..kills {
@@ -448,50 +562,13 @@ async fn killing_the_holder_again_and_again_loses_leaks_and_doubles_nothing() {
             killed.elapsed()
         );
         fleet.start(holder).await;
-        bases.lock().unwrap()[holder] = fleet.get(holder).base.clone();
+        churning.moved(holder, &fleet.get(holder).base);
     }
-    stop.store(true, Ordering::SeqCst);
-    for c in clients {
-        tokio::time::timeout(Duration::from_secs(180), c)
-            .await
-            .expect("a churn client ended")
-            .unwrap();
-    }
-
+    let (accepted, held) = churning.stop().await;
     let at = fleet.until_held(30, "a holder at the end").await;
-    // Every 201 names a request that is still there: fulfilled, failed with
-    // a reason, cancelled, or pending.
-    let accepted = accepted.lock().unwrap().clone();
-    let mut states: BTreeMap<String, usize> = BTreeMap::new();
-    for id in &accepted {
-        let (s, r) = fleet
-            .get(at)
-            .call("GET", &format!("/v1/requests/{id}"), Some(CI), None)
-            .await;
-        assert_eq!(s, 200, "request {id} is lost: {r}");
-        let state = r["state"].as_str().unwrap_or_default().to_owned();
-        if state == "failed" {
-            assert!(r["reason"].is_string(), "failed without a reason: {r}");
-        }
-        *states.entry(state).or_default() += 1;
-    }
-    // No node was handed to a client while another still held it.
-    let held = held.lock().unwrap().clone();
-    let mut by_node: BTreeMap<&str, Vec<&Held>> = BTreeMap::new();
-    for h in &held {
-        by_node.entry(&h.node).or_default().push(h);
-    }
-    for (node, mut spans) in by_node {
-        spans.sort_by_key(|h| h.got);
-        for pair in spans.windows(2) {
-            let released = pair[0].released.expect("every held node was released");
-            assert!(
-                pair[1].got > released,
-                "node {node} handed out again while its holder still held it: {pair:?}"
-            );
-        }
-    }
-    fleet.assert_no_leak_and_no_double_create(at).await;
+    let states = fleet
+        .assert_churn_lost_and_doubled_nothing(at, &accepted, &held)
+        .await;
     failovers.sort();
     let pick = |q: f64| failovers[((failovers.len() - 1) as f64 * q).round() as usize];
     println!(
@@ -506,6 +583,65 @@ async fn killing_the_holder_again_and_again_loses_leaks_and_doubles_nothing() {
     assert!(
         held.len() >= kills,
         "too little churn to mean anything: {}",
+        held.len()
+    );
+    for p in fleet.procs.iter_mut() {
+        p.take().unwrap().terminate().await.assert_success();
+    }
+}
+
+/// PostgreSQL crash-stopped (`pg_ctl stop -m immediate`) under churn over
+/// three processes: while it is down, no process sends anything to the
+/// cloud (by the sim's own record); once it is back, one process holds the
+/// pool again and the churn's outcome is as whole as after the kills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_under_churn_stops_every_process_calling_the_cloud() {
+    let cluster = PgCluster::start(&crate::support::workspace());
+    let mut fleet = Fleet::on(&cluster, SimServer::start().await, 3);
+    for i in 0..3 {
+        fleet.start(i).await;
+        if i == 0 {
+            fleet.get(0).until_ready(30, "b0 holds the pool").await;
+        }
+    }
+    let churning = Churn::start(&fleet);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    cluster.stop_immediate();
+    // What was already on the wire lands now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at_outage = fleet.sim.cloud.calls().len();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let during: Vec<String> = fleet.sim.cloud.calls()[at_outage..]
+        .iter()
+        .map(|c| format!("{:?} {} {}", c.caller, c.method, c.path))
+        .collect();
+    assert!(
+        during.is_empty(),
+        "cloud calls while the database was down: {during:?}"
+    );
+    for p in fleet.procs.iter().flatten() {
+        // Alive, waiting: nothing for a supervisor to restart.
+        assert_eq!(p.call("GET", "/healthz", None, None).await.0, 200);
+    }
+
+    cluster.start_again();
+    let at = fleet
+        .until_held(60, "a holder once the database is back")
+        .await;
+    // The churn goes on for a while on the recovered pool.
+    let served = churning.served();
+    until(60, "churn served again", || async {
+        (churning.served() > served + 20).then_some(())
+    })
+    .await;
+    let (accepted, held) = churning.stop().await;
+    let states = fleet
+        .assert_churn_lost_and_doubled_nothing(at, &accepted, &held)
+        .await;
+    println!(
+        "{} requests accepted ({states:?}), {} nodes held and released across the outage",
+        accepted.len(),
         held.len()
     );
     for p in fleet.procs.iter_mut() {

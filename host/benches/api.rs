@@ -9,6 +9,13 @@
 //! (sim driver in its sandbox, the store), and clients that each keep one
 //! HTTP/1.1 connection. A request's
 //! time is from its POST until a `wait` long-poll says fulfilled.
+//!
+//! `... -- postgres processes=3` runs three `berth` binaries on the one
+//! database instead of berth in this process: one holds the pool, and the
+//! clients spread their connections over all three (the two standing by
+//! relay to the holder); add `holder-only` for clients that go to the holder
+//! alone, as behind a load balancer that routes by `/readyz`.
+//! `processes=1` runs one binary, to compare with in the same shape.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -187,11 +194,12 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-/// `n` clients at once, one request of `labels` each; the wall time.
-async fn burst(addr: &str, n: usize, labels: Value) -> Duration {
+/// `n` clients at once, one request of `labels` each, spread over `addrs`;
+/// the wall time.
+async fn burst(addrs: &[String], n: usize, labels: Value) -> Duration {
     let mut conns = Vec::new();
-    for _ in 0..n {
-        conns.push(Conn::open(addr).await);
+    for i in 0..n {
+        conns.push(Conn::open(&addrs[i % addrs.len()]).await);
     }
     let start = Arc::new(tokio::sync::Barrier::new(n + 1));
     let mut tasks = Vec::new();
@@ -213,10 +221,10 @@ async fn burst(addr: &str, n: usize, labels: Value) -> Duration {
 
 /// `clients` closed loops of request → release for `run`; the rate, p50
 /// and p99 of the requests.
-async fn sustained(addr: &str, clients: usize, run: Duration) -> (f64, Duration, Duration) {
+async fn sustained(addrs: &[String], clients: usize, run: Duration) -> (f64, Duration, Duration) {
     let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let addr = addr.to_owned();
+    for i in 0..clients {
+        let addr = addrs[i % addrs.len()].clone();
         tasks.push(tokio::spawn(async move {
             let mut c = Conn::open(&addr).await;
             let mut took = Vec::new();
@@ -300,6 +308,17 @@ async fn main() {
         .replace("{state}", &dir.path().display().to_string())
         .replace("{sim}", &sim.to_string())
         + &store;
+    let processes: Option<usize> = std::env::args().find_map(|a| {
+        a.strip_prefix("processes=")
+            .map(|n| n.parse().expect("a count"))
+    });
+    if let Some(n) = processes {
+        assert!(
+            n == 1 || cluster.is_some(),
+            "several processes share a PostgreSQL store only"
+        );
+        return several(dir.path(), &text, n, arg("holder-only")).await;
+    }
     let config = dir.path().join("berth.toml");
     std::fs::write(&config, text).unwrap();
 
@@ -320,7 +339,89 @@ async fn main() {
         },
     ));
     let addr = addr_rx.await.expect("listening").to_string();
-    let mut admin = Conn::open(&addr).await;
+    scenarios(&[addr.clone()], &addr).await;
+    let _ = stop_tx.send(());
+    server.await.unwrap().expect("clean stop");
+    drop(cluster);
+}
+
+/// `processes` `berth serve` binaries on the config `text` (each with a
+/// state directory of its own under `dir`), then the scenarios with the
+/// clients spread over all of them, or on the holder alone.
+async fn several(dir: &std::path::Path, text: &str, processes: usize, holder_only: bool) {
+    let mut children = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 0..processes {
+        let state = dir.join(format!("b{i}"));
+        std::fs::create_dir_all(&state).unwrap();
+        berth::embedded::write_sim_driver(&state).expect("sim driver");
+        std::fs::copy(dir.join("pgpass"), state.join("pgpass")).unwrap();
+        let config = state.join("berth.toml");
+        let own = text.replace(&dir.display().to_string(), &state.display().to_string());
+        std::fs::write(&config, own).unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .env("BERTH_LOG", "berth=warn")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("berth serve");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("berth serve listens");
+            if let Some(a) = line.strip_prefix("berth listening on http://") {
+                break a.to_owned();
+            }
+        };
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        children.push(child);
+        addrs.push(addr);
+    }
+    // The holder is the one whose /readyz says 200.
+    let holder = loop {
+        let mut found = None;
+        for a in &addrs {
+            let mut c = Conn::open(a).await;
+            if c.call_text("/readyz").await.0 == 200 {
+                found = Some(a.clone());
+            }
+        }
+        if let Some(h) = found {
+            break h;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!(
+        "{processes} berth process(es) on the one store; clients on {}",
+        if holder_only {
+            "the holder alone"
+        } else {
+            "all of them"
+        }
+    );
+    let spread = if holder_only {
+        vec![holder.clone()]
+    } else {
+        addrs.clone()
+    };
+    scenarios(&spread, &holder).await;
+    for mut c in children {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(c.id().unwrap() as i32, libc::SIGTERM) };
+        let _ = c.wait().await;
+    }
+}
+
+/// Every scenario, with clients on `addrs`; the store commits are read
+/// from `holder`'s metrics.
+async fn scenarios(addrs: &[String], holder: &str) {
+    let addr = &addrs[0];
+    let mut admin = Conn::open(addr).await;
     let t = Instant::now();
     while admin.ready("warm").await < 200 || admin.ready("loop").await < 32 {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -330,24 +431,29 @@ async fn main() {
     // Warm up the connection paths once.
     admin.request(json!({"one": 1})).await;
 
-    let cold = burst(&addr, 200, json!({"cold": 1})).await;
+    let cold = burst(addrs, 200, json!({"cold": 1})).await;
     println!(
         "200 single-node requests, no ready nodes:     {}  (Nodepool ~10-13 s; target <= 1 s)",
         ms(cold)
     );
 
-    let warm = burst(&addr, 200, json!({"warm": 1})).await;
+    let warm = burst(addrs, 200, json!({"warm": 1})).await;
     println!(
         "200 requests served from 200 ready nodes:     {}  (Nodepool ~6-7 s; target <= 100 ms)",
         ms(warm)
     );
 
     let mut one = Vec::new();
-    for _ in 0..200 {
+    let mut turns = Vec::new();
+    for a in addrs {
+        turns.push(Conn::open(a).await);
+    }
+    for i in 0..200 {
         while admin.ready("one").await == 0 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        one.push(admin.request(json!({"one": 1})).await.0);
+        let n = turns.len();
+        one.push(turns[i % n].request(json!({"one": 1})).await.0);
     }
     one.sort();
     println!(
@@ -356,7 +462,7 @@ async fn main() {
         ms(percentile(&one, 0.99))
     );
 
-    let slots = burst(&addr, 200, json!({"slot4": 1})).await;
+    let slots = burst(addrs, 200, json!({"slot4": 1})).await;
     println!(
         "200 requests on a 4-slot label, cold:          {}  (Nodepool ~9-16 s; target <= 1 s)",
         ms(slots)
@@ -367,7 +473,7 @@ async fn main() {
     let run = Duration::from_secs(5);
     let mut best = None;
     for clients in [1, 2, 4, 8] {
-        let (rate, p50, p99) = sustained(&addr, clients, run).await;
+        let (rate, p50, p99) = sustained(addrs, clients, run).await;
         println!(
             "sustained, {clients} clients request → release for {} s: {rate:.0} requests/s  p50 {}  p99 {}",
             run.as_secs(),
@@ -387,12 +493,8 @@ async fn main() {
 
     // A new connection: the first one sat idle through the sustained runs,
     // longer than the server keeps an idle connection open.
-    let mut admin = Conn::open(&addr).await;
+    let mut admin = Conn::open(holder).await;
     let (status, metrics) = admin.call_text("/metrics").await;
     assert_eq!(status, 200, "{metrics}");
     println!("{}", commit_summary(&metrics));
-
-    let _ = stop_tx.send(());
-    server.await.unwrap().expect("clean stop");
-    drop(cluster);
 }
