@@ -5,7 +5,8 @@
 //! checks its body by hand so that a bad field is named, and asks the pool's
 //! task for what it needs; views are built on that task in one go, so a
 //! response shows the pool at one moment. Errors are [`types::ErrorBody`]
-//! with a stable code.
+//! with a stable code. While another berth process holds a shared pool,
+//! `/v1` calls are relayed to it as they are (`forward.rs`).
 
 mod auth;
 mod doc;
