@@ -174,6 +174,18 @@ fn pg(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |error| StoreError::Postgres { doing, error }
 }
 
+/// [`pg`] for a statement that runs `berth_fence`: its own refusal is
+/// [`StoreError::Fenced`] (the epoch is filled in by the store).
+fn fence_error(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
+    move |error| {
+        if error.code().is_some_and(|c| c.code() == FENCED) {
+            StoreError::Fenced { epoch: None }
+        } else {
+            StoreError::Postgres { doing, error }
+        }
+    }
+}
+
 /// The PostgreSQL store. It keeps the config it was opened with to name
 /// labels and providers in the rows it writes.
 pub struct PgStore {
@@ -366,45 +378,46 @@ impl PgStore {
     /// Renews the lease this process holds, or fails with
     /// [`StoreError::Fenced`] if another process has taken the pool over.
     async fn renew_now(&mut self) -> Result<(), StoreError> {
-        let (Some(me), Some(held)) = (self.claimant.clone(), self.holding) else {
-            return match self.claimant {
-                None => self.ping().await,
-                Some(_) => Err(StoreError::Fenced { epoch: None }),
-            };
+        let Some(fence) = fence_args(&self.claimant, self.holding)? else {
+            return self.ping().await;
         };
         let sent = std::time::Instant::now();
-        let row = self
+        let renewed = self
             .client
-            .query_one(&self.fence, &[&me.holder, &held.epoch, &ttl_ms(&me)])
+            .query_one(&self.fence, &[&fence.0, &fence.1, &fence.2])
             .await
-            .map_err(|e| self.fenced(e, "renewing the pool's lease"))?;
-        self.renewed(&me, held.epoch, sent, row.get(0));
-        Ok(())
+            .map(|row| Some(row.get(0)))
+            .map_err(fence_error("renewing the pool's lease"));
+        self.confirmed(sent, renewed)
     }
 
-    fn renewed(
+    /// Takes in what a fenced statement sent at `sent` came to: the lease's
+    /// new expiry renews the holding; a fence that failed means the lease is
+    /// another process's now, and this store no longer holds it.
+    fn confirmed(
         &mut self,
-        me: &Claimant,
-        epoch: i64,
         sent: std::time::Instant,
-        expires: std::time::SystemTime,
-    ) {
-        self.holding = Some(Holding {
-            epoch,
-            renewed: sent,
-            valid_until: me.valid_until(sent),
-            expires,
-        });
-    }
-
-    /// A failed fence: [`StoreError::Fenced`] if the lease is another
-    /// process's now (and this store no longer holds it).
-    fn fenced(&mut self, e: tokio_postgres::Error, doing: &'static str) -> StoreError {
-        if e.code().is_some_and(|c| c.code() == FENCED) {
-            let epoch = self.holding.take().map(|h| h.epoch);
-            return StoreError::Fenced { epoch };
+        result: Result<Option<std::time::SystemTime>, StoreError>,
+    ) -> Result<(), StoreError> {
+        match result {
+            Ok(expires) => {
+                if let (Some(me), Some(held), Some(expires)) =
+                    (&self.claimant, self.holding, expires)
+                {
+                    self.holding = Some(Holding {
+                        epoch: held.epoch,
+                        renewed: sent,
+                        valid_until: me.valid_until(sent),
+                        expires,
+                    });
+                }
+                Ok(())
+            }
+            Err(StoreError::Fenced { .. }) => Err(StoreError::Fenced {
+                epoch: self.holding.take().map(|h| h.epoch),
+            }),
+            Err(e) => Err(e),
         }
-        pg(doing)(e)
     }
 
     /// Gives the lease up at once, so that another process takes the pool
@@ -474,92 +487,110 @@ impl PgStore {
 
     async fn commit_now(&mut self, changes: &Changes) -> Result<(), StoreError> {
         let ops = write::plan(&self.config, changes)?;
-        let lease = match (&self.claimant, self.holding) {
-            (None, _) => None,
-            (Some(me), Some(held)) => Some((me.clone(), held.epoch)),
-            (Some(_), None) => return Err(StoreError::Fenced { epoch: None }),
-        };
+        let fence = fence_args(&self.claimant, self.holding)?;
         let sent = std::time::Instant::now();
-        // Dropping the transaction on an error rolls it back.
-        let tx = self
-            .client
-            .transaction()
-            .await
-            .map_err(pg("starting a commit"))?;
-        // Pipelined: every statement is sent before the first answer is
-        // awaited, so a commit costs a few round trips, not one per row.
-        // tokio-postgres queues a statement for the server when its future
-        // is first polled: each is polled once, in order, then all are
-        // awaited in order (the server answers in order; the first to fail
-        // aborts the transaction and is the error returned).
-        let params: Vec<Vec<&(dyn ToSql + Sync)>> = ops
-            .iter()
-            .map(|(_, vals)| vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect())
-            .collect();
-        let open = &tx;
-        // The lease first: while it is renewed in this transaction, the row
-        // stays locked, so no takeover can slip in before the commit ends.
-        let fence_params = lease
-            .as_ref()
-            .map(|(me, epoch)| (me.holder.clone(), *epoch, ttl_ms(me)));
-        let fence = &self.fence;
-        let mut fenced = Box::pin(futures_util::future::maybe_done(async move {
-            match &fence_params {
-                Some((who, epoch, ttl)) => {
-                    open.query_one(fence, &[who, epoch, ttl]).await.map(Some)
-                }
-                None => Ok(None),
-            }
-        }));
-        std::future::poll_fn(|cx| {
-            let _ = fenced.as_mut().poll(cx);
-            std::task::Poll::Ready(())
-        })
+        let committed = pipeline(
+            &mut self.client,
+            &self.statements,
+            fence.map(|args| (&self.fence, args)),
+            &ops,
+        )
         .await;
-        let mut runs: Vec<_> = ops
-            .iter()
-            .zip(&params)
-            .map(|((stmt, _), params)| {
-                let statement = &self.statements[*stmt as usize];
-                Box::pin(futures_util::future::maybe_done(async move {
-                    open.execute(statement, params)
-                        .await
-                        .map_err(pg(stmt.doing()))
-                }))
-            })
-            .collect();
-        for run in &mut runs {
-            std::future::poll_fn(|cx| {
-                let _ = run.as_mut().poll(cx);
-                std::task::Poll::Ready(())
-            })
-            .await;
-        }
-        fenced.as_mut().await;
-        let expires = match fenced.as_mut().take_output() {
-            Some(Ok(row)) => row.map(|r| r.get::<_, std::time::SystemTime>(0)),
-            Some(Err(e)) => {
-                drop(runs);
-                drop(fenced);
-                drop(tx);
-                return Err(self.fenced(e, "renewing the pool's lease in a commit"));
-            }
-            None => None,
-        };
-        for run in &mut runs {
-            run.as_mut().await;
-            if let Some(Err(e)) = run.as_mut().take_output() {
-                return Err(e);
-            }
-        }
-        drop(runs);
-        drop(fenced);
-        tx.commit().await.map_err(pg("committing"))?;
-        if let (Some((me, epoch)), Some(expires)) = (lease, expires) {
-            self.renewed(&me, epoch, sent, expires);
-        }
-        Ok(())
+        self.confirmed(sent, committed)
     }
+}
+
+/// What `berth_fence` is called with while `claimant` holds the lease:
+/// `None` for a store without a claimant, which writes unconditionally;
+/// [`StoreError::Fenced`] for one that holds nothing.
+fn fence_args(
+    claimant: &Option<Claimant>,
+    holding: Option<Holding>,
+) -> Result<Option<(&str, i64, i64)>, StoreError> {
+    match (claimant, holding) {
+        (None, _) => Ok(None),
+        (Some(me), Some(held)) => Ok(Some((me.holder.as_str(), held.epoch, ttl_ms(me)))),
+        (Some(_), None) => Err(StoreError::Fenced { epoch: None }),
+    }
+}
+
+/// A statement's future, queued but not yet awaited.
+type Queued<F> = std::pin::Pin<Box<futures_util::future::MaybeDone<F>>>;
+
+/// Polls `run` once, which makes tokio-postgres send its statement to the
+/// server, and leaves its answer to be awaited later.
+async fn send<F: std::future::Future>(run: &mut Queued<F>) {
+    std::future::poll_fn(|cx| {
+        let _ = run.as_mut().poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await
+}
+
+/// One commit's transaction: the fence first (with its statement and
+/// arguments, when the store shares the pool), then `ops`. Returns the
+/// lease's new expiry when fenced.
+///
+/// Pipelined: every statement is sent before the first answer is awaited,
+/// so a commit costs a few round trips, not one per row. Each is polled
+/// once, in order, then all are awaited in order (the server answers in
+/// order; the first to fail aborts the transaction and is the error
+/// returned, and dropping the transaction rolls it back). While the fence
+/// renews the lease in this transaction, its row stays locked, so no
+/// takeover can slip in before the commit ends.
+async fn pipeline(
+    client: &mut Client,
+    statements: &[Statement],
+    fence: Option<(&Statement, (&str, i64, i64))>,
+    ops: &[(write::Stmt, Vec<Val>)],
+) -> Result<Option<std::time::SystemTime>, StoreError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(pg("starting a commit"))?;
+    let open = &tx;
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = ops
+        .iter()
+        .map(|(_, vals)| vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect())
+        .collect();
+    let mut fenced = Box::pin(futures_util::future::maybe_done(async move {
+        match fence {
+            Some((statement, (who, epoch, ttl))) => open
+                .query_one(statement, &[&who, &epoch, &ttl])
+                .await
+                .map(|row| Some(row.get::<_, std::time::SystemTime>(0)))
+                .map_err(fence_error("renewing the pool's lease in a commit")),
+            None => Ok(None),
+        }
+    }));
+    send(&mut fenced).await;
+    let mut runs: Vec<_> = ops
+        .iter()
+        .zip(&params)
+        .map(|((stmt, _), params)| {
+            let statement = &statements[*stmt as usize];
+            Box::pin(futures_util::future::maybe_done(async move {
+                open.execute(statement, params)
+                    .await
+                    .map_err(pg(stmt.doing()))
+            }))
+        })
+        .collect();
+    for run in &mut runs {
+        send(run).await;
+    }
+    fenced.as_mut().await;
+    let expires = fenced.as_mut().take_output().unwrap_or(Ok(None))?;
+    for run in &mut runs {
+        run.as_mut().await;
+        if let Some(Err(e)) = run.as_mut().take_output() {
+            return Err(e);
+        }
+    }
+    drop(runs);
+    drop(fenced);
+    tx.commit().await.map_err(pg("committing"))?;
+    Ok(expires)
 }
 
 /// A connection: the client, the statements prepared on it, and the task

@@ -12,9 +12,9 @@ use super::StoreError;
 ///
 /// Rows name labels and providers (never config indexes) so that a config
 /// change between runs cannot silently remap a record. `version` on nodes and
-/// requests counts the writes to a row; SQLite needs it for nothing, but it
-/// is what a shared store's conditional commits compare (see the module docs
-/// of `store`).
+/// requests counts the writes to a row; nothing reads it yet. It is kept for
+/// conditional commits between processes that each hold some providers
+/// (ARCHITECTURE.md, "Several berth processes, one pool": not built).
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE nodes (
