@@ -230,8 +230,14 @@ pub struct Handle {
     /// or another process holds the pool ([`ServiceError::Standby`]).
     down: Down,
     /// The pool's lease while this process holds one.
-    lease: Arc<std::sync::Mutex<Option<LeaseView>>>,
+    lease: SharedLease,
+    /// This process as the pool's lease names it (a shared store).
+    holder: Option<Arc<str>>,
 }
+
+/// The lease as the pool's task last saw it confirmed; a plain copy, so
+/// that keeping it current costs a step no allocation.
+type SharedLease = Arc<std::sync::Mutex<Option<berth_store::Holding>>>;
 
 /// Why the pool decides nothing for now, while it does not.
 type Down = Arc<std::sync::Mutex<Option<ServiceError>>>;
@@ -314,7 +320,12 @@ impl Handle {
 
     /// The pool's lease, while this process holds one (a shared store).
     pub fn lease(&self) -> Option<LeaseView> {
-        self.lease.lock().ok()?.clone()
+        let held = (*self.lease.lock().ok()?)?;
+        Some(LeaseView {
+            holder: self.holder.as_deref()?.to_owned(),
+            epoch: held.epoch,
+            expires: held.expires,
+        })
     }
 
     /// Takes a request; see [`Handle::wait`] for its outcome.
@@ -422,7 +433,6 @@ impl Service {
             lease: Arc::clone(&lease),
             gate: parts.gate,
             standby: parts.standby,
-            holder: parts.holder,
             pool,
             providers: parts.providers.clone(),
             store: parts.store,
@@ -443,6 +453,7 @@ impl Service {
                 ended,
                 down,
                 lease,
+                holder: parts.holder.map(Arc::from),
             },
             task,
             outcome: None,
@@ -600,13 +611,11 @@ struct Loop {
     /// or another process holds the pool.
     down: Down,
     /// Shared with every [`Handle`]: the lease while this process holds it.
-    lease: Arc<std::sync::Mutex<Option<LeaseView>>>,
+    lease: SharedLease,
     /// Open while the lease is certain (always, for a store of its own).
     gate: Arc<Gate>,
     /// Who held the pool at start, until the task has stood by once.
     standby: Option<Tenure>,
-    /// This process as the pool's lease names it (a shared store).
-    holder: Option<String>,
     pool: Pool,
     providers: Arc<Providers>,
     store: Box<dyn Store>,
@@ -909,13 +918,8 @@ impl Loop {
     }
 
     fn show_lease(&self) {
-        let view = self.store.holding().map(|h| LeaseView {
-            holder: self.holder.clone().unwrap_or_default(),
-            epoch: h.epoch,
-            expires: h.expires,
-        });
         if let Ok(mut lease) = self.lease.lock() {
-            *lease = view;
+            *lease = self.store.holding();
         }
     }
 
