@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use crate::pg_store::database;
+use crate::pg_store::{database, store_table};
 use crate::serve::{CI, OPS, serve_config_with};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, http, until};
@@ -49,12 +49,8 @@ impl Fleet {
     /// As [`Fleet::new`], on a database of `cluster` of the test's own.
     fn on(cluster: &PgCluster, sim: SimServer, n: usize) -> Fleet {
         let root = tempfile::tempdir().unwrap();
-        std::fs::write(root.path().join("pgpass"), cluster.password()).unwrap();
         let url = cluster.url();
-        let bare = url.replacen(&format!("berth:{}@", cluster.password()), "berth@", 1);
-        let store = format!(
-            "[store]\nurl = {bare:?}\npassword-file = \"pgpass\"\npool-lease-ttl = \"1s\"\n"
-        );
+        let store = store_table(cluster, &url, root.path(), None);
         Fleet::with_store(sim, n, root, url, &store)
     }
 

@@ -21,6 +21,19 @@ use crate::support::{SimServer, creates, live, plugin, workspace};
 pub(crate) fn database(dir: &Path, password: Option<&str>) -> (String, String) {
     let cluster = PgCluster::shared(&workspace());
     let url = cluster.fresh_database("serve");
+    let store = store_table(cluster, &url, dir, password);
+    (url, store)
+}
+
+/// A `[store]` table for the database at `url` of `cluster`: the url
+/// without its password, which goes into `dir/pgpass` (`password`, or the
+/// cluster's own).
+pub(crate) fn store_table(
+    cluster: &PgCluster,
+    url: &str,
+    dir: &Path,
+    password: Option<&str>,
+) -> String {
     let bare = url.replacen(&format!("berth:{}@", cluster.password()), "berth@", 1);
     assert_ne!(bare, url);
     std::fs::write(
@@ -30,9 +43,7 @@ pub(crate) fn database(dir: &Path, password: Option<&str>) -> (String, String) {
     .unwrap();
     // A short lease, so that a process restarted after a SIGKILL takes its
     // pool back in seconds.
-    let store =
-        format!("[store]\nurl = {bare:?}\npassword-file = \"pgpass\"\npool-lease-ttl = \"1s\"\n");
-    (url, store)
+    format!("[store]\nurl = {bare:?}\npassword-file = \"pgpass\"\npool-lease-ttl = \"1s\"\n")
 }
 
 fn config(sim: &SimServer, dir: &Path, store: &str) -> String {
@@ -145,6 +156,9 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (url, store) = database(dir.path(), None);
+    // A lease far longer than the takeover may take: only the first giving
+    // it up lets the second in that soon.
+    let store = store.replace("pool-lease-ttl = \"1s\"", "pool-lease-ttl = \"30s\"");
     let cfg = config(&sim, dir.path(), &store);
     let first = Berth::start(&["--config", &cfg], dir.path()).await;
     first.until_ready(30, "the first holds the pool").await;
@@ -211,6 +225,7 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
         .until_ready(30, "the second took the pool over")
         .await;
     let took = stopped.elapsed();
+    println!("the second took the pool over {took:?} after the first was told to stop");
     assert!(took < Duration::from_secs(2), "took {took:?}");
     let (_, n) = second
         .call(
@@ -259,6 +274,35 @@ async fn a_wrong_password_ends_the_start_naming_the_database() {
     assert!(!log.contains("not-the-password"), "{log}");
 }
 
+/// A process sharing a pool that listens on every address cannot tell the
+/// others where to reach it: without `api.advertise` its start ends saying
+/// so, before it touches the database.
+#[tokio::test]
+async fn listening_on_every_address_without_advertise_ends_the_start() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, store) = database(dir.path(), None);
+    let cfg = config(&sim, dir.path(), &store);
+    let exited = Berth::spawn(Launch::new(
+        &["--config", &cfg, "--listen", "0.0.0.0:0"],
+        dir.path(),
+    ))
+    .exit_within(Duration::from_secs(60))
+    .await;
+    assert_ne!(exited.status.code(), Some(0));
+    let log = exited.log_text();
+    assert!(log.contains("set api.advertise"), "{log}");
+    // It ended before it even connected: the database is untouched.
+    assert_eq!(
+        psql(
+            &url,
+            "SELECT count(*) FROM pg_tables WHERE tablename = 'pool_lease'"
+        )
+        .unwrap(),
+        "0"
+    );
+}
+
 /// PostgreSQL stopped as by a crash under a running `berth serve`: berth
 /// calls no cloud while it is down, answers changes 503 `store_unavailable`
 /// with `Retry-After`, and once the server is back reloads the pool from it
@@ -269,11 +313,7 @@ async fn a_database_outage_stops_every_cloud_call_until_it_ends() {
     let cluster = PgCluster::start(&workspace());
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("pgpass"), cluster.password()).unwrap();
-    let bare = cluster
-        .url()
-        .replacen(&format!("berth:{}@", cluster.password()), "berth@", 1);
-    let store = format!("[store]\nurl = {bare:?}\npassword-file = \"pgpass\"\n");
+    let store = store_table(&cluster, &cluster.url(), dir.path(), None);
     let cfg = config(&sim, dir.path(), &store);
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
     let before = server.request(CI, &[("small", 1)]).await;
