@@ -665,7 +665,8 @@ fn driver_error<T: std::fmt::Debug>(result: Result<T, CallError>) -> DriverError
 }
 
 /// The berth config for one aws-ec2 provider `ec2` behind `proxy`, one
-/// label `ci` with `min_ready`, the secret as `${secret_var}`.
+/// label `ci` with `min_ready`, the secret as `${secret_var}`, and the
+/// store the tests run on (`crate::pool::test_store`).
 fn pool_config_text(
     moto: &MotoServer,
     proxy: &Proxy,
@@ -713,7 +714,7 @@ ram = "1GiB"
         proxy = proxy.addr,
         key = moto.key_id,
         ami = moto.ami,
-    )
+    ) + &crate::pool::test_store(state)
 }
 
 fn parse_config(text: &str, state: &Path, secret_var: &str, secret: &str) -> Settings {

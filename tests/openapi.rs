@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::serve::{CI, OPS, OTHER, serve_config};
-use crate::support::SimServer;
+use crate::serve::{CI, OPS, OTHER, serve_config_with};
 use crate::support::server::{Berth, until};
+use crate::support::{SimServer, plugin};
 
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
 
@@ -81,7 +81,14 @@ fn collect_refs<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
 async fn the_published_document_describes_every_route_and_status_the_binary_serves() {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = serve_config(&sim, dir.path());
+    // A limit, so that a request for more than it is unsatisfiable.
+    let config = serve_config_with(
+        &sim,
+        dir.path(),
+        &plugin("sim"),
+        "min-ready = 2",
+        "[providers.sim.limits]\nmax-instances = 50\n",
+    );
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
     server.until_ready(30, "ready").await;
@@ -208,8 +215,10 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
         json!({"labels": {"small": 1}, "requestor": "other"}),
     ];
     for body in bad_bodies {
-        walk.call("POST", "/v1/requests", "/v1/requests", Some(CI), Some(body))
+        let (s, e) = walk
+            .call("POST", "/v1/requests", "/v1/requests", Some(CI), Some(body))
             .await;
+        assert!((400..500).contains(&s), "{s} {e}");
     }
     walk.each(vec![
         (
@@ -317,20 +326,30 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
         walk.call("DELETE", "/v1/nodes/{id}", &rpath, Some(OPS), None)
             .await;
     }
-    // A request still pending (nothing boots for a minute) is cancelled.
+    // A request still pending (nothing boots for a minute) is cancelled. It
+    // asks for more nodes than the pool has in any state, so that no timing
+    // of boots and deletes before it can fulfil it at once.
     sim.cloud
         .set_knobs(berth::sim::Knobs {
             boot_delay_ms: 60_000,
             ..Default::default()
         })
         .expect("knobs");
+    let (s, all) = server.call("GET", "/v1/nodes", Some(OPS), None).await;
+    assert_eq!(s, 200, "{all}");
+    let more = 1 + all
+        .as_array()
+        .expect("a list of nodes")
+        .iter()
+        .filter(|n| n["state"] != "gone")
+        .count();
     let (s, r) = walk
         .call(
             "POST",
             "/v1/requests",
             "/v1/requests",
             Some(CI),
-            Some(json!({"labels": {"small": 5}})),
+            Some(json!({"labels": {"small": more}})),
         )
         .await;
     assert_eq!((s, r["state"].as_str()), (201, Some("pending")), "{r}");

@@ -1,5 +1,6 @@
 //! The pool through the real host: the sim driver in the sandbox, the sim
-//! cloud over HTTP, the SQLite store, and the runtime that ties them to the
+//! cloud over HTTP, the store (SQLite, or PostgreSQL with
+//! `BERTH_TEST_STORE=postgres`), and the runtime that ties them to the
 //! core. Time is real here (the cloud is a real server), so the timings in
 //! these configs are short and every wait is a bounded poll.
 
@@ -42,7 +43,46 @@ config = {{ endpoint = "{url}" }}
         addr = sim.addr(),
         url = sim.url(),
     );
+    let text = text + &test_store(state);
     config::parse(&text, state, &|_| None).unwrap_or_else(|e| panic!("config: {e}\n{text}"))
+}
+
+/// The `[store]` table these tests add to a config in `dir`: none (the
+/// SQLite store in the state directory), or with `BERTH_TEST_STORE=postgres`
+/// a fresh database of the test process's PostgreSQL cluster, its password
+/// in `dir`.
+pub fn test_store(dir: &Path) -> String {
+    if crate::serve::on_postgres() {
+        crate::pg_store::database(dir, None).1
+    } else {
+        String::new()
+    }
+}
+
+/// Opens the store that `settings` name, as `berth serve` would, without
+/// claiming the pool: for reading what a stopped pool left behind.
+async fn open_store(settings: &Settings) -> Box<dyn berth::store::Store> {
+    assert_eq!(
+        settings.store.postgres.is_some(),
+        crate::serve::on_postgres(),
+        "the test runs on the store it was asked to"
+    );
+    let config = Arc::new(settings.pool.clone());
+    match &settings.store.postgres {
+        None => Box::new(
+            berth::store::SqliteStore::open(
+                &settings.state_dir.join("berth.db"),
+                config,
+                settings.store.sync,
+            )
+            .expect("the SQLite store opens"),
+        ),
+        Some(pg) => Box::new(
+            berth::store::PgStore::open(pg, config, None)
+                .await
+                .expect("the PostgreSQL store opens"),
+        ),
+    }
 }
 
 pub async fn start(config: Settings) -> Service {
@@ -571,16 +611,28 @@ async fn churn_child() {
         f.sync_data().unwrap();
     };
     // Requests a killed predecessor left pending are served now, or fail
-    // once the lease of the worker that made them lapses.
-    let pending: Vec<_> = h
-        .inspect(|p| {
-            p.requests()
-                .filter(|r| r.state == RequestState::Pending)
-                .map(|r| r.id)
-                .collect()
-        })
-        .await
-        .unwrap();
+    // once the lease of the worker that made them lapses. On PostgreSQL the
+    // killed run's lease on the pool has to lapse first: until it does this
+    // run stands by.
+    let taken = tokio::time::Instant::now() + Duration::from_secs(30);
+    let pending: Vec<_> = loop {
+        let pending = h
+            .inspect(|p| {
+                p.requests()
+                    .filter(|r| r.state == RequestState::Pending)
+                    .map(|r| r.id)
+                    .collect()
+            })
+            .await;
+        match pending {
+            Ok(pending) => break pending,
+            Err(e @ runtime::ServiceError::Standby { .. }) => {
+                assert!(tokio::time::Instant::now() < taken, "{e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the pool does not run: {e}"),
+        }
+    };
     for id in pending {
         let h = h.clone();
         let write = write.clone();
@@ -683,6 +735,7 @@ ram = "1GiB"
         addr = sim.addr(),
         url = sim.url(),
     );
+    let config_text = config_text + &test_store(dir.path());
     let config_path = dir.path().join("berth.toml");
     std::fs::write(&config_path, &config_text).unwrap();
     let log_path = dir.path().join("churn.log");
@@ -739,13 +792,7 @@ ram = "1GiB"
 
     let settings = config::load(&config_path).unwrap();
     let config = Arc::new(settings.pool.clone());
-    let mut store = berth::store::SqliteStore::open(
-        &settings.state_dir.join("berth.db"),
-        config.clone(),
-        settings.store.sync,
-    )
-    .unwrap();
-    use berth::store::Store;
+    let mut store = open_store(&settings).await;
     let snapshot = store.load(&config).await.unwrap().snapshot;
     // No lost request: every request a client was told of is in the store,
     // and none is left pending.

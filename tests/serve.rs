@@ -77,11 +77,10 @@ price = 0.1
         addr = sim.addr(),
         url = sim.url(),
     );
-    let text = if on_postgres() && !extra.contains("[store]") {
-        let (_, store) = crate::pg_store::database(dir, None);
-        text + &store
-    } else {
+    let text = if extra.contains("[store]") {
         text
+    } else {
+        text + &crate::pool::test_store(dir)
     };
     let path = dir.join("berth.toml");
     std::fs::write(&path, text).expect("write config");

@@ -405,5 +405,7 @@ pub enum ErrorCode {
     Busy,
     NotReady,
     StoreUnwritable,
+    StoreUnavailable,
+    Standby,
     Internal,
 }

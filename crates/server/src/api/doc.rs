@@ -62,7 +62,7 @@ pub(super) struct TakesNoQuery(ErrorBody);
 /// The pool cannot take the call now: every operation that reaches it.
 #[derive(ToResponse)]
 #[response(
-    description = "berth is shutting down (code `stopping`), its store could not be written (code `store_unwritable`), or its command queue is full (code `busy`, with `Retry-After: 1`); try again shortly."
+    description = "berth is shutting down (code `stopping`), its store could not be written (code `store_unwritable`), its PostgreSQL store is out of reach (code `store_unavailable`, with `Retry-After: 1`), this process stands by and the pool's holder could not be reached or is changing hands (code `standby`, with `Retry-After: 1`), or its command queue is full (code `busy`, with `Retry-After: 1`); try again shortly."
 )]
 #[allow(dead_code)]
 pub(super) struct Unavailable(ErrorBody);
