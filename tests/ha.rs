@@ -9,7 +9,10 @@
 //!   processes loses no request, hands no node to two clients at once,
 //!   creates no node twice and leaks no instance;
 //! - PostgreSQL crash-stopped under the same churn: no process calls the
-//!   cloud while it is down, and all of the above holds once it is back.
+//!   cloud while it is down, and all of the above holds once it is back;
+//! - on the static driver, whose hosts are driver records in the shared
+//!   database, a SIGKILLed holder's successor keeps every node on its host
+//!   and gives out only a free one.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -643,4 +646,140 @@ async fn a_database_outage_under_churn_stops_every_process_calling_the_cloud() {
     for p in fleet.procs.iter_mut() {
         p.take().unwrap().terminate().await.assert_success();
     }
+}
+
+/// The static driver keeps which host each node has in its records, and on
+/// PostgreSQL those are in the shared database: once the holder is
+/// SIGKILLed, the process that takes the pool over lists the same hosts,
+/// keeps every node on its host (the one in use stays in use), and gives
+/// out only the host that was free, never a held one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_pool_keeps_its_hosts_when_another_process_takes_it_over() {
+    let mut listeners = Vec::new();
+    for _ in 0..3 {
+        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let allow: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
+    let hosts = toml::Value::try_from(crate::static_hosts::hosts(&addrs, 1)).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let (url, store) = database(root.path(), None);
+    let mut procs = Vec::new();
+    for i in 0..2 {
+        let dir = root.path().join(format!("b{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(root.path().join("pgpass"), dir.join("pgpass")).unwrap();
+        let text = format!(
+            r#"
+pool-id = "ha-static"
+state-dir = "state"
+sync-interval = "1s"
+boot-poll-interval = "100ms"
+leak-grace = "1s"
+
+[api]
+listen = "127.0.0.1:0"
+lease-ttl = "60s"
+[api.tokens.ci]
+role = "client"
+token = "{CI}"
+[api.tokens.ops]
+role = "admin"
+token = "{OPS}"
+
+[providers.lab]
+driver = {driver:?}
+allow-hosts = [{allow}]
+config = {hosts}
+
+[labels.small]
+min-ready = 1
+[labels.small.providers.lab]
+instance-type = "small"
+image = "static"
+vcpus = 1
+ram = "1GiB"
+
+{store}"#,
+            driver = plugin("static").display().to_string(),
+            allow = allow.join(", "),
+        );
+        let cfg = dir.join("berth.toml");
+        std::fs::write(&cfg, text).unwrap();
+        let cfg = cfg.display().to_string();
+        procs.push(Some(Berth::start(&["--config", &cfg], &dir).await));
+    }
+    // b0 holds the pool: one node in use, one ready, one host free.
+    let b0 = procs[0].as_ref().unwrap();
+    b0.until_ready(60, "b0 holds the pool").await;
+    let request = b0.request(CI, &[("small", 1)]).await;
+    let mine = b0.fulfilled(CI, &request.id).await.nodes[0].id.clone();
+    let before = until(30, "one node in use and one ready", || async {
+        let h = static_nodes(b0).await?;
+        let states: Vec<&str> = h.values().map(|(_, s)| s.as_str()).collect();
+        (states.len() == 2 && states.contains(&"in-use") && states.contains(&"ready")).then_some(h)
+    })
+    .await;
+    let taken: Vec<&String> = before.values().map(|(i, _)| i).collect();
+    assert!(taken.iter().all(|i| i.starts_with("build-")), "{before:?}");
+    assert_ne!(taken[0], taken[1]);
+
+    // SIGKILL the holder; b1 takes the pool over and lists the same hosts.
+    procs[0].take().unwrap().signal(libc::SIGKILL);
+    let b1 = procs[1].as_ref().unwrap();
+    b1.until_ready(30, "b1 takes the pool over").await;
+    let after = until(30, "b1 lists both held hosts", || async {
+        let h = static_nodes(b1).await?;
+        (h == before).then_some(h)
+    })
+    .await;
+    assert_eq!(after[&mine].1, "in-use");
+
+    // The ready node is handed out, and the refill gets the free host.
+    let request = b1.request(CI, &[("small", 1)]).await;
+    let second = b1.fulfilled(CI, &request.id).await.nodes[0].id.clone();
+    assert!(before.contains_key(&second), "not the ready node: {second}");
+    let full = until(30, "the free host taken by the refill", || async {
+        let h = static_nodes(b1).await?;
+        (h.len() == 3 && h.values().all(|(_, s)| s == "in-use" || s == "ready")).then_some(h)
+    })
+    .await;
+    let mut instances: Vec<&String> = full.values().map(|(i, _)| i).collect();
+    instances.sort();
+    instances.dedup();
+    assert_eq!(instances.len(), 3, "a host given to two nodes: {full:?}");
+    assert_eq!(
+        full[&mine], before[&mine],
+        "the node in use moved: {full:?}"
+    );
+    let records = psql(
+        &url,
+        "SELECT count(*) FROM driver_records WHERE provider = 'lab'",
+    )
+    .unwrap();
+    assert_ne!(
+        records, "0",
+        "the static driver's records are not in the database"
+    );
+    drop(listeners);
+}
+
+/// The nodes `berth` holds (not gone or failed): id to instance and state.
+async fn static_nodes(berth: &Berth) -> Option<BTreeMap<String, (String, String)>> {
+    let (status, nodes) = berth
+        .try_call("GET", "/v1/nodes", Some(OPS), None)
+        .await
+        .ok()?;
+    if status != 200 {
+        return None;
+    }
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    Some(
+        nodes
+            .as_array()?
+            .iter()
+            .filter(|n| !matches!(n["state"].as_str(), Some("gone" | "failed")))
+            .map(|n| (text(&n["id"]), (text(&n["instance"]), text(&n["state"]))))
+            .collect(),
+    )
 }

@@ -125,26 +125,11 @@ async fn berth_keeps_a_pool_on_the_static_driver() {
         listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
     }
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
-    let hosts: Vec<_> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            serde_json::json!({
-                "name": format!("build-{i}"),
-                "address": a.ip().to_string(),
-                "port": a.port(),
-                "labels": ["small"],
-                "max-parallel-jobs": 1,
-                "username": "ci",
-                "ready-check": {"timeout-ms": 500},
-            })
-        })
-        .collect();
     let allow: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
     let provider = format!(
         "allow-hosts = [{}]\nconfig = {}",
         allow.join(", "),
-        toml::Value::try_from(serde_json::json!({ "hosts": hosts })).expect("TOML")
+        toml::Value::try_from(crate::static_hosts::hosts(&addrs, 1)).expect("TOML")
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let text = config_text(dir.path(), &plugin("static"), &provider, "small");

@@ -441,6 +441,16 @@ async fn store_migrate_moves_a_sqlite_pool_onto_postgres() {
     .await;
     let before = nodes(&server).await;
     server.terminate().await.assert_success();
+    // A driver's record beside the store, as the static driver keeps its
+    // hosts: it goes along.
+    let records = berth::plugin::DriverState::open(&dir.path().join("state/driver-state.sqlite"))
+        .unwrap()
+        .space("sim");
+    let stored = records
+        .compare_and_swap("host/a".into(), None, Some("node 1".into()))
+        .await;
+    assert_eq!(stored, Ok(true));
+    drop(records);
 
     // The same config with the PostgreSQL store (the same state-dir).
     let (url, store) = database(dir.path(), None);
@@ -460,13 +470,15 @@ async fn store_migrate_moves_a_sqlite_pool_onto_postgres() {
     );
     assert!(
         said.starts_with(&format!(
-            "copied {} nodes, 1 request and 1 requestor lease from ",
+            "copied {} nodes, 1 request, 1 requestor lease and 1 driver record from ",
             before.len()
         )),
         "{said}"
     );
     let stored = psql(&url, "SELECT count(*) FROM nodes").unwrap();
     assert_eq!(stored, before.len().to_string());
+    let record = "SELECT provider || ' ' || key || ' ' || value FROM driver_records";
+    assert_eq!(psql(&url, record).unwrap(), "sim host/a node 1");
 
     let created = creates(&sim.cloud);
     let server = Berth::start(&["--config", &cfg], dir.path()).await;

@@ -11,9 +11,9 @@ use serde_json::json;
 use super::{provider, runtime, spec};
 use crate::support::plugin;
 
-/// A config of one host per address, each serving `small` with a ready
-/// check of its port.
-fn hosts(addrs: &[std::net::SocketAddr], jobs: u32) -> serde_json::Value {
+/// A config of one host per address (`build-N`), each serving `small`
+/// with `jobs` slots and a ready check of its port.
+pub(crate) fn hosts(addrs: &[std::net::SocketAddr], jobs: u32) -> serde_json::Value {
     let hosts: Vec<_> = addrs
         .iter()
         .enumerate()

@@ -253,14 +253,46 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             for note in &copied.dropped {
                 eprintln!("left out: {note}");
             }
+            // The drivers' records (the static driver's hosts), kept beside
+            // the SQLite store, go along for every configured provider.
+            let records_file = from.with_file_name("driver-state.sqlite");
+            let mut records = 0usize;
+            if records_file.is_file() {
+                let source = berth::plugin::DriverState::open(&records_file)?;
+                let target = berth::plugin::DriverState::on(std::sync::Arc::new(target.records()));
+                for provider in &settings.pool.providers {
+                    let (from_space, to_space) =
+                        (source.space(&provider.name), target.space(&provider.name));
+                    let held = from_space
+                        .scan(String::new(), u64::MAX)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", records_file.display()))?;
+                    for (key, value) in held {
+                        let stored = to_space
+                            .compare_and_swap(key.clone(), None, Some(value))
+                            .await
+                            .map_err(|e| anyhow::anyhow!("{e}"))?;
+                        if !stored {
+                            anyhow::bail!(
+                                "the pool was copied, but {} already holds a driver record {key:?} \
+                                 of provider {}; its records were not all copied",
+                                pg.url,
+                                provider.name
+                            );
+                        }
+                        records += 1;
+                    }
+                }
+            }
             let count = |n: usize, one: &str, many: &str| {
                 format!("{n} {}", if n == 1 { one } else { many })
             };
             println!(
-                "copied {}, {} and {} from {} into {}",
+                "copied {}, {}, {} and {} from {} into {}",
                 count(copied.nodes, "node", "nodes"),
                 count(copied.requests, "request", "requests"),
                 count(copied.leases, "requestor lease", "requestor leases"),
+                count(records, "driver record", "driver records"),
                 from.display(),
                 pg.url
             );

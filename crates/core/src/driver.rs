@@ -3,6 +3,7 @@
 //! of berth speaks these.
 
 pub mod check;
+pub mod records;
 
 use std::collections::BTreeMap;
 use std::fmt;

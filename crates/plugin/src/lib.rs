@@ -42,7 +42,7 @@ pub use provider::{
     CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Sandbox, SandboxConfig, Trap,
 };
 pub use sandbox::{HttpPolicy, is_forbidden_ip};
-pub use state::{DriverState, StateSpace};
+pub use state::{DriverState, Records, StateSpace};
 
 /// Engine-wide settings of the plugin runtime.
 #[derive(Clone, Debug)]

@@ -1,33 +1,32 @@
 //! The `state` and `net` imports of the driver world: durable key/value
 //! records per provider, and a TCP probe under the provider's allow-list.
 //!
-//! The records live in a SQLite file of their own (`driver-state.sqlite` in
-//! the state directory), apart from the pool's store: drivers write to it
-//! from their own calls, concurrently with the pool's commits, and a driver
-//! can never reach the pool's tables. Every provider has its own key space.
+//! Records are kept by a [`Records`]: by default a SQLite file of their own
+//! (`driver-state.sqlite` in the state directory), apart from the pool's
+//! store, as drivers write to it from their own calls, concurrently with the
+//! pool's commits, and a driver can never reach the pool's tables. With the
+//! pool on PostgreSQL the records are kept there instead (the store's
+//! `PgRecords`), shared by every process. Every provider has its own key
+//! space.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use berth_core::driver::records::{MAX_KEY, MAX_KEYS, MAX_VALUE, Records, RecordsFuture};
+use berth_core::driver::records::{over_budget, too_many_keys};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::bindings;
 use super::sandbox::StoreState;
 
-/// Longest key, in bytes.
-pub const MAX_KEY: usize = 256;
-/// Longest value, in bytes.
-pub const MAX_VALUE: usize = 64 * 1024;
-/// Most keys one provider may hold.
-pub const MAX_KEYS: u64 = 10_000;
 /// Longest wait a probe may ask for.
 const MAX_PROBE: Duration = Duration::from_secs(30);
 
 /// Where driver records are kept. Cheap to clone; one per process.
 #[derive(Clone)]
 pub struct DriverState {
-    conn: Arc<Mutex<Connection>>,
+    records: Arc<dyn Records>,
 }
 
 impl std::fmt::Debug for DriverState {
@@ -39,83 +38,50 @@ impl std::fmt::Debug for DriverState {
 impl DriverState {
     /// Opens (creating if needed) the records file at `path`.
     pub fn open(path: &Path) -> anyhow::Result<DriverState> {
-        let conn = Connection::open(path)
-            .map_err(|e| anyhow::anyhow!("opening driver state {}: {e}", path.display()))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        // A record a driver has been told it stored (a host it allocated)
-        // survives power loss, as the pool's own records do by default.
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        Self::setup(conn)
+        Ok(Self::on(Arc::new(SqliteRecords::open(path)?)))
     }
 
     /// Records that live as long as the value: `berth driver test`, tests.
     pub fn in_memory() -> DriverState {
-        Self::setup(Connection::open_in_memory().expect("in-memory SQLite"))
-            .expect("in-memory driver state")
+        Self::on(Arc::new(
+            SqliteRecords::setup(Connection::open_in_memory().expect("in-memory SQLite"))
+                .expect("in-memory driver state"),
+        ))
     }
 
-    fn setup(conn: Connection) -> anyhow::Result<DriverState> {
-        conn.busy_timeout(Duration::from_secs(5))?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS records (
-                provider TEXT NOT NULL,
-                key TEXT NOT NULL,
-                value TEXT NOT NULL,
-                PRIMARY KEY (provider, key)
-            ) WITHOUT ROWID;",
-        )?;
-        Ok(DriverState {
-            conn: Arc::new(Mutex::new(conn)),
-        })
+    /// Records kept by `records`.
+    pub fn on(records: Arc<dyn Records>) -> DriverState {
+        DriverState { records }
     }
 
     /// The records of one provider.
     pub fn space(&self, provider: &str) -> StateSpace {
         StateSpace {
-            state: self.clone(),
+            records: self.records.clone(),
             provider: provider.into(),
-        }
-    }
-
-    fn with<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
-    ) -> impl Future<Output = Result<T, String>> + Send + 'static {
-        let conn = self.conn.clone();
-        async move {
-            tokio::task::spawn_blocking(move || {
-                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-                f(&mut conn)
-            })
-            .await
-            .map_err(|e| format!("driver state: {e}"))?
-            .map_err(|e| format!("driver state: {e}"))
         }
     }
 }
 
-/// One provider's records.
-#[derive(Clone, Debug)]
+/// One provider's records, with the limits on keys and values checked
+/// before any backend is asked.
+#[derive(Clone)]
 pub struct StateSpace {
-    state: DriverState,
+    records: Arc<dyn Records>,
     provider: Arc<str>,
+}
+
+impl std::fmt::Debug for StateSpace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StateSpace({})", self.provider)
+    }
 }
 
 impl StateSpace {
     /// The value under `key`.
     pub async fn get(&self, key: String) -> Result<Option<String>, String> {
         check_key(&key)?;
-        let provider = self.provider.clone();
-        self.state
-            .with(move |c| {
-                c.query_row(
-                    "SELECT value FROM records WHERE provider = ?1 AND key = ?2",
-                    params![&*provider, key],
-                    |r| r.get(0),
-                )
-                .optional()
-            })
-            .await
+        self.records.get(self.provider.clone(), key).await
     }
 
     /// Every key starting with `prefix`, in key order; an error instead if
@@ -126,31 +92,9 @@ impl StateSpace {
         max_bytes: u64,
     ) -> Result<Vec<(String, String)>, String> {
         check_len("prefix", &prefix, MAX_KEY)?;
-        let provider = self.provider.clone();
-        self.state
-            .with(move |c| {
-                // `substr` rather than LIKE: keys may hold `%` and `_`.
-                let mut st = c.prepare_cached(
-                    "SELECT key, value FROM records WHERE provider = ?1
-                     AND substr(key, 1, length(?2)) = ?2 ORDER BY key",
-                )?;
-                let mut rows = st.query(params![&*provider, prefix])?;
-                let mut out = Vec::new();
-                let mut bytes = 0u64;
-                while let Some(row) = rows.next()? {
-                    let (key, value): (String, String) = (row.get(0)?, row.get(1)?);
-                    bytes += (key.len() + value.len()) as u64;
-                    if bytes > max_bytes {
-                        return Ok(Err(format!(
-                            "the records under this prefix come to more than the {max_bytes} bytes \
-                             one answer may hold; scan a longer prefix"
-                        )));
-                    }
-                    out.push((key, value));
-                }
-                Ok(Ok(out))
-            })
-            .await?
+        self.records
+            .scan(self.provider.clone(), prefix, max_bytes)
+            .await
     }
 
     /// Stores `value` (`None` removes) if the current value is `expected`.
@@ -164,51 +108,147 @@ impl StateSpace {
         if let Some(v) = &value {
             check_len("value", v, MAX_VALUE)?;
         }
-        let provider = self.provider.clone();
-        let full = self
-            .state
-            .with(move |c| {
-                let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                let current: Option<String> = tx
-                    .query_row(
-                        "SELECT value FROM records WHERE provider = ?1 AND key = ?2",
-                        params![&*provider, key],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                if current != expected {
-                    return Ok(Ok(false));
-                }
-                match value {
-                    None => {
-                        tx.execute(
-                            "DELETE FROM records WHERE provider = ?1 AND key = ?2",
-                            params![&*provider, key],
-                        )?;
-                    }
-                    Some(v) => {
-                        if current.is_none() {
-                            let n: u64 = tx.query_row(
-                                "SELECT count(*) FROM records WHERE provider = ?1",
-                                params![&*provider],
-                                |r| r.get(0),
-                            )?;
-                            if n >= MAX_KEYS {
-                                return Ok(Err(n));
-                            }
-                        }
-                        tx.execute(
-                            "INSERT INTO records (provider, key, value) VALUES (?1, ?2, ?3)
-                             ON CONFLICT (provider, key) DO UPDATE SET value = excluded.value",
-                            params![&*provider, key, v],
-                        )?;
-                    }
-                }
-                tx.commit()?;
-                Ok(Ok(true))
+        self.records
+            .compare_and_swap(self.provider.clone(), key, expected, value)
+            .await
+    }
+}
+
+/// Records in a SQLite file of this process's own.
+struct SqliteRecords {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl SqliteRecords {
+    fn open(path: &Path) -> anyhow::Result<SqliteRecords> {
+        let conn = Connection::open(path)
+            .map_err(|e| anyhow::anyhow!("opening driver state {}: {e}", path.display()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // A record a driver has been told it stored (a host it allocated)
+        // survives power loss, as the pool's own records do by default.
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        Self::setup(conn)
+    }
+
+    fn setup(conn: Connection) -> anyhow::Result<SqliteRecords> {
+        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS records (
+                provider TEXT NOT NULL,
+                key TEXT NOT NULL,
+                value TEXT NOT NULL,
+                PRIMARY KEY (provider, key)
+            ) WITHOUT ROWID;",
+        )?;
+        Ok(SqliteRecords {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<Result<T, String>> + Send + 'static,
+    ) -> RecordsFuture<'static, T> {
+        let conn = self.conn.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                f(&mut conn)
             })
-            .await?;
-        full.map_err(|n| format!("the provider already holds {n} keys, the most allowed"))
+            .await
+            .map_err(|e| format!("driver state: {e}"))?
+            .map_err(|e| format!("driver state: {e}"))?
+        })
+    }
+}
+
+impl Records for SqliteRecords {
+    fn get(&self, provider: Arc<str>, key: String) -> RecordsFuture<'_, Option<String>> {
+        self.with(move |c| {
+            c.query_row(
+                "SELECT value FROM records WHERE provider = ?1 AND key = ?2",
+                params![&*provider, key],
+                |r| r.get(0),
+            )
+            .optional()
+            .map(Ok)
+        })
+    }
+
+    fn scan(
+        &self,
+        provider: Arc<str>,
+        prefix: String,
+        max_bytes: u64,
+    ) -> RecordsFuture<'_, Vec<(String, String)>> {
+        self.with(move |c| {
+            // `substr` rather than LIKE: keys may hold `%` and `_`.
+            let mut st = c.prepare_cached(
+                "SELECT key, value FROM records WHERE provider = ?1
+                 AND substr(key, 1, length(?2)) = ?2 ORDER BY key",
+            )?;
+            let mut rows = st.query(params![&*provider, prefix])?;
+            let mut out = Vec::new();
+            let mut bytes = 0u64;
+            while let Some(row) = rows.next()? {
+                let (key, value): (String, String) = (row.get(0)?, row.get(1)?);
+                bytes += (key.len() + value.len()) as u64;
+                if bytes > max_bytes {
+                    return Ok(Err(over_budget(max_bytes)));
+                }
+                out.push((key, value));
+            }
+            Ok(Ok(out))
+        })
+    }
+
+    fn compare_and_swap(
+        &self,
+        provider: Arc<str>,
+        key: String,
+        expected: Option<String>,
+        value: Option<String>,
+    ) -> RecordsFuture<'_, bool> {
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let current: Option<String> = tx
+                .query_row(
+                    "SELECT value FROM records WHERE provider = ?1 AND key = ?2",
+                    params![&*provider, key],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if current != expected {
+                return Ok(Ok(false));
+            }
+            match value {
+                None => {
+                    tx.execute(
+                        "DELETE FROM records WHERE provider = ?1 AND key = ?2",
+                        params![&*provider, key],
+                    )?;
+                }
+                Some(v) => {
+                    if current.is_none() {
+                        let n: u64 = tx.query_row(
+                            "SELECT count(*) FROM records WHERE provider = ?1",
+                            params![&*provider],
+                            |r| r.get(0),
+                        )?;
+                        if n >= MAX_KEYS {
+                            return Ok(Err(too_many_keys(n)));
+                        }
+                    }
+                    tx.execute(
+                        "INSERT INTO records (provider, key, value) VALUES (?1, ?2, ?3)
+                         ON CONFLICT (provider, key) DO UPDATE SET value = excluded.value",
+                        params![&*provider, key, v],
+                    )?;
+                }
+            }
+            tx.commit()?;
+            Ok(Ok(true))
+        })
     }
 }
 

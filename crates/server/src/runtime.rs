@@ -528,6 +528,9 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     // written (a read-only or full one is a clear error now, not a failed
     // commit later), before any driver starts loading.
     let mut holder = None;
+    // The drivers' records: beside the pool's SQLite store, or in the same
+    // PostgreSQL database, shared with every process on the pool.
+    let mut records = None;
     let mut store: Box<dyn Store> = match &settings.store.postgres {
         None => {
             let path = state_dir.join("berth.db");
@@ -550,6 +553,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
             let store = PgStore::open(pg, config.clone(), Some(claimant))
                 .await
                 .with_context(|| format!("opening the PostgreSQL store {}", pg.url))?;
+            records = Some(DriverState::on(Arc::new(store.records())));
             Box::new(store)
         }
     };
@@ -574,9 +578,14 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         cache_dir: Some(state_dir.join("cache")),
         ..Default::default()
     })?;
-    let state_path = state_dir.join("driver-state.sqlite");
-    let driver_state = DriverState::open(&state_path)
-        .with_context(|| format!("opening the driver records {}", state_path.display()))?;
+    let driver_state = match records {
+        Some(records) => records,
+        None => {
+            let path = state_dir.join("driver-state.sqlite");
+            DriverState::open(&path)
+                .with_context(|| format!("opening the driver records {}", path.display()))?
+        }
+    };
     // In the background: a driver that fails to start costs its own
     // provider, not the service.
     let providers = Providers::start(runtime, &settings, driver_state, options.deny, gate.clone());

@@ -20,6 +20,7 @@
 mod copy;
 mod load;
 mod pg;
+mod records;
 mod rows;
 mod schema;
 #[cfg(test)]
@@ -39,6 +40,7 @@ use berth_core::pool::{Changes, Snapshot};
 
 pub use copy::{Copied, copy_into_empty};
 pub use pg::PgStore;
+pub use records::PgRecords;
 
 /// What a [`Store`] call returns: a future, since a store may be across a
 /// network (PostgreSQL); the embedded one is ready at once.

@@ -112,10 +112,60 @@ BEGIN
     RETURN until;
 END $$;
 "#,
+    r#"
+CREATE TABLE driver_records (
+    provider TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (provider, key)
+);
+CREATE FUNCTION berth_record_cas(who TEXT, prov TEXT, k TEXT, expected TEXT, v TEXT, max_keys BIGINT)
+RETURNS BIGINT LANGUAGE plpgsql AS $$
+DECLARE
+    current TEXT;
+    present BOOLEAN;
+    held BIGINT;
+BEGIN
+    IF who IS NOT NULL THEN
+        PERFORM 1 FROM pool_lease
+         WHERE scope = 'pool' AND holder = who AND expires > clock_timestamp()
+           FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the pool lease is no longer held by %', who
+                USING ERRCODE = 'BE001';
+        END IF;
+    END IF;
+    SELECT value INTO current FROM driver_records
+     WHERE provider = prov AND key = k FOR UPDATE;
+    present := FOUND;
+    IF present IS DISTINCT FROM (expected IS NOT NULL)
+       OR (present AND current IS DISTINCT FROM expected) THEN
+        RETURN 0;
+    END IF;
+    IF v IS NULL THEN
+        DELETE FROM driver_records WHERE provider = prov AND key = k;
+        RETURN 1;
+    END IF;
+    IF present THEN
+        UPDATE driver_records SET value = v WHERE provider = prov AND key = k;
+        RETURN 1;
+    END IF;
+    SELECT count(*) INTO held FROM driver_records WHERE provider = prov;
+    IF held >= max_keys THEN
+        RETURN -held;
+    END IF;
+    INSERT INTO driver_records (provider, key, value) VALUES (prov, k, v)
+        ON CONFLICT (provider, key) DO NOTHING;
+    IF FOUND THEN
+        RETURN 1;
+    END IF;
+    RETURN 0;
+END $$;
+"#,
 ];
 
 /// The SQLSTATE `berth_fence` raises when the lease is not held.
-const FENCED: &str = "BE001";
+pub(super) const FENCED: &str = "BE001";
 
 /// Takes the pool's lease when it is free, expired, or already this
 /// process's under the epoch it holds ($4); a takeover bumps the epoch.
@@ -208,7 +258,7 @@ pub struct PgStore {
 
 /// What a connection is made with.
 #[derive(Clone)]
-struct Login {
+pub(super) struct Login {
     settings: tokio_postgres::Config,
     /// Read again at each connect, so a rotated password is used.
     password_file: Option<std::path::PathBuf>,
@@ -456,6 +506,16 @@ impl PgStore {
         &mut self.client
     }
 
+    /// The driver records in the same database, for the `state` import of
+    /// every provider: shared by every process on the pool, and written only
+    /// while this store's claimant holds the pool.
+    pub fn records(&self) -> super::PgRecords {
+        super::PgRecords::new(
+            self.login.clone(),
+            self.claimant.as_ref().map(|me| me.holder.clone()),
+        )
+    }
+
     /// The schema version of the database.
     pub async fn schema_version(&self) -> Result<u32, StoreError> {
         version(&self.client).await
@@ -602,13 +662,16 @@ struct Session {
     connection: tokio::task::JoinHandle<()>,
 }
 
-/// Connects, and brings the schema up to date first.
-async fn session(login: &Login) -> Result<Session, StoreError> {
+/// Connects, with the password read now if it is in a file; the task that
+/// runs the connection ends with it.
+pub(super) async fn connect(
+    login: &Login,
+) -> Result<(Client, tokio::task::JoinHandle<()>), StoreError> {
     let mut settings = login.settings.clone();
     if let Some(path) = &login.password_file {
         settings.password(read_password(path)?);
     }
-    let (mut client, connection) = settings
+    let (client, connection) = settings
         .connect(NoTls)
         .await
         .map_err(pg("connecting to PostgreSQL"))?;
@@ -617,6 +680,12 @@ async fn session(login: &Login) -> Result<Session, StoreError> {
             tracing::error!(error = %describe(&e), "the connection to PostgreSQL ended");
         }
     });
+    Ok((client, connection))
+}
+
+/// Connects, and brings the schema up to date first.
+async fn session(login: &Login) -> Result<Session, StoreError> {
+    let (mut client, connection) = connect(login).await?;
     let ready = async {
         migrate(&mut client, MIGRATIONS).await?;
         let prepare = pg("preparing the store's statements");

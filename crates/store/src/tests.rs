@@ -1479,3 +1479,127 @@ async fn a_sqlite_pool_is_copied_into_an_empty_postgres_database_whole() {
     }
     assert_eq!(target.count("nodes").await, 3);
 }
+
+/// The drivers' records in PostgreSQL: every process reads them, only the
+/// lease's holder writes them, a write compares and swaps atomically
+/// against every other, and a scan answers in byte order within its
+/// budget.
+#[tokio::test]
+async fn postgres_driver_records_are_shared_and_written_only_by_the_pool_holder() {
+    use berth_core::driver::records::Records;
+    let (plain, url) = pg_fresh().await;
+    let ttl = Duration::from_millis(600);
+    let (a, b) = (claimant("a", ttl), claimant("b", ttl));
+    let mut first = pg_open(&url, &a).await;
+    let mut second = pg_open(&url, &b).await;
+    let (ra, rb) = (first.records(), second.records());
+    let p: Arc<str> = "p".into();
+    async fn cas(
+        r: &PgRecords,
+        k: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<bool, String> {
+        r.compare_and_swap(
+            "p".into(),
+            k.into(),
+            from.map(str::to_owned),
+            to.map(str::to_owned),
+        )
+        .await
+    }
+
+    // Nobody writes before holding the pool.
+    let e = cas(&ra, "k", None, Some("1")).await.unwrap_err();
+    assert!(e.contains("no longer holds the pool's lease"), "{e}");
+    assert!(matches!(first.claim().await.unwrap(), Tenure::Held(_)));
+    assert_eq!(cas(&ra, "k", None, Some("1")).await, Ok(true));
+    // The other process reads what the holder stored, and cannot write.
+    assert_eq!(rb.get(p.clone(), "k".into()).await, Ok(Some("1".into())));
+    let e = cas(&rb, "k2", None, Some("x")).await.unwrap_err();
+    assert!(e.contains("no longer holds"), "{e}");
+
+    // Compare and swap, and one key space per provider.
+    assert_eq!(cas(&ra, "k", None, Some("2")).await, Ok(false));
+    assert_eq!(cas(&ra, "k", Some("0"), Some("2")).await, Ok(false));
+    assert_eq!(cas(&ra, "k", Some("1"), Some("2")).await, Ok(true));
+    assert_eq!(
+        ra.compare_and_swap("q".into(), "k".into(), None, Some("other".into()))
+            .await,
+        Ok(true)
+    );
+    // Keys in byte order (`%` is no wildcard, `K` sorts before `j`, `ä`
+    // after `k%2`), the prefix taken literally.
+    for k in ["k%2", "K", "k\u{e4}", "j", "kz"] {
+        assert_eq!(cas(&ra, k, None, Some("v")).await, Ok(true), "{k}");
+    }
+    let keys = |v: Vec<(String, String)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+    let all = ra.scan(p.clone(), String::new(), 1 << 20).await.unwrap();
+    assert_eq!(keys(all), ["K", "j", "k", "k%2", "kz", "k\u{e4}"]);
+    let under_k = rb.scan(p.clone(), "k".into(), 1 << 20).await.unwrap();
+    assert_eq!(keys(under_k), ["k", "k%2", "kz", "k\u{e4}"]);
+    assert_eq!(
+        rb.scan(p.clone(), "k%".into(), 1 << 20).await.map(keys),
+        Ok(vec!["k%2".to_owned()])
+    );
+    // "k"+"2" and "k%2"+"v" are 6 bytes: within 6, not within 5.
+    assert_eq!(
+        ra.scan(p.clone(), "k".into(), 6).await.map(keys),
+        Err(berth_core::driver::records::over_budget(6))
+    );
+    let e = ra.scan(p.clone(), "k".into(), 5).await.unwrap_err();
+    assert!(e.contains("more than the 5 bytes"), "{e}");
+
+    // Sixteen writers race for one key: exactly one wins.
+    let ra = Arc::new(ra);
+    let racers: Vec<_> = (0..16)
+        .map(|i| {
+            let (ra, p) = (ra.clone(), p.clone());
+            tokio::spawn(async move {
+                ra.compare_and_swap(p, "race".into(), None, Some(i.to_string()))
+                    .await
+            })
+        })
+        .collect();
+    let mut won = 0;
+    for r in racers {
+        won += usize::from(r.await.unwrap().unwrap());
+    }
+    assert_eq!(won, 1);
+    // Removing, and taking a removed key again.
+    assert_eq!(cas(&ra, "kz", Some("v"), None).await, Ok(true));
+    assert_eq!(rb.get(p.clone(), "kz".into()).await, Ok(None));
+    assert_eq!(cas(&ra, "kz", None, Some("w")).await, Ok(true));
+
+    // A full provider takes no new key but may change its own.
+    plain
+        .client()
+        .execute(
+            "INSERT INTO driver_records SELECT 'full', 'h' || i, 'v' \
+             FROM generate_series(1, 10000) i",
+            &[],
+        )
+        .await
+        .unwrap();
+    let full: Arc<str> = "full".into();
+    let e = ra
+        .compare_and_swap(full.clone(), "new".into(), None, Some("v".into()))
+        .await
+        .unwrap_err();
+    assert!(e.contains("already holds 10000 keys"), "{e}");
+    assert_eq!(
+        ra.compare_and_swap(full, "h1".into(), Some("v".into()), Some("w".into()))
+            .await,
+        Ok(true)
+    );
+
+    // Once another process took the pool over, the old holder's driver
+    // stores nothing, and the new one's does.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    assert!(matches!(second.claim().await.unwrap(), Tenure::Held(_)));
+    let e = cas(&ra, "k", Some("2"), Some("stale")).await.unwrap_err();
+    assert!(e.contains("no longer holds"), "{e}");
+    assert_eq!(cas(&rb, "k", Some("2"), Some("3")).await, Ok(true));
+    // A store opened without a claimant (`berth store migrate`) writes.
+    assert_eq!(cas(&plain.records(), "m", None, Some("1")).await, Ok(true));
+}
