@@ -10,6 +10,8 @@
 //!   creates no node twice and leaks no instance;
 //! - PostgreSQL crash-stopped under the same churn: no process calls the
 //!   cloud while it is down, and all of the above holds once it is back;
+//! - a holder cut off from the database while it keeps running calls no
+//!   cloud once its lease is uncertain, and its `/readyz` says so;
 //! - on the static driver, whose hosts are driver records in the shared
 //!   database, a SIGKILLed holder's successor keeps every node on its host
 //!   and gives out only a free one.
@@ -131,13 +133,7 @@ impl Fleet {
         until(secs, what, || async {
             for (i, p) in self.procs.iter().enumerate() {
                 let Some(b) = p else { continue };
-                // Bounded: a paused process does not answer at all.
-                let ready = tokio::time::timeout(
-                    Duration::from_millis(500),
-                    b.try_call("GET", "/readyz", None, None),
-                )
-                .await;
-                if matches!(ready, Ok(Ok((200, _)))) {
+                if matches!(readyz(b).await, Some((200, _))) {
                     return Some(i);
                 }
             }
@@ -187,6 +183,24 @@ impl Fleet {
             twice.is_empty(),
             "node ids created more than once: {twice:?}"
         );
+    }
+}
+
+impl Fleet {
+    /// After a takeover by b1: a third request, sent through b0, is served
+    /// with a node neither earlier request (`first`, `second`) was given;
+    /// the pool and the cloud agree; both processes stop cleanly.
+    async fn serves_a_third_and_ends_whole(&mut self, first: &str, second: &str) {
+        let third = self.get(0).request(CI, &[("small", 1)]).await;
+        let third = self.get(0).fulfilled(CI, &third.id).await;
+        let mut handed = vec![first, second, third.nodes[0].id.as_str()];
+        handed.sort();
+        handed.dedup();
+        assert_eq!(handed.len(), 3, "a node handed out twice");
+        self.assert_no_leak_and_no_double_create(1).await;
+        for p in self.procs.iter_mut() {
+            p.take().unwrap().terminate().await.assert_success();
+        }
     }
 }
 
@@ -290,16 +304,9 @@ async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_ove
     // Still b1's, under the same epoch: b0 took nothing back.
     assert_eq!(fleet.lease(), (Some(1), 2));
     // b1 still serves, through b0 too.
-    let third = fleet.get(0).request(CI, &[("small", 1)]).await;
-    let third = fleet.get(0).fulfilled(CI, &third.id).await;
-    let mut handed = vec![&first.nodes[0].id, &second.nodes[0].id, &third.nodes[0].id];
-    handed.sort();
-    handed.dedup();
-    assert_eq!(handed.len(), 3, "a node handed out twice");
-    fleet.assert_no_leak_and_no_double_create(1).await;
-    for p in fleet.procs.iter_mut() {
-        p.take().unwrap().terminate().await.assert_success();
-    }
+    fleet
+        .serves_a_third_and_ends_whole(&first.nodes[0].id, &second.nodes[0].id)
+        .await;
 }
 
 /// What one churn client saw of one node it was handed.
@@ -782,4 +789,201 @@ async fn static_nodes(berth: &Berth) -> Option<BTreeMap<String, (String, String)
             .map(|n| (text(&n["id"]), (text(&n["instance"]), text(&n["state"]))))
             .collect(),
     )
+}
+
+/// A TCP relay to PostgreSQL that a test can cut: while cut, it passes no
+/// byte either way and keeps every connection open, as a network partition
+/// does (the peers see silence, not a reset). Healing passes on what was
+/// held.
+struct Partition {
+    addr: std::net::SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Partition {
+    async fn start(upstream: std::net::SocketAddr) -> Partition {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let watch = watch.clone();
+                tokio::spawn(async move {
+                    // A connection made while cut waits, as its SYN would.
+                    Partition::passable(&mut watch.clone()).await;
+                    let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (dr, dw) = down.into_split();
+                    let (ur, uw) = up.into_split();
+                    tokio::join!(
+                        Partition::pass(dr, uw, watch.clone()),
+                        Partition::pass(ur, dw, watch)
+                    );
+                });
+            }
+        });
+        Partition { addr, cut, task }
+    }
+
+    /// Returns once the relay is not cut.
+    async fn passable(watch: &mut tokio::sync::watch::Receiver<bool>) {
+        let _ = watch.wait_for(|cut| !cut).await;
+    }
+
+    async fn pass(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut watch: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            Partition::passable(&mut watch).await;
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            // Read before the cut, held until it heals.
+            Partition::passable(&mut watch).await;
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn set(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The holder cut off from the database while it keeps running (its
+/// timers fire, its API answers): it stops calling the cloud within 0.8 ×
+/// the TTL of its last confirmed renewal, by the sim's own record; another
+/// process takes the pool over; a request sent to the cut-off holder is not
+/// served by it; and once the partition heals, the old holder is fenced and
+/// stands by, and the pool is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_from_the_database_calls_no_cloud_once_its_lease_is_uncertain() {
+    let mut fleet = Fleet::new(SimServer::start().await, 2);
+    let port = fleet
+        .url
+        .rsplit_once('@')
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(host, _)| host.to_owned())
+        .unwrap();
+    let partition = Partition::start(port.parse().unwrap()).await;
+    // b0 reaches the database through the partition, b1 directly.
+    let text = std::fs::read_to_string(&fleet.configs[0]).unwrap();
+    let through = text.replace(&format!("@{port}/"), &format!("@{}/", partition.addr));
+    assert_ne!(through, text);
+    std::fs::write(&fleet.configs[0], through).unwrap();
+    fleet.start(0).await;
+    fleet.get(0).until_ready(30, "b0 holds the pool").await;
+    fleet.start(1).await;
+    let first = fleet.get(0).request(CI, &[("small", 1)]).await;
+    let first = fleet.get(0).fulfilled(CI, &first.id).await;
+
+    partition.set(true);
+    let cut = now_ms();
+    let cut_at = Instant::now();
+    // A change sent to b0 while it is cut off: it cannot be stored, so it is
+    // not served by b0.
+    let b0 = fleet.get(0).base.clone();
+    let during = tokio::spawn(async move {
+        http(
+            &b0,
+            "POST",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"small": 1}})),
+        )
+        .await
+    });
+    // b0 still runs and answers, but says it cannot vouch for the pool: a
+    // load balancer's health check takes it out.
+    let said = until(
+        10,
+        "b0's readyz to say its store is out of reach",
+        || async {
+            let (s, e) = readyz(fleet.get(0)).await?;
+            (s == 503 && e["error"]["code"] == "store_unavailable").then_some(e)
+        },
+    )
+    .await;
+    println!(
+        "b0 said it was out of reach {:?} after the cut: {said}",
+        cut_at.elapsed()
+    );
+    until(30, "b1 takes the pool over", || async {
+        let (s, _) = readyz(fleet.get(1)).await?;
+        (s == 200).then_some(())
+    })
+    .await;
+    println!(
+        "b1 took the pool over {:?} after b0 was cut off",
+        cut_at.elapsed()
+    );
+    // b1 serves while b0 is still cut off.
+    let second = fleet.get(1).request(CI, &[("small", 1)]).await;
+    let second = fleet.get(1).fulfilled(CI, &second.id).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // b0 may send until 0.8 × TTL after its last confirmed renewal, which
+    // was before the cut; 100 ms more for a call sent at that moment to
+    // arrive.
+    let limit = cut + (TTL.as_millis() as u64) * 8 / 10 + 100;
+    let late: Vec<String> = fleet
+        .calls_of(0)
+        .iter()
+        .filter(|c| c.at_ms > limit)
+        .map(|c| format!("{} {} at +{} ms", c.method, c.path, c.at_ms - cut))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "b0 called the cloud while cut off past its lease: {late:?}\n{}",
+        fleet.get(0).log_text()
+    );
+
+    partition.set(false);
+    // b0's stalled renewal or commit reaches the database now and is fenced.
+    until(30, "b0 stands by", || async {
+        let (s, e) = readyz(fleet.get(0)).await?;
+        (s == 503 && e["error"]["code"] == "standby").then_some(())
+    })
+    .await;
+    let answered = during.await.unwrap();
+    if let Ok((status, body)) = &answered {
+        assert_ne!(*status, 201, "b0 served a request while cut off: {body}");
+    }
+    assert_eq!(fleet.lease(), (Some(1), 2));
+    let late: Vec<_> = fleet
+        .calls_of(0)
+        .into_iter()
+        .filter(|c| c.at_ms > limit)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "b0 called the cloud after it healed: {late:?}"
+    );
+    // The pool is whole, served through either process.
+    fleet
+        .serves_a_third_and_ends_whole(&first.nodes[0].id, &second.nodes[0].id)
+        .await;
+}
+
+/// What `/readyz` of `berth` answers, if it answers within half a second (a
+/// paused process does not answer at all).
+async fn readyz(berth: &Berth) -> Option<(u16, Value)> {
+    let asked = berth.try_call("GET", "/readyz", None, None);
+    tokio::time::timeout(Duration::from_millis(500), asked)
+        .await
+        .ok()?
+        .ok()
 }

@@ -155,6 +155,9 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// JSON object.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// How long `/readyz` waits for the pool's task to answer.
+const READYZ_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The most of a refused body that is read and thrown away before the
 /// answer, so that the client, still sending, is not reset before it can
 /// read the answer. A body declared larger is refused without reading it.
@@ -541,51 +544,74 @@ async fn healthz(State(api): State<Api>) -> Response {
     responses(
         (status = 200, description = "Ready.", body = String, content_type = "text/plain"),
         (status = 400, response = doc::TakesNoQuery),
-        (status = 503, description = "Not ready: code `not_ready` (the message names the providers not listed yet), `stopping` (shutting down), `store_unavailable`, or `standby` (another berth process holds the pool; this one relays `/v1` calls to it).", body = types::ErrorBody)
+        (status = 503, description = "Not ready: code `not_ready` (the message names the providers not listed yet), `stopping` (shutting down), `store_unavailable` (the store is out of reach, or the pool's lease could not be renewed in time), `busy` (the pool's task did not answer within 2 s), or `standby` (another berth process holds the pool; this one relays `/v1` calls to it).", body = types::ErrorBody)
     )
 )]
 async fn readyz(State(api): State<Api>) -> Response {
     if api.inner.stopping.load(Ordering::SeqCst) {
         return ApiError::stopping().into_response();
     }
+    // Asked before the pool's task, which may be waiting on that database.
+    if let Some(late) = api.handle().lease_uncertain() {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!(
+                "the pool's lease has not been renewed for {:.1}s past the time it was certain: \
+                 the database does not answer, and this process calls no cloud until it does",
+                late.as_secs_f64()
+            ),
+        )
+        .into_response();
+    }
     let providers = api.handle().providers().clone();
-    let waiting = api
-        .handle()
-        .inspect(move |pool| {
-            let config = pool.config();
-            let now = pool.last_tick();
-            let sync = config.timings.sync_interval;
-            (0..config.providers.len())
-                .map(|i| berth_config::ProviderIx(i as u16))
-                .filter_map(|p| {
-                    let s = pool.provider_status(p);
-                    let name = &config[p].name;
-                    // Lists not believed for a whole sync interval.
-                    let stale = match &s.list {
-                        ListHealth::Failing { since, .. } | ListHealth::Suspect { since, .. }
-                            if now.since(*since) >= sync =>
-                        {
-                            Some(format!(
-                                "{name} (its lists are not believed since {}s)",
-                                now.since(*since).as_secs()
-                            ))
-                        }
-                        _ => None,
-                    };
-                    if s.listed {
-                        return stale;
+    let waiting = api.handle().inspect(move |pool| {
+        let config = pool.config();
+        let now = pool.last_tick();
+        let sync = config.timings.sync_interval;
+        (0..config.providers.len())
+            .map(|i| berth_config::ProviderIx(i as u16))
+            .filter_map(|p| {
+                let s = pool.provider_status(p);
+                let name = &config[p].name;
+                // Lists not believed for a whole sync interval.
+                let stale = match &s.list {
+                    ListHealth::Failing { since, .. } | ListHealth::Suspect { since, .. }
+                        if now.since(*since) >= sync =>
+                    {
+                        Some(format!(
+                            "{name} (its lists are not believed since {}s)",
+                            now.since(*since).as_secs()
+                        ))
                     }
-                    Some(match providers.health(p) {
-                        Health::Failed { error, .. } => {
-                            format!("{name} (could not start: {error})")
-                        }
-                        Health::Starting => format!("{name} (starting)"),
-                        Health::Up => stale.unwrap_or_else(|| format!("{name} (not listed yet)")),
-                    })
+                    _ => None,
+                };
+                if s.listed {
+                    return stale;
+                }
+                Some(match providers.health(p) {
+                    Health::Failed { error, .. } => {
+                        format!("{name} (could not start: {error})")
+                    }
+                    Health::Starting => format!("{name} (starting)"),
+                    Health::Up => stale.unwrap_or_else(|| format!("{name} (not listed yet)")),
                 })
-                .collect::<Vec<_>>()
-        })
-        .await;
+            })
+            .collect::<Vec<_>>()
+    });
+    // Bounded, so that a health check gets an answer while the pool's task
+    // waits on something (its database) instead of hanging with it.
+    let Ok(waiting) = tokio::time::timeout(READYZ_WAIT, waiting).await else {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            format!(
+                "the pool's task has not answered for {}s: it is waiting on its store or overloaded",
+                READYZ_WAIT.as_secs()
+            ),
+        )
+        .into_response();
+    };
     match waiting {
         Err(e) => ApiError::from(e).into_response(),
         Ok(w) if w.is_empty() => (StatusCode::OK, "ready\n").into_response(),

@@ -328,6 +328,15 @@ impl Handle {
         })
     }
 
+    /// How long ago the lease this process holds stopped being certain,
+    /// while a renewal is overdue (its database does not answer): the
+    /// drivers' gate is then shut. `None` while the lease is certain, or
+    /// none is held.
+    pub fn lease_uncertain(&self) -> Option<Duration> {
+        let held = (*self.lease.lock().ok()?)?;
+        std::time::Instant::now().checked_duration_since(held.valid_until)
+    }
+
     /// Takes a request; see [`Handle::wait`] for its outcome.
     pub async fn submit(&self, new: NewRequest) -> Result<RequestId, ServiceError> {
         self.submit_with(new, None).await
