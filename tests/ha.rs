@@ -234,8 +234,22 @@ async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_ove
     // Anything b0 had already put on the wire lands now.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let sent_before = fleet.calls_of(0).len();
+    // A call b1 relays to the paused b0 is not left waiting on it once b1
+    // has taken the pool over.
+    let b1 = fleet.get(1).base.clone();
+    let relayed = tokio::spawn(async move {
+        let body = json!({"labels": {"small": 1}});
+        http(&b1, "POST", "/v1/requests", Some(CI), Some(body)).await
+    });
     let held = fleet.until_held(30, "b1 takes the pool over").await;
     assert_eq!(held, 1);
+    let relayed = tokio::time::timeout(Duration::from_secs(3), relayed)
+        .await
+        .expect("the call relayed to the paused holder still waits after the takeover")
+        .unwrap()
+        .unwrap();
+    assert_eq!(relayed.0, 503, "{relayed:?}");
+    assert!(relayed.1.contains("changed hands"), "{relayed:?}");
     println!(
         "b1 took the pool over {:?} after b0 was paused",
         paused.elapsed()

@@ -240,7 +240,7 @@ pub struct Handle {
 type SharedLease = Arc<std::sync::Mutex<Option<berth_store::Holding>>>;
 
 /// Why the pool decides nothing for now, while it does not.
-type Down = Arc<std::sync::Mutex<Option<ServiceError>>>;
+type Down = Arc<tokio::sync::watch::Sender<Option<ServiceError>>>;
 
 impl Handle {
     pub fn config(&self) -> &Arc<Config> {
@@ -298,7 +298,7 @@ impl Handle {
 
     /// Why a command could not reach the pool.
     fn gone(&self) -> ServiceError {
-        if let Some(down) = self.down.lock().ok().and_then(|d| d.clone()) {
+        if let Some(down) = self.down.borrow().clone() {
             return down;
         }
         self.ended.get().cloned().unwrap_or(ServiceError::Stopped)
@@ -312,10 +312,21 @@ impl Handle {
 
     /// Who holds the pool and where, while another process does.
     pub fn standby(&self) -> Option<(Arc<str>, Arc<str>)> {
-        match self.down.lock().ok()?.as_ref()? {
+        match self.down.borrow().as_ref()? {
             ServiceError::Standby { holder, address } => Some((holder.clone(), address.clone())),
             _ => None,
         }
+    }
+
+    /// Returns once this process no longer stands by for `holder`: the pool
+    /// changed hands, this process took it over, or the task ended.
+    pub async fn no_longer_held_by(&self, holder: &str) {
+        let mut down = self.down.subscribe();
+        let _ = down
+            .wait_for(
+                |d| !matches!(d, Some(ServiceError::Standby { holder: h, .. }) if **h == *holder),
+            )
+            .await;
     }
 
     /// The pool's lease, while this process holds one (a shared store).
@@ -434,7 +445,7 @@ impl Service {
         let (stop_tx, stop_rx) = oneshot::channel();
         let config = pool.config().clone();
         let ended = Arc::new(OnceLock::new());
-        let down = Down::default();
+        let down = Arc::new(tokio::sync::watch::Sender::new(None));
         let lease = Arc::default();
         let run = Loop {
             ended: ended.clone(),
@@ -921,9 +932,7 @@ impl Loop {
     }
 
     fn set_down(&self, why: Option<ServiceError>) {
-        if let Ok(mut down) = self.down.lock() {
-            *down = why;
-        }
+        self.down.send_replace(why);
     }
 
     /// Opens the drivers' gate for as long as the lease is certain, after

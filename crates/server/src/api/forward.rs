@@ -2,7 +2,9 @@
 //! process that holds the pool, and its answer back, as they are: the
 //! holder authenticates, checks and answers; this process only relays.
 //! A call already relayed once is never relayed again (two processes that
-//! each think the other holds the pool answer 503 instead of looping).
+//! each think the other holds the pool answer 503 instead of looping), and
+//! a call relayed to a holder that is taken over before it answers is
+//! answered 503 then, instead of waiting on it.
 
 use std::time::Duration;
 
@@ -91,13 +93,30 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
     parts.uri = uri;
     strip(&mut parts.headers);
     parts.headers.insert(RELAYED, HeaderValue::from_static("1"));
-    match api
+    let sent = api
         .inner
         .relay
         .client
-        .request(Request::from_parts(parts, body))
-        .await
-    {
+        .request(Request::from_parts(parts, body));
+    // A holder that stopped answering (paused, cut off) is taken over;
+    // the call is then not left waiting on it.
+    let answered = tokio::select! {
+        answered = sent => answered,
+        () = api.handle().no_longer_held_by(&holder) => {
+            tracing::warn!(%holder, %address, "the pool changed hands while a call was relayed to its old holder");
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "standby",
+                format!(
+                    "the pool changed hands while this call was relayed to {holder} ({address}), \
+                     which did not answer; whether it was carried out is not known: look before \
+                     trying again"
+                ),
+            )
+            .into_response();
+        }
+    };
+    match answered {
         Ok(answer) => {
             let (mut parts, body) = answer.into_parts();
             strip(&mut parts.headers);
