@@ -17,7 +17,7 @@
 //!   and gives out only a free one.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use crate::pg_store::{database, store_table};
-use crate::serve::{CI, OPS, serve_config_with};
+use crate::serve::{CI, OPS, serve_config_for};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, http, until};
 use crate::support::{SimServer, live, plugin};
@@ -43,12 +43,11 @@ struct Fleet {
 }
 
 impl Fleet {
-    /// `n` configs (nothing started yet). Requestor leases last a minute
-    /// here: a client holding a node across a failover keeps it.
+    /// `n` configs (nothing started yet), each process naming itself in its
+    /// sim endpoint. Requestor leases last a minute here: a client holding
+    /// a node across a failover keeps it.
     fn new(sim: SimServer, n: usize) -> Fleet {
-        let root = tempfile::tempdir().unwrap();
-        let (url, store) = database(root.path(), None);
-        Fleet::with_store(sim, n, root, url, &store)
+        Fleet::on_driver(sim, n, &plugin("sim"), "min-ready = 2", sim_provider)
     }
 
     /// As [`Fleet::new`], on a database of `cluster` of the test's own.
@@ -56,31 +55,54 @@ impl Fleet {
         let root = tempfile::tempdir().unwrap();
         let url = cluster.url();
         let store = store_table(cluster, &url, root.path(), None);
-        Fleet::with_store(sim, n, root, url, &store)
+        Fleet::build(
+            sim,
+            n,
+            root,
+            url,
+            &store,
+            &plugin("sim"),
+            "min-ready = 2",
+            sim_provider,
+        )
     }
 
-    fn with_store(
+    /// As [`Fleet::new`], with provider `sim` on `driver`, its keys for
+    /// process `i` given by `provider`, and `small` as the keys of
+    /// `[labels.small]`.
+    fn on_driver(
+        sim: SimServer,
+        n: usize,
+        driver: &Path,
+        small: &str,
+        provider: impl Fn(&SimServer, usize) -> String,
+    ) -> Fleet {
+        let root = tempfile::tempdir().unwrap();
+        let (url, store) = database(root.path(), None);
+        Fleet::build(sim, n, root, url, &store, driver, small, provider)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
         sim: SimServer,
         n: usize,
         root: tempfile::TempDir,
         url: String,
         store: &str,
+        driver: &Path,
+        small: &str,
+        provider: impl Fn(&SimServer, usize) -> String,
     ) -> Fleet {
         let mut configs = Vec::new();
         for i in 0..n {
             let dir = root.path().join(format!("b{i}"));
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::copy(root.path().join("pgpass"), dir.join("pgpass")).unwrap();
-            let path = serve_config_with(&sim, &dir, &plugin("sim"), "min-ready = 2", store);
+            let path = serve_config_for(&dir, driver, &provider(&sim, i), small, store);
             let text = std::fs::read_to_string(&path).unwrap();
-            let named = text
-                .replace(
-                    &format!("endpoint = \"{}\"", sim.url()),
-                    &format!("endpoint = \"{}/c/b{i}\"", sim.url()),
-                )
-                .replace("lease-ttl = \"3s\"", "lease-ttl = \"60s\"");
-            assert_ne!(named, text);
-            std::fs::write(&path, named).unwrap();
+            let longer = text.replace("lease-ttl = \"3s\"", "lease-ttl = \"60s\"");
+            assert_ne!(longer, text);
+            std::fs::write(&path, longer).unwrap();
             configs.push(path);
         }
         Fleet {
@@ -202,6 +224,17 @@ impl Fleet {
             p.take().unwrap().terminate().await.assert_success();
         }
     }
+}
+
+/// The sim provider's keys for process `i`, which names itself in its
+/// endpoint (`/c/bN`) so that the cloud's call record tells the processes
+/// apart.
+fn sim_provider(sim: &SimServer, i: usize) -> String {
+    format!(
+        "allow-hosts = [\"{}\"]\nconfig = {{ endpoint = \"{}/c/b{i}\" }}",
+        sim.addr(),
+        sim.url()
+    )
 }
 
 /// Milliseconds since the Unix epoch, as the sim stamps its calls.
@@ -683,56 +716,19 @@ async fn a_static_pool_keeps_its_hosts_when_another_process_takes_it_over() {
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     let allow: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
     let hosts = toml::Value::try_from(crate::static_hosts::hosts(&addrs, 1)).unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let (url, store) = database(root.path(), None);
-    let mut procs = Vec::new();
-    for i in 0..2 {
-        let dir = root.path().join(format!("b{i}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(root.path().join("pgpass"), dir.join("pgpass")).unwrap();
-        let text = format!(
-            r#"
-pool-id = "ha-static"
-state-dir = "state"
-sync-interval = "1s"
-boot-poll-interval = "100ms"
-leak-grace = "1s"
-
-[api]
-listen = "127.0.0.1:0"
-lease-ttl = "60s"
-[api.tokens.ci]
-role = "client"
-token = "{CI}"
-[api.tokens.ops]
-role = "admin"
-token = "{OPS}"
-
-[providers.lab]
-driver = {driver:?}
-allow-hosts = [{allow}]
-config = {hosts}
-
-[labels.small]
-min-ready = 1
-[labels.small.providers.lab]
-instance-type = "small"
-image = "static"
-vcpus = 1
-ram = "1GiB"
-
-{store}"#,
-            driver = plugin("static").display().to_string(),
-            allow = allow.join(", "),
-        );
-        let cfg = dir.join("berth.toml");
-        std::fs::write(&cfg, text).unwrap();
-        let cfg = cfg.display().to_string();
-        procs.push(Some(Berth::start(&["--config", &cfg], &dir).await));
-    }
+    let provider = format!("allow-hosts = [{}]\nconfig = {hosts}", allow.join(", "));
+    let mut fleet = Fleet::on_driver(
+        SimServer::start().await,
+        2,
+        &plugin("static"),
+        "min-ready = 1",
+        |_, _| provider.clone(),
+    );
+    fleet.start(0).await;
+    fleet.get(0).until_ready(60, "b0 holds the pool").await;
+    fleet.start(1).await;
     // b0 holds the pool: one node in use, one ready, one host free.
-    let b0 = procs[0].as_ref().unwrap();
-    b0.until_ready(60, "b0 holds the pool").await;
+    let b0 = fleet.get(0);
     let request = b0.request(CI, &[("small", 1)]).await;
     let mine = b0.fulfilled(CI, &request.id).await.nodes[0].id.clone();
     let before = until(30, "one node in use and one ready", || async {
@@ -746,8 +742,8 @@ ram = "1GiB"
     assert_ne!(taken[0], taken[1]);
 
     // SIGKILL the holder; b1 takes the pool over and lists the same hosts.
-    procs[0].take().unwrap().signal(libc::SIGKILL);
-    let b1 = procs[1].as_ref().unwrap();
+    fleet.procs[0].take().unwrap().signal(libc::SIGKILL);
+    let b1 = fleet.get(1);
     b1.until_ready(30, "b1 takes the pool over").await;
     let after = until(30, "b1 lists both held hosts", || async {
         let h = static_nodes(b1).await?;
@@ -774,8 +770,8 @@ ram = "1GiB"
         "the node in use moved: {full:?}"
     );
     let records = psql(
-        &url,
-        "SELECT count(*) FROM driver_records WHERE provider = 'lab'",
+        &fleet.url,
+        "SELECT count(*) FROM driver_records WHERE provider = 'sim'",
     )
     .unwrap();
     assert_ne!(

@@ -36,6 +36,23 @@ pub(crate) fn serve_config_with(
     small: &str,
     extra: &str,
 ) -> std::path::PathBuf {
+    let keys = format!(
+        "allow-hosts = [\"{}\"]\nconfig = {{ endpoint = \"{}\" }}",
+        sim.addr(),
+        sim.url()
+    );
+    serve_config_for(dir, driver, &keys, small, extra)
+}
+
+/// The config of [`serve_config_with`] for any driver: provider `sim` on
+/// `driver` with `provider` as its other keys (`allow-hosts`, `config`).
+pub(crate) fn serve_config_for(
+    dir: &Path,
+    driver: &Path,
+    provider: &str,
+    small: &str,
+    extra: &str,
+) -> std::path::PathBuf {
     let text = format!(
         r#"
 pool-id = "serve-test"
@@ -59,8 +76,7 @@ token = "{OPS}"
 
 [providers.sim]
 driver = {driver:?}
-allow-hosts = ["{addr}"]
-config = {{ endpoint = "{url}" }}
+{provider}
 
 [labels.small]
 {small}
@@ -74,8 +90,6 @@ price = 0.1
 "#,
         state = dir.join("state").display().to_string(),
         driver = driver.display().to_string(),
-        addr = sim.addr(),
-        url = sim.url(),
     );
     let text = if extra.contains("[store]") {
         text
