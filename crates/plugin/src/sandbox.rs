@@ -11,8 +11,6 @@ use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-use crate::gate::Gate;
 use tracing::instrument::WithSubscriber;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -21,6 +19,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpVi
 use berth_config::{AllowedHost, Credential, FIELD_SIZE_LIMIT, SandboxLimits};
 
 use super::credentials::{self, NotApplied};
+use super::gate::Gate;
 use super::guest_log::{GuestOutput, LogGate};
 use super::state::StateSpace;
 
