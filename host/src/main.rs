@@ -256,33 +256,18 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             // The drivers' records (the static driver's hosts), kept beside
             // the SQLite store, go along for every configured provider.
             let records_file = from.with_file_name("driver-state.sqlite");
-            let mut records = 0usize;
+            let mut records = 0;
             if records_file.is_file() {
                 let source = berth::plugin::DriverState::open(&records_file)?;
                 let target = berth::plugin::DriverState::on(std::sync::Arc::new(target.records()));
-                for provider in &settings.pool.providers {
-                    let (from_space, to_space) =
-                        (source.space(&provider.name), target.space(&provider.name));
-                    let held = from_space
-                        .scan(String::new(), u64::MAX)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("{}: {e}", records_file.display()))?;
-                    for (key, value) in held {
-                        let stored = to_space
-                            .compare_and_swap(key.clone(), None, Some(value))
-                            .await
-                            .map_err(|e| anyhow::anyhow!("{e}"))?;
-                        if !stored {
-                            anyhow::bail!(
-                                "the pool was copied, but {} already holds a driver record {key:?} \
-                                 of provider {}; its records were not all copied",
-                                pg.url,
-                                provider.name
-                            );
-                        }
-                        records += 1;
-                    }
-                }
+                let providers = settings.pool.providers.iter().map(|p| p.name.as_str());
+                records = source.copy_into(&target, providers).await.map_err(|e| {
+                    anyhow::anyhow!(
+                        "the pool was copied into {}, but not all driver records of {}: {e}",
+                        pg.url,
+                        records_file.display()
+                    )
+                })?;
             }
             let count = |n: usize, one: &str, many: &str| {
                 format!("{n} {}", if n == 1 { one } else { many })

@@ -708,7 +708,7 @@ impl Walker<'_> {
                 if lease_ttl < Duration::from_millis(500) {
                     self.problem(
                         s.at("pool-lease-ttl"),
-                        "must be at least 500ms: the holder renews it every third of it",
+                        "must be at least 500ms: the holder renews it every 0.4 × this when idle",
                     );
                 }
                 Some(Postgres {

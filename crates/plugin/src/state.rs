@@ -54,6 +54,36 @@ impl DriverState {
         DriverState { records }
     }
 
+    /// Copies every record of `providers` into `target`, which must hold
+    /// none of their keys yet (`berth store migrate`); returns how many.
+    pub async fn copy_into<'a>(
+        &self,
+        target: &DriverState,
+        providers: impl IntoIterator<Item = &'a str>,
+    ) -> Result<usize, String> {
+        let mut copied = 0;
+        for provider in providers {
+            let from = Arc::<str>::from(provider);
+            let held = self
+                .records
+                .scan(from.clone(), String::new(), u64::MAX)
+                .await?;
+            for (key, value) in held {
+                let stored = target
+                    .records
+                    .compare_and_swap(from.clone(), key.clone(), None, Some(value))
+                    .await?;
+                if !stored {
+                    return Err(format!(
+                        "provider {provider} already holds a record {key:?} there"
+                    ));
+                }
+                copied += 1;
+            }
+        }
+        Ok(copied)
+    }
+
     /// The records of one provider.
     pub fn space(&self, provider: &str) -> StateSpace {
         StateSpace {
@@ -362,6 +392,24 @@ mod tests {
         );
         assert_eq!(a.get("k".into()).await, Ok(None));
         assert_eq!(b.get("k".into()).await, Ok(Some("x".into())));
+    }
+
+    #[tokio::test]
+    async fn copying_takes_the_named_providers_and_refuses_a_key_already_there() {
+        let (from, to) = (DriverState::in_memory(), DriverState::in_memory());
+        for (p, k) in [("a", "h/1"), ("a", "h/2"), ("gone", "h/1")] {
+            let space = from.space(p);
+            let stored = space.compare_and_swap(k.into(), None, Some(p.into())).await;
+            assert_eq!(stored, Ok(true));
+        }
+        assert_eq!(from.copy_into(&to, ["a", "b"]).await, Ok(2));
+        assert_eq!(to.space("a").get("h/2".into()).await, Ok(Some("a".into())));
+        assert_eq!(to.space("gone").get("h/1".into()).await, Ok(None));
+        let again = from.copy_into(&to, ["a"]).await.unwrap_err();
+        assert!(
+            again.contains("provider a already holds a record \"h/1\""),
+            "{again}"
+        );
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! The pool's store, holding nodes, requests, slot assignments and requestor
 //! leases: the embedded SQLite file in WAL mode ([`SqliteStore`]), or a
-//! PostgreSQL database ([`PgStore`], `[store] url`), both behind [`Store`]. The runtime commits the core's [`Changes`] in one
+//! PostgreSQL database ([`PgStore`], `[store] url`), both behind [`Store`].
+//! The runtime commits the core's [`Changes`] in one
 //! transaction before it makes any cloud call (intent before act) and loads a
 //! [`Snapshot`] at start. Rows live only in this module: the rest of berth
 //! sees core types.
