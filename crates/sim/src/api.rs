@@ -21,6 +21,13 @@ use super::state::{
 };
 use super::{Instance, Knobs, SimCloud};
 
+/// An instance's id from the path. By name, so that the same handlers
+/// serve under `/c/{caller}` too, where the path has two parameters.
+#[derive(serde::Deserialize)]
+struct InstanceId {
+    id: String,
+}
+
 pub(super) fn router(cloud: SimCloud) -> Router {
     let api = Router::new()
         .route("/v1/instances", post(create).get(list))
@@ -246,7 +253,7 @@ async fn list(
 #[instrument(skip(cloud))]
 async fn get_instance(
     State(cloud): State<SimCloud>,
-    Path(id): Path<String>,
+    Path(InstanceId { id }): Path<InstanceId>,
 ) -> Result<Response, ApiError> {
     let now = cloud.now_ms();
     let instance = cloud.lock().get(&id, now)?;
@@ -256,7 +263,7 @@ async fn get_instance(
 #[instrument(skip(cloud))]
 async fn delete(
     State(cloud): State<SimCloud>,
-    Path(id): Path<String>,
+    Path(InstanceId { id }): Path<InstanceId>,
 ) -> Result<StatusCode, ApiError> {
     let snapshot = {
         let now = cloud.now_ms();
@@ -278,7 +285,7 @@ struct SetTags {
 #[instrument(skip(cloud, body))]
 async fn set_tags(
     State(cloud): State<SimCloud>,
-    Path(id): Path<String>,
+    Path(InstanceId { id }): Path<InstanceId>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let SetTags { tags } = parse_body(&body)?;

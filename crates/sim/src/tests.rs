@@ -713,6 +713,28 @@ async fn a_caller_named_in_the_endpoint_is_recorded_with_its_calls() {
     let id = made.body["id"].as_str().unwrap().to_owned();
     let listed = send(&app, "GET", "/c/b2/v1/instances", None, None).await;
     assert_eq!(ids(&listed), [id.clone()]);
+    // Calls on one instance take its id from the path under `/c/NAME` too.
+    let tags = json!({"tags": {"berth-idle": "hold"}});
+    let tagged = send(
+        &app,
+        "PUT",
+        &format!("/c/b3/v1/instances/{id}/tags"),
+        Some(tags),
+        None,
+    )
+    .await;
+    assert!(tagged.status.is_success(), "{}", tagged.body);
+    let got = send(&app, "GET", &format!("/c/b3/v1/instances/{id}"), None, None).await;
+    assert_eq!(got.body["tags"]["berth-idle"], "hold", "{}", got.body);
+    let gone = send(
+        &app,
+        "DELETE",
+        &format!("/c/b3/v1/instances/{id}"),
+        None,
+        None,
+    )
+    .await;
+    assert!(gone.status.is_success(), "{}", gone.body);
     send(&app, "DELETE", &format!("/v1/instances/{id}"), None, None).await;
     let recorded = cloud.calls();
     let seen: Vec<(Option<&str>, &str, &str)> = recorded
@@ -724,6 +746,13 @@ async fn a_caller_named_in_the_endpoint_is_recorded_with_its_calls() {
         [
             (Some("b1"), "POST", "/v1/instances"),
             (Some("b2"), "GET", "/v1/instances"),
+            (
+                Some("b3"),
+                "PUT",
+                format!("/v1/instances/{id}/tags").as_str()
+            ),
+            (Some("b3"), "GET", format!("/v1/instances/{id}").as_str()),
+            (Some("b3"), "DELETE", format!("/v1/instances/{id}").as_str()),
             (None, "DELETE", format!("/v1/instances/{id}").as_str()),
         ]
     );
