@@ -54,6 +54,11 @@ pub struct Pool {
     /// Failed delete and tag calls per node in a row, for their backoff.
     tries: HashMap<NodeId, u32>,
     leases: leases::Leases,
+    /// Creating nodes whose create's outcome is not known
+    /// ([`Failure::Unknown`]): the first of the provider's lists (by
+    /// `ProviderRt::lists_started`) that started after it ended, and how it
+    /// ended. None is created again until that list has been believed.
+    unsure: HashMap<NodeId, (u64, String)>,
     /// Creating nodes marked busy while they wait out a backoff after a
     /// failed try on the same provider: no call is in flight for them.
     create_waits: HashSet<NodeId>,
@@ -102,6 +107,8 @@ struct ProviderRt {
     bucket: Option<Bucket>,
     next_list: Time,
     list_busy: bool,
+    /// Lists started so far: the one in flight is the last.
+    lists_started: u64,
     /// A list has completed since start: until then nothing is created, so
     /// that creates left from before a crash are found rather than repeated.
     listed: bool,
@@ -239,6 +246,7 @@ impl Pool {
                 bucket: p.rate.map(|rate| Bucket::new(rate, p.burst)),
                 next_list: Time::ZERO,
                 list_busy: false,
+                lists_started: 0,
                 listed: false,
                 in_flight: 0,
                 max_in_flight: p.max_calls.max(1),
@@ -269,6 +277,7 @@ impl Pool {
             timers: BTreeSet::new(),
             tries: HashMap::new(),
             create_waits: HashSet::new(),
+            unsure: HashMap::new(),
             leases: leases::Leases::default(),
             dirty_nodes: HashSet::new(),
             dirty_requests: HashSet::new(),
@@ -647,6 +656,7 @@ impl Pool {
             self.attached_at.remove(&id);
             self.tries.remove(&id);
             self.create_waits.remove(&id);
+            self.unsure.remove(&id);
             self.dirty_nodes.remove(&id);
             self.purged_nodes.push(id);
         }

@@ -46,6 +46,7 @@ impl Pool {
         let rt = &mut self.ix.providers[p.0 as usize];
         if !rt.list_busy && rt.next_list <= now {
             rt.list_busy = true;
+            rt.lists_started += 1;
             return Some(Effect::List { provider: p });
         }
         if let Some(&id) = rt.want_delete.first() {
@@ -71,7 +72,8 @@ impl Pool {
             });
         }
         let creates_paused = !rt.listed || rt.quota_paused_until.is_some_and(|t| t > now);
-        if !creates_paused && let Some(&id) = rt.want_create.first() {
+        let next_create = (rt.want_create.iter()).find(|id| !self.unsure.contains_key(id));
+        if !creates_paused && let Some(&id) = next_create {
             let spec = self.nodes.get(&id).and_then(|n| self.create_spec(n));
             self.set_busy(id, true);
             let Some(spec) = spec else {
@@ -253,6 +255,13 @@ impl Pool {
                 self.gone(id, GoneReason::Aborted, now);
             }
             Err(_) if rate_limited => {}
+            Err(Failure::Unknown(why)) if matches!(state, NodeState::Creating { .. }) => {
+                // It may exist: a list that starts from now on tells, and
+                // decides whether it is tried again (`Pool::listed`).
+                let rt = &mut self.ix.providers[p.0 as usize];
+                self.unsure.insert(id, (rt.lists_started + 1, why));
+                rt.next_list = rt.next_list.min(now);
+            }
             Err(failure) => {
                 let NodeState::Creating { .. } = state else {
                     return;

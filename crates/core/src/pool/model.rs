@@ -383,13 +383,19 @@ pub enum Failure {
     /// The host could not get an answer: a trap, a deadline, a driver that
     /// would not start. The call may or may not have reached the cloud.
     Host(String),
+    /// The call was handed on to be carried out (another berth process
+    /// holds the provider) and its answer was lost: it may well have been
+    /// carried out. A create that ends so is not made again, here or on
+    /// another provider, until a list that started afterwards has been
+    /// believed: that list finds its instance if there is one.
+    Unknown(String),
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Failure::Driver(e) => write!(f, "{e}"),
-            Failure::Host(m) => f.write_str(m),
+            Failure::Host(m) | Failure::Unknown(m) => f.write_str(m),
         }
     }
 }

@@ -69,6 +69,18 @@ impl Pool {
             return;
         }
         self.list_believed(p, started, now);
+        // Creates whose outcome was not known before this list started: it
+        // shows their instance if they made one.
+        let this_list = self.ix.providers[pix].lists_started;
+        let resolved: Vec<(NodeId, String)> = (self.unsure.iter())
+            .filter(|(id, (after, _))| {
+                *after <= this_list && self.nodes.get(id).is_some_and(|n| n.provider == p)
+            })
+            .map(|(id, (_, why))| (*id, why.clone()))
+            .collect();
+        for (id, _) in &resolved {
+            self.unsure.remove(id);
+        }
         let first = !self.ix.providers[pix].listed;
         self.ix.providers[pix].listed = true;
         let mut seen: HashSet<NodeId> = HashSet::with_capacity(instances.len());
@@ -218,6 +230,17 @@ impl Pool {
                 self.gone(id, GoneReason::Aborted, now);
             }
         }
+        // Not shown: it was not created, and is tried again as after any
+        // failed create.
+        for (id, why) in resolved {
+            let still = self.nodes.get(&id).is_some_and(|n| {
+                matches!(n.state, NodeState::Creating { .. }) && n.instance.is_none()
+            });
+            if still && !self.busy.contains(&id) {
+                let why = format!("create: {why}; no instance of it was listed afterwards");
+                self.failed_try(id, why, DeleteReason::LaunchFailed, now);
+            }
+        }
         if foreign > 0 && !self.ix.providers[pix].foreign_said {
             self.ix.providers[pix].foreign_said = true;
             self.notices.push(Notice::Foreign {
@@ -244,7 +267,11 @@ impl Pool {
         } else {
             t.sync_interval
         };
-        self.ix.providers[pix].next_list = now + wait;
+        // A create whose outcome is not known waits for the next list: at
+        // once.
+        let waiting =
+            (self.unsure.keys()).any(|id| self.nodes.get(id).is_some_and(|n| n.provider == p));
+        self.ix.providers[pix].next_list = if waiting { now } else { now + wait };
     }
 
     /// A list that failed or was not believed: the next comes after a backoff

@@ -529,6 +529,48 @@ fn a_trap_after_the_create_went_through_leaks_nothing() {
     h.check_no_leaks().unwrap();
 }
 
+/// A create handed on to another process whose answer was lost
+/// ([`Failure::Unknown`]) may have made its instance: the node is not
+/// created again, here or on the other provider, before a list that
+/// started afterwards; that list finds the instance, and the node is the
+/// one it was.
+#[test]
+fn a_create_whose_answer_was_lost_is_found_by_the_next_list_not_made_twice() {
+    for reached in [true, false] {
+        let c = config(
+            vec![provider("p0"), provider("p1")],
+            vec![machine("a", vec![offer(0, "t0"), offer(1, "t1")])],
+        );
+        let mut h = Harness::new(c);
+        h.cloud.providers[0].faults.push(Fault {
+            call: Call::Create,
+            failure: Failure::Unknown("no answer from the provider's holder".into()),
+            times: 1,
+            reached,
+        });
+        let r = h.submit(&[("a", 1)], 0);
+        settle(&mut h);
+        h.advance(secs(1));
+        assert!(h.fulfilled(r), "reached: {reached}");
+        let node = h.pool.request(r).unwrap().nodes[0];
+        if reached {
+            assert_eq!(h.pool.node(node).unwrap().provider, ProviderIx(0));
+            assert_eq!(h.calls(0, Call::Create).len(), 1, "not made again");
+            assert!(h.calls(1, Call::Create).is_empty(), "not made elsewhere");
+            assert_eq!((h.live(0), h.live(1)), (1, 0));
+        } else {
+            // Not listed: tried again, on the other provider as any failed
+            // create, and only after that list.
+            assert_eq!(h.calls(0, Call::Create).len(), 1);
+            assert_eq!(h.calls(1, Call::Create).len(), 1);
+            assert!(h.calls(0, Call::List).len() >= 2);
+            assert_eq!((h.live(0), h.live(1)), (0, 1));
+        }
+        h.check_no_leaks().unwrap();
+        ok(&h);
+    }
+}
+
 #[test]
 fn quota_error_is_not_a_failed_try() {
     let mut h = one(|c| a_mut(c).launch_retries = 0);
