@@ -1,20 +1,24 @@
 //! Several `berth serve` processes sharing one pool on one PostgreSQL
-//! database and one sim cloud, through the binary. Each process names
+//! database and one sim cloud (or one per provider), through the binary. Each process names
 //! itself in its sim endpoint (`/c/bN`), so the cloud's own call record says
 //! which process sent what. What is checked is the cloud's record and the
 //! clients' view, not only berth's:
 //! - a holder paused (SIGSTOP) past its lease sends nothing to the cloud
 //!   once another process has taken the pool over, and writes nothing;
-//! - SIGKILLing the holder again and again under churn spread over all
-//!   processes loses no request, hands no node to two clients at once,
-//!   creates no node twice and leaks no instance;
-//! - PostgreSQL crash-stopped under the same churn: no process calls the
-//!   cloud while it is down, and all of the above holds once it is back;
+//! - PostgreSQL crash-stopped under churn: no process calls the cloud while
+//!   it is down, and nothing is lost, doubled or leaked once it is back;
 //! - a holder cut off from the database while it keeps running calls no
 //!   cloud once its lease is uncertain, and its `/readyz` says so;
 //! - on the static driver, whose hosts are driver records in the shared
 //!   database, a SIGKILLed holder's successor keeps every node on its host
-//!   and gives out only a free one.
+//!   and gives out only a free one;
+//! - with three providers (each on a sim cloud of its own), the providers'
+//!   leases spread one to each process, and every call on a provider is
+//!   sent by its holder while the pool's holder decides them all;
+//! - SIGKILLing the holder of each provider in turn under churn (some of
+//!   them the pool's holder too): another process takes the provider over
+//!   within the TTL and a beat, and the churn loses, doubles and leaks
+//!   nothing, on any of the clouds.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,9 +37,14 @@ use crate::support::{SimServer, live, plugin};
 /// The pool's lease TTL in these tests.
 const TTL: Duration = Duration::from_secs(1);
 
+/// The providers of a [`Fleet::sharded`].
+const SHARDS: [&str; 3] = ["sim", "sim2", "sim3"];
+
 /// Processes on one database, each in a directory of its own.
 struct Fleet {
     sim: SimServer,
+    /// The clouds of the other providers of a [`Fleet::sharded`].
+    others: Vec<SimServer>,
     url: String,
     root: tempfile::TempDir,
     configs: Vec<PathBuf>,
@@ -48,6 +57,45 @@ impl Fleet {
     /// a node across a failover keeps it.
     fn new(sim: SimServer, n: usize) -> Fleet {
         Fleet::on_driver(sim, n, &plugin("sim"), "min-ready = 2", sim_provider)
+    }
+
+    /// As [`Fleet::new`], with three providers ([`SHARDS`]), each on a sim
+    /// cloud of its own (as providers are distinct accounts), each offering
+    /// `small` and holding at most 4 instances.
+    fn sharded(sims: [SimServer; 3], n: usize) -> Fleet {
+        let root = tempfile::tempdir().unwrap();
+        let (url, store) = database(root.path(), None);
+        let driver = plugin("sim");
+        let [sim, others @ ..] = sims;
+        let others = Vec::from(others);
+        let endpoints: Vec<(String, String)> = std::iter::once(&sim)
+            .chain(&others)
+            .map(|s| (s.addr().to_string(), s.url()))
+            .collect();
+        let keys = |_: &SimServer, i: usize| {
+            let mut text = String::new();
+            for (k, (name, (addr, url))) in SHARDS.iter().zip(&endpoints).enumerate() {
+                if k > 0 {
+                    text.push_str(&format!("[providers.{name}]\ndriver = {driver:?}\n"));
+                }
+                text.push_str(&format!(
+                    "allow-hosts = [\"{addr}\"]\nconfig = {{ endpoint = \"{url}/c/b{i}\" }}\n\
+                     [providers.{name}.limits]\nmax-instances = 4\n"
+                ));
+            }
+            text
+        };
+        let mut offers = String::new();
+        for name in &SHARDS[1..] {
+            offers.push_str(&format!(
+                "[labels.small.providers.{name}]\ninstance-type = \"small\"\nimage = \"img\"\n\
+                 vcpus = 1\nram = \"1GiB\"\nprice = 0.1\n"
+            ));
+        }
+        let extra = format!("{offers}\n{store}");
+        let mut fleet = Fleet::build(sim, n, root, url, &extra, &driver, "min-ready = 2", keys);
+        fleet.others = others;
+        fleet
     }
 
     /// As [`Fleet::new`], on a database of `cluster` of the test's own.
@@ -107,6 +155,7 @@ impl Fleet {
         }
         Fleet {
             sim,
+            others: Vec::new(),
             url,
             procs: (0..n).map(|_| None).collect(),
             root,
@@ -137,6 +186,55 @@ impl Fleet {
             .iter()
             .position(|p| p.as_ref().is_some_and(|b| b.base == address));
         (holder, epoch.parse().unwrap())
+    }
+
+    /// Which process holds each of [`SHARDS`] by the lease table, and the
+    /// lease's epoch (`None` for one held by no running process, or
+    /// expired).
+    fn shard_holders(&self) -> Vec<(Option<usize>, i64)> {
+        SHARDS
+            .iter()
+            .map(|name| {
+                let row = psql(
+                    &self.url,
+                    &format!(
+                        "SELECT CASE WHEN expires > clock_timestamp() THEN address ELSE '' END \
+                         || ' ' || epoch FROM provider_lease WHERE provider = '{name}'"
+                    ),
+                )
+                .unwrap_or_default();
+                let Some((address, epoch)) = row.rsplit_once(' ') else {
+                    return (None, 0);
+                };
+                let holder = self
+                    .procs
+                    .iter()
+                    .position(|p| p.as_ref().is_some_and(|b| b.base == address));
+                (holder, epoch.parse().unwrap_or(0))
+            })
+            .collect()
+    }
+
+    /// Each provider's cloud, by name.
+    fn clouds(&self) -> Vec<(&str, &berth::sim::SimCloud)> {
+        let all = std::iter::once(&self.sim).chain(&self.others);
+        SHARDS.iter().copied().zip(all.map(|s| &s.cloud)).collect()
+    }
+
+    /// Every call on provider `name`'s cloud, with the process that sent
+    /// it.
+    fn calls_on(&self, name: &str) -> Vec<(usize, berth::sim::Call)> {
+        let (_, cloud) = *self
+            .clouds()
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("a provider");
+        (cloud.calls().into_iter())
+            .filter_map(|c| {
+                let i = c.caller.as_deref()?.strip_prefix('b')?.parse().ok()?;
+                Some((i, c))
+            })
+            .collect()
     }
 
     /// The cloud calls process `i` sent.
@@ -180,24 +278,30 @@ impl Fleet {
                 if s != 200 {
                     return None;
                 }
-                let mut known: Vec<String> = nodes
+                let mut known: Vec<(String, String)> = nodes
                     .as_array()?
                     .iter()
                     .filter(|n| !matches!(n["state"].as_str(), Some("gone" | "failed")))
-                    .filter_map(|n| n["instance"].as_str().map(str::to_owned))
+                    .filter_map(|n| {
+                        let instance = n["instance"].as_str()?.to_owned();
+                        Some((n["provider"].as_str()?.to_owned(), instance))
+                    })
                     .collect();
                 known.sort();
-                let mut cloud: Vec<String> =
-                    live(&self.sim.cloud).into_iter().map(|i| i.id).collect();
+                let mut cloud: Vec<(String, String)> = (self.clouds().into_iter())
+                    .flat_map(|(name, c)| live(c).into_iter().map(|i| (name.to_owned(), i.id)))
+                    .collect();
                 cloud.sort();
                 (known == cloud).then_some(())
             },
         )
         .await;
-        let mut per_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for i in self.sim.cloud.instances() {
-            if let Some(node) = i.tags.get("berth-node") {
-                per_node.entry(node.clone()).or_default().push(i.id);
+        let mut per_node: BTreeMap<String, Vec<(&str, String)>> = BTreeMap::new();
+        for (name, cloud) in self.clouds() {
+            for i in cloud.instances() {
+                if let Some(node) = i.tags.get("berth-node") {
+                    per_node.entry(node.clone()).or_default().push((name, i.id));
+                }
             }
         }
         let twice: Vec<_> = per_node.iter().filter(|(_, v)| v.len() > 1).collect();
@@ -235,6 +339,15 @@ fn sim_provider(sim: &SimServer, i: usize) -> String {
         sim.addr(),
         sim.url()
     )
+}
+
+/// A sim cloud for each of [`SHARDS`].
+async fn three_clouds() -> [SimServer; 3] {
+    [
+        SimServer::start().await,
+        SimServer::start().await,
+        SimServer::start().await,
+    ]
 }
 
 /// Milliseconds since the Unix epoch, as the sim stamps its calls.
@@ -539,6 +652,7 @@ impl Fleet {
             let state = r["state"].as_str().unwrap_or_default().to_owned();
             if state == "failed" {
                 assert!(r["reason"].is_string(), "failed without a reason: {r}");
+                println!("request {id} failed: {}", r["reason"]);
             }
             *states.entry(state).or_default() += 1;
         }
@@ -561,19 +675,103 @@ impl Fleet {
     }
 }
 
-/// Three processes, churn clients spreading their calls over all three, and
-/// the holder SIGKILLed again and again (each time restarted): no request
-/// is lost, no node is handed to two clients at once, no node id is
-/// created twice, and nothing leaks. The time from each kill to the new
-/// holder's first cloud call is printed (`BERTH_HA_KILLS` sets how many
-/// kills; docs/BENCHMARKS.md has the figures).
+/// Three processes and three providers: the providers' leases spread so
+/// that each process holds one, and by the cloud's own record every call
+/// on a provider is sent by its holder while the holder of the pool
+/// decides them all, so every process launches instances. Every process
+/// shows the same holders in `/v1/providers`, and `/readyz` says what each
+/// holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_providers_spread_over_the_processes_and_each_sends_only_its_own() {
+    let mut fleet = Fleet::sharded(three_clouds().await, 3);
+    for i in 0..3 {
+        fleet.start(i).await;
+    }
+    let pool = fleet.until_held(30, "a holder of the pool").await;
+    let holders = until(30, "each process holds one provider", || async {
+        let held: Vec<usize> = fleet.shard_holders().iter().filter_map(|h| h.0).collect();
+        let mut distinct = held.clone();
+        distinct.sort();
+        distinct.dedup();
+        (distinct.len() == 3).then_some(held)
+    })
+    .await;
+    let settled = now_ms();
+    // Enough nodes to fill every provider (4 each, with the 2 kept ready).
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(fleet.get(pool).request(CI, &[("small", 2)]).await.id);
+    }
+    for id in &ids {
+        fleet.get((pool + 1) % 3).fulfilled(CI, id).await;
+    }
+    let now: Vec<Option<usize>> = fleet.shard_holders().iter().map(|h| h.0).collect();
+    assert_eq!(now, holders.iter().map(|&h| Some(h)).collect::<Vec<_>>());
+    for (k, name) in SHARDS.iter().enumerate() {
+        let since: Vec<_> = (fleet.calls_on(name).into_iter())
+            .filter(|(_, c)| c.at_ms >= settled)
+            .collect();
+        let others: Vec<_> = since.iter().filter(|(i, _)| *i != holders[k]).collect();
+        assert!(
+            others.is_empty(),
+            "{name} is held by b{}, and other processes called it: {others:?}",
+            holders[k]
+        );
+        let creates = (since.iter())
+            .filter(|(_, c)| c.method == "POST" && c.path.ends_with("/v1/instances"))
+            .count();
+        println!(
+            "{name}: held by b{}, {} calls, {creates} creates",
+            holders[k],
+            since.len()
+        );
+        assert!(creates > 0, "b{} created nothing on {name}", holders[k]);
+    }
+    for b in 0..3 {
+        let (s, listed) = fleet
+            .get(b)
+            .call("GET", "/v1/providers", Some(OPS), None)
+            .await;
+        assert_eq!(s, 200, "{listed}");
+        for (k, p) in listed.as_array().unwrap().iter().enumerate() {
+            let holder = p["holder"].as_str().unwrap_or_default();
+            assert!(
+                holder.starts_with(&format!("{} ", fleet.get(holders[k]).base)),
+                "b{b} says {} is held by {holder}",
+                SHARDS[k]
+            );
+            assert!(p["lease_expires"].is_string(), "{p}");
+        }
+        let (status, said) = readyz(fleet.get(b)).await.expect("readyz answers");
+        let held = SHARDS[holders.iter().position(|&h| h == b).unwrap()];
+        let text = said.to_string();
+        assert!(
+            text.contains(&format!("provider(s) {held} ")),
+            "b{b}: {text}"
+        );
+        assert_eq!(status == 200, b == pool, "b{b}: {text}");
+    }
+    fleet.assert_no_leak_and_no_double_create(pool).await;
+    for p in fleet.procs.iter_mut() {
+        p.take().unwrap().terminate().await.assert_success();
+    }
+}
+
+/// Three processes and three providers, churn clients spreading their calls
+/// over all three, and the holder of each provider SIGKILLed in turn (each
+/// time restarted; it may hold the pool too): another process takes the
+/// provider over, no request is lost, no node is handed to two clients at
+/// once, no node id is created twice, and nothing leaks. The time from each
+/// kill to the provider's first cloud call by its new holder is printed
+/// (`BERTH_HA_KILLS` sets how many kills; docs/BENCHMARKS.md has the
+/// figures).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_holder_again_and_again_loses_leaks_and_doubles_nothing() {
     let kills: usize = std::env::var("BERTH_HA_KILLS")
         .ok()
         .and_then(|k| k.parse().ok())
         .unwrap_or(10);
-    let mut fleet = Fleet::new(SimServer::start().await, 3);
+    let mut fleet = Fleet::sharded(three_clouds().await, 3);
     for i in 0..3 {
         fleet.start(i).await;
         if i == 0 {
@@ -583,34 +781,53 @@ async fn killing_the_holder_again_and_again_loses_leaks_and_doubles_nothing() {
     let churning = Churn::start(&fleet);
 
     let mut failovers = Vec::new();
+    let mut pool_kills = 0;
     for kill in 0..kills {
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let holder = fleet.until_held(30, "a holder").await;
-        let (named, epoch) = fleet.lease();
-        assert_eq!(named, Some(holder));
+        let k = kill % SHARDS.len();
+        let name = SHARDS[k];
+        let (holder, epoch) = until(30, "every provider held", || async {
+            let all = fleet.shard_holders();
+            all.iter()
+                .all(|h| h.0.is_some())
+                .then(|| (all[k].0.unwrap(), all[k].1))
+        })
+        .await;
+        let pool = fleet.until_held(30, "a holder of the pool").await;
+        let (_, pool_epoch) = fleet.lease();
         let victim = fleet.procs[holder].take().unwrap();
         victim.signal(libc::SIGKILL);
         let killed_ms = now_ms();
         let killed = Instant::now();
         victim.exit_within(Duration::from_secs(30)).await;
-        let next = fleet
-            .until_held(30, "another process takes the pool over")
-            .await;
+        let (next, new_epoch) = until(30, "another process takes the provider over", || async {
+            let (h, e) = fleet.shard_holders()[k];
+            h.map(|h| (h, e))
+        })
+        .await;
         assert_ne!(next, holder);
-        let (named, new_epoch) = fleet.lease();
-        assert_eq!((named, new_epoch), (Some(next), epoch + 1));
-        let first_call = until(30, "the new holder calls the cloud", || async {
-            fleet
-                .calls_of(next)
-                .iter()
-                .find(|c| c.at_ms >= killed_ms)
-                .map(|c| c.at_ms)
+        assert!(new_epoch > epoch, "{name}: epoch {epoch} -> {new_epoch}");
+        let next_pool = fleet.until_held(30, "a process holds the pool").await;
+        if pool == holder {
+            pool_kills += 1;
+            assert_ne!(next_pool, holder);
+            assert_eq!(fleet.lease().1, pool_epoch + 1);
+        }
+        let first_call = until(30, "the provider's new holder calls the cloud", || async {
+            (fleet.calls_on(name).iter())
+                .find(|(i, c)| *i != holder && c.at_ms >= killed_ms)
+                .map(|(_, c)| c.at_ms)
         })
         .await;
         failovers.push(Duration::from_millis(first_call - killed_ms));
         println!(
-            "kill {}: b{holder} (epoch {epoch}) -> b{next}: first cloud call {} ms after the kill, ready after {:?}",
+            "kill {}: {name}: b{holder} (epoch {epoch}{}) -> b{next}: first cloud call {} ms after the kill, taken over after {:?}",
             kill + 1,
+            if pool == holder {
+                ", the pool's holder too"
+            } else {
+                ""
+            },
             first_call - killed_ms,
             killed.elapsed()
         );
@@ -625,8 +842,9 @@ async fn killing_the_holder_again_and_again_loses_leaks_and_doubles_nothing() {
     failovers.sort();
     let pick = |q: f64| failovers[((failovers.len() - 1) as f64 * q).round() as usize];
     println!(
-        "{} requests accepted ({states:?}), {} nodes held and released, {kills} kills; \
-         kill to the new holder's first cloud call: p50 {:?}, p99 {:?}, max {:?} (lease TTL {TTL:?})",
+        "{} requests accepted ({states:?}), {} nodes held and released, {kills} kills \
+         ({pool_kills} of the pool's holder too); kill to the provider's first cloud call by \
+         its new holder: p50 {:?}, p99 {:?}, max {:?} (lease TTL {TTL:?})",
         accepted.len(),
         held.len(),
         pick(0.5),

@@ -246,7 +246,8 @@ pub struct Provider {
     /// Nodes whose instance its lists stopped showing.
     pub missing: usize,
     /// The berth process that holds the provider (with a store shared by
-    /// several processes): only it launches, deletes and lists there.
+    /// several processes): only it sends the provider's calls (launches,
+    /// deletes, lists), as the pool's holder decides them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
     /// When the holder's lease expires unless it renews it (RFC 3339).

@@ -78,6 +78,15 @@ pub enum CallErrorKind {
     /// The provider was closed.
     #[error("provider stopped")]
     Stopped,
+    /// Another berth process carried the call out for this one, or was to,
+    /// and it failed there, or was not taken, before anything was sent to
+    /// the cloud; what went wrong, in words.
+    #[error("{0}")]
+    Peer(Arc<str>),
+    /// The call was handed to another berth process and its answer was
+    /// lost: it may have been carried out.
+    #[error("{0}")]
+    PeerLost(Arc<str>),
 }
 
 impl CallErrorKind {
@@ -115,7 +124,8 @@ impl CallErrorKind {
     /// metrics and logs: the contract's error kind (`rate-limited`,
     /// `quota-exceeded`, `capacity`, `not-found`, `unauthorized`,
     /// `invalid-config`, `transient`, `permanent`), `trap`, `start-failed`,
-    /// `not-started` or `stopped`. A call that did not fail is `ok`.
+    /// `not-started`, `stopped`, `peer` or `peer-lost`. A call that did not
+    /// fail is `ok`.
     pub fn outcome(&self) -> &'static str {
         match self {
             CallErrorKind::Driver(e) => e.into(),
@@ -123,6 +133,8 @@ impl CallErrorKind {
             CallErrorKind::Start(_) => "start-failed",
             CallErrorKind::NotStarted(_) => "not-started",
             CallErrorKind::Stopped => "stopped",
+            CallErrorKind::Peer(_) => "peer",
+            CallErrorKind::PeerLost(_) => "peer-lost",
         }
     }
 }

@@ -11,6 +11,7 @@
 mod auth;
 mod doc;
 mod forward;
+mod peer;
 mod telemetry;
 pub use berth_client::types;
 mod views;
@@ -82,6 +83,10 @@ impl Api {
         let (routes, _) = doc::routes().split_for_parts();
         routes
             .route_layer(axum::middleware::from_fn(no_query_where_none_is_taken))
+            .route(
+                crate::runtime::shards::CALLS_PATH,
+                axum::routing::post(peer::calls),
+            )
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(
@@ -538,7 +543,7 @@ async fn healthz(State(api): State<Api>) -> Response {
     operation_id = "readyz",
     tag = "health",
     summary = "Readiness",
-    description = "Ready once every provider has been listed at least once since start; nothing is created on a provider until then. With a store shared by several berth processes, only the process holding the pool is ready.",
+    description = "Ready once every provider has been listed at least once since start; nothing is created on a provider until then. With a store shared by several berth processes, only the process holding the pool is ready; every process says which providers it holds (whose cloud calls it carries out).",
     security(()),
     extensions(("x-berth-roles" = json!([]))),
     responses(
@@ -612,9 +617,29 @@ async fn readyz(State(api): State<Api>) -> Response {
         )
         .into_response();
     };
+    // Which providers' calls this process carries out (a shared store).
+    let held = api.handle().shards().map(|s| match s.held() {
+        h if h.is_empty() => "; it holds no provider".to_owned(),
+        h => format!(
+            "; it holds provider(s) {} and carries out their cloud calls",
+            h.join(", ")
+        ),
+    });
     match waiting {
+        Err(e @ ServiceError::Standby { .. }) => {
+            let mut e = ApiError::from(e);
+            e.message.push_str(held.as_deref().unwrap_or_default());
+            e.into_response()
+        }
         Err(e) => ApiError::from(e).into_response(),
-        Ok(w) if w.is_empty() => (StatusCode::OK, "ready\n").into_response(),
+        Ok(w) if w.is_empty() => match held {
+            Some(held) => (
+                StatusCode::OK,
+                format!("ready: this process holds the pool{held}\n"),
+            )
+                .into_response(),
+            None => (StatusCode::OK, "ready\n").into_response(),
+        },
         Ok(w) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
@@ -1172,16 +1197,18 @@ async fn providers(State(api): State<Api>, headers: HeaderMap) -> Result<Respons
         .handle()
         .inspect(move |pool| views::providers(pool, &telemetry, &providers))
         .await?;
-    // One lease covers the whole pool: every provider has the same holder.
-    if let Some(lease) = api.handle().lease() {
-        let expires = lease
-            .expires
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| types::rfc3339(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
-            .ok();
-        for p in &mut list {
+    // Each provider's lease, as this process (the pool's holder) last read
+    // it: the process that carries out the provider's calls.
+    if let Some(shards) = api.handle().shards() {
+        let roster = shards.roster();
+        for (p, lease) in list.iter_mut().zip(&roster.providers) {
+            let Some(lease) = lease else { continue };
             p.holder = Some(lease.holder.clone());
-            p.lease_expires = expires.clone();
+            p.lease_expires = lease
+                .expires
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| types::rfc3339(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+                .ok();
         }
     }
     Ok(json(StatusCode::OK, list))

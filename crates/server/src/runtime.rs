@@ -17,8 +17,10 @@
 
 mod commands;
 mod providers;
+pub mod shards;
 #[cfg(test)]
 mod tests;
+pub(crate) mod wire;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -41,6 +43,7 @@ use berth_store::{Claimant, PgStore, SqliteStore, Store, StoreError, Tenure};
 
 pub use commands::{Caller, Change, Done};
 pub use providers::{BoxFuture, Cloud, Health, LoadedDriver, Providers};
+pub use shards::Shards;
 
 /// Wall-clock time as the core sees it, advanced by tokio's clock so that
 /// tests with paused time control it.
@@ -114,17 +117,6 @@ fn standby_text(holder: &str, address: &str) -> String {
         "this berth process stands by: the pool is held by {holder} ({address}); nothing was \
          changed here"
     )
-}
-
-/// The pool's lease as this process holds it, for the API to show.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseView {
-    /// This process, as the lease names it.
-    pub holder: String,
-    /// The fencing token.
-    pub epoch: i64,
-    /// When the lease expires unless renewed, by the database's clock.
-    pub expires: SystemTime,
 }
 
 /// Why a pool's task ended with an error.
@@ -231,8 +223,7 @@ pub struct Handle {
     down: Down,
     /// The pool's lease while this process holds one.
     lease: SharedLease,
-    /// This process as the pool's lease names it (a shared store).
-    holder: Option<Arc<str>>,
+    shards: Option<Arc<Shards>>,
 }
 
 /// The lease as the pool's task last saw it confirmed; a plain copy, so
@@ -253,6 +244,11 @@ impl Handle {
     }
 
     /// The providers: how each one's start went, its driver's stats.
+    /// The providers' leases, with a store shared by several processes.
+    pub fn shards(&self) -> Option<&Arc<Shards>> {
+        self.shards.as_ref()
+    }
+
     pub fn providers(&self) -> &Arc<Providers> {
         &self.providers
     }
@@ -327,16 +323,6 @@ impl Handle {
                 |d| !matches!(d, Some(ServiceError::Standby { holder: h, .. }) if **h == *holder),
             )
             .await;
-    }
-
-    /// The pool's lease, while this process holds one (a shared store).
-    pub fn lease(&self) -> Option<LeaseView> {
-        let held = (*self.lease.lock().ok()?)?;
-        Some(LeaseView {
-            holder: self.holder.as_deref()?.to_owned(),
-            epoch: held.epoch,
-            expires: held.expires,
-        })
     }
 
     /// How long ago the lease this process holds stopped being certain,
@@ -415,6 +401,7 @@ impl Handle {
 pub struct Service {
     pub handle: Handle,
     task: JoinHandle<Result<(), PoolError>>,
+    beating: Option<shards::Beating>,
     /// The task's outcome, once [`Service::ended`] has seen it.
     outcome: Option<Result<(), PoolError>>,
     shutdown: Option<oneshot::Sender<Duration>>,
@@ -433,8 +420,11 @@ pub struct Parts {
     /// Who holds the pool at start, if another process does: the task
     /// stands by until it can take the pool over.
     pub standby: Option<Tenure>,
-    /// This process as the pool's lease names it (a shared store).
-    pub holder: Option<String>,
+    /// The providers' leases (a shared store): where each provider's calls
+    /// are carried out.
+    pub shards: Option<Arc<Shards>>,
+    /// Their heartbeats, stopped after the pool's task.
+    pub beating: Option<shards::Beating>,
 }
 
 impl Service {
@@ -455,6 +445,7 @@ impl Service {
             standby: parts.standby,
             pool,
             providers: parts.providers.clone(),
+            shards: parts.shards.clone(),
             store: parts.store,
             clock: parts.clock,
             observer: parts.observer,
@@ -473,9 +464,10 @@ impl Service {
                 ended,
                 down,
                 lease,
-                holder: parts.holder.map(Arc::from),
+                shards: parts.shards,
             },
             task,
+            beating: parts.beating,
             outcome: None,
             shutdown: Some(stop_tx),
         }
@@ -503,7 +495,13 @@ impl Service {
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(grace);
         }
-        self.task.await.unwrap_or_else(|e| Err(panicked(e)))
+        let outcome = (&mut self.task).await.unwrap_or_else(|e| Err(panicked(e)));
+        // Calls this process carries out for another holder of the pool
+        // end (within the grace) before its providers are given up.
+        if let Some(beating) = self.beating.take() {
+            beating.leave(grace).await;
+        }
+        outcome
     }
 
     /// [`Service::stop_within`] with [`DEFAULT_STOP_GRACE`].
@@ -547,10 +545,11 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     // The store first: opening it checks that the state directory can be
     // written (a read-only or full one is a clear error now, not a failed
     // commit later), before any driver starts loading.
-    let mut holder = None;
     // The drivers' records: beside the pool's SQLite store, or in the same
     // PostgreSQL database, shared with every process on the pool.
     let mut records = None;
+    // The providers' leases, in the same database.
+    let mut shared_out = None;
     let mut store: Box<dyn Store> = match &settings.store.postgres {
         None => {
             let path = state_dir.join("berth.db");
@@ -569,11 +568,11 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
                 address,
                 ttl: pg.lease_ttl,
             };
-            holder = Some(claimant.holder.clone());
             let store = PgStore::open(pg, config.clone(), Some(claimant))
                 .await
                 .with_context(|| format!("opening the PostgreSQL store {}", pg.url))?;
             records = Some(DriverState::on(Arc::new(store.records())));
+            shared_out = store.shards(config.providers.iter().map(|p| p.name.clone()).collect());
             Box::new(store)
         }
     };
@@ -589,6 +588,24 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         other => (Gate::shut(), Some(other)),
     };
     let gate = Arc::new(gate);
+    let (shards, beating) = match shared_out {
+        Some(pg) => {
+            let (shards, beating) = Shards::start(pg)
+                .await
+                .context("taking part in the providers' leases")?;
+            (Some(shards), Some(beating))
+        }
+        None => (None, None),
+    };
+    // Each provider's driver sends while this process may act on it: while
+    // it holds the provider's lease (and the pool's holder is certain), or
+    // for a store of its own, always.
+    let gates: Vec<Arc<Gate>> = match &shards {
+        Some(shards) => (0..config.providers.len())
+            .map(|i| shards.gate(i))
+            .collect(),
+        None => vec![gate.clone(); config.providers.len()],
+    };
     let loaded = match standby {
         None => store.load(&config).await.context("loading the store")?,
         // Loaded when the pool is taken over, as it then stands.
@@ -608,7 +625,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     };
     // In the background: a driver that fails to start costs its own
     // provider, not the service.
-    let providers = Providers::start(runtime, &settings, driver_state, options.deny, gate.clone());
+    let providers = Providers::start(runtime, &settings, driver_state, options.deny, gates);
     for note in &loaded.dropped {
         tracing::warn!("store: {note}");
     }
@@ -628,7 +645,8 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         observer: options.observer.unwrap_or_else(|| Arc::new(Deaf)),
         gate,
         standby,
-        holder,
+        shards,
+        beating,
     };
     Ok(Service::spawn(pool, parts))
 }
@@ -647,6 +665,8 @@ struct Loop {
     standby: Option<Tenure>,
     pool: Pool,
     providers: Arc<Providers>,
+    /// Where each provider's calls go (a shared store).
+    shards: Option<Arc<Shards>>,
     store: Box<dyn Store>,
     clock: Clock,
     observer: Arc<dyn Observer>,
@@ -1156,9 +1176,11 @@ impl Loop {
         }
         for effect in self.effects.drain(..) {
             self.in_flight += 1;
+            let route = (self.shards.clone()).zip(self.store.holding().map(|h| h.epoch));
             call(
                 effect,
                 &self.providers,
+                route,
                 &self.pool.config().pool_id,
                 self.clock,
                 self.outcomes.clone(),
@@ -1268,6 +1290,7 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 fn failure(e: CallError) -> Failure {
     match e.kind {
         CallErrorKind::Driver(d) => Failure::Driver(d),
+        CallErrorKind::PeerLost(_) => Failure::Unknown(e.to_string()),
         _ => Failure::Host(e.to_string()),
     }
 }
@@ -1276,6 +1299,7 @@ fn failure(e: CallError) -> Failure {
 fn call(
     effect: Effect,
     providers: &Arc<Providers>,
+    route: Option<(Arc<Shards>, i64)>,
     pool_id: &str,
     clock: Clock,
     outcomes: mpsc::UnboundedSender<Outcome>,
@@ -1297,7 +1321,13 @@ fn call(
         };
         // A provider still starting is waited for; one whose start failed
         // fails the call at once, and the core treats it as any failed call.
-        let provider = match providers.get(p).await {
+        // With the providers shared out, the call goes to the provider's
+        // holder (this process or another).
+        let provider = match route {
+            Some((shards, epoch)) => Ok(shards.cloud(p, providers.clone(), epoch)),
+            None => providers.get(p).await,
+        };
+        let provider = match provider {
             Ok(provider) => provider,
             Err(why) => {
                 let (kind, call) = match &effect {

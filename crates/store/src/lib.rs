@@ -24,6 +24,7 @@ mod pg;
 mod records;
 mod rows;
 mod schema;
+mod shards;
 #[cfg(test)]
 mod tests;
 mod value;
@@ -42,6 +43,7 @@ use berth_core::pool::{Changes, Snapshot};
 pub use copy::{Copied, copy_into_empty};
 pub use pg::PgStore;
 pub use records::PgRecords;
+pub use shards::{Lease, PgShards, Roster};
 
 /// What a [`Store`] call returns: a future, since a store may be across a
 /// network (PostgreSQL); the embedded one is ready at once.

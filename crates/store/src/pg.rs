@@ -162,6 +162,111 @@ BEGIN
     RETURN 0;
 END $$;
 "#,
+    r#"
+CREATE TABLE provider_lease (
+    provider TEXT PRIMARY KEY,
+    holder TEXT NOT NULL DEFAULT '',
+    address TEXT NOT NULL DEFAULT '',
+    epoch BIGINT NOT NULL DEFAULT 0,
+    expires TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
+);
+CREATE TABLE members (
+    holder TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    expires TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE peer_secret (
+    id INT PRIMARY KEY CHECK (id = 1),
+    secret TEXT NOT NULL
+);
+INSERT INTO peer_secret
+    SELECT 1, encode(sha256(convert_to(gen_random_uuid()::TEXT || gen_random_uuid()::TEXT, 'UTF8')), 'hex');
+CREATE FUNCTION berth_shards(who TEXT, addr TEXT, ttl_ms BIGINT, provs TEXT[], keep TEXT[])
+RETURNS TABLE (provider TEXT, holder TEXT, address TEXT, epoch BIGINT, expires TIMESTAMPTZ,
+               remaining_ms BIGINT, members BIGINT)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_ TIMESTAMPTZ := clock_timestamp();
+    until TIMESTAMPTZ := now_ + ttl_ms * INTERVAL '1 millisecond';
+    live BIGINT;
+    share BIGINT;
+    mine BIGINT;
+BEGIN
+    INSERT INTO members AS m (holder, address, expires) VALUES (who, addr, until)
+        ON CONFLICT ON CONSTRAINT members_pkey
+        DO UPDATE SET address = EXCLUDED.address, expires = EXCLUDED.expires;
+    DELETE FROM members AS m WHERE m.expires < now_ - INTERVAL '1 hour';
+    INSERT INTO provider_lease (provider) SELECT unnest(provs)
+        ON CONFLICT ON CONSTRAINT provider_lease_pkey DO NOTHING;
+    UPDATE provider_lease AS l SET expires = until
+     WHERE l.holder = who AND l.provider = ANY(keep) AND l.provider = ANY(provs);
+    SELECT count(*) INTO live FROM members AS m WHERE m.expires > now_;
+    share := (cardinality(provs) + live - 1) / live;
+    SELECT count(*) INTO mine FROM provider_lease AS l
+     WHERE l.holder = who AND l.expires > now_ AND l.provider = ANY(provs);
+    IF mine < share THEN
+        UPDATE provider_lease AS l
+           SET holder = who, address = addr, epoch = l.epoch + 1, expires = until
+         WHERE l.provider IN (
+             SELECT f.provider FROM provider_lease AS f
+              WHERE f.provider = ANY(provs) AND f.expires <= now_
+              ORDER BY f.provider LIMIT share - mine
+                FOR UPDATE SKIP LOCKED);
+    END IF;
+    RETURN QUERY
+        SELECT l.provider, l.holder, l.address, l.epoch,
+               CASE WHEN l.expires > now_ THEN l.expires END,
+               GREATEST(EXTRACT(EPOCH FROM l.expires - now_) * 1000, 0)::BIGINT, live
+          FROM provider_lease AS l WHERE l.provider = ANY(provs)
+        UNION ALL
+        SELECT NULL, p.holder, p.address, p.epoch,
+               CASE WHEN p.expires > now_ THEN p.expires END,
+               GREATEST(EXTRACT(EPOCH FROM p.expires - now_) * 1000, 0)::BIGINT, live
+          FROM pool_lease AS p WHERE p.scope = 'pool';
+END $$;
+CREATE OR REPLACE FUNCTION berth_record_cas(who TEXT, prov TEXT, k TEXT, expected TEXT, v TEXT, max_keys BIGINT)
+RETURNS BIGINT LANGUAGE plpgsql AS $$
+DECLARE
+    current TEXT;
+    present BOOLEAN;
+    held BIGINT;
+BEGIN
+    IF who IS NOT NULL THEN
+        PERFORM 1 FROM provider_lease
+         WHERE provider = prov AND holder = who AND expires > clock_timestamp()
+           FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the lease of provider % is no longer held by %', prov, who
+                USING ERRCODE = 'BE001';
+        END IF;
+    END IF;
+    SELECT value INTO current FROM driver_records
+     WHERE provider = prov AND key = k FOR UPDATE;
+    present := FOUND;
+    IF present IS DISTINCT FROM (expected IS NOT NULL)
+       OR (present AND current IS DISTINCT FROM expected) THEN
+        RETURN 0;
+    END IF;
+    IF v IS NULL THEN
+        DELETE FROM driver_records WHERE provider = prov AND key = k;
+        RETURN 1;
+    END IF;
+    IF present THEN
+        UPDATE driver_records SET value = v WHERE provider = prov AND key = k;
+        RETURN 1;
+    END IF;
+    SELECT count(*) INTO held FROM driver_records WHERE provider = prov;
+    IF held >= max_keys THEN
+        RETURN -held;
+    END IF;
+    INSERT INTO driver_records (provider, key, value) VALUES (prov, k, v)
+        ON CONFLICT (provider, key) DO NOTHING;
+    IF FOUND THEN
+        RETURN 1;
+    END IF;
+    RETURN 0;
+END $$;
+"#,
 ];
 
 /// The SQLSTATE `berth_fence` raises when the lease is not held.
@@ -199,7 +304,7 @@ const UNACKNOWLEDGED_LIMIT: std::time::Duration = std::time::Duration::from_secs
 
 /// The advisory lock key that migrations hold, so that processes starting
 /// together migrate one after the other ("berth" in ASCII).
-const MIGRATION_LOCK: i64 = 0x6265_7274_68;
+const MIGRATION_LOCK: i64 = 0x0062_6572_7468;
 
 /// A driver error in one line, with what the server said: its own
 /// `Display` is only "db error" for everything the server refused.
@@ -507,13 +612,22 @@ impl PgStore {
     }
 
     /// The driver records in the same database, for the `state` import of
-    /// every provider: shared by every process on the pool, and written only
-    /// while this store's claimant holds the pool.
+    /// every provider: shared by every process on the pool, and written for
+    /// a provider only while this store's claimant holds that provider's
+    /// lease ([`PgStore::shards`]).
     pub fn records(&self) -> super::PgRecords {
         super::PgRecords::new(
             self.login.clone(),
             self.claimant.as_ref().map(|me| me.holder.clone()),
         )
+    }
+
+    /// The providers' leases in the same database, on a connection of
+    /// their own, for this store's claimant; `None` for a store without
+    /// one.
+    pub fn shards(&self, providers: Vec<String>) -> Option<super::PgShards> {
+        let me = self.claimant.clone()?;
+        Some(super::PgShards::new(self.login.clone(), me, providers))
     }
 
     /// The schema version of the database.

@@ -1,14 +1,14 @@
 //! The driver records of the `state` import in PostgreSQL (table
 //! `driver_records`), for a pool that several processes share: whichever
-//! process holds the pool sees what the previous holder's drivers stored,
+//! process holds a provider sees what the previous holder's driver stored,
 //! such as which static host a node was given.
 //!
 //! The records have a connection of their own, apart from the store's, as
 //! drivers write from their own calls while the pool commits. A write runs
 //! `berth_record_cas` in one statement: it checks the value, the provider's
-//! key count and, for a claimant, that this process holds the pool's lease
-//! at that moment (the lease row is share-locked until the write commits,
-//! so a takeover waits for it). A process paused past its lease and
+//! key count and, for a claimant, that this process holds the provider's
+//! lease at that moment (the lease row is share-locked until the write
+//! commits, so a takeover waits for it). A process paused past its lease and
 //! resumed inside a driver call therefore stores nothing.
 
 use std::sync::Arc;
@@ -80,8 +80,8 @@ fn failed(e: &StoreError) -> String {
 
 fn refused(doing: &str, e: &tokio_postgres::Error) -> String {
     if e.code().is_some_and(|c| c.code() == FENCED) {
-        return "driver records in PostgreSQL: this berth process no longer holds the pool's \
-                lease, so it stores nothing"
+        return "driver records in PostgreSQL: this berth process does not hold the \
+                provider's lease, so it stores nothing"
             .into();
     }
     format!("driver records in PostgreSQL: {doing}: {}", describe(e))

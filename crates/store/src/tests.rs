@@ -1481,18 +1481,21 @@ async fn a_sqlite_pool_is_copied_into_an_empty_postgres_database_whole() {
 }
 
 /// The drivers' records in PostgreSQL: every process reads them, only the
-/// lease's holder writes them, a write compares and swaps atomically
-/// against every other, and a scan answers in byte order within its
-/// budget.
+/// holder of a provider's lease writes that provider's, a write compares
+/// and swaps atomically against every other, and a scan answers in byte
+/// order within its budget.
 #[tokio::test]
-async fn postgres_driver_records_are_shared_and_written_only_by_the_pool_holder() {
+async fn postgres_driver_records_are_shared_and_written_only_by_the_provider_holder() {
     use berth_core::driver::records::Records;
     let (plain, url) = pg_fresh().await;
     let ttl = Duration::from_millis(600);
     let (a, b) = (claimant("a", ttl), claimant("b", ttl));
-    let mut first = pg_open(&url, &a).await;
-    let mut second = pg_open(&url, &b).await;
+    let first = pg_open(&url, &a).await;
+    let second = pg_open(&url, &b).await;
     let (ra, rb) = (first.records(), second.records());
+    let names = || ["p", "q", "full"].map(String::from).to_vec();
+    let mut sa = first.shards(names()).unwrap();
+    let mut sb = second.shards(names()).unwrap();
     let p: Arc<str> = "p".into();
     async fn cas(
         r: &PgRecords,
@@ -1509,15 +1512,17 @@ async fn postgres_driver_records_are_shared_and_written_only_by_the_pool_holder(
         .await
     }
 
-    // Nobody writes before holding the pool.
+    // Nobody writes before holding the provider.
     let e = cas(&ra, "k", None, Some("1")).await.unwrap_err();
-    assert!(e.contains("no longer holds the pool's lease"), "{e}");
-    assert!(matches!(first.claim().await.unwrap(), Tenure::Held(_)));
+    assert!(e.contains("does not hold the provider's lease"), "{e}");
+    // Alone, the first process takes all three providers.
+    let roster = sa.beat(&[]).await.unwrap();
+    assert_eq!(roster.held_by("a"), [0, 1, 2]);
     assert_eq!(cas(&ra, "k", None, Some("1")).await, Ok(true));
     // The other process reads what the holder stored, and cannot write.
     assert_eq!(rb.get(p.clone(), "k".into()).await, Ok(Some("1".into())));
     let e = cas(&rb, "k2", None, Some("x")).await.unwrap_err();
-    assert!(e.contains("no longer holds"), "{e}");
+    assert!(e.contains("does not hold"), "{e}");
 
     // Compare and swap, and one key space per provider.
     assert_eq!(cas(&ra, "k", None, Some("2")).await, Ok(false));
@@ -1593,13 +1598,118 @@ async fn postgres_driver_records_are_shared_and_written_only_by_the_pool_holder(
         Ok(true)
     );
 
-    // Once another process took the pool over, the old holder's driver
-    // stores nothing, and the new one's does.
+    // Once another process took the provider over, the old holder's
+    // driver stores nothing, and the new one's does.
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
-    assert!(matches!(second.claim().await.unwrap(), Tenure::Held(_)));
+    assert_eq!(sb.beat(&[]).await.unwrap().held_by("b"), [0, 1, 2]);
     let e = cas(&ra, "k", Some("2"), Some("stale")).await.unwrap_err();
-    assert!(e.contains("no longer holds"), "{e}");
+    assert!(e.contains("does not hold"), "{e}");
     assert_eq!(cas(&rb, "k", Some("2"), Some("3")).await, Ok(true));
     // A store opened without a claimant (`berth store migrate`) writes.
     assert_eq!(cas(&plain.records(), "m", None, Some("1")).await, Ok(true));
+}
+
+/// The providers' leases spread over the live processes: a process alone
+/// takes every provider, one that joins gets what the others give up
+/// beyond their share, and the providers of one that stops beating are
+/// taken over (with a new epoch) once its leases expire. Every process
+/// reads the same peer secret.
+#[tokio::test]
+async fn postgres_provider_leases_spread_over_the_live_processes() {
+    let (_plain, url) = pg_fresh().await;
+    let ttl = Duration::from_millis(800);
+    let names: Vec<String> = (1..=6).map(|i| format!("p{i}")).collect();
+    let open = |who: &str| {
+        let url = url.clone();
+        let me = claimant(who, ttl);
+        let names = names.clone();
+        async move { pg_open(&url, &me).await.shards(names).unwrap() }
+    };
+    let (mut a, mut b, mut c) = (open("a").await, open("b").await, open("c").await);
+    let kept = |roster: &Roster, who: &str| -> Vec<String> {
+        roster
+            .held_by(who)
+            .into_iter()
+            .map(|i| format!("p{}", i + 1))
+            .collect()
+    };
+
+    let alone = a.beat(&[]).await.unwrap();
+    assert_eq!((alone.members, alone.share()), (1, 6));
+    let all = kept(&alone, "a");
+    assert_eq!(all.len(), 6);
+    // A second process finds everything held and its share at 3.
+    let joined = b.beat(&[]).await.unwrap();
+    assert_eq!((joined.members, joined.share()), (2, 3));
+    assert!(joined.held_by("b").is_empty());
+    // The first gives up what is beyond its share; the second takes it.
+    let roster = a.beat(&all[..3]).await.unwrap();
+    assert_eq!(roster.share(), 3);
+    a.release(&all[3..]).await.unwrap();
+    let roster = b.beat(&[]).await.unwrap();
+    assert_eq!(kept(&roster, "a"), all[..3]);
+    assert_eq!(kept(&roster, "b"), all[3..]);
+    // A third: each of the others gives one up.
+    assert_eq!(c.beat(&[]).await.unwrap().share(), 2);
+    a.release(&all[2..3]).await.unwrap();
+    b.release(&all[5..]).await.unwrap();
+    let roster = c.beat(&[]).await.unwrap();
+    assert_eq!(kept(&roster, "c"), [all[2].clone(), all[5].clone()]);
+    let epochs: Vec<i64> = (roster.providers.iter())
+        .map(|l| l.as_ref().unwrap().epoch)
+        .collect();
+    assert_eq!(epochs, [1, 1, 2, 2, 2, 3]);
+    assert_eq!(
+        roster.providers[0].as_ref().unwrap().address,
+        "http://a.example:8080"
+    );
+
+    // The third stops beating: once its leases (and its membership) have
+    // expired, the other two take its providers over between them.
+    let deadline = tokio::time::Instant::now() + ttl + Duration::from_millis(200);
+    let (mut keep_a, mut keep_b) = (kept(&roster, "a"), kept(&roster, "b"));
+    let mut last = roster;
+    while tokio::time::Instant::now() < deadline {
+        keep_a = kept(&a.beat(&keep_a).await.unwrap(), "a");
+        last = b.beat(&keep_b).await.unwrap();
+        keep_b = kept(&last, "b");
+        tokio::time::sleep(ttl / 4).await;
+    }
+    assert_eq!((last.members, last.share()), (2, 3));
+    assert_eq!(kept(&last, "a"), ["p1", "p2", "p3"], "{last:?}");
+    assert_eq!(kept(&last, "b"), ["p4", "p5", "p6"], "{last:?}");
+    // Taken over: a new epoch.
+    assert_eq!(last.providers[2].as_ref().unwrap().epoch, 3);
+    assert_eq!(last.providers[5].as_ref().unwrap().epoch, 4);
+
+    // Leases a process does not keep lapse unrenewed; beating on, it
+    // takes them again under new epochs.
+    let deadline = tokio::time::Instant::now() + ttl + Duration::from_millis(200);
+    let mut again = last.clone();
+    while tokio::time::Instant::now() < deadline {
+        again = a.beat(&[]).await.unwrap();
+        b.beat(&keep_b).await.unwrap();
+        tokio::time::sleep(ttl / 4).await;
+    }
+    assert_eq!(kept(&again, "a"), ["p1", "p2", "p3"]);
+    let epochs: Vec<i64> = (again.providers.iter())
+        .map(|l| l.as_ref().unwrap().epoch)
+        .collect();
+    assert_eq!(epochs, [2, 2, 4, 2, 2, 4]);
+    // The pool's own lease is answered too, once somebody holds it.
+    assert!(again.pool.is_none());
+    let mut holder = pg_open(&url, &claimant("d", ttl)).await;
+    assert!(matches!(holder.claim().await.unwrap(), Tenure::Held(_)));
+    let pool = b.beat(&keep_b).await.unwrap().pool.unwrap();
+    assert_eq!((pool.holder.as_str(), pool.epoch), ("d", 1));
+
+    // One secret for all.
+    let secret = a.peer_secret().await.unwrap();
+    assert_eq!(secret.len(), 64);
+    assert_eq!(b.peer_secret().await.unwrap(), secret);
+    // Leaving gives everything up at once.
+    a.leave().await.unwrap();
+    let left = b.beat(&keep_b).await.unwrap();
+    assert_eq!(left.members, 1);
+    assert_eq!(left.held_by("b").len(), 6);
 }

@@ -116,14 +116,14 @@ const MAX_RETRY: Duration = Duration::from_secs(300);
 
 impl Providers {
     /// Starts every provider of `config` in the background. `deny`: what
-    /// no driver may reach (berth's own API); `gate`: shut while this
-    /// process may not act on clouds.
+    /// no driver may reach (berth's own API); `gates`: per provider, shut
+    /// while this process may not act on its cloud.
     pub fn start(
         runtime: Runtime,
         settings: &Settings,
         state: DriverState,
         deny: Vec<std::net::SocketAddr>,
-        gate: Arc<Gate>,
+        gates: Vec<Arc<Gate>>,
     ) -> Arc<Providers> {
         let loader = Arc::new(Loader {
             runtime,
@@ -132,7 +132,13 @@ impl Providers {
         });
         let mut slots = Vec::new();
         let mut starters = Vec::new();
-        for (p, d) in settings.pool.providers.iter().zip(&settings.drivers) {
+        for ((p, d), gate) in settings
+            .pool
+            .providers
+            .iter()
+            .zip(&settings.drivers)
+            .zip(gates)
+        {
             let (tx, _) = watch::channel(State::Starting);
             let provider = SandboxConfig {
                 name: p.name.clone(),
@@ -143,7 +149,7 @@ impl Providers {
                 credentials: d.credentials.clone(),
                 state: Some(state.clone()),
                 deny: deny.clone(),
-                gate: Some(gate.clone()),
+                gate: Some(gate),
             };
             let task = tokio::spawn(keep_starting(
                 loader.clone(),

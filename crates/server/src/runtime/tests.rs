@@ -148,7 +148,8 @@ fn start(fake: &Arc<Fake>, lease_ttl: Duration) -> Service {
         observer: Arc::new(Deaf),
         gate: Arc::new(berth_plugin::Gate::always()),
         standby: None,
-        holder: None,
+        shards: None,
+        beating: None,
     };
     Service::spawn(Pool::new(config, 7), parts)
 }

@@ -1,0 +1,693 @@
+//! Providers shared out over the berth processes on one PostgreSQL pool.
+//!
+//! The process that holds the pool's lease decides everything (which node
+//! goes to which request, what to launch and delete), as before. The
+//! providers' cloud calls are carried out by whichever process holds each
+//! provider's lease: the leases spread over the live processes
+//! ([`berth_store::PgShards`]), so the drivers' work (the sandboxed guests,
+//! the cloud's HTTP, the waits for its rate limits) is shared, and a process
+//! that joins takes a share of it.
+//!
+//! - **The holder of the pool** sends each call to the provider's holder:
+//!   itself (the local driver), or another process over
+//!   `POST /internal/v1/calls`, authenticated with the pool's peer secret
+//!   (kept in the database). The call names the epoch of the pool's lease it
+//!   was decided under.
+//! - **The holder of a provider** carries out a call only while it holds the
+//!   provider's lease, for the pool's lease of the epoch it last read, and
+//!   while that lease is certain. Its driver's [`Gate`] for the provider is
+//!   open until shortly before either lease could lapse, by the last
+//!   heartbeat, and every outbound request checks it: a process paused past
+//!   either lease sends nothing when it resumes.
+//! - **A call refused before anything was sent** (the provider is moving,
+//!   nobody holds it yet, the holder's view is a beat behind, its host
+//!   refuses the connection) waits for the leases to settle and goes to the
+//!   new holder. A call whose holder fails or changes hands while it runs is
+//!   failed with its outcome unknown, and the pool resolves it from the next
+//!   list, as after a crash.
+//! - **Spreading out.** Each heartbeat takes free leases up to the process's
+//!   share (providers over live processes, rounded up). A process holding
+//!   more than its share gives the rest up: it stops taking their calls,
+//!   waits (briefly) for those running to end, and releases them.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::{Notify, watch};
+
+use berth_config::ProviderIx;
+use berth_core::driver::{Call as Which, CreateSpec, Instance, Tags};
+use berth_plugin::{CallError, CallErrorKind, Deletion, Gate};
+use berth_store::{Lease, PgShards, Roster};
+
+use super::providers::{BoxFuture, Cloud, Providers};
+use super::wire::{self, Answer};
+
+/// The header that carries the pool's peer secret.
+pub const PEER_HEADER: &str = "x-berth-peer";
+
+/// Where calls are carried out for other processes.
+pub const CALLS_PATH: &str = "/internal/v1/calls";
+
+/// How long a provider being given up waits for its running calls.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// How long connecting to another process may take: its host is down, and
+/// its leases will move.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most a call's answer may hold (a list of many instances).
+const MAX_ANSWER: usize = 64 << 20;
+
+/// The longest gap between two heartbeats: a provider given up is taken
+/// by another process within about this long.
+const BEAT_MAX: Duration = Duration::from_secs(1);
+
+/// The first wait before a refused call is sent again; it doubles up to a
+/// quarter of the TTL.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+
+/// The providers' leases as this process sees them.
+pub struct Shards {
+    me: String,
+    ttl: Duration,
+    names: Vec<String>,
+    /// Per provider: open while this process may send its calls.
+    gates: Vec<Arc<Gate>>,
+    roster: watch::Sender<Arc<Roster>>,
+    /// Providers being given up: no new call starts on them.
+    leaving: Mutex<HashSet<usize>>,
+    /// Calls running here, per provider.
+    running: Vec<AtomicUsize>,
+    /// Woken when a running call ends, or a beat is wanted now.
+    nudge: Notify,
+    secret: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// Where a provider's calls go now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    Here,
+    There {
+        holder: String,
+        address: String,
+        epoch: i64,
+    },
+    /// Nobody holds it (it is moving, or its holder died), or this process
+    /// is giving it up.
+    Nowhere,
+}
+
+/// A call counted as running on a provider until dropped.
+pub struct Running<'a> {
+    shards: &'a Shards,
+    p: usize,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.shards.running[self.p].fetch_sub(1, Ordering::SeqCst);
+        self.shards.nudge.notify_one();
+    }
+}
+
+/// Stops the heartbeats: gives every lease up once the calls running here
+/// have ended (within the grace), and leaves the pool's members.
+pub struct Beating {
+    stop: Option<tokio::sync::oneshot::Sender<Duration>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Beating {
+    pub async fn leave(mut self, grace: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(grace);
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Beating {
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            self.task.abort();
+        }
+    }
+}
+
+impl Shards {
+    /// Reads the peer secret, takes part in the first heartbeat, and keeps
+    /// beating in the background. Each provider's gate comes from
+    /// [`Shards::gate`].
+    pub async fn start(
+        mut pg: PgShards,
+    ) -> Result<(Arc<Shards>, Beating), berth_store::StoreError> {
+        let secret = pg.peer_secret().await?;
+        let me = pg.me().clone();
+        let names = pg.providers().to_vec();
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        let shards = Arc::new(Shards {
+            me: me.holder,
+            ttl: me.ttl,
+            gates: names.iter().map(|_| Arc::new(Gate::shut())).collect(),
+            running: names.iter().map(|_| AtomicUsize::new(0)).collect(),
+            names,
+            roster: watch::Sender::new(Arc::new(Roster::default())),
+            leaving: Mutex::new(HashSet::new()),
+            nudge: Notify::new(),
+            secret,
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        });
+        let first = pg.beat(&[]).await?;
+        shards.take_in(first);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(keep_beating(shards.clone(), pg, stopped));
+        Ok((
+            shards,
+            Beating {
+                stop: Some(stop),
+                task,
+            },
+        ))
+    }
+
+    /// The gate of provider `p`'s driver.
+    pub fn gate(&self, p: usize) -> Arc<Gate> {
+        self.gates[p].clone()
+    }
+
+    /// Every lease as last read.
+    pub fn roster(&self) -> Arc<Roster> {
+        self.roster.borrow().clone()
+    }
+
+    /// The providers this process holds, by name.
+    pub fn held(&self) -> Vec<String> {
+        let roster = self.roster();
+        roster
+            .held_by(&self.me)
+            .into_iter()
+            .map(|i| self.names[i].clone())
+            .collect()
+    }
+
+    fn leaving(&self) -> std::sync::MutexGuard<'_, HashSet<usize>> {
+        self.leaving.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where provider `p`'s calls go now.
+    pub fn route(&self, p: usize) -> Route {
+        let roster = self.roster();
+        match roster.providers.get(p).and_then(Option::as_ref) {
+            Some(l) if l.holder == self.me => {
+                if self.leaving().contains(&p) {
+                    Route::Nowhere
+                } else {
+                    Route::Here
+                }
+            }
+            Some(l) => Route::There {
+                holder: l.holder.clone(),
+                address: l.address.clone(),
+                epoch: l.epoch,
+            },
+            None => Route::Nowhere,
+        }
+    }
+
+    /// Counts a call as running on `p`.
+    fn run(&self, p: usize) -> Running<'_> {
+        self.running[p].fetch_add(1, Ordering::SeqCst);
+        Running { shards: self, p }
+    }
+
+    /// Whether `secret` is the pool's peer secret.
+    pub fn admits(&self, secret: &[u8]) -> bool {
+        use subtle::ConstantTimeEq;
+        self.secret.as_bytes().ct_eq(secret).into()
+    }
+
+    /// Takes a call on `provider` from the process that decided it under
+    /// the pool's lease of `pool_epoch`, or says why not (nothing was done).
+    pub fn accept(&self, provider: &str, pool_epoch: i64) -> Result<(usize, Running<'_>), String> {
+        let Some(p) = self.names.iter().position(|n| n == provider) else {
+            return Err(format!("no provider {provider} is configured here"));
+        };
+        if self.route(p) != Route::Here {
+            return Err(format!(
+                "this process does not hold provider {provider} (now)"
+            ));
+        }
+        let pool = self.roster().pool.as_ref().map(|l| l.epoch);
+        if pool != Some(pool_epoch) {
+            // A holder that took the pool over since this process last
+            // looked: look again now, so that its next try is taken.
+            self.nudge.notify_one();
+            return Err(format!(
+                "the call was decided under the pool's lease of epoch {pool_epoch}, and this \
+                 process last saw {}",
+                pool.map_or("no holder".to_owned(), |e| format!("epoch {e}"))
+            ));
+        }
+        if !self.gates[p].is_open() {
+            return Err(format!(
+                "this process's lease of provider {provider}, or the pool's, is not certain now"
+            ));
+        }
+        Ok((p, self.run(p)))
+    }
+
+    /// A heartbeat's answer: opens the gates of the providers held here
+    /// until shortly before their lease or the pool's could lapse, shuts the
+    /// others, and gives up what is beyond this process's share.
+    fn take_in(&self, roster: Roster) {
+        let before = self.roster();
+        let sent = roster.sent.unwrap_or_else(Instant::now);
+        let margin = self.ttl / 5;
+        let certain = |l: &Lease| (sent + l.remaining).checked_sub(margin);
+        let pool_until = roster.pool.as_ref().and_then(certain);
+        let mut leaving = self.leaving();
+        for (i, lease) in roster.providers.iter().enumerate() {
+            let was = before.providers.get(i).and_then(Option::as_ref);
+            match lease {
+                Some(l) if l.holder == self.me => {
+                    match certain(l).zip(pool_until).map(|(a, b)| a.min(b)) {
+                        Some(until) => self.gates[i].open_until(until),
+                        None => self.gates[i].shut_now(),
+                    }
+                    if was.is_none_or(|w| w.holder != self.me || w.epoch != l.epoch) {
+                        tracing::info!(provider = %self.names[i], epoch = l.epoch, "this process holds the provider: it carries out the provider's cloud calls");
+                    }
+                }
+                _ => {
+                    self.gates[i].shut_now();
+                    leaving.remove(&i);
+                    if was.is_some_and(|w| w.holder == self.me) {
+                        tracing::info!(provider = %self.names[i], "this process no longer holds the provider");
+                    }
+                }
+            }
+        }
+        let held = roster.held_by(&self.me);
+        let keeping: Vec<usize> = held
+            .iter()
+            .copied()
+            .filter(|i| !leaving.contains(i))
+            .collect();
+        let share = roster.share();
+        // The last ones past the share, so that who holds what moves little.
+        for &i in keeping.iter().skip(share) {
+            tracing::info!(
+                provider = %self.names[i],
+                processes = roster.members,
+                share,
+                "giving the provider up, to spread the providers over the processes"
+            );
+            leaving.insert(i);
+        }
+        drop(leaving);
+        self.roster.send_replace(Arc::new(roster));
+    }
+
+    /// The leases this process renews: those it holds and is not giving up.
+    fn keep(&self) -> Vec<String> {
+        let leaving = self.leaving().clone();
+        let roster = self.roster();
+        (roster.held_by(&self.me).into_iter())
+            .filter(|i| !leaving.contains(i))
+            .map(|i| self.names[i].clone())
+            .collect()
+    }
+
+    /// The providers being given up whose calls have ended, or which have
+    /// waited for them since `since` long enough.
+    fn drained(&self, since: &mut std::collections::HashMap<usize, Instant>) -> Vec<usize> {
+        let leaving = self.leaving().clone();
+        since.retain(|i, _| leaving.contains(i));
+        let now = Instant::now();
+        leaving
+            .into_iter()
+            .filter(|&i| {
+                let started = *since.entry(i).or_insert(now);
+                self.running[i].load(Ordering::SeqCst) == 0 || now >= started + DRAIN
+            })
+            .collect()
+    }
+
+    /// Provider `p`'s calls, routed per call.
+    pub fn cloud(
+        self: &Arc<Self>,
+        p: ProviderIx,
+        providers: Arc<Providers>,
+        pool_epoch: i64,
+    ) -> Arc<dyn Cloud> {
+        Arc::new(Routed {
+            shards: self.clone(),
+            providers,
+            p,
+            pool_epoch,
+        })
+    }
+}
+
+/// Beats every quarter of the TTL, at least every [`BEAT_MAX`], and sooner
+/// when nudged; gives up the providers past this process's share once
+/// drained.
+async fn keep_beating(
+    shards: Arc<Shards>,
+    mut pg: PgShards,
+    mut stop: tokio::sync::oneshot::Receiver<Duration>,
+) {
+    let every = (shards.ttl / 4).min(BEAT_MAX);
+    let mut draining = std::collections::HashMap::new();
+    let mut failing = false;
+    let grace = loop {
+        let drained = shards.drained(&mut draining);
+        if !drained.is_empty() {
+            let names: Vec<String> = drained.iter().map(|&i| shards.names[i].clone()).collect();
+            match pg.release(&names).await {
+                Ok(()) => {
+                    let mut leaving = shards.leaving();
+                    for i in &drained {
+                        leaving.remove(i);
+                        shards.gates[*i].shut_now();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not give providers up; they lapse instead")
+                }
+            }
+        }
+        match pg.beat(&shards.keep()).await {
+            Ok(roster) => {
+                if failing {
+                    tracing::info!("the providers' leases are renewed again");
+                }
+                failing = false;
+                shards.take_in(roster);
+            }
+            Err(e) => {
+                // The gates shut on their own when the leases could lapse.
+                if !failing {
+                    tracing::warn!(error = %e, "could not renew the providers' leases; their calls stop when the leases could lapse");
+                }
+                failing = true;
+            }
+        }
+        let leaving = !shards.leaving().is_empty();
+        let wait = if leaving {
+            every.min(Duration::from_millis(100))
+        } else {
+            every
+        };
+        tokio::select! {
+            grace = &mut stop => break grace.unwrap_or(Duration::ZERO),
+            () = tokio::time::sleep(wait) => {}
+            () = shards.nudge.notified() => {}
+        }
+    };
+    // Stopping: no new call is taken; those running end first, within the
+    // grace.
+    shards.leaving().extend(0..shards.names.len());
+    let until = tokio::time::Instant::now() + grace;
+    while shards.running.iter().any(|r| r.load(Ordering::SeqCst) > 0)
+        && tokio::time::Instant::now() < until
+    {
+        tokio::select! {
+            () = shards.nudge.notified() => {}
+            () = tokio::time::sleep_until(until) => {}
+        }
+    }
+    for g in &shards.gates {
+        g.shut_now();
+    }
+    match pg.leave().await {
+        Ok(()) => tracing::info!("gave the providers' leases up"),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not give the providers' leases up; they lapse instead")
+        }
+    }
+}
+
+/// One provider's calls as the pool's holder makes them: carried out here
+/// or by the provider's holder.
+struct Routed {
+    shards: Arc<Shards>,
+    providers: Arc<Providers>,
+    p: ProviderIx,
+    pool_epoch: i64,
+}
+
+/// What sending a call to another process came to.
+enum Sent {
+    Answered(Box<Answer>),
+    /// Refused before anything was done: send it again once the leases
+    /// settle.
+    Refused(String),
+    /// Failed with its outcome unknown.
+    Lost(String),
+}
+
+impl Routed {
+    fn name(&self) -> &str {
+        &self.shards.names[self.p.0 as usize]
+    }
+
+    fn error(&self, which: Which, kind: CallErrorKind) -> CallError {
+        CallError {
+            provider: self.name().into(),
+            call: which,
+            kind,
+        }
+    }
+
+    /// Carries the call out where the provider is held, waiting (up to
+    /// twice the TTL) for a holder while there is none.
+    async fn run(&self, which: Which, call: wire::Call) -> Result<Answer, CallError> {
+        let i = self.p.0 as usize;
+        let give_up = tokio::time::Instant::now() + self.shards.ttl * 2;
+        let mut retry = RETRY_FIRST;
+        let mut roster = self.shards.roster.subscribe();
+        let mut why = String::new();
+        while tokio::time::Instant::now() < give_up {
+            roster.mark_unchanged();
+            match self.shards.route(i) {
+                Route::Here => {
+                    let _running = self.shards.run(i);
+                    let cloud = self
+                        .providers
+                        .get(self.p)
+                        .await
+                        .map_err(|e| self.error(which, CallErrorKind::NotStarted(e)))?;
+                    return execute(&*cloud, call).await;
+                }
+                Route::There {
+                    holder,
+                    address,
+                    epoch,
+                } => match self.send(&address, epoch, &call).await {
+                    Sent::Answered(answer) => match *answer {
+                        Answer::Failed(e) => return Err(self.error(which, e.into_kind(&holder))),
+                        answer => return Ok(answer),
+                    },
+                    Sent::Lost(e) => {
+                        return Err(self.error(
+                            which,
+                            CallErrorKind::PeerLost(
+                                format!("{holder}, which holds the provider: {e}; the outcome is not known").into(),
+                            ),
+                        ));
+                    }
+                    Sent::Refused(e) => why = format!("{holder} did not take the call: {e}"),
+                },
+                Route::Nowhere => why = "no berth process holds the provider's lease".into(),
+            }
+            // Look at the leases again now rather than at the next beat: a
+            // free provider is taken, a new holder seen.
+            self.shards.nudge.notify_one();
+            tokio::select! {
+                _ = roster.changed() => {}
+                () = tokio::time::sleep(retry) => {}
+            }
+            retry = (retry * 2).min(self.shards.ttl / 4);
+        }
+        Err(self.error(
+            which,
+            CallErrorKind::Peer(
+                format!("{why}; nothing was sent for {:?}", self.shards.ttl * 2).into(),
+            ),
+        ))
+    }
+
+    /// Sends the call to the process at `address` that holds the provider
+    /// under `epoch`, and gives up on it if the provider changes hands
+    /// before it answers.
+    async fn send(&self, address: &str, epoch: i64, call: &wire::Call) -> Sent {
+        let body = wire::CallBody {
+            provider: self.name().to_owned(),
+            pool_epoch: self.pool_epoch,
+            call: call.clone(),
+        };
+        let body = match serde_json::to_vec(&body) {
+            Ok(b) => b,
+            Err(e) => return Sent::Lost(format!("the call could not be written: {e}")),
+        };
+        let request =
+            hyper::Request::post(format!("{}{CALLS_PATH}", address.trim_end_matches('/')))
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .header(PEER_HEADER, &self.shards.secret)
+                .body(Full::new(Bytes::from(body)));
+        let request = match request {
+            Ok(r) => r,
+            Err(e) => return Sent::Refused(format!("its address {address} is not usable: {e}")),
+        };
+        let i = self.p.0 as usize;
+        let mut roster = self.shards.roster.subscribe();
+        let moved = roster.wait_for(|r| {
+            r.providers
+                .get(i)
+                .and_then(Option::as_ref)
+                .is_none_or(|l| l.epoch != epoch)
+        });
+        let answer = async {
+            let response = self.shards.client.request(request).await.map_err(|e| {
+                if e.is_connect() {
+                    Sent::Refused(format!("could not connect to {address}: {e}"))
+                } else {
+                    Sent::Lost(format!("no answer from {address}: {e}"))
+                }
+            })?;
+            let status = response.status();
+            let bytes = Limited::new(response.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| Sent::Lost(format!("the answer from {address} broke off: {e}")))?
+                .to_bytes();
+            if status == hyper::StatusCode::MISDIRECTED_REQUEST {
+                return Err(Sent::Refused(String::from_utf8_lossy(&bytes).into_owned()));
+            }
+            if !status.is_success() {
+                return Err(Sent::Lost(format!(
+                    "{address} answered {status}: {}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+                )));
+            }
+            serde_json::from_slice(&bytes)
+                .map(|a| Sent::Answered(Box::new(a)))
+                .map_err(|e| Sent::Lost(format!("{address} answered something unreadable: {e}")))
+        };
+        tokio::select! {
+            sent = answer => sent.unwrap_or_else(|s| s),
+            _ = moved => Sent::Lost("the provider changed hands before it answered".into()),
+        }
+    }
+
+    fn unexpected(&self, which: Which, answer: Answer) -> CallError {
+        self.error(
+            which,
+            CallErrorKind::Peer(
+                format!("the provider's holder answered {answer:?} to a {which:?}").into(),
+            ),
+        )
+    }
+}
+
+/// Carries out `call` on a driver here: for the pool's own process, or for
+/// another through [`CALLS_PATH`].
+pub async fn execute(cloud: &dyn Cloud, call: wire::Call) -> Result<Answer, CallError> {
+    Ok(match call {
+        wire::Call::Create(spec) => {
+            Answer::Created(Box::new(cloud.create(spec.into()).await?.into()))
+        }
+        wire::Call::List(filter) => Answer::Listed(
+            cloud
+                .list(filter)
+                .await?
+                .into_iter()
+                .map(Into::into)
+                .collect(),
+        ),
+        wire::Call::Delete(id) => cloud.delete(&id).await?.into(),
+        wire::Call::SetTags { id, tags } => {
+            cloud.set_tags(&id, tags).await?;
+            Answer::Tagged
+        }
+    })
+}
+
+/// Carries out a call taken through [`Shards::accept`].
+pub async fn carry_out(providers: &Providers, p: usize, call: wire::Call) -> Answer {
+    let cloud = match providers.get(ProviderIx(p as u16)).await {
+        Ok(c) => c,
+        Err(e) => {
+            return Answer::Failed(wire::Error::Other(format!(
+                "the provider has not started: {e}"
+            )));
+        }
+    };
+    execute(&*cloud, call)
+        .await
+        .unwrap_or_else(|e| Answer::Failed(wire::Error::from(&e)))
+}
+
+impl Cloud for Routed {
+    fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>> {
+        Box::pin(async move {
+            match self
+                .run(Which::Create, wire::Call::Create(spec.into()))
+                .await?
+            {
+                Answer::Created(m) => Ok((*m).into()),
+                other => Err(self.unexpected(Which::Create, other)),
+            }
+        })
+    }
+
+    fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+        Box::pin(async move {
+            match self.run(Which::List, wire::Call::List(filter)).await? {
+                Answer::Listed(all) => Ok(all.into_iter().map(Into::into).collect()),
+                other => Err(self.unexpected(Which::List, other)),
+            }
+        })
+    }
+
+    fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>> {
+        Box::pin(async move {
+            match self
+                .run(Which::Delete, wire::Call::Delete(id.to_owned()))
+                .await?
+            {
+                Answer::Deleted { already_gone } => Ok(if already_gone {
+                    Deletion::AlreadyGone
+                } else {
+                    Deletion::Deleted
+                }),
+                other => Err(self.unexpected(Which::Delete, other)),
+            }
+        })
+    }
+
+    fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>> {
+        Box::pin(async move {
+            let call = wire::Call::SetTags {
+                id: id.to_owned(),
+                tags,
+            };
+            match self.run(Which::SetTags, call).await? {
+                Answer::Tagged => Ok(()),
+                other => Err(self.unexpected(Which::SetTags, other)),
+            }
+        })
+    }
+}

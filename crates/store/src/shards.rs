@@ -1,0 +1,229 @@
+//! The providers' leases: with several berth processes on one PostgreSQL
+//! pool, each provider is held by one process at a time (table
+//! `provider_lease`), which alone sends that provider's calls to its cloud.
+//! The leases spread over the live processes (table `members`): each
+//! process takes free leases up to its fair share, the number of providers
+//! over the number of live processes rounded up, and gives up what it holds
+//! beyond that share, so that a process that joins gets work and one that
+//! dies has its providers taken over once their leases expire.
+//!
+//! One statement does a heartbeat (`berth_shards`): it renews this
+//! process's membership and the leases it keeps, takes free ones (`FOR
+//! UPDATE SKIP LOCKED`, so processes beating together never wait on each
+//! other), and answers every lease as it now stands, the pool's too. A
+//! takeover bumps the lease's epoch.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_postgres::Client;
+
+use crate::pg::{Login, connect};
+use crate::{Claimant, StoreError};
+
+/// A heartbeat's statement: see the module docs and migration step 4.
+const BEAT: &str = "SELECT provider, holder, address, epoch, expires, remaining_ms, members \
+     FROM berth_shards($1, $2, $3, $4, $5)";
+
+/// One process's heartbeats, on a connection of its own
+/// ([`crate::PgStore::shards`]).
+pub struct PgShards {
+    login: Login,
+    me: Claimant,
+    /// The configured providers, in the config's order.
+    providers: Vec<String>,
+    connected: Option<(Client, tokio::task::JoinHandle<()>)>,
+}
+
+/// Every lease as one heartbeat found it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Roster {
+    /// When the heartbeat's statement was sent, by the monotonic clock;
+    /// `None` before the first one.
+    pub sent: Option<Instant>,
+    /// Processes whose membership has not expired, this one included.
+    pub members: u32,
+    /// Each configured provider's lease, in the config's order: `None`
+    /// while nobody holds it.
+    pub providers: Vec<Option<Lease>>,
+    /// The pool's lease (the process that decides), if anybody holds it.
+    pub pool: Option<Lease>,
+}
+
+/// A lease that has not expired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub holder: String,
+    /// Where the holder's API is reached.
+    pub address: String,
+    /// The fencing token: bumped at each takeover.
+    pub epoch: i64,
+    /// When it expires unrenewed, by the database's clock.
+    pub expires: SystemTime,
+    /// How long it had to run when the heartbeat read it.
+    pub remaining: Duration,
+}
+
+impl Roster {
+    /// How many providers a process should hold: the providers over the
+    /// live processes, rounded up.
+    pub fn share(&self) -> usize {
+        self.providers.len().div_ceil(self.members.max(1) as usize)
+    }
+
+    /// The providers (by index) whose lease `holder` holds.
+    pub fn held_by(&self, holder: &str) -> Vec<usize> {
+        (self.providers.iter().enumerate())
+            .filter(|(_, l)| l.as_ref().is_some_and(|l| l.holder == holder))
+            .map(|(i, _)| i)
+            .collect()
+    }
+}
+
+impl PgShards {
+    pub(crate) fn new(login: Login, me: Claimant, providers: Vec<String>) -> PgShards {
+        PgShards {
+            login,
+            me,
+            providers,
+            connected: None,
+        }
+    }
+
+    /// This process, as the leases name it.
+    pub fn me(&self) -> &Claimant {
+        &self.me
+    }
+
+    /// The configured providers, in the config's order.
+    pub fn providers(&self) -> &[String] {
+        &self.providers
+    }
+
+    async fn client(&mut self) -> Result<&Client, StoreError> {
+        if self.connected.as_ref().is_some_and(|(c, _)| c.is_closed()) {
+            self.disconnect();
+        }
+        if self.connected.is_none() {
+            self.connected = Some(connect(&self.login).await?);
+        }
+        Ok(&self.connected.as_ref().expect("connected above").0)
+    }
+
+    fn disconnect(&mut self) {
+        if let Some((_, task)) = self.connected.take() {
+            task.abort();
+        }
+    }
+
+    /// One heartbeat: renews this process's membership and the leases in
+    /// `keep` that it still holds, takes free ones up to its share, and
+    /// answers every lease as it stands.
+    pub async fn beat(&mut self, keep: &[String]) -> Result<Roster, StoreError> {
+        let ttl = i64::try_from(self.me.ttl.as_millis()).unwrap_or(i64::MAX);
+        let (holder, address, providers) = (
+            self.me.holder.clone(),
+            self.me.address.clone(),
+            self.providers.clone(),
+        );
+        let sent = Instant::now();
+        let rows = {
+            let client = self.client().await?;
+            client
+                .query(BEAT, &[&holder, &address, &ttl, &providers, &keep])
+                .await
+        };
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                if crate::pg::lost(&error) {
+                    self.disconnect();
+                }
+                return Err(StoreError::Postgres {
+                    doing: "renewing the providers' leases",
+                    error,
+                });
+            }
+        };
+        let mut roster = Roster {
+            sent: Some(sent),
+            providers: vec![None; self.providers.len()],
+            ..Roster::default()
+        };
+        for row in rows {
+            let name: Option<String> = row.get(0);
+            roster.members = u32::try_from(row.get::<_, i64>(6)).unwrap_or(u32::MAX);
+            let expires: Option<SystemTime> = row.get(4);
+            let lease = expires.map(|expires| Lease {
+                holder: row.get(1),
+                address: row.get(2),
+                epoch: row.get(3),
+                expires,
+                remaining: Duration::from_millis(u64::try_from(row.get::<_, i64>(5)).unwrap_or(0)),
+            });
+            match name {
+                None => roster.pool = lease,
+                Some(name) => {
+                    if let Some(i) = self.providers.iter().position(|p| *p == name) {
+                        roster.providers[i] = lease;
+                    }
+                }
+            }
+        }
+        Ok(roster)
+    }
+
+    /// Gives up `providers`' leases (those this process holds) at once, so
+    /// that another process takes them at its next heartbeat.
+    pub async fn release(&mut self, providers: &[String]) -> Result<(), StoreError> {
+        let holder = self.me.holder.clone();
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE provider_lease SET expires = clock_timestamp() \
+                 WHERE holder = $1 AND provider = ANY($2) AND expires > clock_timestamp()",
+                &[&holder, &providers],
+            )
+            .await
+            .map(drop)
+            .map_err(|error| StoreError::Postgres {
+                doing: "giving providers' leases up",
+                error,
+            })
+    }
+
+    /// Gives up every lease and the membership: a clean stop.
+    pub async fn leave(&mut self) -> Result<(), StoreError> {
+        let all = self.providers.clone();
+        self.release(&all).await?;
+        let holder = self.me.holder.clone();
+        let client = self.client().await?;
+        client
+            .execute("DELETE FROM members WHERE holder = $1", &[&holder])
+            .await
+            .map(drop)
+            .map_err(|error| StoreError::Postgres {
+                doing: "leaving the pool's members",
+                error,
+            })
+    }
+
+    /// The secret the processes on this pool show each other when one
+    /// carries out a call for another.
+    pub async fn peer_secret(&mut self) -> Result<String, StoreError> {
+        let client = self.client().await?;
+        client
+            .query_one("SELECT secret FROM peer_secret WHERE id = 1", &[])
+            .await
+            .map(|row| row.get(0))
+            .map_err(|error| StoreError::Postgres {
+                doing: "reading the pool's peer secret",
+                error,
+            })
+    }
+}
+
+impl Drop for PgShards {
+    fn drop(&mut self) {
+        self.disconnect();
+    }
+}
