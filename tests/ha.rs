@@ -215,6 +215,26 @@ impl Fleet {
             .collect()
     }
 
+    /// Three processes started on a [`Fleet::sharded`], once each holds
+    /// one provider: which process holds the pool, and each provider's
+    /// holder and epoch.
+    async fn spread_out() -> (Fleet, usize, Vec<(Option<usize>, i64)>) {
+        let mut fleet = Fleet::sharded(three_clouds().await, 3);
+        for i in 0..3 {
+            fleet.start(i).await;
+        }
+        let pool = fleet.until_held(30, "a holder of the pool").await;
+        let holders = until(30, "each process holds one provider", || async {
+            let all = fleet.shard_holders();
+            let mut held: Vec<usize> = all.iter().filter_map(|h| h.0).collect();
+            held.sort();
+            held.dedup();
+            (held.len() == 3).then_some(all)
+        })
+        .await;
+        (fleet, pool, holders)
+    }
+
     /// Each provider's cloud, by name.
     fn clouds(&self) -> Vec<(&str, &berth::sim::SimCloud)> {
         let all = std::iter::once(&self.sim).chain(&self.others);
@@ -237,15 +257,30 @@ impl Fleet {
             .collect()
     }
 
-    /// The cloud calls process `i` sent.
+    /// The cloud calls process `i` sent, to any of the clouds.
     fn calls_of(&self, i: usize) -> Vec<berth::sim::Call> {
         let me = format!("b{i}");
-        self.sim
-            .cloud
-            .calls()
-            .into_iter()
+        (self.clouds().into_iter())
+            .flat_map(|(_, cloud)| cloud.calls())
             .filter(|c| c.caller.as_deref() == Some(me.as_str()))
             .collect()
+    }
+
+    /// SIGSTOPs process `i` just after one of its calls has reached a
+    /// cloud, and returns when (ms since the epoch). So the pause does not
+    /// fall between a request's check at the drivers' gate and its bytes on
+    /// the wire: a request whose sending had begun before the pause still
+    /// arrives after it, as no process can take back bytes it has begun to
+    /// write (docs/high-availability.md).
+    async fn pause_between_calls(&self, i: usize) -> u64 {
+        let before = self.calls_of(i).len();
+        let end = Instant::now() + Duration::from_secs(30);
+        while self.calls_of(i).len() == before {
+            assert!(Instant::now() < end, "b{i} made no call in 30 s");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.get(i).signal(libc::SIGSTOP);
+        now_ms()
     }
 
     /// Waits until the process holding the pool is ready; returns it.
@@ -375,7 +410,7 @@ async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_ove
     assert!(!fleet.calls_of(0).is_empty());
     assert!(fleet.calls_of(1).is_empty(), "b1 stands by");
 
-    fleet.get(0).signal(libc::SIGSTOP);
+    fleet.pause_between_calls(0).await;
     let paused = Instant::now();
     // Anything b0 had already put on the wire lands now.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -683,19 +718,8 @@ impl Fleet {
 /// holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_providers_spread_over_the_processes_and_each_sends_only_its_own() {
-    let mut fleet = Fleet::sharded(three_clouds().await, 3);
-    for i in 0..3 {
-        fleet.start(i).await;
-    }
-    let pool = fleet.until_held(30, "a holder of the pool").await;
-    let holders = until(30, "each process holds one provider", || async {
-        let held: Vec<usize> = fleet.shard_holders().iter().filter_map(|h| h.0).collect();
-        let mut distinct = held.clone();
-        distinct.sort();
-        distinct.dedup();
-        (distinct.len() == 3).then_some(held)
-    })
-    .await;
+    let (mut fleet, pool, spread) = Fleet::spread_out().await;
+    let holders: Vec<usize> = spread.iter().map(|h| h.0.unwrap()).collect();
     let settled = now_ms();
     // Enough nodes to fill every provider (4 each, with the 2 kept ready).
     let mut ids = Vec::new();
@@ -751,6 +775,80 @@ async fn the_providers_spread_over_the_processes_and_each_sends_only_its_own() {
         );
         assert_eq!(status == 200, b == pool, "b{b}: {text}");
     }
+    fleet.assert_no_leak_and_no_double_create(pool).await;
+    for p in fleet.procs.iter_mut() {
+        p.take().unwrap().terminate().await.assert_success();
+    }
+}
+
+/// A provider's holder (not the pool's) stopped with SIGSTOP past its
+/// lease: another process takes the provider over with a new epoch and the
+/// pool's calls on it go on there; when the stopped one resumes, it sends
+/// nothing to any cloud (by the clouds' own records) until it has taken a
+/// provider again under a new lease, and then only on that provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_provider_holder_sends_nothing_once_its_provider_moved() {
+    let (mut fleet, pool, holders) = Fleet::spread_out().await;
+    let k = (0..3).find(|&k| holders[k].0 != Some(pool)).unwrap();
+    let (victim, epoch) = (holders[k].0.unwrap(), holders[k].1);
+    let name = SHARDS[k];
+
+    let stopped = fleet.pause_between_calls(victim).await;
+    // Anything it had already put on the wire lands now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (next, new_epoch) = until(30, "another process takes the provider over", || async {
+        let (h, e) = fleet.shard_holders()[k];
+        h.filter(|&h| h != victim).map(|h| (h, e))
+    })
+    .await;
+    assert!(new_epoch > epoch);
+    // The pool's calls on the provider go to its new holder: a request that
+    // needs new nodes everywhere is served.
+    let r = fleet.get(pool).request(CI, &[("small", 6)]).await;
+    fleet.get(pool).fulfilled(CI, &r.id).await;
+    until(30, "the new holder calls the provider's cloud", || async {
+        (fleet.calls_on(name).iter())
+            .any(|(i, c)| *i == next && c.at_ms >= stopped)
+            .then_some(())
+    })
+    .await;
+
+    fleet.get(victim).signal(libc::SIGCONT);
+    let resumed = now_ms();
+    // It takes a provider again only once the others give one up to it
+    // (their next beat at the soonest, a quarter of the TTL), and then
+    // only under a new lease: what it sends before that, or to a provider
+    // it does not hold, is a stale process acting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now: Vec<(Option<usize>, i64)> = fleet.shard_holders();
+    let mut regained = Vec::new();
+    for (j, provider) in SHARDS.iter().enumerate() {
+        for (i, c) in fleet.calls_on(provider) {
+            if i != victim || c.at_ms < resumed {
+                continue;
+            }
+            let after = c.at_ms - resumed;
+            assert!(
+                after >= 200 && now[j].0 == Some(victim),
+                "b{victim} called {provider} {after} ms after it resumed (it holds it now: {}): {c:?}",
+                now[j].0 == Some(victim)
+            );
+            if j == k {
+                assert!(
+                    now[j].1 > new_epoch,
+                    "{provider} again under epoch {}",
+                    now[j].1
+                );
+            }
+            regained.push((*provider, after));
+        }
+    }
+    regained.dedup_by_key(|r| r.0);
+    println!(
+        "{name}: b{victim} (epoch {epoch}) paused -> b{next} (epoch {new_epoch}); after it \
+         resumed, b{victim} called only provider(s) it took again, first after (provider, ms): \
+         {regained:?}"
+    );
     fleet.assert_no_leak_and_no_double_create(pool).await;
     for p in fleet.procs.iter_mut() {
         p.take().unwrap().terminate().await.assert_success();

@@ -52,6 +52,17 @@ fn config(sim: &SimServer, dir: &Path, store: &str) -> String {
         .to_string()
 }
 
+/// [`config`] with requestor leases of a minute, for a test whose client
+/// holds a node across a takeover without renewing.
+fn config_holding(sim: &SimServer, dir: &Path, store: &str) -> String {
+    let path = config(sim, dir, store);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let longer = text.replace("lease-ttl = \"3s\"", "lease-ttl = \"60s\"");
+    assert_ne!(longer, text);
+    std::fs::write(&path, longer).unwrap();
+    path
+}
+
 async fn nodes(server: &Berth) -> Vec<Value> {
     let (s, v) = server.call("GET", "/v1/nodes", Some(OPS), None).await;
     assert_eq!(s, 200, "{v}");
@@ -159,13 +170,13 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
     // A lease far longer than the takeover may take: only the first giving
     // it up lets the second in that soon.
     let store = store.replace("pool-lease-ttl = \"1s\"", "pool-lease-ttl = \"30s\"");
-    let cfg = config(&sim, dir.path(), &store);
+    let cfg = config_holding(&sim, dir.path(), &store);
     let first = Berth::start(&["--config", &cfg], dir.path()).await;
     first.until_ready(30, "the first holds the pool").await;
 
     let other = tempfile::tempdir().unwrap();
     std::fs::copy(dir.path().join("pgpass"), other.path().join("pgpass")).unwrap();
-    let cfg2 = config(&sim, other.path(), &store);
+    let cfg2 = config_holding(&sim, other.path(), &store);
     let second = Berth::start(&["--config", &cfg2], other.path()).await;
     let (s, e) = second.call("GET", "/readyz", None, None).await;
     assert_eq!(
@@ -246,7 +257,13 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
         .filter_map(|n| n["instance"].as_str().map(str::to_owned))
         .collect();
     known.sort();
-    assert_eq!(live_instances(&sim), known);
+    assert_eq!(
+        live_instances(&sim),
+        known,
+        "{:#?}\n{}",
+        nodes(&second).await,
+        second.log_text()
+    );
     assert!(
         psql(&url, "SELECT holder || ' ' || epoch FROM pool_lease")
             .unwrap()
@@ -430,7 +447,7 @@ async fn response_head(base: &str, request: &str) -> String {
 async fn store_migrate_moves_a_sqlite_pool_onto_postgres() {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&sim, dir.path(), "");
+    let cfg = config_holding(&sim, dir.path(), "");
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
     let request = server.request(CI, &[("small", 1)]).await;
     let mine = server.fulfilled(CI, &request.id).await.nodes[0].id.clone();
@@ -454,7 +471,7 @@ async fn store_migrate_moves_a_sqlite_pool_onto_postgres() {
 
     // The same config with the PostgreSQL store (the same state-dir).
     let (url, store) = database(dir.path(), None);
-    let cfg = config(&sim, dir.path(), &store);
+    let cfg = config_holding(&sim, dir.path(), &store);
     let migrate = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
             .args(["store", "migrate", "--config", &cfg])

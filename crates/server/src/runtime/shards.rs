@@ -243,6 +243,14 @@ impl Shards {
         let Some(p) = self.names.iter().position(|n| n == provider) else {
             return Err(format!("no provider {provider} is configured here"));
         };
+        self.take(p, pool_epoch).map(|running| (p, running))
+    }
+
+    /// Takes a call on provider `p` decided under the pool's lease of
+    /// `pool_epoch`, here or from another process: only while this process
+    /// holds `p`, last saw the pool under that epoch, and may send.
+    fn take(&self, p: usize, pool_epoch: i64) -> Result<Running<'_>, String> {
+        let provider = &self.names[p];
         if self.route(p) != Route::Here {
             return Err(format!(
                 "this process does not hold provider {provider} (now)"
@@ -264,7 +272,7 @@ impl Shards {
                 "this process's lease of provider {provider}, or the pool's, is not certain now"
             ));
         }
-        Ok((p, self.run(p)))
+        Ok(self.run(p))
     }
 
     /// A heartbeat's answer: opens the gates of the providers held here
@@ -482,15 +490,21 @@ impl Routed {
         while tokio::time::Instant::now() < give_up {
             roster.mark_unchanged();
             match self.shards.route(i) {
-                Route::Here => {
-                    let _running = self.shards.run(i);
-                    let cloud = self
-                        .providers
-                        .get(self.p)
-                        .await
-                        .map_err(|e| self.error(which, CallErrorKind::NotStarted(e)))?;
-                    return execute(&*cloud, call).await;
-                }
+                Route::Here => match self.shards.take(i, self.pool_epoch) {
+                    // The same checks as for a call from another process: a
+                    // call decided before this process was taken over is
+                    // not carried out here either; one decided just after
+                    // it took the pool over waits for its next beat.
+                    Ok(_running) => {
+                        let cloud = self
+                            .providers
+                            .get(self.p)
+                            .await
+                            .map_err(|e| self.error(which, CallErrorKind::NotStarted(e)))?;
+                        return execute(&*cloud, call).await;
+                    }
+                    Err(e) => why = format!("not carried out here yet: {e}"),
+                },
                 Route::There {
                     holder,
                     address,
