@@ -875,6 +875,8 @@ impl Loop {
                     _ = &mut *stop => return Ok(false),
                     Some(c) = inbox.commands.recv() => refuse(c, &why),
                     _ = tokio::time::sleep_until(retry) => break,
+                    // A holder that stopped cleanly announced it: now.
+                    () = pool_given_up(&self.shards) => break,
                 }
             }
             if lost {
@@ -911,9 +913,9 @@ impl Loop {
                     address: address.into(),
                 };
                 self.set_down(Some(why.clone()));
-                // Tried again once the lease could have expired, and at
-                // least every STANDBY_POLL, so a holder's clean stop (which
-                // frees the lease at once) is noticed soon.
+                // Tried again once the lease could have expired, at least
+                // every STANDBY_POLL, and at once when a holder's clean
+                // stop (which frees the lease) is announced.
                 wait = (expires_in + Duration::from_millis(5)).min(STANDBY_POLL);
                 continue;
             }
@@ -1277,6 +1279,15 @@ impl Loop {
                 "a requestor stopped renewing its lease; its pending requests failed and its nodes were taken back"
             ),
         }
+    }
+}
+
+/// Completes when the database announces that the pool's lease was given
+/// up; never without a shared store.
+async fn pool_given_up(shards: &Option<Arc<Shards>>) {
+    match shards {
+        Some(shards) => shards.pool_given_up().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -581,11 +581,13 @@ impl PgStore {
         let (Some(me), Some(held)) = (&self.claimant, self.holding.take()) else {
             return Ok(());
         };
+        // Announced, so that the processes standing by take it at once.
         self.client
             .execute(
-                "UPDATE pool_lease SET expires = clock_timestamp() \
-                 WHERE scope = 'pool' AND holder = $1 AND epoch = $2",
-                &[&me.holder, &held.epoch],
+                "WITH given AS (UPDATE pool_lease SET expires = clock_timestamp() \
+                   WHERE scope = 'pool' AND holder = $1 AND epoch = $2 RETURNING 1) \
+                 SELECT pg_notify($3, $4) FROM given",
+                &[&me.holder, &held.epoch, &LEASES_CHANNEL, &NOTIFY_POOL],
             )
             .await
             .map(drop)
@@ -776,25 +778,78 @@ struct Session {
     connection: tokio::task::JoinHandle<()>,
 }
 
+/// A new connection, with the password read now if it is in a file; the
+/// connection's half is for the caller to run.
+async fn dial(
+    login: &Login,
+) -> Result<
+    (
+        Client,
+        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+    ),
+    StoreError,
+> {
+    let mut settings = login.settings.clone();
+    if let Some(path) = &login.password_file {
+        settings.password(read_password(path)?);
+    }
+    settings
+        .connect(NoTls)
+        .await
+        .map_err(pg("connecting to PostgreSQL"))
+}
+
 /// Connects, with the password read now if it is in a file; the task that
 /// runs the connection ends with it.
 pub(super) async fn connect(
     login: &Login,
 ) -> Result<(Client, tokio::task::JoinHandle<()>), StoreError> {
-    let mut settings = login.settings.clone();
-    if let Some(path) = &login.password_file {
-        settings.password(read_password(path)?);
-    }
-    let (client, connection) = settings
-        .connect(NoTls)
-        .await
-        .map_err(pg("connecting to PostgreSQL"))?;
+    let (client, connection) = dial(login).await?;
     let connection = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::error!(error = %describe(&e), "the connection to PostgreSQL ended");
         }
     });
     Ok((client, connection))
+}
+
+/// The channel on which a lease given up is announced (`NOTIFY`), with
+/// the kind of lease as payload ([`NOTIFY_POOL`], [`NOTIFY_PROVIDERS`]).
+pub(super) const LEASES_CHANNEL: &str = "berth_leases";
+pub(super) const NOTIFY_POOL: &str = "pool";
+pub(super) const NOTIFY_PROVIDERS: &str = "providers";
+
+/// Connects as [`connect`] does, with the server's notifications (their
+/// payloads) passed on to the receiver returned.
+pub(super) async fn connect_listening(
+    login: &Login,
+) -> Result<
+    (
+        Client,
+        tokio::task::JoinHandle<()>,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+    ),
+    StoreError,
+> {
+    let (client, mut connection) = dial(login).await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        // Polling for messages is what drives the connection.
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                    let _ = tx.send(n.payload().to_owned());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::error!(error = %describe(&e), "the connection to PostgreSQL ended");
+                    break;
+                }
+                None => break,
+            }
+        }
+    });
+    Ok((client, task, rx))
 }
 
 /// Connects, and brings the schema up to date first.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::Client;
 
-use crate::pg::{Login, connect};
+use crate::pg::{LEASES_CHANNEL, Login, NOTIFY_PROVIDERS, connect_listening};
 use crate::{Claimant, StoreError};
 
 /// A heartbeat's statement: see the module docs and migration step 4.
@@ -32,6 +32,8 @@ pub struct PgShards {
     /// The configured providers, in the config's order.
     providers: Vec<String>,
     connected: Option<(Client, tokio::task::JoinHandle<()>)>,
+    /// Leases given up by any process, as the server announces them.
+    given_up: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
 }
 
 /// Every lease as one heartbeat found it.
@@ -86,6 +88,7 @@ impl PgShards {
             me,
             providers,
             connected: None,
+            given_up: None,
         }
     }
 
@@ -104,7 +107,19 @@ impl PgShards {
             self.disconnect();
         }
         if self.connected.is_none() {
-            self.connected = Some(connect(&self.login).await?);
+            let (client, task, given_up) = connect_listening(&self.login).await?;
+            let listen = client
+                .batch_execute(&format!("LISTEN {LEASES_CHANNEL}"))
+                .await;
+            if let Err(error) = listen {
+                task.abort();
+                return Err(StoreError::Postgres {
+                    doing: "listening for leases given up",
+                    error,
+                });
+            }
+            self.connected = Some((client, task));
+            self.given_up = Some(given_up);
         }
         Ok(&self.connected.as_ref().expect("connected above").0)
     }
@@ -112,6 +127,31 @@ impl PgShards {
     fn disconnect(&mut self) {
         if let Some((_, task)) = self.connected.take() {
             task.abort();
+        }
+        self.given_up = None;
+    }
+
+    /// Waits until a process gives a lease up (the pool's, or providers'),
+    /// and says which kind (`"pool"` or `"providers"`); several announced
+    /// at once come as one. Waits for ever while not connected.
+    pub async fn given_up(&mut self) -> String {
+        let Some(rx) = self.given_up.as_mut() else {
+            return std::future::pending().await;
+        };
+        match rx.recv().await {
+            Some(mut kind) => {
+                while let Ok(more) = rx.try_recv() {
+                    if more != kind {
+                        kind = "both".into();
+                    }
+                }
+                kind
+            }
+            None => {
+                // The connection ended: the next beat connects again.
+                self.given_up = None;
+                std::future::pending().await
+            }
         }
     }
 
@@ -177,11 +217,14 @@ impl PgShards {
     pub async fn release(&mut self, providers: &[String]) -> Result<(), StoreError> {
         let holder = self.me.holder.clone();
         let client = self.client().await?;
+        // Announced, so that the others take them at once.
         client
             .execute(
-                "UPDATE provider_lease SET expires = clock_timestamp() \
-                 WHERE holder = $1 AND provider = ANY($2) AND expires > clock_timestamp()",
-                &[&holder, &providers],
+                "WITH given AS (UPDATE provider_lease SET expires = clock_timestamp() \
+                   WHERE holder = $1 AND provider = ANY($2) AND expires > clock_timestamp() \
+                   RETURNING 1) \
+                 SELECT pg_notify($3, $4) FROM given LIMIT 1",
+                &[&holder, &providers, &LEASES_CHANNEL, &NOTIFY_PROVIDERS],
             )
             .await
             .map(drop)

@@ -1646,6 +1646,9 @@ async fn postgres_provider_leases_spread_over_the_live_processes() {
     let roster = a.beat(&all[..3]).await.unwrap();
     assert_eq!(roster.share(), 3);
     a.release(&all[3..]).await.unwrap();
+    // Announced to every process listening.
+    let heard = tokio::time::timeout(Duration::from_secs(5), b.given_up()).await;
+    assert_eq!(heard.as_deref(), Ok("providers"));
     let roster = b.beat(&[]).await.unwrap();
     assert_eq!(kept(&roster, "a"), all[..3]);
     assert_eq!(kept(&roster, "b"), all[3..]);
@@ -1702,6 +1705,13 @@ async fn postgres_provider_leases_spread_over_the_live_processes() {
     assert!(matches!(holder.claim().await.unwrap(), Tenure::Held(_)));
     let pool = b.beat(&keep_b).await.unwrap().pool.unwrap();
     assert_eq!((pool.holder.as_str(), pool.epoch), ("d", 1));
+    // The pool's lease given up is announced too.
+    Store::release(&mut holder).await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(5), async {
+        while b.given_up().await == "providers" {}
+    })
+    .await;
+    assert!(heard.is_ok(), "the pool's lease given up was not announced");
 
     // One secret for all.
     let secret = a.peer_secret().await.unwrap();

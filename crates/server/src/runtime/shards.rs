@@ -88,6 +88,9 @@ pub struct Shards {
     running: Vec<AtomicUsize>,
     /// Woken when a running call ends, or a beat is wanted now.
     nudge: Notify,
+    /// Woken when a process has given the pool's lease up (`NOTIFY`), so
+    /// that a process standing by takes it at once.
+    pool_given_up: Notify,
     secret: String,
     client: Client<HttpConnector, Full<Bytes>>,
 }
@@ -165,6 +168,7 @@ impl Shards {
             roster: watch::Sender::new(Arc::new(Roster::default())),
             leaving: Mutex::new(HashSet::new()),
             nudge: Notify::new(),
+            pool_given_up: Notify::new(),
             secret,
             client: Client::builder(TokioExecutor::new()).build(connector),
         });
@@ -223,6 +227,12 @@ impl Shards {
             },
             None => Route::Nowhere,
         }
+    }
+
+    /// Completes when a process gives the pool's lease up, as the database
+    /// announces it (a clean stop); only a waiter already waiting is woken.
+    pub async fn pool_given_up(&self) {
+        self.pool_given_up.notified().await;
     }
 
     /// Counts a call as running on `p`.
@@ -369,8 +379,8 @@ impl Shards {
 }
 
 /// Beats every quarter of the TTL, at least every [`BEAT_MAX`], and sooner
-/// when nudged; gives up the providers past this process's share once
-/// drained.
+/// when nudged or when the database announces leases given up; gives up
+/// the providers past this process's share once drained.
 async fn keep_beating(
     shards: Arc<Shards>,
     mut pg: PgShards,
@@ -422,6 +432,14 @@ async fn keep_beating(
             grace = &mut stop => break grace.unwrap_or(Duration::ZERO),
             () = tokio::time::sleep(wait) => {}
             () = shards.nudge.notified() => {}
+            // Leases given up (a clean stop, spreading out) are taken at
+            // once, not at the next beat.
+            kind = pg.given_up() => {
+                tracing::info!(%kind, "a berth process gave leases up: looking at the leases now");
+                if kind != "providers" {
+                    shards.pool_given_up.notify_waiters();
+                }
+            }
         }
     };
     // Stopping: no new call is taken; those running end first, within the
