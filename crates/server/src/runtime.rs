@@ -243,12 +243,12 @@ impl Handle {
         self.providers.drivers()
     }
 
-    /// The providers: how each one's start went, its driver's stats.
     /// The providers' leases, with a store shared by several processes.
     pub fn shards(&self) -> Option<&Arc<Shards>> {
         self.shards.as_ref()
     }
 
+    /// The providers: how each one's start went, its driver's stats.
     pub fn providers(&self) -> &Arc<Providers> {
         &self.providers
     }
@@ -489,13 +489,15 @@ impl Service {
     /// call still running after `grace` is abandoned; its intent is stored,
     /// so the next start resolves it.
     pub async fn stop_within(mut self, grace: Duration) -> Result<(), PoolError> {
-        if let Some(outcome) = self.outcome.take() {
-            return outcome;
-        }
-        if let Some(s) = self.shutdown.take() {
-            let _ = s.send(grace);
-        }
-        let outcome = (&mut self.task).await.unwrap_or_else(|e| Err(panicked(e)));
+        let outcome = match self.outcome.take() {
+            Some(outcome) => outcome,
+            None => {
+                if let Some(s) = self.shutdown.take() {
+                    let _ = s.send(grace);
+                }
+                (&mut self.task).await.unwrap_or_else(|e| Err(panicked(e)))
+            }
+        };
         // Calls this process carries out for another holder of the pool
         // end (within the grace) before its providers are given up.
         if let Some(beating) = self.beating.take() {
