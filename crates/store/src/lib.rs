@@ -15,6 +15,8 @@
 //! the pool at a time, under a lease with an epoch ([`Store::claim`]); each
 //! of its commits renews the lease in the same transaction and fails as
 //! [`StoreError::Fenced`] once another process has taken the pool over.
+//! Each provider is held by one of them at a time too, under a lease of its
+//! own that spreads over the live processes ([`PgShards`]).
 //! ARCHITECTURE.md ("Several berth processes, one pool") has the whole
 //! story.
 
