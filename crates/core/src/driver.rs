@@ -29,6 +29,7 @@ pub const SLOT_LABEL_TAG: &str = "berth-slot-label";
 pub const BERTH_TAG_PREFIX: &str = "berth-";
 
 /// Lifecycle state of an instance as the cloud reports it.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::Display)]
 #[strum(serialize_all = "kebab-case")]
 pub enum InstanceState {
@@ -40,6 +41,7 @@ pub enum InstanceState {
 }
 
 /// Network addresses of an instance.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Addresses {
     pub public_ipv4: Option<String>,
@@ -49,6 +51,7 @@ pub struct Addresses {
 }
 
 /// How a client logs in to an instance.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Connection {
     pub username: Option<String>,
@@ -57,6 +60,7 @@ pub struct Connection {
 }
 
 /// One cloud machine as a driver reports it.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Instance {
     pub id: String,
@@ -69,6 +73,7 @@ pub struct Instance {
 }
 
 /// What to create.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreateSpec {
     pub node_id: String,
@@ -82,6 +87,7 @@ pub struct CreateSpec {
 }
 
 /// What a capacity error applies to.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CapacityScope {
     InstanceType(String),
@@ -91,6 +97,7 @@ pub enum CapacityScope {
 /// A typed error value returned by a driver. The host acts on the variant;
 /// the message is for people.
 /// Its kind in a word (`rate-limited`) is `<&str>::from(&error)`.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 #[strum(serialize_all = "kebab-case")]
 pub enum DriverError {

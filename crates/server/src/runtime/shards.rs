@@ -638,17 +638,8 @@ impl Routed {
 /// another through [`CALLS_PATH`].
 pub async fn execute(cloud: &dyn Cloud, call: wire::Call) -> Result<Answer, CallError> {
     Ok(match call {
-        wire::Call::Create(spec) => {
-            Answer::Created(Box::new(cloud.create(spec.into()).await?.into()))
-        }
-        wire::Call::List(filter) => Answer::Listed(
-            cloud
-                .list(filter)
-                .await?
-                .into_iter()
-                .map(Into::into)
-                .collect(),
-        ),
+        wire::Call::Create(spec) => Answer::Created(Box::new(cloud.create(spec).await?)),
+        wire::Call::List(filter) => Answer::Listed(cloud.list(filter).await?),
         wire::Call::Delete(id) => cloud.delete(&id).await?.into(),
         wire::Call::SetTags { id, tags } => {
             cloud.set_tags(&id, tags).await?;
@@ -675,11 +666,8 @@ pub async fn carry_out(providers: &Providers, p: usize, call: wire::Call) -> Ans
 impl Cloud for Routed {
     fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>> {
         Box::pin(async move {
-            match self
-                .run(Which::Create, wire::Call::Create(spec.into()))
-                .await?
-            {
-                Answer::Created(m) => Ok((*m).into()),
+            match self.run(Which::Create, wire::Call::Create(spec)).await? {
+                Answer::Created(instance) => Ok(*instance),
                 other => Err(self.unexpected(Which::Create, other)),
             }
         })
@@ -688,7 +676,7 @@ impl Cloud for Routed {
     fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
         Box::pin(async move {
             match self.run(Which::List, wire::Call::List(filter)).await? {
-                Answer::Listed(all) => Ok(all.into_iter().map(Into::into).collect()),
+                Answer::Listed(all) => Ok(all),
                 other => Err(self.unexpected(Which::List, other)),
             }
         })
