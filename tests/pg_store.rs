@@ -250,7 +250,10 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
     let log = second.log_text();
     assert!(log.contains("this process took the pool over"), "{log}");
     // Woken by the first's announcement, not by its own polling.
-    assert!(log.contains("a berth process gave leases up"), "{log}");
+    assert!(
+        log.contains("the pool's lease was given up: asking for it now"),
+        "{log}"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(creates(&sim.cloud), created, "no create after the takeover");
     let mut known: Vec<String> = nodes(&second)

@@ -878,7 +878,10 @@ impl Loop {
                     Some(c) = inbox.commands.recv() => refuse(c, &why),
                     _ = tokio::time::sleep_until(retry) => break,
                     // A holder that stopped cleanly announced it: now.
-                    () = pool_given_up(&self.shards) => break,
+                    () = pool_given_up(&self.shards) => {
+                        tracing::info!("the pool's lease was given up: asking for it now");
+                        break;
+                    }
                 }
             }
             if lost {
