@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::serve::{CI, OPS, serve_config_with};
 use crate::support::postgres::{PgCluster, psql};
-use crate::support::server::{Berth, Launch, until};
+use crate::support::server::{Berth, Launch, http_raw, until};
 use crate::support::{SimServer, creates, live, plugin, workspace};
 
 /// A fresh database: its url with the password (for psql) and a `[store]`
@@ -275,6 +275,86 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
             .ends_with(" 2")
     );
     second.terminate().await.assert_success();
+}
+
+/// `POST /internal/v1/calls` (a driver call handed over by the pool's
+/// holder) through the binary: without the pool's peer secret it is 401,
+/// an unreadable call 400, a call for a provider this process does not hold
+/// or under another pool epoch 421 (nothing done), and a right one is
+/// carried out; the pool serves on. A process with a store of its own has
+/// no such endpoint (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_call_endpoint_refuses_what_it_cannot_trust() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, store) = database(dir.path(), None);
+    let cfg = config(&sim, dir.path(), &store);
+    let berth = Berth::start(&["--config", &cfg], dir.path()).await;
+    berth.until_ready(30, "it holds the pool").await;
+    let peer = |secret: Option<&str>, body: &str| {
+        let mut req = format!(
+            "POST /internal/v1/calls HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        if let Some(secret) = secret {
+            req.push_str(&format!("x-berth-peer: {secret}\r\n"));
+        }
+        req.push_str(&format!("\r\n{body}"));
+        let base = berth.base.clone();
+        async move { http_raw(&base, req.as_bytes()).await.unwrap() }
+    };
+    let secret = psql(&url, "SELECT secret FROM peer_secret").unwrap();
+    let epoch = psql(&url, "SELECT epoch FROM pool_lease").unwrap();
+    let list = |provider: &str, epoch: &str| {
+        format!(
+            r#"{{"provider":"{provider}","pool_epoch":{epoch},"call":{{"list":{{"berth-pool":"serve-test"}}}}}}"#
+        )
+    };
+
+    let right = list("sim", &epoch);
+    assert_eq!(peer(None, &right).await.0, 401);
+    assert_eq!(peer(Some("nope"), &right).await.0, 401);
+    let wrong = format!("{}0", &secret[..secret.len() - 1]);
+    assert_eq!(peer(Some(&wrong), &right).await.0, 401);
+    let (s, said) = peer(Some(&secret), r#"{"provider":"#).await;
+    assert_eq!(s, 400, "{said}");
+    let (s, said) = peer(Some(&secret), &list("nonesuch", &epoch)).await;
+    assert_eq!(
+        (s, said.contains("no provider nonesuch")),
+        (421, true),
+        "{said}"
+    );
+    let (s, said) = peer(Some(&secret), &list("sim", "7")).await;
+    assert_eq!((s, said.contains("epoch 7")), (421, true), "{said}");
+
+    let (s, said) = peer(Some(&secret), &right).await;
+    assert_eq!(s, 200, "{said}");
+    let answer: Value = serde_json::from_str(&said).unwrap();
+    let listed = answer["listed"].as_array().expect("a list answer");
+    assert_eq!(listed.len(), live_instances(&sim).len(), "{said}");
+    // It serves on.
+    let r = berth.request(CI, &[("small", 1)]).await;
+    berth.fulfilled(CI, &r.id).await;
+    berth.terminate().await.assert_success();
+
+    let own = tempfile::tempdir().unwrap();
+    let cfg = config(&sim, own.path(), "");
+    let alone = Berth::start(&["--config", &cfg], own.path()).await;
+    let (s, said) = http_raw(
+        &alone.base,
+        format!(
+            "POST /internal/v1/calls HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nx-berth-peer: {secret}\r\n\
+             Content-Length: {}\r\n\r\n{right}",
+            right.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s, 404, "{said}");
+    alone.terminate().await.assert_success();
 }
 
 #[tokio::test]
