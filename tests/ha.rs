@@ -192,25 +192,31 @@ impl Fleet {
     /// lease's epoch (`None` for one held by no running process, or
     /// expired).
     fn shard_holders(&self) -> Vec<(Option<usize>, i64)> {
+        // One psql for all of them (-A: `|` between the columns).
+        let rows = psql(
+            &self.url,
+            "SELECT provider, CASE WHEN expires > clock_timestamp() THEN address ELSE '' END, \
+             epoch FROM provider_lease",
+        )
+        .unwrap_or_default();
+        let by_name: BTreeMap<&str, (&str, i64)> = (rows.lines())
+            .filter_map(|row| {
+                let mut cols = row.split('|');
+                let (name, address, epoch) = (cols.next()?, cols.next()?, cols.next()?);
+                Some((name, (address, epoch.parse().unwrap_or(0))))
+            })
+            .collect();
         SHARDS
             .iter()
             .map(|name| {
-                let row = psql(
-                    &self.url,
-                    &format!(
-                        "SELECT CASE WHEN expires > clock_timestamp() THEN address ELSE '' END \
-                         || ' ' || epoch FROM provider_lease WHERE provider = '{name}'"
-                    ),
-                )
-                .unwrap_or_default();
-                let Some((address, epoch)) = row.rsplit_once(' ') else {
+                let Some(&(address, epoch)) = by_name.get(name) else {
                     return (None, 0);
                 };
                 let holder = self
                     .procs
                     .iter()
                     .position(|p| p.as_ref().is_some_and(|b| b.base == address));
-                (holder, epoch.parse().unwrap_or(0))
+                (holder, epoch)
             })
             .collect()
     }
