@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use crate::pg_store::{database, store_table};
-use crate::serve::{CI, OPS, serve_config_for};
+use crate::serve::{CI, OPS, serve_config_for, set_lease_ttl};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, http, until};
 use crate::support::{SimServer, live, plugin};
@@ -147,10 +147,7 @@ impl Fleet {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::copy(root.path().join("pgpass"), dir.join("pgpass")).unwrap();
             let path = serve_config_for(&dir, driver, &provider(&sim, i), small, store);
-            let text = std::fs::read_to_string(&path).unwrap();
-            let longer = text.replace("lease-ttl = \"3s\"", "lease-ttl = \"60s\"");
-            assert_ne!(longer, text);
-            std::fs::write(&path, longer).unwrap();
+            set_lease_ttl(&path, "60s");
             configs.push(path);
         }
         Fleet {

@@ -44,6 +44,15 @@ pub(crate) fn serve_config_with(
     serve_config_for(dir, driver, &keys, small, extra)
 }
 
+/// Sets the requestors' `lease-ttl` of the config at `path`, written by
+/// [`serve_config_for`] (3 s there), to `ttl`.
+pub(crate) fn set_lease_ttl(path: &Path, ttl: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let set = text.replace("lease-ttl = \"3s\"", &format!("lease-ttl = {ttl:?}"));
+    assert_ne!(set, text);
+    std::fs::write(path, set).unwrap();
+}
+
 /// The config of [`serve_config_with`] for any driver: provider `sim` on
 /// `driver` with `provider` as its other keys (`allow-hosts`, `config`).
 pub(crate) fn serve_config_for(
@@ -571,6 +580,54 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
     .await;
     let live = live(&sim.cloud).len();
     assert_eq!(live, 2);
+    server.terminate().await.assert_success();
+}
+
+/// A client cannot renew its lease while berth is down. Its lease (6 s
+/// here) expired during a 7 s outage, and the restarted berth gives every
+/// lease one full TTL before it takes anything back: the client that renews
+/// within it keeps its node, the one that does not loses its node then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_expired_while_berth_was_down_gets_a_full_ttl_to_be_renewed() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config(&sim, dir.path());
+    set_lease_ttl(&config, "6s");
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let mut held = Vec::new();
+    for token in [CI, OTHER] {
+        let request = server.request(token, &[("small", 1)]).await;
+        held.push(
+            server.fulfilled(token, &request.id).await.nodes[0]
+                .id
+                .clone(),
+        );
+    }
+    server.signal(libc::SIGKILL);
+    server.exit_within(Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready again").await;
+    let state = |id: String| {
+        let server = &server;
+        async move {
+            let path = format!("/v1/nodes/{id}");
+            let (_, n) = server.call("GET", &path, Some(OPS), None).await;
+            n["state"].as_str().unwrap_or_default().to_owned()
+        }
+    };
+    for id in &held {
+        assert_eq!(state(id.clone()).await, "in-use", "{}", server.log_text());
+    }
+    let (s, _) = server.call("POST", "/v1/lease", Some(CI), None).await;
+    assert_eq!(s, 200);
+    until(30, "the silent client's node taken back", || async {
+        (state(held[1].clone()).await != "in-use").then_some(())
+    })
+    .await;
+    assert_eq!(state(held[0].clone()).await, "in-use");
     server.terminate().await.assert_success();
 }
 

@@ -291,6 +291,12 @@ impl Pool {
 
     /// A pool resumed from what a store held. No call is in flight; nodes
     /// left creating or deleting are resolved after each provider's first list.
+    ///
+    /// Every requestor's lease runs at least one `lease_ttl` from `now`:
+    /// while no process decided (berth was down, a failover, the store out
+    /// of reach) renewals were refused, and a requestor that kept trying
+    /// must not lose its nodes for that. One that stopped renewing loses
+    /// them one lease later.
     pub fn restore(config: Arc<Config>, seed: u64, snapshot: Snapshot, now: Time) -> Pool {
         let mut pool = Pool::new(config, seed);
         for node in snapshot.nodes {
@@ -303,8 +309,13 @@ impl Pool {
             pool.timers_for_request(&req);
             pool.requests.insert(req.id, req);
         }
+        let grace = now + pool.config.lease_ttl;
         for lease in snapshot.leases {
-            pool.leases.restore(lease);
+            if lease.expires < grace {
+                pool.leases.renew(&lease.requestor, grace);
+            } else {
+                pool.leases.restore(lease);
+            }
         }
         let ids: Vec<NodeId> = pool.nodes.keys().copied().collect();
         for id in ids {

@@ -1508,20 +1508,62 @@ fn a_client_that_stops_renewing_its_lease_loses_its_requests_and_nodes() {
 
 #[test]
 fn leases_survive_a_restart_and_still_expire() {
-    let mut h = one(|_| {});
-    h.renew("ci", secs(60));
+    let mut h = one(|c| c.lease_ttl = secs(60));
+    h.renew("ci", secs(600));
     let r = h.submit_as("ci", &[("a", 1)], 0);
     settle(&mut h);
     assert!(h.fulfilled(r));
     h.crash();
     settle(&mut h);
-    assert_eq!(h.pool.lease("ci"), Some(h.now + secs(60)));
-    h.advance(secs(61));
+    assert_eq!(
+        h.pool.lease("ci"),
+        Some(h.now + secs(600)),
+        "kept as stored"
+    );
+    h.advance(secs(601));
     ok(&h);
     let n = h.pool.request(r).unwrap().nodes[0];
     assert!(h.pool.node(n).unwrap().state.is_final());
     h.crash();
     assert_eq!(h.pool.lease("ci"), None, "the expiry was stored");
+}
+
+/// A requestor cannot renew while no process decides (berth down, a
+/// failover): a lease that expired meanwhile, or is about to, runs one full
+/// `lease_ttl` from the restart, and is stored so; a requestor that renews
+/// within it keeps its nodes, and one that does not loses them then.
+#[test]
+fn a_restart_gives_every_lease_one_full_ttl_to_be_renewed() {
+    let mut h = one(|c| c.lease_ttl = secs(60));
+    h.renew("ci", secs(60));
+    h.renew("gone", secs(60));
+    let kept = h.submit_as("ci", &[("a", 1)], 0);
+    let lost = h.submit_as("gone", &[("a", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(kept) && h.fulfilled(lost));
+    // Down for five minutes (no step ran): both leases expired while nobody
+    // could renew.
+    h.now = h.now + secs(300);
+    h.crash();
+    settle(&mut h);
+    assert_eq!(h.pool.lease("ci"), Some(h.now + secs(60)));
+    assert!(
+        h.fulfilled(kept) && h.fulfilled(lost),
+        "nothing taken back at once"
+    );
+    let stored = h.store.snapshot().leases;
+    assert!(
+        stored.iter().all(|l| l.expires == h.now + secs(60)) && stored.len() == 2,
+        "the grace was stored: {stored:?}"
+    );
+    h.advance(secs(30));
+    h.renew("ci", secs(60));
+    h.advance(secs(31));
+    ok(&h);
+    let node = |r| h.pool.node(h.pool.request(r).unwrap().nodes[0]).unwrap();
+    assert!(matches!(node(kept).state, NodeState::InUse { .. }));
+    assert!(node(lost).state.is_final(), "{:?}", node(lost).state);
+    assert_eq!(h.pool.lease("gone"), None);
 }
 
 #[test]
