@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::serve::{CI, OPS, serve_config_with};
+use crate::serve::{CI, OPS, serve_config_with, set_lease_ttl};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, Launch, http_raw, until};
 use crate::support::{SimServer, creates, live, plugin, workspace};
@@ -56,10 +56,7 @@ fn config(sim: &SimServer, dir: &Path, store: &str) -> String {
 /// holds a node across a takeover without renewing.
 fn config_holding(sim: &SimServer, dir: &Path, store: &str) -> String {
     let path = config(sim, dir, store);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let longer = text.replace("lease-ttl = \"3s\"", "lease-ttl = \"60s\"");
-    assert_ne!(longer, text);
-    std::fs::write(&path, longer).unwrap();
+    set_lease_ttl(Path::new(&path), "60s");
     path
 }
 
@@ -357,6 +354,77 @@ async fn the_peer_call_endpoint_refuses_what_it_cannot_trust() {
     alone.terminate().await.assert_success();
 }
 
+/// Another writer (an operator's SQL, a process the lease did not stop)
+/// takes both ready nodes out of service in the database. berth's next
+/// commit that hands one out is conditional on the row as berth last read
+/// it, so it is refused whole; berth reloads the pool from the store and
+/// decides again on what is stored: neither retired node is handed out or
+/// written over, and the request is served by a node launched for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_over_rows_another_writer_changed_is_refused_and_decided_again() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, store) = database(dir.path(), None);
+    let cfg = config(&sim, dir.path(), &store);
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let ready: Vec<String> = until(30, "two ready nodes", || async {
+        let n = nodes(&server).await;
+        let ready: Vec<String> = n
+            .iter()
+            .filter(|n| n["state"] == "ready")
+            .filter_map(|n| n["id"].as_str().map(str::to_owned))
+            .collect();
+        (ready.len() == 2).then_some(ready)
+    })
+    .await;
+    let retired = psql(
+        &url,
+        "UPDATE nodes SET state = 'failed', reason = 'retired by hand', version = version + 1 \
+         WHERE state = 'ready' RETURNING id",
+    )
+    .unwrap();
+    assert_eq!(retired.lines().count(), 2, "{retired}");
+
+    // The commit that would hand a retired node out is refused; the call is
+    // answered 503 while the pool reloads, and served once asked again.
+    let body = serde_json::json!({"labels": {"small": 1}});
+    let id = until(30, "a request taken", || async {
+        let (s, v) = server
+            .call("POST", "/v1/requests", Some(CI), Some(body.clone()))
+            .await;
+        match s {
+            201 => Some(v["id"].as_str().unwrap().to_owned()),
+            503 => None,
+            _ => panic!("{s} {v}"),
+        }
+    })
+    .await;
+    let done = server.fulfilled(CI, &id).await;
+    let handed = &done.nodes[0].id;
+    assert!(
+        !ready.contains(handed),
+        "a retired node was handed out: {handed}"
+    );
+    let log = server.log_text();
+    assert!(
+        log.contains("a commit was refused") && log.contains("after a refused commit"),
+        "{log}"
+    );
+    for id in &ready {
+        let row = psql(
+            &url,
+            &format!("SELECT state || ' ' || reason FROM nodes WHERE id = '{id}'"),
+        )
+        .unwrap();
+        assert_eq!(row, "failed retired by hand", "{id} written over");
+        let (_, n) = server
+            .call("GET", &format!("/v1/nodes/{id}"), Some(OPS), None)
+            .await;
+        assert_eq!(n["state"], "failed", "{n}");
+    }
+    server.terminate().await.assert_success();
+}
+
 #[tokio::test]
 async fn a_wrong_password_ends_the_start_naming_the_database() {
     let sim = SimServer::start().await;
@@ -374,6 +442,63 @@ async fn a_wrong_password_ends_the_start_naming_the_database() {
     );
     assert!(log.contains("password authentication failed"), "{log}");
     assert!(!log.contains("not-the-password"), "{log}");
+}
+
+/// With `sslmode=verify-full` and the server's CA as `ca-file`, every
+/// connection berth makes is TLS, as the server itself reports; without the CA, the same server's
+/// certificate is not trusted and the start ends saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_reaches_postgres_over_tls_only_with_a_certificate_it_trusts() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = PgCluster::shared(&workspace());
+    let (url, store) = database(dir.path(), None);
+    let database_name = url.rsplit('/').next().unwrap().to_owned();
+    let tls = |extra: &str| {
+        store.replacen(
+            "\"\npassword-file",
+            &format!("?sslmode=verify-full\"\n{extra}password-file"),
+            1,
+        )
+    };
+    let ca = format!("ca-file = {:?}\n", cluster.ca_file().display().to_string());
+    let cfg = config(&sim, dir.path(), &tls(&ca));
+    assert!(
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .contains("sslmode=verify-full")
+    );
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let request = server.request(CI, &[("small", 1)]).await;
+    server.fulfilled(CI, &request.id).await;
+    let sessions = psql(
+        &url,
+        &format!(
+            "SELECT count(*) FILTER (WHERE s.ssl) || ' of ' || count(*) \
+             FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name = 'berth' AND a.datname = '{database_name}'"
+        ),
+    )
+    .unwrap();
+    let (tls_count, all) = sessions.split_once(" of ").unwrap();
+    assert_eq!(tls_count, all, "sessions over TLS: {sessions}");
+    // The pool's connection and the leases' (driver records connect when a
+    // driver first keeps one).
+    assert!(all.parse::<u32>().unwrap() >= 2, "{sessions}");
+    server.terminate().await.assert_success();
+
+    // The system's roots do not include this cluster's own CA.
+    let untrusted = config(&sim, dir.path(), &tls(""));
+    let exited = Berth::spawn(Launch::new(&["--config", &untrusted], dir.path()))
+        .exit_within(Duration::from_secs(60))
+        .await;
+    assert_ne!(exited.status.code(), Some(0));
+    let log = exited.log_text();
+    assert!(
+        log.contains("opening the PostgreSQL store postgres://berth@127.0.0.1:")
+            && log.contains("invalid peer certificate"),
+        "{log}"
+    );
 }
 
 /// A process sharing a pool that listens on every address cannot tell the

@@ -151,6 +151,12 @@ impl PgCluster {
         &self.password
     }
 
+    /// The certificate (PEM) of the CA that signed the server's TLS
+    /// certificate, which names 127.0.0.1 and localhost.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
     /// The cluster's directory: `data/` (the data directory), `log` (the
     /// server's log), `password`.
     pub fn dir(&self) -> &Path {

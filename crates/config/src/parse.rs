@@ -228,17 +228,23 @@ fn index_value(
 /// store's password file missing.
 pub fn check_files(config: &Settings) -> Vec<Problem> {
     let mut problems = Vec::new();
-    if let Some(Postgres {
-        password: Some(Password::File(file)),
-        ..
-    }) = &config.store.postgres
-        && let Err(e) = std::fs::File::open(file)
-    {
-        problems.push(Problem {
-            path: "store.password-file".into(),
-            message: format!("cannot read {}: {e}", file.display()),
-            location: None,
-        });
+    let store_files = config.store.postgres.iter().flat_map(|pg| {
+        let password = match &pg.password {
+            Some(Password::File(file)) => Some(("store.password-file", file)),
+            _ => None,
+        };
+        password
+            .into_iter()
+            .chain(pg.ca_file.iter().map(|f| ("store.ca-file", f)))
+    });
+    for (path, file) in store_files {
+        if let Err(e) = std::fs::File::open(file) {
+            problems.push(Problem {
+                path: path.into(),
+                message: format!("cannot read {}: {e}", file.display()),
+                location: None,
+            });
+        }
     }
     for (p, d) in config.pool.providers.iter().zip(&config.drivers) {
         let shown = d.driver.display();
@@ -667,12 +673,19 @@ impl Walker<'_> {
         let password = self.secret(&mut s, "password", false);
         let password_file = self.string(&mut s, "password-file");
         let lease_ttl = self.duration(&mut s, "pool-lease-ttl");
+        let ca_file = self.string(&mut s, "ca-file");
         let postgres = match url {
             None => {
                 for key in ["password", "password-file"] {
                     if t.contains_key(key) {
                         self.problem(s.at(key), "only a PostgreSQL store (`url`) has a password");
                     }
+                }
+                if ca_file.is_some() {
+                    self.problem(
+                        s.at("ca-file"),
+                        "only a PostgreSQL store (`url`) connects over TLS",
+                    );
                 }
                 if lease_ttl.is_some() {
                     self.problem(
@@ -691,7 +704,13 @@ impl Walker<'_> {
                          is its own `synchronous_commit` setting",
                     );
                 }
-                self.postgres_url(&s.at("url"), &url);
+                let tls = self.postgres_url(&s.at("url"), &url);
+                if ca_file.is_some() && !tls {
+                    self.problem(
+                        s.at("ca-file"),
+                        "applies only over TLS: add sslmode=verify-full (or require) to the url",
+                    );
+                }
                 let password = match (password, password_file) {
                     (Some(_), Some(_)) => {
                         self.problem(
@@ -715,6 +734,7 @@ impl Walker<'_> {
                     url,
                     password,
                     lease_ttl,
+                    ca_file: ca_file.map(|f| base.join(f)),
                 })
             }
         };
@@ -722,34 +742,37 @@ impl Walker<'_> {
         StoreSettings { sync, postgres }
     }
 
-    /// Checks a PostgreSQL url: the scheme, a user and a host, and no
-    /// password in it.
-    fn postgres_url(&mut self, at: &str, text: &str) {
+    /// Checks a PostgreSQL url: the scheme, a user and a host, no password
+    /// in it, and an `sslmode` berth knows. Returns whether it asks for TLS.
+    fn postgres_url(&mut self, at: &str, text: &str) -> bool {
         let url = match url::Url::parse(text) {
             Ok(u) => u,
             Err(e) => {
-                return self.problem(
+                self.problem(
                     at,
                     format!("`{text}` is not a url such as postgres://berth@db.example/berth: {e}"),
                 );
+                return false;
             }
         };
         if !matches!(url.scheme(), "postgres" | "postgresql") {
-            return self.problem(
+            self.problem(
                 at,
                 format!(
                     "`{}:` is not a PostgreSQL url; it starts with postgres://",
                     url.scheme()
                 ),
             );
+            return false;
         }
         if url.password().is_some() {
             // Not echoed: the text holds the password.
-            return self.problem(
+            self.problem(
                 at,
                 "holds a password, which whoever reads this file would see; \
                  give it as password = \"${NAME}\" or password-file",
             );
+            return false;
         }
         if url.username().is_empty() {
             self.problem(at, "names no user, as in postgres://USER@HOST/DATABASE");
@@ -757,6 +780,7 @@ impl Walker<'_> {
         if url.host_str().is_none_or(str::is_empty) {
             self.problem(at, "names no host, as in postgres://USER@HOST/DATABASE");
         }
+        let mut tls = false;
         for (key, value) in url.query_pairs() {
             if key == "password" {
                 self.problem(
@@ -764,13 +788,26 @@ impl Walker<'_> {
                     "holds a password, which whoever reads this file would see; \
                      give it as password = \"${NAME}\" or password-file",
                 );
-            } else if key == "sslmode" && !matches!(&*value, "disable" | "prefer") {
+            } else if key == "sslmode" {
+                match &*value {
+                    "disable" | "prefer" => tls = false,
+                    "require" | "verify-ca" | "verify-full" => tls = true,
+                    other => self.problem(
+                        at,
+                        format!(
+                            "sslmode={other} is not a mode berth knows; expected verify-full \
+                             (TLS, the server's certificate verified), or disable"
+                        ),
+                    ),
+                }
+            } else if matches!(&*key, "sslrootcert" | "sslcert" | "sslkey") {
                 self.problem(
                     at,
-                    format!("sslmode={value}: this berth connects to PostgreSQL without TLS"),
+                    format!("{key} is not read from the url; give the CA file as `ca-file`"),
                 );
             }
         }
+        tls
     }
 
     /// A secret: a string that must come from the environment (`${NAME}`),

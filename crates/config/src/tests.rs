@@ -376,7 +376,8 @@ fn load_resolves_against_the_file_and_check_files_finds_missing_drivers() {
         &file,
         "pool-id = \"p\"\n[providers.a]\ndriver = \"there.wasm\"\n\
          [providers.b]\ndriver = \"gone.wasm\"\n[providers.c]\ndriver = \".\"\n\
-         [store]\nurl = \"postgres://berth@db/berth\"\npassword-file = \"pgpass\"",
+         [store]\nurl = \"postgres://berth@db/berth?sslmode=verify-full\"\n\
+         password-file = \"pgpass\"\nca-file = \"ca.pem\"",
     )
     .unwrap();
     let c = load(&file).expect("valid");
@@ -391,6 +392,10 @@ fn load_resolves_against_the_file_and_check_files_finds_missing_drivers() {
             format!(
                 "store.password-file: cannot read {}: No such file or directory (os error 2)",
                 dir.path().join("pgpass").display()
+            ),
+            format!(
+                "store.ca-file: cannot read {}: No such file or directory (os error 2)",
+                dir.path().join("ca.pem").display()
             ),
             format!("providers.b.driver: no such file: {}", gone.display()),
             format!("providers.c.driver: not a file: {}", not_file.display()),
@@ -576,9 +581,29 @@ fn a_postgres_store_takes_its_password_from_the_environment_or_a_file() {
         c.store.postgres.as_ref().unwrap().lease_ttl,
         Postgres::DEFAULT_LEASE_TTL
     );
+    assert_eq!(c.store.postgres.as_ref().unwrap().ca_file, None);
     // No [store], or no url: the embedded store.
     let c = parse("pool-id = \"p\"", Path::new("."), &env).unwrap();
     assert!(c.store.postgres.is_none());
+}
+
+#[test]
+fn a_postgres_store_over_tls_names_its_ca_file_beside_the_config() {
+    for mode in ["require", "verify-ca", "verify-full"] {
+        let text = format!(
+            "pool-id = \"p\"\n[store]\nurl = \"postgres://berth@db.example/pool?sslmode={mode}\"\n\
+             ca-file = \"tls/ca.pem\""
+        );
+        let c = parse(&text, Path::new("/etc/berth"), &env).expect("valid");
+        let pg = c.store.postgres.unwrap();
+        assert_eq!(
+            pg.ca_file.as_deref(),
+            Some(Path::new("/etc/berth/tls/ca.pem"))
+        );
+    }
+    // Without a ca-file, the system's roots.
+    let text = "pool-id = \"p\"\n[store]\nurl = \"postgres://berth@db/p?sslmode=verify-full\"";
+    assert!(parse(text, Path::new("."), &env).is_ok());
 }
 
 #[test]
@@ -633,8 +658,23 @@ fn postgres_store_problems() {
         &[("store.url", "names no user")],
     );
     check(
-        &at("postgres://berth@db/berth?sslmode=require", ""),
-        &[("store.url", "without TLS")],
+        &at("postgres://berth@db/berth?sslmode=allow", ""),
+        &[("store.url", "sslmode=allow is not a mode berth knows")],
+    );
+    check(
+        &at(
+            "postgres://berth@db/berth?sslmode=verify-full&sslrootcert=ca.pem",
+            "",
+        ),
+        &[("store.url", "give the CA file as `ca-file`")],
+    );
+    check(
+        &at("postgres://berth@db/berth", "ca-file = \"ca.pem\""),
+        &[("store.ca-file", "applies only over TLS")],
+    );
+    check(
+        "pool-id = \"p\"\n[store]\nca-file = \"ca.pem\"",
+        &[("store.ca-file", "only a PostgreSQL store")],
     );
     check(
         &at(

@@ -729,7 +729,7 @@ impl Loop {
                 holder: holder.into(),
                 address: address.into(),
             };
-            match self.suspend(&mut inbox, &mut stop, why).await {
+            match self.suspend(&mut inbox, &mut stop, why, false).await {
                 Ok(true) => {}
                 Ok(false) => {
                     inbox.close(&ServiceError::Stopped);
@@ -747,7 +747,17 @@ impl Loop {
                         "the store is out of reach: deciding nothing and calling no cloud until it is back"
                     );
                     let why = ServiceError::StoreUnavailable(e.to_string().into());
-                    self.suspend(&mut inbox, &mut stop, why).await
+                    self.suspend(&mut inbox, &mut stop, why, true).await
+                }
+                Err(e) if e.is_conflict() => {
+                    tracing::warn!(
+                        error = %e,
+                        "a commit was refused: something else wrote the store's rows under this process; the pool is reloaded from the store and decides again"
+                    );
+                    let why = ServiceError::StoreUnavailable(
+                        format!("the pool is being reloaded: {e}").into(),
+                    );
+                    self.suspend(&mut inbox, &mut stop, why, false).await
                 }
                 Err(e) if e.is_fenced() => {
                     tracing::warn!(
@@ -758,7 +768,7 @@ impl Loop {
                         holder: "".into(),
                         address: "".into(),
                     };
-                    self.suspend(&mut inbox, &mut stop, why).await
+                    self.suspend(&mut inbox, &mut stop, why, false).await
                 }
                 Err(e) => break Err(e),
             };
@@ -836,7 +846,8 @@ impl Loop {
     }
 
     /// The pool is not this process's to decide on for now: the store is
-    /// out of reach, or another process holds the pool. Nothing is decided,
+    /// out of reach (`lost`), another process holds the pool, or a commit
+    /// found the stored rows changed under it. Nothing is decided,
     /// sent to a cloud or answered as done until that ends. What changed in
     /// memory since the last commit is given up (its effects were never
     /// started, its commands are answered with `why`), and once the store
@@ -851,6 +862,7 @@ impl Loop {
         inbox: &mut Inbox,
         stop: &mut oneshot::Receiver<Duration>,
         mut why: ServiceError,
+        mut lost: bool,
     ) -> Result<bool, StoreError> {
         self.gate.shut_now();
         self.show_lease();
@@ -865,8 +877,8 @@ impl Loop {
         inbox.outcomes = fresh;
         self.in_flight = 0;
 
-        let mut lost = matches!(why, ServiceError::StoreUnavailable(_));
         let was_lost = lost;
+        let refused = !lost && matches!(why, ServiceError::StoreUnavailable(_));
         let mut backoff = RECONNECT_FIRST;
         let mut wait = if lost { backoff } else { Duration::ZERO };
         loop {
@@ -946,6 +958,12 @@ impl Loop {
                     ?epoch,
                     nodes = self.pool.nodes().count(),
                     "the store is back; the pool is reloaded from it and lists before it acts"
+                );
+            } else if refused {
+                tracing::info!(
+                    ?epoch,
+                    nodes = self.pool.nodes().count(),
+                    "the pool is reloaded from the store after a refused commit and lists before it acts"
                 );
             } else {
                 tracing::info!(

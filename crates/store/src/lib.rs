@@ -216,6 +216,9 @@ pub enum StoreError {
         to: u32,
         error: tokio_postgres::Error,
     },
+    /// TLS to PostgreSQL cannot be set up as configured.
+    #[error("TLS to PostgreSQL: {0}")]
+    Tls(String),
     /// The PostgreSQL password file could not be read.
     #[error("reading the PostgreSQL password file {path}: {source}")]
     PasswordFile {
@@ -226,6 +229,15 @@ pub enum StoreError {
     /// process took the pool over. Nothing of the commit was written.
     #[error("{}", fenced_text(.epoch))]
     Fenced { epoch: Option<i64> },
+    /// A row a commit was to change had been changed, removed or added by
+    /// someone else since this store last read or wrote it. Nothing of the
+    /// commit was written; what was decided on the old row must be decided
+    /// again on what is stored now.
+    #[error(
+        "the {table} row `{id}` was changed in the store by someone else since this process \
+         read it, so nothing of the commit was written"
+    )]
+    Conflict { table: &'static str, id: String },
     /// A store to copy into already holds records.
     #[error(
         "the target store is not empty ({nodes} nodes, {requests} requests, {leases} requestor \
@@ -265,6 +277,12 @@ impl StoreError {
         matches!(self, StoreError::Fenced { .. })
     }
 
+    /// Whether a commit was refused because rows it was to change had
+    /// changed under it ([`StoreError::Conflict`]).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Conflict { .. })
+    }
+
     /// Whether the store is out of reach (its server stopped, the network
     /// broke) rather than refusing what was written: the pool may go on
     /// once [`Store::reconnect`] succeeds. Only a PostgreSQL store's errors
@@ -288,6 +306,8 @@ pub struct SqliteStore {
     config: Arc<Config>,
     /// Checkpoints the WAL from a thread of its own (file stores only).
     checkpointer: Option<Checkpointer>,
+    /// The rows' versions as last read or written: what commits expect.
+    versions: write::Versions,
 }
 
 /// Copies the WAL back into the database file every [`CHECKPOINT_EVERY`] on
@@ -454,6 +474,7 @@ impl SqliteStore {
             conn,
             config,
             checkpointer: None,
+            versions: write::Versions::default(),
         })
     }
 
@@ -477,19 +498,26 @@ impl SqliteStore {
             }
         }
         tx.commit().map_err(sql("ending a load"))?;
-        load::assemble(tables, config)
+        let versions = std::mem::take(&mut tables.versions);
+        let loaded = load::assemble(tables, config)?;
+        self.versions = versions;
+        Ok(loaded)
     }
 
     fn commit_now(&mut self, changes: &Changes) -> Result<(), StoreError> {
-        let ops = write::plan(&self.config, changes)?;
+        let plan = write::plan(&self.config, changes, &self.versions)?;
         // Dropping the transaction on an error rolls it back.
         let tx = self.conn.transaction().map_err(sql("starting a commit"))?;
-        for (stmt, vals) in &ops {
-            tx.prepare_cached(stmt.sql())
-                .and_then(|mut s| s.execute(rusqlite::params_from_iter(vals)))
-                .map_err(sql(stmt.doing()))?;
+        for op in &plan.ops {
+            let changed = tx
+                .prepare_cached(op.stmt.sql())
+                .and_then(|mut s| s.execute(rusqlite::params_from_iter(&op.vals)))
+                .map_err(sql(op.stmt.doing()))?;
+            op.checked(changed as u64)?;
         }
-        tx.commit().map_err(sql("committing"))
+        tx.commit().map_err(sql("committing"))?;
+        self.versions.apply(plan);
+        Ok(())
     }
 }
 

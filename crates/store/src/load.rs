@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::rows::{NodeRow, RawNodeRow, RequestRow};
 use super::value::{Cells, Reader};
+use super::write::{Versioned, Versions};
 use super::{Loaded, StoreError};
 use berth_core::config::Config;
 use berth_core::pool::{
@@ -15,8 +16,9 @@ use berth_core::pool::{
 };
 
 /// The queries a load runs, in one read transaction, in this order;
-/// [`Tables::read`] takes the rows of each by its position here.
-pub(super) fn queries() -> [String; 6] {
+/// [`Tables::read`] takes the rows of each by its position here. The last
+/// three read the rows' versions, which a commit is conditional on.
+pub(super) fn queries() -> [String; 9] {
     [
         format!("SELECT {} FROM nodes", NodeRow::COLUMNS),
         "SELECT backing, idx, node FROM slots ORDER BY backing, idx".into(),
@@ -24,12 +26,20 @@ pub(super) fn queries() -> [String; 6] {
         "SELECT request, label, count FROM request_wants ORDER BY request, position".into(),
         "SELECT request, node FROM request_nodes ORDER BY request, position".into(),
         "SELECT requestor, expires FROM leases ORDER BY requestor".into(),
+        VERSIONED[0].query().into(),
+        VERSIONED[1].query().into(),
+        VERSIONED[2].query().into(),
     ]
 }
+
+/// The versioned tables, in the order [`queries`] reads their versions.
+const VERSIONED: [Versioned; 3] = [Versioned::Nodes, Versioned::Requests, Versioned::Leases];
 
 /// Every stored row, as read, before any of it is checked.
 #[derive(Default)]
 pub(super) struct Tables {
+    /// Every versioned row's version, whether or not the row loads.
+    pub versions: Versions,
     nodes: Vec<RawNodeRow>,
     /// (backing, index, node)
     slots: Vec<(String, i64, String)>,
@@ -58,6 +68,12 @@ impl Tables {
                 self.wants.entry(r.id).or_default().push(want);
             }
             4 => self.members.entry(text(0)?).or_default().push(text(1)?),
+            6..=8 => {
+                let table = VERSIONED[q - 6];
+                let r = Reader::new(row, table.table())?;
+                let version = r.num(1, "version")?;
+                self.versions.read(table, r.id, version);
+            }
             _ => {
                 let r = Reader::new(row, "leases")?;
                 let expires = Time(r.num(1, "expires")?);
@@ -74,6 +90,7 @@ impl Tables {
 /// The snapshot `tables` hold, checked against `config` and itself.
 pub(super) fn assemble(tables: Tables, config: &Config) -> Result<Loaded, StoreError> {
     let Tables {
+        versions: _,
         nodes: rows,
         slots,
         requests,

@@ -11,8 +11,10 @@
 
 use std::sync::Arc;
 
+use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{Client, IsolationLevel, NoTls, Statement};
+use tokio_postgres::{Client, IsolationLevel, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::value::{Cells, Val};
 use super::{Claimant, Holding, Loaded, Store, StoreError, StoreFuture, Tenure, load, write};
@@ -359,6 +361,8 @@ pub struct PgStore {
     claimant: Option<Claimant>,
     /// The lease as last confirmed, while this process holds it.
     holding: Option<Holding>,
+    /// The rows' versions as last read or written: what commits expect.
+    versions: write::Versions,
 }
 
 /// What a connection is made with.
@@ -367,12 +371,35 @@ pub(super) struct Login {
     settings: tokio_postgres::Config,
     /// Read again at each connect, so a rotated password is used.
     password_file: Option<std::path::PathBuf>,
+    /// TLS, used when the url asks for it (`sslmode=require`, `verify-ca`
+    /// or `verify-full`); never without verifying the server.
+    tls: MakeRustlsConnect,
 }
 
 impl Login {
-    fn new(url: &str, password: Option<&str>) -> Result<Login, StoreError> {
+    /// The settings of `url` (with `password`). With an `sslmode` that asks
+    /// for TLS, the server's certificate must chain to a certificate of
+    /// `ca_file` (PEM), or to the system's roots without one, and name the
+    /// host connected to. libpq's `verify-ca` and `verify-full` are read as
+    /// tokio-postgres's `require`, which berth always verifies in full;
+    /// `prefer` (the default) connects without TLS, as berth never uses TLS
+    /// it does not verify.
+    fn new(
+        url: &str,
+        password: Option<&str>,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Login, StoreError> {
+        let url = url
+            .replace("sslmode=verify-full", "sslmode=require")
+            .replace("sslmode=verify-ca", "sslmode=require");
         let mut settings: tokio_postgres::Config =
             url.parse().map_err(pg("reading the store's url"))?;
+        let tls = if settings.get_ssl_mode() == SslMode::Require {
+            tls_config(verifying_roots(ca_file)?)?
+        } else {
+            settings.ssl_mode(SslMode::Disable);
+            tls_config(rustls::RootCertStore::empty())?
+        };
         if let Some(p) = password {
             settings.password(p);
         }
@@ -396,8 +423,56 @@ impl Login {
         Ok(Login {
             settings,
             password_file: None,
+            tls,
         })
     }
+}
+
+/// The roots a server's certificate must chain to: those of `ca_file`, or
+/// else the system's.
+fn verifying_roots(ca_file: Option<&std::path::Path>) -> Result<rustls::RootCertStore, StoreError> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let Some(path) = ca_file else {
+        let found = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(found.certs);
+        if roots.is_empty() {
+            let why = found
+                .errors
+                .first()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default();
+            return Err(StoreError::Tls(format!(
+                "the system has no root certificates to verify the server with{why}; give the \
+                 server's CA as `ca-file`"
+            )));
+        }
+        return Ok(roots);
+    };
+    let shown = path.display();
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| StoreError::Tls(format!("reading the CA file {shown}: {e}")))?;
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(StoreError::Tls(format!(
+            "the CA file {shown} holds no certificate berth can use"
+        )));
+    }
+    Ok(roots)
+}
+
+/// TLS that trusts `roots`, with rustls' own protocol versions and the
+/// `ring` provider.
+fn tls_config(roots: rustls::RootCertStore) -> Result<MakeRustlsConnect, StoreError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
 }
 
 fn read_password(path: &std::path::Path) -> Result<String, StoreError> {
@@ -423,7 +498,11 @@ impl PgStore {
             Some(berth_config::Password::Value(p)) => (Some(p.expose().to_owned()), None),
             Some(berth_config::Password::File(path)) => (None, Some(path.clone())),
         };
-        let mut login = Login::new(&settings.url, password.as_deref())?;
+        let mut login = Login::new(
+            &settings.url,
+            password.as_deref(),
+            settings.ca_file.as_deref(),
+        )?;
         login.password_file = password_file;
         if let Some(me) = &claimant {
             // A holder stopped in the middle of a commit (SIGSTOP, a stalled
@@ -454,7 +533,7 @@ impl PgStore {
         password: Option<&str>,
         config: Arc<Config>,
     ) -> Result<PgStore, StoreError> {
-        PgStore::with(Login::new(url, password)?, config).await
+        PgStore::with(Login::new(url, password, None)?, config).await
     }
 
     async fn with(login: Login, config: Arc<Config>) -> Result<PgStore, StoreError> {
@@ -468,6 +547,7 @@ impl PgStore {
             login,
             claimant: None,
             holding: None,
+            versions: write::Versions::default(),
         })
     }
 
@@ -658,21 +738,26 @@ impl PgStore {
             }
         }
         tx.commit().await.map_err(pg("ending a load"))?;
-        load::assemble(tables, config)
+        let versions = std::mem::take(&mut tables.versions);
+        let loaded = load::assemble(tables, config)?;
+        self.versions = versions;
+        Ok(loaded)
     }
 
     async fn commit_now(&mut self, changes: &Changes) -> Result<(), StoreError> {
-        let ops = write::plan(&self.config, changes)?;
+        let plan = write::plan(&self.config, changes, &self.versions)?;
         let fence = fence_args(&self.claimant, self.holding)?;
         let sent = std::time::Instant::now();
         let committed = pipeline(
             &mut self.client,
             &self.statements,
             fence.map(|args| (&self.fence, args)),
-            &ops,
+            &plan.ops,
         )
         .await;
-        self.confirmed(sent, committed)
+        self.confirmed(sent, committed)?;
+        self.versions.apply(plan);
+        Ok(())
     }
 }
 
@@ -718,7 +803,7 @@ async fn pipeline(
     client: &mut Client,
     statements: &[Statement],
     fence: Option<(&Statement, (&str, i64, i64))>,
-    ops: &[(write::Stmt, Vec<Val>)],
+    ops: &[write::Op],
 ) -> Result<Option<std::time::SystemTime>, StoreError> {
     let tx = client
         .transaction()
@@ -727,7 +812,7 @@ async fn pipeline(
     let open = &tx;
     let params: Vec<Vec<&(dyn ToSql + Sync)>> = ops
         .iter()
-        .map(|(_, vals)| vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect())
+        .map(|op| op.vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect())
         .collect();
     let mut fenced = Box::pin(futures_util::future::maybe_done(async move {
         match fence {
@@ -743,12 +828,14 @@ async fn pipeline(
     let mut runs: Vec<_> = ops
         .iter()
         .zip(&params)
-        .map(|((stmt, _), params)| {
-            let statement = &statements[*stmt as usize];
+        .map(|(op, params)| {
+            let statement = &statements[op.stmt as usize];
             Box::pin(futures_util::future::maybe_done(async move {
-                open.execute(statement, params)
+                let changed = open
+                    .execute(statement, params)
                     .await
-                    .map_err(pg(stmt.doing()))
+                    .map_err(pg(op.stmt.doing()))?;
+                op.checked(changed)
             }))
         })
         .collect();
@@ -785,16 +872,19 @@ async fn dial(
 ) -> Result<
     (
         Client,
-        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+        tokio_postgres::Connection<
+            tokio_postgres::Socket,
+            <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>>::Stream,
+        >,
     ),
     StoreError,
-> {
+>{
     let mut settings = login.settings.clone();
     if let Some(path) = &login.password_file {
         settings.password(read_password(path)?);
     }
     settings
-        .connect(NoTls)
+        .connect(login.tls.clone())
         .await
         .map_err(pg("connecting to PostgreSQL"))
 }

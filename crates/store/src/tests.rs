@@ -160,6 +160,14 @@ impl Db {
         }
     }
 
+    /// A second store on the same database, as another writer.
+    async fn other(&self) -> Db {
+        match self {
+            Db::Sqlite { dir, .. } => Db::sqlite(dir.clone()).await,
+            Db::Postgres { url, .. } => Db::postgres(url.clone()).await,
+        }
+    }
+
     /// Runs `sql` (one or more statements) outside the store.
     async fn try_exec(&self, sql: &str) -> Result<(), String> {
         match self {
@@ -257,6 +265,7 @@ on_both_backends!(
     unknown_text_in_a_row_is_corrupt_naming_table_id_and_column,
     ten_thousand_nodes_commit_and_load_back,
     leases_round_trip_and_expired_ones_are_removed,
+    a_commit_over_rows_written_elsewhere_is_refused_whole_until_reloaded,
 );
 
 fn node(id: u64, state: NodeState) -> Node {
@@ -1238,6 +1247,7 @@ async fn pg_open(url: &str, who: &Claimant) -> PgStore {
         url: url.to_owned(),
         password: None,
         lease_ttl: who.ttl,
+        ca_file: None,
     };
     PgStore::open(&settings, Arc::new(config()), Some(who.clone()))
         .await
@@ -1722,4 +1732,167 @@ async fn postgres_provider_leases_spread_over_the_live_processes() {
     let left = b.beat(&keep_b).await.unwrap();
     assert_eq!(left.members, 1);
     assert_eq!(left.held_by("b").len(), 6);
+}
+
+/// The conflict `result` must be, naming `table` and `id`.
+fn conflict_on(result: Result<(), StoreError>, table: &str, id: &str) {
+    match result {
+        Err(StoreError::Conflict { table: t, id: i }) if t == table && i == id => {}
+        other => panic!("expected a conflict on {table} `{id}`, got {other:?}"),
+    }
+}
+
+async fn a_commit_over_rows_written_elsewhere_is_refused_whole_until_reloaded(backend: Backend) {
+    let mut store = backend.fresh().await;
+    let lease = |t: u64| Lease {
+        requestor: "ci".into(),
+        expires: Time(t),
+    };
+    store
+        .commit(&Changes {
+            nodes: vec![ready(1), ready(2)],
+            requests: vec![request(1, RequestState::Pending)],
+            leases: vec![lease(10)],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut other = store.other().await;
+    load(&mut other).await;
+    let mut failed = ready(1);
+    failed.state = NodeState::Failed {
+        since: Time(50),
+        reason: "written elsewhere".into(),
+    };
+    let elsewhere = Changes {
+        nodes: vec![failed.clone(), ready(4)],
+        leases: vec![lease(20)],
+        purged_requests: vec![RequestId(1)],
+        ..Default::default()
+    };
+    other.commit(&elsewhere).await.unwrap();
+    let one = NodeId(1).to_string();
+    let four = NodeId(4).to_string();
+
+    // A row changed elsewhere: refused, and the new node of the same commit
+    // is not written either.
+    let mut in_use = ready(1);
+    in_use.state = NodeState::InUse {
+        request: RequestId(1),
+        since: Time(99),
+    };
+    let refused = store
+        .commit(&Changes {
+            nodes: vec![in_use.clone(), ready(3)],
+            ..Default::default()
+        })
+        .await;
+    let e = refused.as_ref().unwrap_err().to_string();
+    assert!(e.contains(&format!("nodes row `{one}`")), "{e}");
+    conflict_on(refused, "nodes", &one);
+    // A row added elsewhere under an id this store takes for new.
+    conflict_on(store.commit(&nodes(vec![ready(4)])).await, "nodes", &four);
+    // A row removed elsewhere is not brought back.
+    let mut fulfilled = request(1, RequestState::Fulfilled { at: Time(99) });
+    fulfilled.nodes = vec![NodeId(1)];
+    conflict_on(
+        store.commit(&requests(vec![fulfilled.clone()])).await,
+        "requests",
+        &RequestId(1).to_string(),
+    );
+    // A row renewed elsewhere is neither overwritten nor removed.
+    let renew = Changes {
+        leases: vec![lease(15)],
+        ..Default::default()
+    };
+    conflict_on(store.commit(&renew).await, "leases", "ci");
+    let purge = Changes {
+        purged_leases: vec!["ci".into()],
+        ..Default::default()
+    };
+    conflict_on(store.commit(&purge).await, "leases", "ci");
+    let loaded = load(&mut store).await;
+    assert_eq!(
+        loaded.snapshot.nodes,
+        vec![failed.clone(), ready(2), ready(4)]
+    );
+    assert_eq!(loaded.snapshot.requests, vec![]);
+    assert_eq!(loaded.snapshot.leases, vec![lease(20)]);
+
+    // Once it has read what is stored, the same store writes again, over
+    // the other's rows; and the other, which has not read them, is refused.
+    let over = Changes {
+        nodes: vec![in_use.clone(), ready(3)],
+        leases: vec![lease(30)],
+        purged_nodes: vec![NodeId(4)],
+        ..Default::default()
+    };
+    store.commit(&over).await.unwrap();
+    conflict_on(other.commit(&nodes(vec![ready(1)])).await, "nodes", &one);
+    conflict_on(
+        other.commit(&nodes(vec![ready(3)])).await,
+        "nodes",
+        &NodeId(3).to_string(),
+    );
+    let loaded = load(&mut other).await;
+    assert_eq!(loaded.snapshot.nodes, vec![in_use, ready(2), ready(3)]);
+    assert_eq!(loaded.snapshot.leases, vec![lease(30)]);
+}
+
+/// Whether the server says `store`'s session is TLS.
+async fn over_tls(store: &PgStore) -> bool {
+    let sql = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+    store.client().query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// `sslmode=verify-full` with the cluster's CA connects over TLS (the server
+/// says so of the session); a CA file that cannot be read or holds no
+/// certificate is refused before anything is sent, naming the file; and the
+/// system's roots do not make a private CA's server trusted.
+#[tokio::test]
+async fn postgres_over_tls_trusts_only_the_ca_file_given() {
+    let cluster = cluster::PgCluster::shared(&workspace_root());
+    let url = cluster.fresh_database("tls");
+    let open = |url: String, ca_file: Option<std::path::PathBuf>| async move {
+        let settings = berth_config::Postgres {
+            url,
+            password: None,
+            lease_ttl: Duration::from_secs(10),
+            ca_file,
+        };
+        PgStore::open(&settings, Arc::new(config()), None).await
+    };
+    let verified = format!("{url}?sslmode=verify-full");
+    let store = open(verified.clone(), Some(cluster.ca_file()))
+        .await
+        .unwrap();
+    assert!(over_tls(&store).await);
+    // Without TLS asked for, none is used, even with the server offering it.
+    let plain = open(url.clone(), None).await.unwrap();
+    assert!(!over_tls(&plain).await);
+
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let e = open(verified.clone(), Some(missing.clone()))
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains(&format!("reading the CA file {}", missing.display())),
+        "{e}"
+    );
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let e = open(verified.clone(), Some(junk))
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("holds no certificate"), "{e}");
+    let e = open(verified, None).await.err().unwrap().to_string();
+    assert!(
+        e.contains("invalid peer certificate") || e.contains("no root certificates"),
+        "{e}"
+    );
 }
