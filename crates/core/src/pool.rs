@@ -292,11 +292,11 @@ impl Pool {
     /// A pool resumed from what a store held. No call is in flight; nodes
     /// left creating or deleting are resolved after each provider's first list.
     ///
-    /// Every requestor's lease runs at least one `lease_ttl` from `now`:
-    /// while no process decided (berth was down, a failover, the store out
-    /// of reach) renewals were refused, and a requestor that kept trying
-    /// must not lose its nodes for that. One that stopped renewing loses
-    /// them one lease later.
+    /// Every requestor's lease runs at least as long from `now` as its last
+    /// renewal made it last (`Lease::ttl`): while no process decided (berth
+    /// was down, a failover, the store out of reach) renewals were refused,
+    /// and a requestor that kept trying must not lose its nodes for that.
+    /// One that stopped renewing loses them one lease later.
     pub fn restore(config: Arc<Config>, seed: u64, snapshot: Snapshot, now: Time) -> Pool {
         let mut pool = Pool::new(config, seed);
         for node in snapshot.nodes {
@@ -309,10 +309,10 @@ impl Pool {
             pool.timers_for_request(&req);
             pool.requests.insert(req.id, req);
         }
-        let grace = now + pool.config.lease_ttl;
         for lease in snapshot.leases {
+            let grace = now + lease.ttl;
             if lease.expires < grace {
-                pool.leases.renew(&lease.requestor, grace);
+                pool.leases.renew(&lease.requestor, grace, lease.ttl);
             } else {
                 pool.leases.restore(lease);
             }

@@ -4,6 +4,7 @@
 //! into [`Tables`]; everything after that is here, once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
 
 use super::rows::{NodeRow, RawNodeRow, RequestRow};
 use super::value::{Cells, Reader};
@@ -25,7 +26,7 @@ pub(super) fn queries() -> [String; 9] {
         format!("SELECT {} FROM requests", RequestRow::COLUMNS),
         "SELECT request, label, count FROM request_wants ORDER BY request, position".into(),
         "SELECT request, node FROM request_nodes ORDER BY request, position".into(),
-        "SELECT requestor, expires FROM leases ORDER BY requestor".into(),
+        "SELECT requestor, expires, ttl FROM leases ORDER BY requestor".into(),
         VERSIONED[0].query().into(),
         VERSIONED[1].query().into(),
         VERSIONED[2].query().into(),
@@ -48,7 +49,9 @@ pub(super) struct Tables {
     wants: HashMap<String, Vec<(String, u32)>>,
     /// request → node ids, in position order.
     members: HashMap<String, Vec<String>>,
-    leases: Vec<Lease>,
+    /// (requestor, expires, how long its last renewal was for in ms: none
+    /// if stored before that was kept)
+    leases: Vec<(String, Time, Option<u64>)>,
 }
 
 impl Tables {
@@ -77,10 +80,8 @@ impl Tables {
             _ => {
                 let r = Reader::new(row, "leases")?;
                 let expires = Time(r.num(1, "expires")?);
-                self.leases.push(Lease {
-                    requestor: r.id,
-                    expires,
-                });
+                let ttl = r.opt_num(2, "ttl")?;
+                self.leases.push((r.id, expires, ttl));
             }
         }
         Ok(())
@@ -108,6 +109,14 @@ pub(super) fn assemble(tables: Tables, config: &Config) -> Result<Loaded, StoreE
     let ended = place_slots(slots, &mut nodes, &mut notes)?;
     let (mut requests, failed) = read_requests(requests, wants, members, config, &mut notes)?;
     untangle(&mut nodes, &mut requests, &ended, &failed);
+    let leases = leases
+        .into_iter()
+        .map(|(requestor, expires, ttl)| Lease {
+            requestor,
+            expires,
+            ttl: ttl.map_or(config.lease_ttl, Duration::from_millis),
+        })
+        .collect();
     Ok(Loaded {
         snapshot: Snapshot {
             nodes: nodes.into_values().collect(),

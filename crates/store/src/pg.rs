@@ -269,6 +269,10 @@ BEGIN
     RETURN 0;
 END $$;
 "#,
+    // As SQLite's step 3: how long a lease's last renewal made it last.
+    r#"
+ALTER TABLE leases ADD COLUMN ttl BIGINT;
+"#,
 ];
 
 /// The SQLSTATE `berth_fence` raises when the lease is not held.

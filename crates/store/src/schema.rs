@@ -11,10 +11,9 @@ use super::StoreError;
 /// whatever version it started from.
 ///
 /// Rows name labels and providers (never config indexes) so that a config
-/// change between runs cannot silently remap a record. `version` on nodes and
-/// requests counts the writes to a row; nothing reads it yet. It is kept for
-/// conditional commits between processes that each hold some providers
-/// (ARCHITECTURE.md, "Several berth processes, one pool": not built).
+/// change between runs cannot silently remap a record. `version` on nodes,
+/// requests and leases counts the writes to a row; every commit is
+/// conditional on it (`write.rs`).
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE nodes (
@@ -81,6 +80,11 @@ CREATE TABLE leases (
     expires INTEGER NOT NULL,
     version INTEGER NOT NULL DEFAULT 0
 );
+"#,
+    // How long a lease's last renewal made it last, in milliseconds; NULL
+    // for a lease stored before this step (read as `api.lease-ttl`).
+    r#"
+ALTER TABLE leases ADD COLUMN ttl INTEGER;
 "#,
 ];
 

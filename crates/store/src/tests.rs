@@ -1069,6 +1069,7 @@ async fn leases_round_trip_and_expired_ones_are_removed(backend: Backend) {
     let lease = |r: &str, t: u64| Lease {
         requestor: r.into(),
         expires: Time(t),
+        ttl: Duration::from_millis(t * 1000 + 7),
     };
     store
         .commit(&Changes {
@@ -1106,9 +1107,41 @@ async fn a_version_one_store_gains_the_leases_table_and_keeps_its_rows() {
         assert_eq!(store.schema_version().unwrap(), 1);
     }
     let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
-    assert_eq!(store.schema_version().unwrap(), 2);
+    assert_eq!(
+        store.schema_version().unwrap(),
+        schema::MIGRATIONS.len() as u32
+    );
     assert_eq!(load(&mut store).await.snapshot.nodes, vec![ready(1)]);
     assert_eq!(count(&store, "leases"), 0);
+}
+
+/// A lease stored before its renewal's length was kept is read as lasting
+/// the configured `api.lease-ttl`.
+#[tokio::test]
+async fn a_lease_stored_without_its_ttl_is_read_as_the_configured_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("berth.db");
+    {
+        let store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+        // As a berth that knew only the first two steps wrote it.
+        store
+            .conn
+            .execute_batch(
+                "ALTER TABLE leases DROP COLUMN ttl; PRAGMA user_version = 2; \
+                 INSERT INTO leases (requestor, expires) VALUES ('ci', 40);",
+            )
+            .unwrap();
+    }
+    let config = config();
+    let mut store = SqliteStore::open(&path, Arc::new(config.clone()), StoreSync::Full).unwrap();
+    assert_eq!(
+        load(&mut store).await.snapshot.leases,
+        vec![Lease {
+            requestor: "ci".into(),
+            expires: Time(40),
+            ttl: config.lease_ttl,
+        }]
+    );
 }
 
 /// A new PostgreSQL database of the shared test cluster, and the URL.
@@ -1452,6 +1485,7 @@ async fn a_sqlite_pool_is_copied_into_an_empty_postgres_database_whole() {
         leases: vec![Lease {
             requestor: "ci".into(),
             expires: Time(99),
+            ttl: Duration::from_secs(30),
         }],
         ..Default::default()
     };
@@ -1747,6 +1781,7 @@ async fn a_commit_over_rows_written_elsewhere_is_refused_whole_until_reloaded(ba
     let lease = |t: u64| Lease {
         requestor: "ci".into(),
         expires: Time(t),
+        ttl: Duration::from_secs(60),
     };
     store
         .commit(&Changes {

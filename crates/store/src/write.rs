@@ -74,7 +74,7 @@ fn update_sql(table: &str, columns: &str) -> String {
 }
 
 /// The columns of a requestor lease's row, key first.
-const LEASE_COLUMNS: &str = "requestor, expires";
+const LEASE_COLUMNS: &str = "requestor, expires, ttl";
 
 /// What a purge of a row the store never saw names as its version: no row
 /// has it (versions start at 0), so nothing is removed.
@@ -156,8 +156,6 @@ impl Versioned {
         }
     }
 
-    /// The query a load reads this table's versions with, in the same read
-    /// transaction as the rows.
     fn insert(self) -> Stmt {
         match self {
             Versioned::Nodes => Stmt::InsertNode,
@@ -174,6 +172,8 @@ impl Versioned {
         }
     }
 
+    /// The query a load reads this table's versions with, in the same read
+    /// transaction as the rows.
     pub fn query(self) -> &'static str {
         match self {
             Versioned::Nodes => "SELECT id, version FROM nodes",
@@ -364,7 +364,9 @@ pub(super) fn plan(
     }
     for l in &changes.leases {
         let expires = super::value::big(l.expires.0, &l.requestor, "lease expiry")?;
-        let vals = vec![l.requestor.as_str().into(), expires];
+        let ttl_ms = u64::try_from(l.ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl = super::value::big(ttl_ms, &l.requestor, "lease ttl")?;
+        let vals = vec![l.requestor.as_str().into(), expires, ttl];
         plan.write(seen, Versioned::Leases, l.requestor.clone(), vals);
     }
     for r in &changes.purged_leases {

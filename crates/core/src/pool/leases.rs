@@ -14,7 +14,8 @@ use super::{Lease, NodeId, NodeState, Notice, Pool, RequestState, Time};
 /// Leases by requestor, and the same ordered by expiry.
 #[derive(Default)]
 pub(super) struct Leases {
-    until: HashMap<String, Time>,
+    /// Until when, and how long the last renewal made it last.
+    until: HashMap<String, (Time, Duration)>,
     by_expiry: BTreeSet<(Time, String)>,
     /// Renewed since the store last heard.
     dirty: HashSet<String>,
@@ -23,16 +24,17 @@ pub(super) struct Leases {
 }
 
 impl Leases {
-    /// Renews `requestor`'s lease (or takes one out) until `expires`.
-    pub(super) fn renew(&mut self, requestor: &str, expires: Time) {
+    /// Renews `requestor`'s lease (or takes one out) until `expires`, a
+    /// renewal for `ttl`.
+    pub(super) fn renew(&mut self, requestor: &str, expires: Time, ttl: Duration) {
         match self.until.get_mut(requestor) {
-            Some(old) if *old == expires => return,
+            Some(old) if *old == (expires, ttl) => return,
             Some(old) => {
-                self.by_expiry.remove(&(*old, requestor.to_owned()));
-                *old = expires;
+                self.by_expiry.remove(&(old.0, requestor.to_owned()));
+                *old = (expires, ttl);
             }
             None => {
-                self.until.insert(requestor.to_owned(), expires);
+                self.until.insert(requestor.to_owned(), (expires, ttl));
             }
         }
         self.by_expiry.insert((expires, requestor.to_owned()));
@@ -40,13 +42,14 @@ impl Leases {
     }
 
     pub(super) fn get(&self, requestor: &str) -> Option<Time> {
-        self.until.get(requestor).copied()
+        self.until.get(requestor).map(|(t, _)| *t)
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = Lease> + '_ {
-        self.until.iter().map(|(r, t)| Lease {
+        self.until.iter().map(|(r, (expires, ttl))| Lease {
             requestor: r.clone(),
-            expires: *t,
+            expires: *expires,
+            ttl: *ttl,
         })
     }
 
@@ -54,7 +57,8 @@ impl Leases {
     pub(super) fn restore(&mut self, lease: Lease) {
         self.by_expiry
             .insert((lease.expires, lease.requestor.clone()));
-        self.until.insert(lease.requestor, lease.expires);
+        self.until
+            .insert(lease.requestor, (lease.expires, lease.ttl));
     }
 
     /// The first lease to expire, when.
@@ -81,10 +85,11 @@ impl Leases {
             .dirty
             .drain()
             .filter_map(|r| {
-                let expires = *self.until.get(&r)?;
+                let (expires, ttl) = *self.until.get(&r)?;
                 Some(Lease {
                     requestor: r,
                     expires,
+                    ttl,
                 })
             })
             .collect();
@@ -97,7 +102,7 @@ impl Pool {
     /// returns that time.
     pub fn renew(&mut self, now: Time, requestor: &str, ttl: Duration) -> Time {
         let expires = now + ttl;
-        self.leases.renew(requestor, expires);
+        self.leases.renew(requestor, expires, ttl);
         expires
     }
 

@@ -558,6 +558,9 @@ impl Changes {
 pub struct Lease {
     pub requestor: String,
     pub expires: Time,
+    /// How long its last renewal made it last: what a restart gives it
+    /// again ([`super::Pool::restore`]).
+    pub ttl: Duration,
 }
 
 /// What a store held at start.

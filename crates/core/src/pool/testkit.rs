@@ -456,7 +456,7 @@ pub(super) fn trap() -> Failure {
 pub(super) struct Store {
     pub nodes: HashMap<NodeId, Node>,
     pub requests: HashMap<RequestId, Request>,
-    pub leases: HashMap<String, Time>,
+    pub leases: HashMap<String, Lease>,
 }
 
 impl Store {
@@ -486,7 +486,7 @@ impl Store {
             self.requests.insert(r.id, r);
         }
         for l in c.leases {
-            self.leases.insert(l.requestor, l.expires);
+            self.leases.insert(l.requestor.clone(), l);
         }
         for r in c.purged_leases {
             self.leases.remove(&r);
@@ -511,14 +511,7 @@ impl Store {
         nodes.sort_by_key(|n| n.id);
         let mut requests: Vec<Request> = self.requests.values().cloned().collect();
         requests.sort_by_key(|r| r.id);
-        let mut leases: Vec<Lease> = self
-            .leases
-            .iter()
-            .map(|(r, t)| Lease {
-                requestor: r.clone(),
-                expires: *t,
-            })
-            .collect();
+        let mut leases: Vec<Lease> = self.leases.values().cloned().collect();
         leases.sort_by(|a, b| a.requestor.cmp(&b.requestor));
         Snapshot {
             nodes,
