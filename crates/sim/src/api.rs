@@ -16,8 +16,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tracing::{Instrument, debug, instrument, warn};
 
+use super::machines::Port;
 use super::state::{
-    ApiError, Call, CreateRequest, Created, DEFAULT_PAGE_SIZE, ListQuery, MAX_PAGE_SIZE, parse_id,
+    ApiError, Call, CreateRequest, Created, DEFAULT_PAGE_SIZE, Endpoint, ListQuery, MAX_PAGE_SIZE,
+    parse_id,
 };
 use super::{Instance, Knobs, SimCloud};
 
@@ -43,6 +45,7 @@ pub(super) fn router(cloud: SimCloud) -> Router {
         .route("/sim/knobs", get(get_knobs).put(put_knobs))
         .route("/sim/calls", get(calls))
         .route("/sim/instances", get(sim_instances))
+        .route("/sim/instances/{id}/endpoint", put(set_endpoint))
         .route("/sim/reset", post(reset));
     api.merge(control)
         .fallback(|| async { error_response(ApiError::NotFound("no such route".to_owned())) })
@@ -179,16 +182,31 @@ async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, 
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
     let roll: f64 = rand::random();
+    let knobs = cloud.knobs();
+    // A machine of its own to reach, once it is known to be new.
+    let port = match &knobs.ssh_target {
+        Some(_) => {
+            Some(Port::take().map_err(|e| ApiError::Internal(format!("taking a port: {e}")))?)
+        }
+        None => None,
+    };
     let (created, snapshot) = {
         let now = cloud.now_ms();
         let mut state = cloud.lock();
-        let created = state.create(request, now, roll)?;
+        let endpoint = port.as_ref().map(|p| p.endpoint.clone());
+        let created = state.create(request, now, roll, endpoint)?;
         let snapshot = match created {
             Created::New(_) => cloud.snapshot(&state),
             Created::Existing(_) => None,
         };
         (created, snapshot)
     };
+    if let (Created::New(instance), Some(port), Some(target)) = (&created, port, knobs.ssh_target)
+        && let Some(id) = parse_id(&instance.id)
+    {
+        let after = Duration::from_millis(knobs.boot_delay_ms + knobs.ssh_accept_delay_ms);
+        cloud.shared.machines.start(id, port, after, target);
+    }
     persist(&cloud, snapshot).await?;
     Ok(match created {
         Created::New(instance) => {
@@ -271,6 +289,9 @@ async fn delete(
         state.delete(&id, now)?;
         cloud.snapshot(&state)
     };
+    if let Some(n) = parse_id(&id) {
+        cloud.shared.machines.stop(n);
+    }
     persist(&cloud, snapshot).await?;
     debug!("terminated instance");
     Ok(StatusCode::NO_CONTENT)
@@ -338,6 +359,28 @@ async fn sim_instances(State(cloud): State<SimCloud>) -> Json<Vec<Instance>> {
     Json(cloud.instances())
 }
 
+/// Points one instance at another address and SSH port (a server that
+/// never answers, a metadata address): `{"address": "…", "port": N}`.
+#[instrument(skip(cloud, body))]
+async fn set_endpoint(
+    State(cloud): State<SimCloud>,
+    Path(InstanceId { id }): Path<InstanceId>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let endpoint: Endpoint = parse_body(&body)?;
+    let snapshot = {
+        let now = cloud.now_ms();
+        let mut state = cloud.lock();
+        state.set_endpoint(&id, endpoint, now)?;
+        cloud.snapshot(&state)
+    };
+    if let Some(n) = parse_id(&id) {
+        cloud.shared.machines.stop(n);
+    }
+    persist(&cloud, snapshot).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 #[instrument(skip_all)]
 async fn reset(State(cloud): State<SimCloud>) -> Result<StatusCode, ApiError> {
     let snapshot = {
@@ -345,6 +388,7 @@ async fn reset(State(cloud): State<SimCloud>) -> Result<StatusCode, ApiError> {
         state.reset();
         cloud.snapshot(&state)
     };
+    cloud.shared.machines.stop_all();
     persist(&cloud, snapshot).await?;
     debug!("reset");
     Ok(StatusCode::NO_CONTENT)

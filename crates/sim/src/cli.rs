@@ -45,6 +45,13 @@ pub struct SimArgs {
     /// How long terminated instances stay listed.
     #[arg(long, value_parser = duration::parse, default_value = "60s")]
     pub terminated_retention: Duration,
+    /// A real SSH server (IP:PORT) that each new instance leads to, through
+    /// a port of its own on 127.0.0.1.
+    #[arg(long, value_name = "IP:PORT")]
+    pub ssh_target: Option<String>,
+    /// How long after its boot an instance's SSH port starts accepting.
+    #[arg(long, value_parser = duration::parse, default_value = "0s")]
+    pub ssh_accept_delay: Duration,
 }
 
 // Hand-written so the token never reaches a log line.
@@ -80,6 +87,8 @@ impl SimArgs {
             out_of_capacity: self.out_of_capacity.clone(),
             token: self.token.clone(),
             terminated_retention_ms: millis(self.terminated_retention),
+            ssh_target: self.ssh_target.clone(),
+            ssh_accept_delay_ms: millis(self.ssh_accept_delay),
         }
     }
 }

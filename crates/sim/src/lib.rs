@@ -5,10 +5,12 @@
 //! - `state`: the bookkeeping, as plain data and functions of `now`.
 //! - `api`: the axum routes, and errors turned into statuses.
 //! - `state_file`: the optional state file.
+//! - `machines`: instances reachable on ports of their own (`ssh_target`).
 //! - `cli`: the `berth sim` subcommand.
 
 mod api;
 mod cli;
+mod machines;
 mod state;
 mod state_file;
 #[cfg(test)]
@@ -49,6 +51,14 @@ pub struct Knobs {
     pub token: Option<String>,
     /// How long a terminated instance stays listed.
     pub terminated_retention_ms: u64,
+    /// A real SSH server (`IP:PORT`) that new instances lead to: each gets a
+    /// port of its own on 127.0.0.1, reported as its address and SSH port,
+    /// passed through to this server once it runs and
+    /// `ssh_accept_delay_ms` more has passed (refused before). `None`:
+    /// instances report addresses nothing answers at.
+    pub ssh_target: Option<String>,
+    /// How long after its boot an instance's SSH port starts accepting.
+    pub ssh_accept_delay_ms: u64,
 }
 
 impl Default for Knobs {
@@ -62,6 +72,8 @@ impl Default for Knobs {
             out_of_capacity: Vec::new(),
             token: None,
             terminated_retention_ms: 60_000,
+            ssh_target: None,
+            ssh_accept_delay_ms: 0,
         }
     }
 }
@@ -78,6 +90,8 @@ impl fmt::Debug for Knobs {
             .field("out_of_capacity", &self.out_of_capacity)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("terminated_retention_ms", &self.terminated_retention_ms)
+            .field("ssh_target", &self.ssh_target)
+            .field("ssh_accept_delay_ms", &self.ssh_accept_delay_ms)
             .finish()
     }
 }
@@ -90,6 +104,13 @@ impl Knobs {
             problems.push(format!(
                 "failure_rate must be between 0 and 1, got {}",
                 self.failure_rate
+            ));
+        }
+        if let Some(target) = &self.ssh_target
+            && target.parse::<std::net::SocketAddr>().is_err()
+        {
+            problems.push(format!(
+                "ssh_target must be an IP address and port, got {target:?}"
             ));
         }
         if let Some(rate) = self.rate_limit
@@ -127,6 +148,7 @@ struct Shared {
     state: Mutex<State>,
     clock: Clock,
     state_file: Option<StateFile>,
+    machines: machines::Machines,
 }
 
 /// Milliseconds since the Unix epoch, advanced by tokio's clock.
@@ -185,6 +207,7 @@ impl SimCloud {
                 state: Mutex::new(State::new(knobs, saved)),
                 clock: Clock::new(),
                 state_file,
+                machines: Default::default(),
             }),
         })
     }
@@ -234,6 +257,7 @@ impl SimCloud {
             state.reset();
             self.snapshot(&state)
         };
+        self.shared.machines.stop_all();
         self.write(snapshot)
     }
 

@@ -134,6 +134,19 @@ pub(crate) struct Record {
     pub created_at_ms: u64,
     pub terminated_at_ms: Option<u64>,
     pub client_token: Option<String>,
+    /// The address and SSH port it reports, in place of its own
+    /// (`PUT /sim/instances/{id}/endpoint`, or a machine of its own for
+    /// the `ssh_target` knob).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Endpoint>,
+}
+
+/// Where an instance says it can be reached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    pub address: String,
+    pub port: u16,
 }
 
 impl Record {
@@ -156,6 +169,11 @@ impl Record {
         // The low 24 bits of the counter give a unique 10.0.0.0/8 address for
         // the first 16 million instances, and id 42 reads as 10.0.0.42.
         let n = self.id;
+        let own = format!("10.{}.{}.{}", (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff);
+        let (private_ipv4, ssh_port) = match &self.endpoint {
+            Some(e) => (e.address.clone(), e.port),
+            None => (own, 22),
+        };
         Instance {
             hostname: format!("{id}.sim.internal"),
             id,
@@ -164,9 +182,9 @@ impl Record {
             image: self.image.clone(),
             tags: self.tags.clone(),
             created_at_ms: self.created_at_ms,
-            private_ipv4: format!("10.{}.{}.{}", (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff),
+            private_ipv4,
             public_ipv4: None,
-            ssh_port: 22,
+            ssh_port,
             username: "berth".to_owned(),
             client_token: self.client_token.clone(),
         }
@@ -315,6 +333,7 @@ impl State {
         request: CreateRequest,
         now_ms: u64,
         roll: f64,
+        endpoint: Option<Endpoint>,
     ) -> Result<Created, ApiError> {
         self.purge(now_ms);
         if request.instance_type.is_empty() || request.image.is_empty() {
@@ -356,6 +375,7 @@ impl State {
             created_at_ms: now_ms,
             terminated_at_ms: None,
             client_token: request.client_token,
+            endpoint,
         };
         let view = record.view(&self.knobs, now_ms);
         self.instances.insert(id, record);
@@ -382,6 +402,20 @@ impl State {
     pub(crate) fn delete(&mut self, id: &str, now_ms: u64) -> Result<(), ApiError> {
         self.purge(now_ms);
         self.live_mut(id)?.terminated_at_ms = Some(now_ms);
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Points a live instance at `endpoint`: the address and SSH port it
+    /// reports from now on.
+    pub(crate) fn set_endpoint(
+        &mut self,
+        id: &str,
+        endpoint: Endpoint,
+        now_ms: u64,
+    ) -> Result<(), ApiError> {
+        self.purge(now_ms);
+        self.live_mut(id)?.endpoint = Some(endpoint);
         self.generation += 1;
         Ok(())
     }

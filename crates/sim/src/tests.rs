@@ -757,3 +757,96 @@ async fn a_caller_named_in_the_endpoint_is_recorded_with_its_calls() {
         ]
     );
 }
+
+/// A server that answers every connection with a line of its own.
+async fn greeter() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            use tokio::io::AsyncWriteExt;
+            let _ = conn.write_all(b"SSH-2.0-greeter\r\n").await;
+        }
+    });
+    addr
+}
+
+async fn first_line(addr: &str) -> std::io::Result<String> {
+    use tokio::io::AsyncBufReadExt;
+    let conn = tokio::net::TcpStream::connect(addr).await?;
+    let mut line = String::new();
+    tokio::io::BufReader::new(conn).read_line(&mut line).await?;
+    Ok(line)
+}
+
+#[tokio::test]
+async fn with_an_ssh_target_each_instance_is_reachable_once_booted_and_accepting() {
+    let target = greeter().await;
+    let (_cloud, app) = sim(Knobs {
+        boot_delay_ms: 100,
+        ssh_target: Some(target.to_string()),
+        ssh_accept_delay_ms: 300,
+        ..Knobs::default()
+    });
+    let started = std::time::Instant::now();
+    let a = create(&app, small(json!({}))).await.body;
+    let b = create(&app, small(json!({}))).await.body;
+    assert_eq!(a["private_ipv4"], "127.0.0.1");
+    assert_ne!(a["ssh_port"], b["ssh_port"], "a port of its own each");
+    let addr = format!("127.0.0.1:{}", a["ssh_port"]);
+    // Booted after 100 ms, accepting 300 ms after that: refused until then.
+    let refused = first_line(&addr).await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    let line = loop {
+        match first_line(&addr).await {
+            Ok(line) => break line,
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert_eq!(line, "SSH-2.0-greeter\r\n", "passed through to the target");
+    // Deleting the instance closes its port.
+    let id = a["id"].as_str().unwrap();
+    let deleted = send(&app, "DELETE", &format!("/v1/instances/{id}"), None, None).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(first_line(&addr).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_can_be_pointed_at_another_address_and_port() {
+    let (_cloud, app) = sim(Knobs::default());
+    let a = create(&app, small(json!({}))).await.body;
+    let id = a["id"].as_str().unwrap();
+    let uri = format!("/sim/instances/{id}/endpoint");
+    let body = json!({"address": "169.254.169.254", "port": 2222});
+    assert_eq!(
+        send(&app, "PUT", &uri, Some(body), None).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let got = send(&app, "GET", &format!("/v1/instances/{id}"), None, None)
+        .await
+        .body;
+    assert_eq!(got["private_ipv4"], "169.254.169.254");
+    assert_eq!(got["ssh_port"], 2222);
+    let bad = send(&app, "PUT", &uri, Some(json!({"address": 1})), None).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let missing = send(
+        &app,
+        "PUT",
+        "/sim/instances/i-00000000000000ff/endpoint",
+        Some(json!({"address": "10.0.0.1", "port": 22})),
+        None,
+    )
+    .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    let knobs = send(
+        &app,
+        "PUT",
+        "/sim/knobs",
+        Some(json!({"ssh_target": "nowhere"})),
+        None,
+    )
+    .await;
+    assert_eq!(knobs.status, StatusCode::BAD_REQUEST);
+}
