@@ -132,6 +132,12 @@ impl AllowedHost {
         port && host
     }
 
+    /// Whether this entry names `host` itself (a literal or a name, not a
+    /// wildcard), on whatever port.
+    pub fn names(&self, host: &str) -> bool {
+        self.host == host
+    }
+
     pub fn matches(&self, host: &str, port: u16) -> bool {
         if self.port.is_some_and(|p| p != port) {
             return false;

@@ -284,6 +284,48 @@ impl HttpPolicy {
         addrs.first().copied().ok_or(Denial::Unresolvable)
     }
 
+    /// The addresses a readiness probe of an instance at `host` (as its
+    /// cloud reported it) may connect to on `port`. The instance's own
+    /// addresses, private or public, are what a probe is for; never a
+    /// link-local, metadata, unspecified, broadcast or multicast address, nor
+    /// berth's own API; this host's loopback only where the provider's
+    /// allow-list names that address (a cloud on this host, as in tests). A
+    /// name is resolved and every address it has is checked.
+    pub async fn probe_addresses(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|e| format!("{host} does not resolve: {e}"))?
+                .collect(),
+        };
+        for a in &addrs {
+            let ip = a.ip();
+            if is_forbidden_ip(ip) {
+                return Err(Denial::ForbiddenAddress(ip).to_string());
+            }
+            if self.is_own(*a) {
+                return Err(Denial::OwnAddress(*a).to_string());
+            }
+            let loopback = match ip {
+                IpAddr::V4(v4) => v4.is_loopback(),
+                IpAddr::V6(v6) => {
+                    v6.is_loopback() || embedded_v4(v6).is_some_and(|v4| v4.is_loopback())
+                }
+            };
+            if loopback && !self.allowed.iter().any(|h| h.names(&ip.to_string())) {
+                return Err(format!(
+                    "address {ip} is this host's loopback; a probe reaches it only where the provider's allowed hosts name it"
+                ));
+            }
+        }
+        if addrs.is_empty() {
+            return Err(Denial::Unresolvable.to_string());
+        }
+        Ok(addrs)
+    }
+
     /// Whether the allow-list names `ip` itself (for `port`).
     fn names_literal(&self, ip: IpAddr, port: u16) -> bool {
         let text = ip.to_string();
@@ -731,6 +773,58 @@ mod tests {
         assert_eq!(
             check(&["[::1]:7"], "http://[::1]:7/").await,
             Ok("[::1]:7".parse().unwrap())
+        );
+    }
+
+    #[tokio::test]
+    async fn probes_reach_an_instances_own_addresses_and_nothing_else() {
+        let p = policy(&["127.0.0.1:9000"]).denying(vec!["0.0.0.0:8080".parse().unwrap()]);
+        let ok = |a: &str| vec![a.parse::<SocketAddr>().unwrap()];
+        assert_eq!(
+            p.probe_addresses("10.0.0.5", 22).await,
+            Ok(ok("10.0.0.5:22"))
+        );
+        assert_eq!(
+            p.probe_addresses("203.0.113.9", 22).await,
+            Ok(ok("203.0.113.9:22"))
+        );
+        // Loopback the allow-list names, on any port; not another.
+        assert_eq!(
+            p.probe_addresses("127.0.0.1", 2222).await,
+            Ok(ok("127.0.0.1:2222"))
+        );
+        assert!(
+            p.probe_addresses("127.0.0.2", 22)
+                .await
+                .unwrap_err()
+                .contains("loopback")
+        );
+        assert!(
+            p.probe_addresses("::1", 22)
+                .await
+                .unwrap_err()
+                .contains("loopback")
+        );
+        for bad in [
+            "169.254.169.254",
+            "[fd00:ec2::254]",
+            "::ffff:169.254.169.254",
+            "0.0.0.0",
+            "224.0.0.1",
+        ] {
+            let e = p.probe_addresses(bad, 22).await.unwrap_err();
+            assert!(e.contains("never reachable"), "{bad}: {e}");
+        }
+        // berth's own API, listening on every address.
+        let e = p.probe_addresses("10.1.2.3", 8080).await.unwrap_err();
+        assert!(e.contains("berth's own API"), "{e}");
+        // A name is checked by what it resolves to.
+        let none = policy(&["example.com"]);
+        assert!(
+            none.probe_addresses("localhost", 22)
+                .await
+                .unwrap_err()
+                .contains("loopback")
         );
     }
 
