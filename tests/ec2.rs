@@ -678,6 +678,7 @@ fn pool_config_text(
     format!(
         r#"
 pool-id = "ec2-itest"
+ready = "running"
 state-dir = {state:?}
 sync-interval = "{sync_interval}"
 boot-poll-interval = "200ms"

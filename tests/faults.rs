@@ -43,6 +43,7 @@ async fn rig(missing_confirm: Option<&str>) -> Rig {
     let text = format!(
         r#"
 pool-id = "faults"
+ready = "running"
 state-dir = {state:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"

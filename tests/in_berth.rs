@@ -18,6 +18,7 @@ fn config_text(state: &Path, driver: &Path, provider: &str, instance_type: &str)
     format!(
         r#"
 pool-id = "itest"
+ready = "running"
 state-dir = {state:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"

@@ -13,6 +13,7 @@ mod openapi;
 mod pg_store;
 mod pool;
 mod power_loss;
+mod readiness;
 mod sandbox;
 mod serve;
 mod static_hosts;

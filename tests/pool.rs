@@ -22,6 +22,7 @@ pub fn pool_config(sim: &SimServer, state: &Path, extra: &str) -> Settings {
     let text = format!(
         r#"
 pool-id = "itest"
+ready = "running"
 state-dir = {state:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"
@@ -709,6 +710,7 @@ async fn a_pool_killed_during_churn_resumes_without_leaks_or_double_allocations(
     let config_text = format!(
         r#"
 pool-id = "itest"
+ready = "running"
 state-dir = "state"
 sync-interval = "1s"
 boot-poll-interval = "100ms"

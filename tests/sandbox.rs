@@ -50,6 +50,7 @@ fn config(sim: &SimServer, dir: &Path, hostile: &[Hostile<'_>]) -> PathBuf {
     let mut text = format!(
         r#"
 pool-id = "sandbox-test"
+ready = "running"
 state-dir = {state:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"

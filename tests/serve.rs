@@ -65,6 +65,7 @@ pub(crate) fn serve_config_for(
     let text = format!(
         r#"
 pool-id = "serve-test"
+ready = "running"
 state-dir = {state:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"

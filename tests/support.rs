@@ -14,6 +14,8 @@ pub mod fault_proxy;
 pub mod postgres;
 #[path = "support/server.rs"]
 pub mod server;
+#[path = "support/sshd.rs"]
+pub mod sshd;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

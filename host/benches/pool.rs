@@ -46,6 +46,7 @@ fn main() {
 fn core_config() -> Config {
     let text = r#"
 pool-id = "bench"
+ready = "running"
 [providers.sim]
 driver = "sim.wasm"
 [labels.small]
@@ -187,6 +188,7 @@ async fn service(rows: &mut Vec<(String, String)>) {
     let text = format!(
         r#"
 pool-id = "bench"
+ready = "running"
 state-dir = {state:?}
 boot-poll-interval = "50ms"
 [providers.sim]

@@ -24,6 +24,7 @@ fn config(dir: &Path, sim: &support::SimServer, spinners: usize) -> std::path::P
     let mut text = format!(
         r#"
 pool-id = "bench-sandbox"
+ready = "running"
 state-dir = {state:?}
 sync-interval = "30s"
 boot-poll-interval = "100ms"

@@ -113,10 +113,28 @@ pub struct Node {
     /// Set when the provider's lists stopped showing its instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missing: Option<MissingInstance>,
+    /// Set while its instance runs and its label's readiness probe has not
+    /// passed yet (the node is `booting`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<Probe>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addresses: Option<Addresses>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection: Option<Connection>,
+}
+
+/// How a running node's readiness probes stand (`ready = "tcp"` or `"ssh"`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Probe {
+    /// `tcp` or `ssh`.
+    pub check: String,
+    /// When its instance was first seen running.
+    pub since: String,
+    /// Probes that ended without the node being ready.
+    pub failed: u32,
+    /// Why the last one failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// A node whose instance the provider's lists stopped showing.

@@ -18,7 +18,8 @@ mod sandbox;
 mod tests;
 
 pub use berth_core::config::{
-    Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, ProviderLimits, Timings,
+    Check, Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, ProviderLimits,
+    Readiness, Timings,
 };
 pub use parse::{
     ConfigErrors, Location, Problem, base_dir, check_files, credentials, load, locate, parse,

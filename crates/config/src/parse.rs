@@ -424,6 +424,18 @@ impl Walker<'_> {
         }
     }
 
+    /// A readiness check: `running`, `tcp` or `ssh`.
+    fn check(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<Check> {
+        let text = self.string(s, key)?;
+        match text.parse::<Check>() {
+            Ok(c) => Some(c),
+            Err(_) => {
+                self.problem(s.at(key), format!("`{text}` is not running, tcp or ssh"));
+                None
+            }
+        }
+    }
+
     fn duration(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<Duration> {
         let text = self.string(s, key)?;
         match berth_core::duration::parse(&text) {
@@ -581,6 +593,9 @@ impl Walker<'_> {
             capacity_pause: timing(self, "capacity-pause", d.capacity_pause),
             history: timing(self, "history", d.history),
         };
+        let ready = self
+            .check(&mut s, "ready")
+            .unwrap_or(Readiness::default().check);
         let providers_table = self.table(&mut s, "providers");
         let labels_table = self.table(&mut s, "labels");
         let (api, lease_ttl) = match self.table(&mut s, "api") {
@@ -608,7 +623,7 @@ impl Walker<'_> {
         if let Some(t) = labels_table {
             let named = self.named("labels", t);
             for (name, t) in named {
-                let (label, backing) = self.label(name, t, &provider_names);
+                let (label, backing) = self.label(name, t, &provider_names, ready);
                 labels.push(label);
                 backing_names.push(backing);
             }
@@ -1191,8 +1206,14 @@ impl Walker<'_> {
     }
 
     /// A label, and for a slot label the name of its backing label (resolved
-    /// once every label is read).
-    fn label(&mut self, name: String, t: &Table, providers: &[String]) -> (Label, Option<String>) {
+    /// once every label is read). `ready` is the file's default check.
+    fn label(
+        &mut self,
+        name: String,
+        t: &Table,
+        providers: &[String],
+        ready: Check,
+    ) -> (Label, Option<String>) {
         let mut s = Section::new(join("labels", &name), t);
         let min_ready = self.int(&mut s, "min-ready", "0 or more").unwrap_or(0);
         let max_ready_age = self.duration(&mut s, "max-ready-age");
@@ -1205,6 +1226,7 @@ impl Walker<'_> {
         let idle_timeout = self.duration(&mut s, "idle-timeout");
         let reuse = self.bool(&mut s, "reuse").unwrap_or(false);
         let is_slots = t.contains_key("slots") || t.contains_key("backing-label");
+        let ready = self.readiness(&mut s, ready, is_slots);
         let mut backing = None;
         let kind = if is_slots {
             let slots = self.int::<u16>(&mut s, "slots", "1 to 1024");
@@ -1275,9 +1297,53 @@ impl Walker<'_> {
             launch_retries,
             idle_timeout,
             reuse,
+            ready,
             kind,
         };
         (label, backing)
+    }
+
+    /// A label's `ready`, `ready-port` and `ready-timeout`; none of them on a
+    /// slot label, whose nodes are ready when their backing node is.
+    fn readiness(&mut self, s: &mut Section<'_>, default: Check, is_slots: bool) -> Readiness {
+        if is_slots {
+            for key in ["ready", "ready-port", "ready-timeout"] {
+                if s.table.contains_key(key) {
+                    s.known.push(key);
+                    self.problem(
+                        s.at(key),
+                        "a slot label's nodes are ready when their backing node is; set this on the backing label",
+                    );
+                }
+            }
+            return Readiness::RUNNING;
+        }
+        let check = self.check(s, "ready").unwrap_or(default);
+        let port = self.int::<u16>(s, "ready-port", "1 to 65535");
+        if port == Some(0) {
+            self.problem(s.at("ready-port"), "must be 1 to 65535");
+        }
+        let timeout = self
+            .duration(s, "ready-timeout")
+            .unwrap_or(Readiness::DEFAULT_TIMEOUT);
+        if timeout.is_zero() {
+            self.problem(s.at("ready-timeout"), "must be more than 0");
+        }
+        if check == Check::Running {
+            for key in ["ready-port", "ready-timeout"] {
+                if s.table.contains_key(key) {
+                    self.problem(
+                        s.at(key),
+                        "means nothing with ready = \"running\"; nothing is probed",
+                    );
+                }
+            }
+        }
+        Readiness {
+            check,
+            port: port.filter(|p| *p != 0),
+            timeout,
+        }
     }
 
     fn offer(&mut self, path: String, t: &Table, provider: ProviderIx) -> Option<Offer> {

@@ -1,6 +1,7 @@
 //! Config checking: every problem with its path, at once.
 
 use std::path::Path;
+use std::time::Duration;
 
 use super::*;
 
@@ -709,4 +710,51 @@ fn postgres_store_problems() {
     )
     .unwrap_err();
     assert!(!e.to_string().contains("hunter2"), "{e}");
+}
+
+#[test]
+fn readiness_defaults_to_ssh_can_be_set_for_the_file_and_per_label_and_is_checked() {
+    let c = parse(GOOD, Path::new("."), &env).expect("valid");
+    assert_eq!(c.pool.labels[0].ready, Readiness::SSH, "the default");
+    let text = GOOD
+        .replace(
+            "sync-interval = \"30s\"",
+            "sync-interval = \"30s\"\nready = \"running\"",
+        )
+        .replace(
+            "max-ready-age = \"1h\"",
+            "max-ready-age = \"1h\"\nready = \"tcp\"\nready-port = 2222\nready-timeout = \"3s\"",
+        );
+    let c = parse(&text, Path::new("."), &env).expect("valid");
+    assert_eq!(
+        c.pool.labels[0].ready,
+        Readiness {
+            check: Check::Tcp,
+            port: Some(2222),
+            timeout: Duration::from_secs(3),
+        }
+    );
+    let only_default = GOOD.replace("sync-interval = \"30s\"", "ready = \"running\"");
+    let c = parse(&only_default, Path::new("."), &env).expect("valid");
+    assert_eq!(c.pool.labels[0].ready, Readiness::RUNNING);
+    check(
+        &GOOD
+            .replace("sync-interval = \"30s\"", "ready = \"ping\"")
+            .replace(
+                "max-ready-age = \"1h\"",
+                "ready = \"running\"\nready-port = 0\nready-timeout = \"0s\"",
+            )
+            .replace(
+                "backing-label = \"big\"",
+                "backing-label = \"big\"\nready = \"ssh\"",
+            ),
+        &[
+            ("ready", "`ping` is not running, tcp or ssh"),
+            ("labels.big.ready-port", "must be 1 to 65535"),
+            ("labels.big.ready-port", "nothing is probed"),
+            ("labels.big.ready-timeout", "must be more than 0"),
+            ("labels.big.ready-timeout", "nothing is probed"),
+            ("labels.slot.ready", "set this on the backing label"),
+        ],
+    );
 }

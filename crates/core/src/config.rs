@@ -147,8 +147,67 @@ pub struct Label {
     /// A node a client returns goes back to ready instead of being deleted
     /// (`reuse`, default false: single use).
     pub reuse: bool,
+    /// When a node whose instance runs may be handed out (`ready`). A slot
+    /// label's nodes are ready when their backing node is, by its label's.
+    pub ready: Readiness,
     /// Machines or slots.
     pub kind: LabelKind,
+}
+
+/// What shows that a running instance is usable (`ready`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "lowercase")]
+pub enum Check {
+    /// The cloud says it runs; nothing more is asked.
+    Running,
+    /// Its port accepts a TCP connection.
+    Tcp,
+    /// An SSH key exchange on its port completes; its host keys are kept.
+    Ssh,
+}
+
+impl Check {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// How a label's nodes are found ready once their instance runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    pub check: Check,
+    /// The port probed (`ready-port`); `None` for the port the instance
+    /// reports for logins, or 22 when it reports none.
+    pub port: Option<u16>,
+    /// How long one probe may take (`ready-timeout`). A failed probe is
+    /// tried again until the label's `boot-timeout` runs out.
+    pub timeout: Duration,
+}
+
+impl Readiness {
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// The port probed when neither the label nor the instance names one.
+    pub const DEFAULT_PORT: u16 = 22;
+
+    /// Ready as soon as the cloud says the instance runs.
+    pub const RUNNING: Readiness = Readiness {
+        check: Check::Running,
+        port: None,
+        timeout: Readiness::DEFAULT_TIMEOUT,
+    };
+
+    /// The default: an SSH key exchange on the instance's login port.
+    pub const SSH: Readiness = Readiness {
+        check: Check::Ssh,
+        port: None,
+        timeout: Readiness::DEFAULT_TIMEOUT,
+    };
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Readiness::SSH
+    }
 }
 
 impl Label {
@@ -167,6 +226,7 @@ impl Label {
             launch_retries: Label::DEFAULT_LAUNCH_RETRIES,
             idle_timeout: None,
             reuse: false,
+            ready: Readiness::default(),
             kind,
         }
     }

@@ -18,6 +18,7 @@ mod calls;
 mod leases;
 mod model;
 mod plan;
+mod probes;
 #[cfg(test)]
 mod prop;
 mod reconcile;
@@ -36,6 +37,7 @@ use crate::driver::{
 
 pub use bucket::Bucket;
 pub use model::*;
+pub use probes::{ProbeTarget, Probing};
 
 /// The pool's state and decisions. See the module docs.
 pub struct Pool {
@@ -62,6 +64,9 @@ pub struct Pool {
     /// Creating nodes marked busy while they wait out a backoff after a
     /// failed try on the same provider: no call is in flight for them.
     create_waits: HashSet<NodeId>,
+    /// Booting nodes whose instance runs, waiting for a readiness probe to
+    /// pass (`probes.rs`).
+    probes: HashMap<NodeId, Probing>,
     dirty_nodes: HashSet<NodeId>,
     dirty_requests: HashSet<RequestId>,
     purged_nodes: Vec<NodeId>,
@@ -277,6 +282,7 @@ impl Pool {
             timers: BTreeSet::new(),
             tries: HashMap::new(),
             create_waits: HashSet::new(),
+            probes: HashMap::new(),
             unsure: HashMap::new(),
             leases: leases::Leases::default(),
             dirty_nodes: HashSet::new(),
@@ -552,6 +558,7 @@ impl Pool {
         self.lift_pauses(now);
         self.plan(now);
         self.emit(now, out);
+        self.emit_probes(now, out);
     }
 
     /// When [`Pool::tick`] next has something to do, if nothing else happens.
@@ -608,6 +615,9 @@ impl Pool {
             if rt.failures > 0 && self.config.labels[i].min_ready > 0 {
                 at(rt.backoff_until);
             }
+        }
+        if let Some(t) = self.next_probe() {
+            at(t);
         }
         next
     }
@@ -668,6 +678,7 @@ impl Pool {
             self.tries.remove(&id);
             self.create_waits.remove(&id);
             self.unsure.remove(&id);
+            self.probes.remove(&id);
             self.dirty_nodes.remove(&id);
             self.purged_nodes.push(id);
         }

@@ -16,6 +16,7 @@
 //! store, as after a restart: list first, then act.
 
 mod commands;
+pub mod probe;
 mod providers;
 pub mod shards;
 #[cfg(test)]
@@ -175,6 +176,15 @@ pub trait Observer: Send + Sync {
     /// Instances a driver answered that failed berth's checks (see
     /// [`berth_core::driver::check`]); the pool never saw them.
     fn refused(&self, _provider: &str, _refused: &[BadAnswer]) {}
+    /// A readiness probe of one of `provider`'s instances ended after `took`.
+    fn probed(
+        &self,
+        _provider: &str,
+        _check: berth_config::Check,
+        _result: Result<(), &String>,
+        _took: Duration,
+    ) {
+    }
 }
 
 /// An observer that hears nothing.
@@ -202,6 +212,8 @@ enum Outcome {
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
     Listed(ProviderIx, Time, Result<Vec<Instance>, Failure>),
     Tagged(NodeId, Result<(), Failure>),
+    /// A readiness probe (not a driver call: not counted in flight).
+    Probed(NodeId, Result<Vec<String>, String>),
 }
 
 /// Commands queued for the pool's task at most; one more is refused with
@@ -1097,8 +1109,13 @@ impl Loop {
     fn outcome(&mut self, outcome: Outcome) {
         let now = self.clock.now();
         let pool = &mut self.pool;
+        if let Outcome::Probed(id, r) = outcome {
+            pool.probed(id, r, now);
+            return;
+        }
         self.in_flight -= 1;
         match outcome {
+            Outcome::Probed(..) => unreachable!("taken above"),
             Outcome::Created(id, r) => pool.created(now, id, r),
             Outcome::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
             Outcome::Listed(p, started, r) => pool.listed(now, p, started, r),
@@ -1200,6 +1217,29 @@ impl Loop {
             });
         }
         for effect in self.effects.drain(..) {
+            if let Effect::Probe {
+                provider,
+                node,
+                instance,
+                target,
+            } = effect
+            {
+                let providers = self.providers.clone();
+                let observer = self.observer.clone();
+                let outcomes = self.outcomes.clone();
+                tokio::spawn(async move {
+                    let started = tokio::time::Instant::now();
+                    let r = providers.prober().probe(provider, &target).await;
+                    let name = providers.name(provider);
+                    let took = started.elapsed();
+                    observer.probed(name, target.check, r.as_ref().map(|_| ()), took);
+                    if let Err(why) = &r {
+                        tracing::debug!(provider = name, %node, %instance, check = target.check.as_str(), error = %why, "not ready yet");
+                    }
+                    let _ = outcomes.send(Outcome::Probed(node, r));
+                });
+                continue;
+            }
             self.in_flight += 1;
             let route = (self.shards.clone()).zip(self.store.holding().map(|h| h.epoch));
             call(
@@ -1329,7 +1369,11 @@ fn failure(e: CallError) -> Failure {
     }
 }
 
-/// Carries out one effect on its own task; the outcome comes back as an event.
+/// Why [`call`] never sees a probe.
+const NOT_A_CALL: &str = "a readiness probe is not a driver call: Loop::step makes it";
+
+/// Carries out one driver call on its own task; the outcome comes back as
+/// an event.
 fn call(
     effect: Effect,
     providers: &Arc<Providers>,
@@ -1344,6 +1388,7 @@ fn call(
         | Effect::Delete { provider, .. }
         | Effect::List { provider }
         | Effect::SetTags { provider, .. } => *provider,
+        Effect::Probe { .. } => unreachable!("{NOT_A_CALL}"),
     };
     let providers = providers.clone();
     let name: Arc<str> = providers_name(&providers, p);
@@ -1371,6 +1416,7 @@ fn call(
                     Effect::SetTags { .. } => {
                         (CallKind::SetTags, berth_core::driver::Call::SetTags)
                     }
+                    Effect::Probe { .. } => unreachable!("{NOT_A_CALL}"),
                 };
                 let e = CallError {
                     provider: name.clone(),
@@ -1386,6 +1432,7 @@ fn call(
                     }
                     Effect::List { .. } => Outcome::Listed(p, clock.now(), Err(failed)),
                     Effect::SetTags { node, .. } => Outcome::Tagged(node, Err(failed)),
+                    Effect::Probe { .. } => unreachable!("{NOT_A_CALL}"),
                 };
                 let _ = outcomes.send(outcome);
                 return;
@@ -1445,6 +1492,7 @@ fn call(
                 heard(CallKind::SetTags, r.as_ref().map(|_| ()));
                 Outcome::Tagged(node, r.map_err(failure))
             }
+            Effect::Probe { .. } => unreachable!("{NOT_A_CALL}"),
         };
         // The pool may have stopped; its stored intents cover the outcome.
         let _ = outcomes.send(outcome);

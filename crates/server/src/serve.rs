@@ -52,7 +52,9 @@ pool-id = "berth-default"
 state-dir = {state}
 plugins-dir = {drivers}
 sync-interval = "10s"
-boot-poll-interval = "1s"
+# The simulated machines have no SSH server to wait for: a node is ready as
+# soon as the cloud says it runs. Real machines want the default, "ssh".
+ready = "running"
 
 [providers.sim]
 driver = "sim.wasm"

@@ -152,6 +152,7 @@ impl Pool {
                     .want_tags
                     .insert(*node);
             }
+            Effect::Probe { .. } => unreachable!("a probe is not a provider's call"),
         }
     }
 
@@ -234,7 +235,7 @@ impl Pool {
                 self.attach(id, &inst, now);
                 if let NodeState::Creating { since, .. } = state {
                     match inst.state {
-                        InstanceState::Running => self.set_ready(id, now),
+                        InstanceState::Running => self.running(id, now),
                         InstanceState::Pending | InstanceState::Unknown => {
                             self.set_booting(id, since, now)
                         }
@@ -301,35 +302,45 @@ impl Pool {
     }
 
     /// A node's instance exists and is not running yet: the provider is
-    /// listed every `boot-poll-interval` until it runs.
+    /// listed soon, then at growing gaps ([`boot_poll_after`]) until it runs.
     pub(super) fn set_booting(&mut self, id: NodeId, since: Time, now: Time) {
         self.update(id, |n| n.state = NodeState::Booting { since });
         if let Some(node) = self.nodes.get(&id) {
             let t = since + self.config[node.label].boot_timeout;
+            let cap = self.config.timings.boot_poll_interval;
+            let at = boot_poll_after(self.boot_seen(id, now), now, cap);
             let rt = &mut self.ix.providers[node.provider.0 as usize];
-            rt.next_list = rt
-                .next_list
-                .min(now + self.config.timings.boot_poll_interval);
+            rt.next_list = rt.next_list.min(at);
             self.timer(t, Timer::BootTimeout(id));
         }
+    }
+
+    /// When this process learned that node `id`'s instance exists (its
+    /// create's answer, or the list that found it), else `now`: what its
+    /// boot polls are timed from. A cloud's boot starts before its create
+    /// answers, so the first list 100 ms after the answer finds a boot of
+    /// 100 ms done.
+    pub(super) fn boot_seen(&self, id: NodeId, now: Time) -> Time {
+        self.attached_at.get(&id).copied().unwrap_or(now)
     }
 
     /// Records what the cloud says about a node's instance.
     pub(super) fn attach(&mut self, id: NodeId, inst: &Instance, now: Time) {
         // Compared in place: a list of many unchanged instances must not
         // allocate a copy of each one's endpoint.
-        let changed = self.nodes.get(&id).is_some_and(|n| {
-            n.instance.as_deref() != Some(inst.id.as_str())
-                || n.endpoint.as_deref().is_none_or(|e| {
-                    e.addresses != inst.addresses || e.connection != inst.connection
-                })
-        });
-        if changed {
+        if self.endpoint_changed(id, inst) {
             self.update(id, |n| {
                 n.instance = Some(inst.id.clone());
+                let mut connection = inst.connection.clone();
+                // Host keys a probe found stay while the cloud reports none.
+                if connection.host_keys.is_empty()
+                    && let Some(e) = &n.endpoint
+                {
+                    connection.host_keys = e.connection.host_keys.clone();
+                }
                 n.endpoint = Some(Box::new(Endpoint {
                     addresses: inst.addresses.clone(),
-                    connection: inst.connection.clone(),
+                    connection,
                 }));
             });
             self.attached_at.entry(id).or_insert(now);
@@ -451,4 +462,29 @@ impl Pool {
             }
         }
     }
+}
+
+/// The first gap after which a booting node is looked at.
+pub(super) const FIRST_BOOT_POLL: Duration = Duration::from_millis(100);
+
+/// When a node seen booting at `since` is next worth a list, after `now`:
+/// [`FIRST_BOOT_POLL`] after `since`, then at gaps that double, up to `cap`
+/// (`boot-poll-interval`) and then `cap` apart. A boot of 100 ms is seen at
+/// once; one of 40 s costs about a dozen lists, not 400; and one list
+/// serves every node of its provider.
+pub(super) fn boot_poll_after(since: Time, now: Time, cap: Duration) -> Time {
+    let cap = cap.max(Duration::from_millis(1));
+    let mut gap = FIRST_BOOT_POLL.min(cap);
+    let mut at = since + gap;
+    while at <= now && gap < cap {
+        gap = (gap * 2).min(cap);
+        at = at + gap;
+    }
+    if at <= now {
+        // Every `cap` from `at` on: the first such point after `now`.
+        let cap_ms = cap.as_millis().max(1) as u64;
+        let steps = now.as_millis().saturating_sub(at.as_millis()) / cap_ms + 1;
+        at = Time::from_millis(at.as_millis() + steps * cap_ms);
+    }
+    at
 }

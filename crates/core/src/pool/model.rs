@@ -428,6 +428,15 @@ pub enum Effect {
         instance: String,
         tags: Tags,
     },
+    /// Probe whether a running node's instance is ready (`ready = "tcp"` or
+    /// `"ssh"`). Not a driver call: the host makes it. Report with
+    /// [`super::Pool::probed`].
+    Probe {
+        provider: ProviderIx,
+        node: NodeId,
+        instance: String,
+        target: super::ProbeTarget,
+    },
 }
 
 /// Something worth a log line, which the core cannot write itself.

@@ -1159,10 +1159,16 @@ impl Pool {
             (Timer::BootTimeout(_), NodeState::Booting { since })
                 if *since + label.boot_timeout <= now =>
             {
-                let why = format!(
-                    "not running after the boot timeout ({}s)",
-                    label.boot_timeout.as_secs()
-                );
+                let why = match self.probe_error(id) {
+                    Some(probes) => format!(
+                        "running but not ready after the boot timeout ({}s): {probes}",
+                        label.boot_timeout.as_secs()
+                    ),
+                    None => format!(
+                        "not running after the boot timeout ({}s)",
+                        label.boot_timeout.as_secs()
+                    ),
+                };
                 self.failed_try(id, why, DeleteReason::BootTimeout, now);
             }
             (Timer::ReadyAge(_), NodeState::Ready { since })

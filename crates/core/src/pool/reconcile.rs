@@ -16,6 +16,7 @@
 
 use std::collections::HashSet;
 
+use super::calls::boot_poll_after;
 use super::*;
 use crate::driver::{Instance, InstanceState};
 
@@ -250,28 +251,27 @@ impl Pool {
         }
         // Only instances that exist and are not running yet need the quick
         // poll; creates still owed do not (a poll would only spend the
-        // provider's rate limit that the creates need).
-        let booting = self.ix.providers[pix]
+        // provider's rate limit that the creates need). The next list comes
+        // when the first of them is next worth a look.
+        let cap = self.config.timings.boot_poll_interval;
+        let boot_poll = self.ix.providers[pix]
             .with_instance
             .iter()
-            .filter(|id| {
-                matches!(
-                    self.nodes.get(id).map(|n| &n.state),
-                    Some(NodeState::Booting { .. } | NodeState::Creating { .. })
-                )
+            .filter(|id| !self.is_probed(**id))
+            .filter_map(|id| match self.nodes.get(id).map(|n| &n.state) {
+                Some(NodeState::Booting { .. } | NodeState::Creating { .. }) => {
+                    Some(boot_poll_after(self.boot_seen(*id, now), now, cap))
+                }
+                _ => None,
             })
-            .count();
-        let t = &self.config.timings;
-        let wait = if booting > 0 {
-            t.boot_poll_interval
-        } else {
-            t.sync_interval
-        };
+            .min();
+        let synced = now + self.config.timings.sync_interval;
+        let next = boot_poll.map_or(synced, |at| at.min(synced));
         // A create whose outcome is not known waits for the next list: at
         // once.
         let waiting =
             (self.unsure.keys()).any(|id| self.nodes.get(id).is_some_and(|n| n.provider == p));
-        self.ix.providers[pix].next_list = if waiting { now } else { now + wait };
+        self.ix.providers[pix].next_list = if waiting { now } else { next };
     }
 
     /// A list that failed or was not believed: the next comes after a backoff
@@ -438,7 +438,7 @@ impl Pool {
             instance: inst.id.clone(),
         });
         if inst.state == InstanceState::Running {
-            self.set_ready(id, now);
+            self.running(id, now);
         }
     }
 
@@ -455,7 +455,7 @@ impl Pool {
                 if !self.busy.contains(&id) {
                     // Its create's answer was lost (a restart): the list is it.
                     match inst.state {
-                        InstanceState::Running => self.set_ready(id, now),
+                        InstanceState::Running => self.running(id, now),
                         _ => self.set_booting(id, since, now),
                     }
                 }
@@ -467,7 +467,7 @@ impl Pool {
                 } else {
                     self.attach(id, inst, now);
                     if inst.state == InstanceState::Running {
-                        self.set_ready(id, now);
+                        self.running(id, now);
                     }
                 }
                 true

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::config::{Label, Offer, Provider, Timings};
+use crate::config::{Label, Offer, Provider, Readiness, Timings};
 use crate::driver::{Addresses, Connection, DriverError, Instance, InstanceState};
 
 /// Where every test's clock starts: a realistic wall-clock time.
@@ -43,9 +43,13 @@ pub(super) fn offer(p: u16, ty: &str) -> Offer {
     }
 }
 
-/// A machine label with the given offers.
+/// A machine label with the given offers, ready once its instance runs
+/// (the fake cloud's instances have nothing to probe).
 pub(super) fn machine(name: &str, offers: Vec<Offer>) -> Label {
-    Label::new(name, LabelKind::Machine { offers })
+    Label {
+        ready: Readiness::RUNNING,
+        ..Label::new(name, LabelKind::Machine { offers })
+    }
 }
 
 /// A slot label with `slots` slots per instance of `backing`.
@@ -79,6 +83,8 @@ pub(super) enum Call {
     List,
     Delete,
     SetTags,
+    /// A readiness probe: not a driver call, but the instance is reached.
+    Probe,
 }
 
 impl Call {
@@ -88,6 +94,7 @@ impl Call {
             Effect::List { .. } => Call::List,
             Effect::Delete { .. } => Call::Delete,
             Effect::SetTags { .. } => Call::SetTags,
+            Effect::Probe { .. } => Call::Probe,
         }
     }
 }
@@ -139,6 +146,12 @@ pub(super) struct FakeProvider {
     pub instances: BTreeMap<String, FakeInstance>,
     /// How long a new instance is pending before it runs; zero: at once.
     pub boot_delay: Duration,
+    /// How long after it runs an instance answers probes; `None`: never.
+    pub ready_delay: Option<Duration>,
+    /// The host keys an instance's SSH server shows.
+    pub host_keys: Vec<String>,
+    /// The host keys the cloud reports for its instances.
+    pub reported_keys: Vec<String>,
     /// Most live instances the account allows.
     pub quota: Option<u32>,
     /// Instance types without capacity.
@@ -200,6 +213,7 @@ pub(super) enum Outcome {
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
     Listed(ProviderIx, Result<Vec<Instance>, Failure>),
     Tagged(NodeId, Result<(), Failure>),
+    Probed(NodeId, Result<Vec<String>, String>),
 }
 
 impl Outcome {
@@ -209,6 +223,7 @@ impl Outcome {
             Outcome::Deleted(.., r) => r.as_ref().err(),
             Outcome::Listed(_, r) => r.as_ref().err(),
             Outcome::Tagged(_, r) => r.as_ref().err(),
+            Outcome::Probed(..) => None,
         }
     }
 }
@@ -218,7 +233,8 @@ pub(super) fn effect_provider(e: &Effect) -> ProviderIx {
         Effect::Create { provider, .. }
         | Effect::Delete { provider, .. }
         | Effect::List { provider }
-        | Effect::SetTags { provider, .. } => *provider,
+        | Effect::SetTags { provider, .. }
+        | Effect::Probe { provider, .. } => *provider,
     }
 }
 
@@ -264,13 +280,37 @@ impl Cloud {
                 ..Addresses::default()
             },
             created_at_ms: Some(i.created.as_millis()),
-            connection: Connection::default(),
+            connection: Connection {
+                host_keys: fp.reported_keys.clone(),
+                ..Connection::default()
+            },
         }
+    }
+
+    /// A readiness probe of `instance` at `now`: its keys once it has run
+    /// for the provider's `ready_delay`.
+    fn probe(&self, p: usize, node: NodeId, instance: &str, now: Time) -> Outcome {
+        let fp = &self.providers[p];
+        let up = fp.instances.get(instance).is_some_and(|i| {
+            i.terminated.is_none()
+                && fp
+                    .ready_delay
+                    .is_some_and(|d| i.created + fp.boot_delay + d <= now)
+        });
+        let r = match (up, fp.ready_delay) {
+            (true, _) => Ok(fp.host_keys.clone()),
+            (false, None) => Err("timed out waiting for the server's banner".to_owned()),
+            (false, Some(_)) => Err("connection refused".to_owned()),
+        };
+        Outcome::Probed(node, r)
     }
 
     /// Carries out a call at `now`.
     pub(super) fn carry_out(&mut self, now: Time, effect: &Effect) -> Outcome {
         let p = effect_provider(effect).0 as usize;
+        if let Effect::Probe { node, instance, .. } = effect {
+            return self.probe(p, *node, instance, now);
+        }
         let call = Call::of(effect);
         // Terminated instances stay listed for a while, then go.
         let linger = self.providers[p].linger;
@@ -292,6 +332,7 @@ impl Cloud {
                 } => Outcome::Deleted(*provider, *node, instance.clone(), Err(e)),
                 Effect::List { provider } => Outcome::Listed(*provider, Err(e)),
                 Effect::SetTags { node, .. } => Outcome::Tagged(*node, Err(e)),
+                Effect::Probe { .. } => unreachable!("answered above"),
             };
         }
         let lie = self.providers[p].lie(call);
@@ -365,6 +406,7 @@ impl Cloud {
                 };
                 Outcome::Tagged(*node, result)
             }
+            Effect::Probe { .. } => unreachable!("answered above"),
         };
         match fault {
             // It went through, and then the answer was lost or wrong.
@@ -373,6 +415,7 @@ impl Cloud {
                 Outcome::Deleted(p, n, i, _) => Outcome::Deleted(p, n, i, Err(f.failure)),
                 Outcome::Listed(p, _) => Outcome::Listed(p, Err(f.failure)),
                 Outcome::Tagged(n, _) => Outcome::Tagged(n, Err(f.failure)),
+                probed @ Outcome::Probed(..) => probed,
             },
             None => outcome,
         }
@@ -613,6 +656,17 @@ impl Harness {
     }
 
     fn make(&mut self, effect: Effect) {
+        if let Effect::Probe { .. } = effect {
+            // The host's own call: no driver, no provider limit.
+            self.log.push((self.now, effect.clone()));
+            self.in_flight.push(InFlight {
+                effect,
+                made: self.now,
+                due: self.now + self.latency,
+                outcome: None,
+            });
+            return;
+        }
         let p = effect_provider(&effect).0 as usize;
         let fp = &mut self.cloud.providers[p];
         if let Some(until) = fp.held_until
@@ -663,6 +717,11 @@ impl Harness {
             None => self.cloud.carry_out(self.now, &call.effect),
         };
         let p = effect_provider(&call.effect);
+        if let Outcome::Probed(id, r) = outcome {
+            self.pool.probed(id, r, self.now);
+            self.persist();
+            return;
+        }
         let fp = &mut self.cloud.providers[p.0 as usize];
         fp.in_flight = fp.in_flight.saturating_sub(1);
         if let Some(Failure::Driver(DriverError::RateLimited { retry_after, .. })) =
@@ -687,6 +746,7 @@ impl Harness {
                 self.pool.listed(now, p, call.made, r)
             }
             Outcome::Tagged(id, r) => self.pool.tagged(now, id, r),
+            Outcome::Probed(..) => unreachable!("answered above"),
         }
         self.persist();
     }

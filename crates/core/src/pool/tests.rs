@@ -483,6 +483,52 @@ fn a_node_deleted_while_its_create_waits_out_a_backoff_is_aborted() {
 }
 
 #[test]
+fn a_booting_node_is_looked_at_soon_then_at_doubling_gaps_up_to_the_poll_interval() {
+    use super::calls::boot_poll_after;
+    let t0 = T0;
+    let mut now = t0;
+    let mut points = Vec::new();
+    for _ in 0..8 {
+        now = boot_poll_after(t0, now, secs(5));
+        points.push(now.since(t0).as_millis());
+    }
+    assert_eq!(points, [100, 300, 700, 1500, 3100, 6300, 11300, 16300]);
+    let late = boot_poll_after(t0, t0 + secs(40), secs(5));
+    assert_eq!(late.since(t0).as_millis(), 41300);
+    // A poll interval under the first gap is the gap.
+    let tight = boot_poll_after(t0, t0, Duration::from_millis(40));
+    assert_eq!(tight.since(t0).as_millis(), 40);
+}
+
+/// With the default 5 s poll interval, a boot of 100 ms is seen by the
+/// first list 100 ms after the create, and a boot of 40 s costs about a
+/// dozen lists rather than one per poll interval from the start.
+#[test]
+fn a_fast_boot_is_seen_at_once_and_a_slow_one_costs_few_lists() {
+    for (boot, ready_within, most_lists) in [
+        (Duration::from_millis(100), Duration::from_millis(100), 1),
+        (secs(40), secs(45), 13),
+    ] {
+        let mut h = one(|_| {});
+        assert_eq!(h.config.timings.boot_poll_interval, secs(5));
+        h.dt = Duration::from_millis(10);
+        settle(&mut h);
+        h.cloud.providers[0].boot_delay = boot;
+        let lists = h.calls(0, Call::List).len();
+        let start = h.now;
+        let r = h.submit(&[("a", 1)], 0);
+        assert!(h.run_until(secs(60), |h| h.fulfilled(r)));
+        let took = h.now.since(start);
+        let listed = h.calls(0, Call::List).len() - lists;
+        assert!(
+            took <= ready_within && listed <= most_lists,
+            "boot {boot:?}: ready after {took:?}, {listed} lists"
+        );
+        ok(&h);
+    }
+}
+
+#[test]
 fn prewarm_backs_off_until_a_node_becomes_ready_not_just_created() {
     let mut h = one(|c| {
         a_mut(c).min_ready = 1;
@@ -1777,4 +1823,152 @@ fn failed_lists_back_off_and_are_said_once_a_minute() {
         h.pool.provider_status(ProviderIx(0)).list,
         ListHealth::Failing { .. }
     ));
+}
+
+// ---- readiness probes -------------------------------------------------------
+
+fn probes(h: &Harness) -> usize {
+    h.log
+        .iter()
+        .filter(|(_, e)| matches!(e, Effect::Probe { .. }))
+        .count()
+}
+
+const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey host";
+
+/// One label `a` that is ready once an SSH probe passes; the instances run
+/// at once and answer probes `ready_delay` after that.
+fn probed(ready_delay: Option<Duration>, f: impl FnOnce(&mut Config)) -> Harness {
+    let mut h = one(|c| {
+        a_mut(c).ready = crate::config::Readiness::SSH;
+        f(c);
+    });
+    h.dt = Duration::from_millis(10);
+    h.cloud.providers[0].ready_delay = ready_delay;
+    h.cloud.providers[0].host_keys = vec![KEY.into()];
+    h
+}
+
+#[test]
+fn a_node_is_handed_out_only_once_its_probe_passes_and_keeps_its_host_keys() {
+    let mut h = probed(Some(secs(2)), |_| {});
+    settle(&mut h);
+    let start = h.now;
+    let r = h.submit(&[("a", 1)], 0);
+    assert!(!h.run_until(Duration::from_millis(1900), |h| h.fulfilled(r)));
+    let n = h.pool.nodes().next().unwrap().id;
+    let p = h.pool.probing(n).expect("probing");
+    assert!(p.attempts >= 3, "tried again and again: {p:?}");
+    assert_eq!(p.last_error.as_deref(), Some("connection refused"));
+    assert!(h.run_until(secs(2), |h| h.fulfilled(r)));
+    let took = h.now.since(start);
+    // Refused probes are tried again at gaps of at most a second.
+    assert!(took <= Duration::from_millis(3000), "{took:?}");
+    assert_eq!(h.pool.probing(n), None);
+    let keys = |h: &Harness| {
+        (h.pool.node(n).unwrap().endpoint.as_ref())
+            .map(|e| e.connection.host_keys.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(keys(&h), [KEY]);
+    // Lists that report no keys leave them, and so does a restart.
+    h.advance(secs(150));
+    assert!(h.calls(0, Call::List).len() >= 3);
+    h.crash();
+    settle(&mut h);
+    h.advance(secs(70));
+    assert_eq!(keys(&h), [KEY]);
+    assert_eq!(
+        h.store.nodes[&n]
+            .endpoint
+            .as_ref()
+            .unwrap()
+            .connection
+            .host_keys,
+        [KEY]
+    );
+    ok(&h);
+}
+
+#[test]
+fn a_node_whose_probe_never_passes_is_relaunched_after_the_boot_timeout_as_a_failed_try() {
+    let mut h = probed(None, |c| {
+        a_mut(c).boot_timeout = secs(30);
+        a_mut(c).launch_retries = 1;
+    });
+    settle(&mut h);
+    let r = h.submit(&[("a", 1)], 0);
+    assert!(h.run_until(secs(120), |h| h.state(r) != RequestState::Pending));
+    let why = reason(&h, r);
+    assert!(
+        why.contains("running but not ready after the boot timeout (30s)")
+            && why.contains("timed out waiting for the server's banner"),
+        "{why}"
+    );
+    assert_eq!(
+        h.calls(0, Call::Create).len(),
+        2,
+        "one launch and one retry"
+    );
+    assert_eq!(h.calls(0, Call::Delete).len(), 2, "both deleted");
+    // About one probe a second for each 30 s boot, not a storm.
+    let p = probes(&h);
+    assert!((40..=80).contains(&p), "{p} probes");
+    ok(&h);
+}
+
+#[test]
+fn a_server_showing_other_host_keys_than_the_cloud_reported_is_not_ready() {
+    let mut h = probed(Some(Duration::ZERO), |c| {
+        a_mut(c).boot_timeout = secs(10);
+        a_mut(c).launch_retries = 0;
+    });
+    h.cloud.providers[0].reported_keys = vec!["ssh-ed25519 AAAAOther cloud".into()];
+    settle(&mut h);
+    let r = h.submit(&[("a", 1)], 0);
+    assert!(h.run_until(secs(60), |h| h.state(r) != RequestState::Pending));
+    assert!(
+        reason(&h, r).contains("not the ones the cloud reported"),
+        "{}",
+        reason(&h, r)
+    );
+    // The same key under another comment matches.
+    let mut h = probed(Some(Duration::ZERO), |_| {});
+    h.cloud.providers[0].reported_keys = vec![KEY.replace(" host", " from-the-console")];
+    settle(&mut h);
+    let r = h.submit(&[("a", 1)], 0);
+    assert!(h.run_until(secs(5), |h| h.fulfilled(r)));
+}
+
+#[test]
+fn a_label_ready_when_running_is_never_probed() {
+    let mut h = one(|c| a_mut(c).min_ready = 2);
+    settle(&mut h);
+    let r = h.submit(&[("a", 3)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r));
+    assert_eq!(probes(&h), 0);
+}
+
+#[test]
+fn slot_nodes_are_ready_when_their_probed_backing_is_and_share_its_host_keys() {
+    let mut c = config(
+        vec![provider("p0")],
+        vec![machine("big", vec![offer(0, "big")]), slots("s", 0, 3)],
+    );
+    c.labels[0].ready = crate::config::Readiness::SSH;
+    let mut h = Harness::new(c);
+    h.dt = Duration::from_millis(10);
+    h.cloud.providers[0].ready_delay = Some(secs(1));
+    h.cloud.providers[0].host_keys = vec![KEY.into()];
+    settle(&mut h);
+    let r = h.submit(&[("s", 2)], 0);
+    assert!(!h.run_until(Duration::from_millis(900), |h| h.fulfilled(r)));
+    assert!(h.run_until(secs(3), |h| h.fulfilled(r)));
+    for n in &h.pool.request(r).unwrap().nodes {
+        let e = h.pool.node(*n).unwrap().endpoint.clone().unwrap();
+        assert_eq!(e.connection.host_keys, [KEY]);
+    }
+    assert!(probes(&h) >= 1);
+    ok(&h);
 }

@@ -47,6 +47,19 @@ struct ProviderCall {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeOutcome {
+    provider: String,
+    check: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderCheck {
+    provider: String,
+    check: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TrapKind {
     provider: String,
     kind: &'static str,
@@ -93,6 +106,8 @@ pub struct Telemetry {
     calls: Family<CallOutcome, Counter>,
     call_seconds: Histograms<ProviderCall>,
     traps: Family<TrapKind, Counter>,
+    probes: Family<ProbeOutcome, Counter>,
+    probe_seconds: Histograms<ProviderCheck>,
     fulfilment: Histogram,
     commit_seconds: Histogram,
     quota_pauses: Family<ByProvider, Counter>,
@@ -158,6 +173,18 @@ impl Telemetry {
                 "berth_sandbox_traps",
                 "Driver instances discarded after a trap, by provider and kind",
                 Family::default(),
+            ),
+            probes: register(
+                r,
+                "berth_probes",
+                "Readiness probes of running instances by provider, check (tcp, ssh) and outcome (ready, not_ready)",
+                Family::default(),
+            ),
+            probe_seconds: register(
+                r,
+                "berth_probe_seconds",
+                "Readiness probe duration by provider and check",
+                Family::new_with_constructor(metrics::latency),
             ),
             fulfilment: register(
                 r,
@@ -544,6 +571,28 @@ impl Observer for Telemetry {
         }
     }
 
+    fn probed(
+        &self,
+        provider: &str,
+        check: berth_config::Check,
+        result: Result<(), &String>,
+        took: Duration,
+    ) {
+        self.probes
+            .get_or_create(&ProbeOutcome {
+                provider: provider.to_owned(),
+                check: check.as_str(),
+                outcome: if result.is_ok() { "ready" } else { "not_ready" },
+            })
+            .inc();
+        self.probe_seconds
+            .get_or_create(&ProviderCheck {
+                provider: provider.to_owned(),
+                check: check.as_str(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
     fn fulfilled(&self, _request: &Request, latency: Duration) {
         self.fulfilment.observe(latency.as_secs_f64());
     }
@@ -566,6 +615,7 @@ mod tests {
 
     const CONFIG: &str = r#"
 pool-id = "t"
+ready = "running"
 
 [providers.p0]
 driver = "p0.wasm"

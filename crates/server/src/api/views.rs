@@ -60,8 +60,15 @@ pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
         }
         .to_owned(),
     });
+    let probe = pool.probing(n.id).map(|p| types::Probe {
+        check: config[n.label].ready.check.as_str().to_owned(),
+        since: rfc3339(p.since.as_millis()),
+        failed: p.attempts,
+        last_error: p.last_error.clone(),
+    });
     types::Node {
         missing,
+        probe,
         id: n.id.to_string(),
         label: config[n.label].name.clone(),
         provider: config[n.provider].name.clone(),

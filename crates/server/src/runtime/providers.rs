@@ -87,6 +87,8 @@ pub struct LoadedDriver {
 /// Every configured provider, in the config's order.
 pub struct Providers {
     slots: Vec<Slot>,
+    /// The readiness probes of their instances.
+    prober: super::probe::Prober,
     /// `None` for [`Providers::fixed`]: nothing is loaded.
     loader: Option<Arc<Loader>>,
     starters: Vec<tokio::task::AbortHandle>,
@@ -132,6 +134,13 @@ impl Providers {
         });
         let mut slots = Vec::new();
         let mut starters = Vec::new();
+        let prober = super::probe::Prober::new(
+            (settings.pool.providers.iter())
+                .zip(&settings.drivers)
+                .map(|(p, d)| (p.name.clone(), d.allowed_hosts.clone()))
+                .collect(),
+            deny.clone(),
+        );
         for ((p, d), gate) in settings
             .pool
             .providers
@@ -166,6 +175,7 @@ impl Providers {
         }
         Arc::new(Providers {
             slots,
+            prober,
             loader: Some(loader),
             starters,
         })
@@ -175,6 +185,13 @@ impl Providers {
     /// own [`Cloud`]: for tests of the pool's task and for embedders that
     /// bring their own calls. Named as the config names them, in order.
     pub fn fixed(clouds: Vec<(String, Arc<dyn Cloud>)>) -> Arc<Providers> {
+        let prober = super::probe::Prober::new(
+            clouds
+                .iter()
+                .map(|(n, _)| (n.clone(), Vec::new()))
+                .collect(),
+            Vec::new(),
+        );
         let slots = clouds
             .into_iter()
             .map(|(name, cloud)| {
@@ -188,9 +205,15 @@ impl Providers {
             .collect();
         Arc::new(Providers {
             slots,
+            prober,
             loader: None,
             starters: Vec::new(),
         })
+    }
+
+    /// The readiness probes of the providers' instances.
+    pub fn prober(&self) -> &super::probe::Prober {
+        &self.prober
     }
 
     /// The provider once it has started: waits while it starts; the reason

@@ -126,12 +126,16 @@ fn start(fake: &Arc<Fake>, lease_ttl: Duration) -> Service {
         ram_mib: 1024,
         price: 1.0,
     };
-    let label = Label::new(
-        "small",
-        LabelKind::Machine {
-            offers: vec![offer],
-        },
-    );
+    let label = Label {
+        // The fake's instances have nothing to probe.
+        ready: berth_config::Readiness::RUNNING,
+        ..Label::new(
+            "small",
+            LabelKind::Machine {
+                offers: vec![offer],
+            },
+        )
+    };
     let config = Arc::new(Config {
         pool_id: "paused".into(),
         timings: Timings::default(),
