@@ -273,7 +273,49 @@ END $$;
     r#"
 ALTER TABLE leases ADD COLUMN ttl BIGINT;
 "#,
+    // A commit's check that a statement changed the rows it had to, made
+    // in the server so that a commit is one round trip (see `pipeline`).
+    r#"
+CREATE FUNCTION berth_expect(changed BIGINT, expected BIGINT) RETURNS BIGINT
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF changed <> expected THEN
+        RAISE EXCEPTION 'a row changed % rows where % were expected', changed, expected
+            USING ERRCODE = 'BE002';
+    END IF;
+    RETURN changed;
+END $$;
+"#,
 ];
+
+/// The SQLSTATE `berth_expect` raises when a statement changed other rows
+/// than it had to.
+const CONFLICT: &str = "BE002";
+
+/// `stmt`'s text for PostgreSQL: a statement whose changed rows are
+/// checked ([`write::Stmt::is_checked`]) becomes a query that raises
+/// [`CONFLICT`] unless it changed as many rows as its one more parameter
+/// says.
+fn pg_text(stmt: write::Stmt) -> String {
+    let text = stmt.dollar_sql();
+    if !stmt.is_checked() {
+        return text.to_owned();
+    }
+    // The parameters are $1 to $n; the expected count is $n+1.
+    let n = text
+        .split('$')
+        .skip(1)
+        .filter_map(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<usize>().ok()
+        })
+        .max()
+        .unwrap_or(0);
+    format!(
+        "WITH w AS ({text} RETURNING 1) SELECT berth_expect(count(*), ${}::BIGINT) FROM w",
+        n + 1
+    )
+}
 
 /// The SQLSTATE `berth_fence` raises when the lease is not held.
 pub(super) const FENCED: &str = "BE001";
@@ -792,35 +834,54 @@ async fn send<F: std::future::Future>(run: &mut Queued<F>) {
     .await
 }
 
-/// One commit's transaction: the fence first (with its statement and
-/// arguments, when the store shares the pool), then `ops`. Returns the
-/// lease's new expiry when fenced.
+/// One commit's transaction, in one round trip: `BEGIN`, the fence (with
+/// its statement and arguments, when the store shares the pool), `ops`,
+/// `COMMIT`. Returns the lease's new expiry when fenced.
 ///
-/// Pipelined: every statement is sent before the first answer is awaited,
-/// so a commit costs a few round trips, not one per row. Each is polled
-/// once, in order, then all are awaited in order (the server answers in
-/// order; the first to fail aborts the transaction and is the error
-/// returned, and dropping the transaction rolls it back). While the fence
-/// renews the lease in this transaction, its row stays locked, so no
-/// takeover can slip in before the commit ends.
+/// Every statement, the `COMMIT` too, is sent before the first answer is
+/// awaited: each is polled once, in order, with no await between, then all
+/// are awaited in order. The checks that must hold for the commit to stand
+/// are made in the server, so nothing waits on the client: the fence
+/// raises when the lease is not this process's, and each write of a
+/// versioned row raises when it changed other rows than it had to
+/// ([`pg_text`]). The first statement to fail aborts the transaction, the
+/// server ends it at the `COMMIT` (as a rollback), and its error is the
+/// one returned; the statements after it fail too, as statements of an
+/// aborted transaction, and are not looked at. Since the `COMMIT` goes out
+/// with the rest, the connection is never left inside a transaction,
+/// whenever this future is dropped. While the fence renews the lease in
+/// this transaction, its row stays locked, so no takeover can slip in
+/// before the commit ends.
 async fn pipeline(
     client: &mut Client,
     statements: &[Statement],
     fence: Option<(&Statement, (&str, i64, i64))>,
     ops: &[write::Op],
 ) -> Result<Option<std::time::SystemTime>, StoreError> {
-    let tx = client
-        .transaction()
-        .await
-        .map_err(pg("starting a commit"))?;
-    let open = &tx;
+    let client: &Client = client;
+    let expected: Vec<Option<i64>> = ops.iter().map(write::Op::expected_rows).collect();
     let params: Vec<Vec<&(dyn ToSql + Sync)>> = ops
         .iter()
-        .map(|op| op.vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect())
+        .zip(&expected)
+        .map(|(op, expected)| {
+            let mut params: Vec<&(dyn ToSql + Sync)> =
+                op.vals.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+            if op.stmt.is_checked() {
+                params.push(expected);
+            }
+            params
+        })
         .collect();
+    let mut begin = Box::pin(futures_util::future::maybe_done(async move {
+        client
+            .batch_execute("BEGIN")
+            .await
+            .map_err(pg("starting a commit"))
+    }));
+    send(&mut begin).await;
     let mut fenced = Box::pin(futures_util::future::maybe_done(async move {
         match fence {
-            Some((statement, (who, epoch, ttl))) => open
+            Some((statement, (who, epoch, ttl))) => client
                 .query_one(statement, &[&who, &epoch, &ttl])
                 .await
                 .map(|row| Some(row.get::<_, std::time::SystemTime>(0)))
@@ -835,17 +896,35 @@ async fn pipeline(
         .map(|(op, params)| {
             let statement = &statements[op.stmt as usize];
             Box::pin(futures_util::future::maybe_done(async move {
-                let changed = open
-                    .execute(statement, params)
-                    .await
-                    .map_err(pg(op.stmt.doing()))?;
-                op.checked(changed)
+                if !op.stmt.is_checked() {
+                    return client
+                        .execute(statement, params)
+                        .await
+                        .map(drop)
+                        .map_err(pg(op.stmt.doing()));
+                }
+                match client.query_one(statement, params).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.code().is_some_and(|c| c.code() == CONFLICT) => {
+                        Err(op.conflict())
+                    }
+                    Err(e) => Err(pg(op.stmt.doing())(e)),
+                }
             }))
         })
         .collect();
     for run in &mut runs {
         send(run).await;
     }
+    let mut commit = Box::pin(futures_util::future::maybe_done(async move {
+        client
+            .batch_execute("COMMIT")
+            .await
+            .map_err(pg("committing"))
+    }));
+    send(&mut commit).await;
+    begin.as_mut().await;
+    begin.as_mut().take_output().unwrap_or(Ok(()))?;
     fenced.as_mut().await;
     let expires = fenced.as_mut().take_output().unwrap_or(Ok(None))?;
     for run in &mut runs {
@@ -854,9 +933,8 @@ async fn pipeline(
             return Err(e);
         }
     }
-    drop(runs);
-    drop(fenced);
-    tx.commit().await.map_err(pg("committing"))?;
+    commit.as_mut().await;
+    commit.as_mut().take_output().unwrap_or(Ok(()))?;
     Ok(expires)
 }
 
@@ -954,7 +1032,7 @@ async fn session(login: &Login) -> Result<Session, StoreError> {
         let prepare = pg("preparing the store's statements");
         let mut statements = Vec::new();
         for stmt in write::Stmt::iter() {
-            statements.push(client.prepare(stmt.dollar_sql()).await.map_err(&prepare)?);
+            statements.push(client.prepare(&pg_text(stmt)).await.map_err(&prepare)?);
         }
         let fence = client
             .prepare("SELECT berth_fence($1, $2, $3)")

@@ -121,6 +121,23 @@ impl Stmt {
         }
     }
 
+    /// Whether the statement writes a versioned row, and so how many rows
+    /// it changes is checked ([`Op::checked`]).
+    pub fn is_checked(self) -> bool {
+        matches!(
+            self,
+            Stmt::InsertNode
+                | Stmt::UpdateNode
+                | Stmt::PurgeNode
+                | Stmt::InsertRequest
+                | Stmt::UpdateRequest
+                | Stmt::PurgeRequest
+                | Stmt::InsertLease
+                | Stmt::UpdateLease
+                | Stmt::PurgeLease
+        )
+    }
+
     /// What a failure of this statement was doing, for its error.
     pub fn doing(self) -> &'static str {
         match self {
@@ -226,11 +243,29 @@ impl Op {
     /// otherwise the conflict that refuses the commit.
     pub fn checked(&self, changed: u64) -> Result<(), StoreError> {
         match &self.check {
-            Some((table, id, rows)) if changed != *rows => Err(StoreError::Conflict {
+            Some((_, _, rows)) if changed != *rows => Err(self.conflict()),
+            _ => Ok(()),
+        }
+    }
+
+    /// How many rows the statement must change, where that is checked
+    /// (always for a [`Stmt::is_checked`] one).
+    pub fn expected_rows(&self) -> Option<i64> {
+        self.check.as_ref().map(|(_, _, rows)| *rows as i64)
+    }
+
+    /// The refusal of the commit when this statement changed other rows
+    /// than it had to.
+    pub fn conflict(&self) -> StoreError {
+        match &self.check {
+            Some((table, id, _)) => StoreError::Conflict {
                 table: table.table(),
                 id: id.clone(),
-            }),
-            _ => Ok(()),
+            },
+            None => StoreError::Conflict {
+                table: "unknown",
+                id: String::new(),
+            },
         }
     }
 }
