@@ -608,6 +608,7 @@ mod tests {
     use std::path::Path;
     use std::sync::Arc;
 
+    use berth_config::Check;
     use berth_core::driver::Call;
     use berth_core::driver::check::BadAnswer;
     use berth_core::pool::Time;
@@ -647,6 +648,10 @@ ram = "4GiB"
 # TYPE berth_driver_call_seconds histogram
 # HELP berth_sandbox_traps Driver instances discarded after a trap, by provider and kind.
 # TYPE berth_sandbox_traps counter
+# HELP berth_probes Readiness probes of running instances by provider, check (tcp, ssh) and outcome (ready, not_ready).
+# TYPE berth_probes counter
+# HELP berth_probe_seconds Readiness probe duration by provider and check.
+# TYPE berth_probe_seconds histogram
 # HELP berth_request_fulfilment_seconds Time from a request's creation to its nodes being handed out.
 # TYPE berth_request_fulfilment_seconds histogram
 # HELP berth_store_commit_seconds Time the pool's store took to commit one batch of changes.
@@ -770,6 +775,9 @@ ram = "4GiB"
             }],
         );
         t.committed(Duration::from_micros(300));
+        let refused = "connection refused".to_owned();
+        t.probed("p0", Check::Ssh, Err(&refused), secs(0.0009765625));
+        t.probed("p0", Check::Ssh, Ok(()), secs(0.03125));
         t.http_connections_open(3);
         t.http_connection_closed("evicted");
         t.pool_gauges(&Pool::new(config.clone(), 1));
@@ -857,6 +865,10 @@ ram = "4GiB"
             "berth_instances{provider=\"p1\",in_use=\"true\"} 0.0",
             "berth_memory_bytes{provider=\"p1\",in_use=\"false\"} 0.0",
             "berth_driver_log_dropped_total{provider=\"p0\"} 4",
+            "berth_probes_total{provider=\"p0\",check=\"ssh\",outcome=\"not_ready\"} 1",
+            "berth_probes_total{provider=\"p0\",check=\"ssh\",outcome=\"ready\"} 1",
+            "berth_probe_seconds_bucket{le=\"0.001\",provider=\"p0\",check=\"ssh\"} 1",
+            "berth_probe_seconds_count{provider=\"p0\",check=\"ssh\"} 2",
             // Histograms: cumulative buckets up to `+Inf`, the count is the
             // `+Inf` bucket.
             "berth_driver_call_seconds_bucket{le=\"0.001\",provider=\"p0\",call=\"create\"} 0",
