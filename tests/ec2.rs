@@ -1201,7 +1201,10 @@ async fn ec2_api_calls_per_node_lifecycle() {
     // The default sync interval: in a run this short, lists come from
     // start-up, boot polls and deletes, as they would per node in a real
     // pool (a periodic sync every minute is shared by all the pool's nodes).
-    let text = pool_config_text(&moto, &proxy, dir.path(), VAR, 0, "60s");
+    // berth's own boot polls, too: the default boot-poll-interval.
+    let text = pool_config_text(&moto, &proxy, dir.path(), VAR, 0, "60s")
+        .replace("boot-poll-interval = \"200ms\"\n", "");
+    assert!(!text.contains("boot-poll-interval"));
     let config = parse_config(&text, dir.path(), VAR, &moto.secret);
     let ci = config.pool.label("ci").expect("label");
     const NODES: u32 = 12;
