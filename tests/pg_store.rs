@@ -312,7 +312,9 @@ async fn the_peer_call_endpoint_refuses_what_it_cannot_trust() {
     let right = list("sim", &epoch);
     assert_eq!(peer(None, &right).await.0, 401);
     assert_eq!(peer(Some("nope"), &right).await.0, 401);
-    let wrong = format!("{}0", &secret[..secret.len() - 1]);
+    // The secret with its last character changed (never to itself).
+    let last = if secret.ends_with('0') { '1' } else { '0' };
+    let wrong = format!("{}{last}", &secret[..secret.len() - 1]);
     assert_eq!(peer(Some(&wrong), &right).await.0, 401);
     let (s, said) = peer(Some(&secret), r#"{"provider":"#).await;
     assert_eq!(s, 400, "{said}");
