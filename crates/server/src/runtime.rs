@@ -181,7 +181,7 @@ pub trait Observer: Send + Sync {
         &self,
         _provider: &str,
         _check: berth_config::Check,
-        _result: Result<(), &String>,
+        _result: Result<(), &str>,
         _took: Duration,
     ) {
     }
@@ -1217,27 +1217,13 @@ impl Loop {
             });
         }
         for effect in self.effects.drain(..) {
-            if let Effect::Probe {
-                provider,
-                node,
-                instance,
-                target,
-            } = effect
-            {
-                let providers = self.providers.clone();
-                let observer = self.observer.clone();
-                let outcomes = self.outcomes.clone();
-                tokio::spawn(async move {
-                    let started = tokio::time::Instant::now();
-                    let r = providers.prober().probe(provider, &target).await;
-                    let name = providers.name(provider);
-                    let took = started.elapsed();
-                    observer.probed(name, target.check, r.as_ref().map(|_| ()), took);
-                    if let Err(why) = &r {
-                        tracing::debug!(provider = name, %node, %instance, check = target.check.as_str(), error = %why, "not ready yet");
-                    }
-                    let _ = outcomes.send(Outcome::Probed(node, r));
-                });
+            if let Effect::Probe { .. } = effect {
+                probe(
+                    effect,
+                    &self.providers,
+                    self.outcomes.clone(),
+                    self.observer.clone(),
+                );
                 continue;
             }
             self.in_flight += 1;
@@ -1370,7 +1356,44 @@ fn failure(e: CallError) -> Failure {
 }
 
 /// Why [`call`] never sees a probe.
-const NOT_A_CALL: &str = "a readiness probe is not a driver call: Loop::step makes it";
+const NOT_A_CALL: &str = "a readiness probe is not a driver call: `probe` makes it";
+
+/// Makes one readiness probe on its own task; the outcome comes back as an
+/// event. Not a driver call: the stop does not wait for it, and a pool that
+/// stood by meanwhile never hears it.
+fn probe(
+    effect: Effect,
+    providers: &Arc<Providers>,
+    outcomes: mpsc::UnboundedSender<Outcome>,
+    observer: Arc<dyn Observer>,
+) {
+    let Effect::Probe {
+        provider,
+        node,
+        instance,
+        target,
+    } = effect
+    else {
+        return;
+    };
+    let providers = providers.clone();
+    tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let r = providers.prober().probe(provider, &target).await;
+        let name = providers.name(provider);
+        let check = target.check;
+        observer.probed(
+            name,
+            check,
+            r.as_ref().map(|_| ()).map_err(String::as_str),
+            started.elapsed(),
+        );
+        if let Err(why) = &r {
+            tracing::debug!(provider = name, %node, %instance, check = check.as_str(), error = %why, "not ready yet");
+        }
+        let _ = outcomes.send(Outcome::Probed(node, r));
+    });
+}
 
 /// Carries out one driver call on its own task; the outcome comes back as
 /// an event.

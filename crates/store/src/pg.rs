@@ -905,9 +905,7 @@ async fn pipeline(
                 }
                 match client.query_one(statement, params).await {
                     Ok(_) => Ok(()),
-                    Err(e) if e.code().is_some_and(|c| c.code() == CONFLICT) => {
-                        Err(op.conflict())
-                    }
+                    Err(e) if e.code().is_some_and(|c| c.code() == CONFLICT) => Err(op.conflict()),
                     Err(e) => Err(pg(op.stmt.doing())(e)),
                 }
             }))

@@ -575,7 +575,7 @@ impl Observer for Telemetry {
         &self,
         provider: &str,
         check: berth_config::Check,
-        result: Result<(), &String>,
+        result: Result<(), &str>,
         took: Duration,
     ) {
         self.probes
@@ -775,8 +775,12 @@ ram = "4GiB"
             }],
         );
         t.committed(Duration::from_micros(300));
-        let refused = "connection refused".to_owned();
-        t.probed("p0", Check::Ssh, Err(&refused), secs(0.0009765625));
+        t.probed(
+            "p0",
+            Check::Ssh,
+            Err("connection refused"),
+            secs(0.0009765625),
+        );
         t.probed("p0", Check::Ssh, Ok(()), secs(0.03125));
         t.http_connections_open(3);
         t.http_connection_closed("evicted");

@@ -88,10 +88,15 @@ impl Prober {
 
 async fn attempt(policy: &HttpPolicy, target: &ProbeTarget) -> Result<Vec<String>, String> {
     let a = &target.addresses;
-    let hosts: Vec<&str> = [&a.private_ipv4, &a.public_ipv4, &a.ipv6, &a.hostname]
+    let mut hosts: Vec<&str> = [&a.private_ipv4, &a.public_ipv4, &a.ipv6]
         .into_iter()
         .filter_map(|h| h.as_deref())
         .collect();
+    // A name is looked up only when the cloud reports no address: a lookup
+    // that hangs must not hold up a probe that has one.
+    if hosts.is_empty() {
+        hosts.extend(a.hostname.as_deref());
+    }
     if hosts.is_empty() {
         return Err("the cloud reports no address for the instance".into());
     }
