@@ -15,6 +15,8 @@ mod pool;
 mod power_loss;
 mod readiness;
 mod sandbox;
+mod sdk_js;
+mod sdk_python;
 mod serve;
 mod static_hosts;
 mod support;

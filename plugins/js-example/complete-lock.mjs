@@ -13,11 +13,17 @@ const path = new URL('./package-lock.json', import.meta.url);
 const lock = JSON.parse(readFileSync(path, 'utf8'));
 const packages = lock.packages;
 
-/** Whether `name` resolves from the package at `from`, as node looks it up. */
+/**
+ * Whether `name` resolves from the package at `from`, as node looks it up.
+ * A linked package (`file:` dependency, keyed by its relative path) looks in
+ * its own `node_modules`, then in the root's.
+ */
 function resolves(from, name) {
-  for (let dir = from; ; dir = dir.replace(/\/?node_modules\/(@[^/]+\/)?[^/]+$/, '')) {
+  for (let dir = from; ; ) {
     if (packages[`${dir ? `${dir}/` : ''}node_modules/${name}`]) return true;
     if (dir === '') return false;
+    const up = dir.replace(/\/?node_modules\/(@[^/]+\/)?[^/]+$/, '');
+    dir = up === dir ? '' : up;
   }
 }
 

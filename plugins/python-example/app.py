@@ -7,50 +7,32 @@ wasi:http and sends no credentials: when the sim requires a token, the host
 adds it.
 
 componentize-py exports the class named after the WIT interface, `Driver`.
-An error is returned to the host by raising `Err(error)` with one of the
-contract's error cases; any other exception traps, and the host replaces
-the instance.
+An error is returned to the host with `fail(error)`, which raises
+componentize-py's `Err(error)` with one of the contract's error cases; any
+other exception traps, and the host replaces the instance. The helpers for
+HTTP, errors and tags come from the SDK, `berth_driver` (sdk/python).
 """
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, List, NoReturn, Optional, Tuple, TypeVar
+from typing import Any, Callable, List, Optional, TypeVar
 
-from componentize_py_types import Err
+from berth_driver import errors
+from berth_driver.errors import fail, invalid_config, permanent, transient
+from berth_driver.http import HttpError, Response, encode_component, parse_url, send
+from berth_driver.tags import POOL_TAG, Tags, has_all, is_berth_tag
 from wit_world import exports
 from wit_world.imports import berth_driver_types as t
 
 import sim_api
-from wasi_http_client import HttpError, Response, encode_component, parse_url, send
 
 NAME = "python-example"
 VERSION = "0.1.0"
 
-POOL_TAG = "berth-pool"
-BERTH_PREFIX = "berth-"
-
 # The sim's largest page.
 MAX_PAGE_SIZE = 1000
 
-Tags = List[Tuple[str, str]]
 T = TypeVar("T")
-
-
-def fail(error: t.Error) -> NoReturn:
-    """Returns `error` to the host as the call's result."""
-    raise Err(error)
-
-
-def transient(message: str) -> t.Error:
-    return t.Error_Transient(message)
-
-
-def permanent(message: str) -> t.Error:
-    return t.Error_Permanent(message)
-
-
-def invalid_config(message: str) -> t.Error:
-    return t.Error_InvalidConfig(message)
 
 
 @dataclass(frozen=True)
@@ -134,7 +116,7 @@ class Sim:
             fail(permanent("set-tags cannot move an instance to another pool"))
         # Only berth tags are replaced (the sim keeps the others); the pool
         # tag always stays.
-        tags = [(k, v) for k, v in new if k.startswith(BERTH_PREFIX) and k != POOL_TAG]
+        tags = [(k, v) for k, v in new if is_berth_tag(k) and k != POOL_TAG]
         tags.append((POOL_TAG, self.pool_id))
         resp = request("PUT", self.instance_url(instance_id) + "/tags", {"tags": tag_object(tags)})
         if resp.status not in (200, 204):
@@ -252,45 +234,31 @@ def decode(resp: Response, convert: Callable[[Any], T]) -> T:
 
 def api_error(resp: Response, instance_type: Optional[str]) -> t.Error:
     """Turns a failed sim response into the contract's error: the one place
-    the sim's statuses and codes are mapped."""
+    the sim's statuses and codes are mapped. The sim's own codes and wait
+    come first; every other status gets the SDK's usual case."""
     try:
         body = sim_api.api_error(json.loads(resp.body))
     except ValueError:
         body = sim_api.ApiError()
     message = body.message or f"sim answered {resp.status}: {resp.text()[:200]}"
     status, code = resp.status, body.code
-    if status == 429:
-        retry_after_ms = body.retry_after_ms
-        if retry_after_ms is None:
-            secs = (resp.header("retry-after") or "").strip()
-            if secs.isascii() and secs.isdigit():
-                retry_after_ms = min(int(secs) * 1000, sim_api.U64_MAX)
-        if retry_after_ms is None:
-            retry_after_ms = 1000
-        return t.Error_RateLimited(t.RateLimit(retry_after_ms=retry_after_ms, message=message))
+    if status == 429 and body.retry_after_ms is not None:
+        return errors.rate_limited(body.retry_after_ms, message)
     if status == 403 and code == "quota_exceeded":
-        return t.Error_QuotaExceeded(message)
+        return errors.quota_exceeded(message)
     if status == 503 and code == "insufficient_capacity":
         itype = body.instance_type or instance_type
-        scope = t.CapacityScope_General() if itype is None else t.CapacityScope_InstanceType(itype)
-        return t.Error_Capacity(t.Capacity(scope=scope, message=message))
-    if status == 404:
-        return t.Error_NotFound(message)
-    if status in (401, 403):
-        return t.Error_Unauthorized(message)
-    if 500 <= status <= 599:
-        return transient(message)
-    return permanent(message)
+        if itype is None:
+            return errors.capacity_general(message)
+        return errors.capacity_for_type(itype, message)
+    # 429 waits as Retry-After says (1 s without it), 401 and 403 are
+    # unauthorized, 404 not-found, 5xx transient, the rest permanent.
+    return errors.from_response(resp, message)
 
 
 def tag_object(tags: Tags) -> dict:
     """Tags as the sim's JSON object, sorted by key; a later duplicate key wins."""
     return dict(sorted(dict(tags).items()))
-
-
-def has_all(tags: Tags, filter: Tags) -> bool:
-    """Whether `tags` carries every key/value pair of `filter`."""
-    return all(pair in tags for pair in filter)
 
 
 # What `configure` returned in this instance of the component. It lives as

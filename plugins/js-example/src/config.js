@@ -1,8 +1,7 @@
 // The provider config and the label options: parsed and checked once, with
 // every problem reported at once and named by its field.
 
-import { error } from './contract.js';
-import { parseUrl } from './url.js';
+import { error, parseUrl } from 'berth-driver-sdk';
 
 /** The sim's largest page. */
 export const MAX_PAGE_SIZE = 1000;

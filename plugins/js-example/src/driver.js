@@ -5,14 +5,13 @@
 // componentize-js binds the world's exported interface `berth:driver/driver`
 // to the object this module exports as `driver`; WIT names become camelCase
 // (`set-tags` is `setTags`). A returned value is the `ok` case of a `result`;
-// a thrown `DriverError` is the `err` case (see contract.js). Requests block
-// (see http.js), so every function is synchronous.
+// a thrown `DriverError` is the `err` case (see the SDK's errors.js).
+// Requests block (the SDK's `send`), so every function is synchronous.
 
-import { POOL_TAG, error, hasAll, isBerthTag } from './contract.js';
+import { POOL_TAG, encodeComponent, error, hasAll, isBerthTag, send } from 'berth-driver-sdk';
+
 import { checkLabelOptions, parseConfig } from './config.js';
-import { send } from './http.js';
-import { apiError, parseBody, readInstance, readLimits, readPage } from './sim-api.js';
-import { encodeComponent } from './url.js';
+import { apiError, readInstance, readLimits, readPage } from './sim-api.js';
 
 /** This driver's version; keep it equal to package.json's. */
 const VERSION = '0.1.0';
@@ -91,7 +90,7 @@ export const driver = {
     if (spec.userData !== undefined) body.user_data = spec.userData;
     if (spec.sshPublicKey !== undefined) body.ssh_public_key = spec.sshPublicKey;
     const resp = send('POST', `${c.endpoint}/v1/instances`, body);
-    if (resp.status === 200 || resp.status === 201) return readInstance(parseBody(resp.text));
+    if (resp.status === 200 || resp.status === 201) return readInstance(resp.json());
     throw apiError(resp, spec.instanceType);
   },
 
@@ -111,7 +110,7 @@ export const driver = {
       if (token !== undefined) url += `&page_token=${encodeComponent(token)}`;
       const resp = send('GET', url);
       if (resp.status !== 200) throw apiError(resp);
-      const page = readPage(parseBody(resp.text));
+      const page = readPage(resp.json());
       instances.push(...page.instances);
       if (page.nextPageToken === undefined) break;
       // A token that does not move would loop until the deadline.
@@ -154,6 +153,6 @@ export const driver = {
     const c = configured();
     const resp = send('GET', `${c.endpoint}/v1/limits`);
     if (resp.status !== 200) throw apiError(resp);
-    return readLimits(parseBody(resp.text));
+    return readLimits(resp.json());
   },
 };

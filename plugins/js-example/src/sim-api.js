@@ -2,18 +2,9 @@
 // contract's types. Responses are read leniently (unknown fields ignored,
 // absent optional ones defaulted) so a newer sim does not break an older
 // driver; a field of the wrong type is a `transient` error, as a body that is
-// not the sim's JSON at all.
+// not the sim's JSON at all (the response's `json()` throws that one).
 
-import { error } from './contract.js';
-
-/** Parses a successful response's body as JSON. */
-export function parseBody(text) {
-  try {
-    return JSON.parse(text);
-  } catch (e) {
-    throw error.transient(`response: ${e.message}`);
-  }
-}
+import { error, statusError } from 'berth-driver-sdk';
 
 const STATES = new Set(['pending', 'running', 'stopping', 'terminated']);
 
@@ -91,8 +82,10 @@ export function apiError(resp, instanceType) {
       ? detail.message
       : `sim answered ${resp.status}: ${[...resp.text].slice(0, 200).join('')}`;
   const status = resp.status;
-  if (status === 429) {
-    return error.rateLimited(retryAfterMs(body, resp.header('retry-after')), message);
+  // The sim says how long to wait in its body; else the SDK's mapping reads
+  // the `Retry-After` header.
+  if (status === 429 && Number.isSafeInteger(body.retry_after_ms) && body.retry_after_ms >= 0) {
+    return error.rateLimited(body.retry_after_ms, message);
   }
   if (status === 403 && code === 'quota_exceeded') return error.quotaExceeded(message);
   if (status === 503 && code === 'insufficient_capacity') {
@@ -101,28 +94,9 @@ export function apiError(resp, instanceType) {
       ? error.capacityGeneral(message)
       : error.capacityForType(type, message);
   }
-  if (status === 404) return error.notFound(message);
-  if (status === 401 || status === 403) return error.unauthorized(message);
-  if (status >= 500 && status <= 599) return error.transient(message);
-  return error.permanent(message);
-}
-
-/**
- * How long a 429 asks to wait: the body's `retry_after_ms`, else the
- * `Retry-After` header's whole seconds, else one second.
- */
-function retryAfterMs(body, header) {
-  if (Number.isSafeInteger(body.retry_after_ms) && body.retry_after_ms >= 0) {
-    return body.retry_after_ms;
-  }
-  const secs = header?.trim();
-  const U64_MAX = 0xffffffffffffffffn;
-  if (secs && /^\+?[0-9]+$/.test(secs) && BigInt(secs) <= U64_MAX) {
-    // A u64, saturated as the Rust driver's `saturating_mul` does.
-    const ms = BigInt(secs) * 1000n;
-    return ms > U64_MAX ? U64_MAX : ms;
-  }
-  return 1000;
+  // 429 waits as `Retry-After` says (else 1 s), 401 and 403 are
+  // unauthorized, 404 not-found, 5xx transient, anything else permanent.
+  return statusError(status, message, { retryAfter: resp.header('retry-after') });
 }
 
 function bad(what, expected) {

@@ -1,15 +1,18 @@
-// Unit tests of the parts that make no requests: config validation, label
-// options, the sim's wire format and its error mapping. `npm test` runs them
-// with node's test runner; the whole driver is tested against a running sim
-// with `berth driver test` (see README.md).
+// Unit tests of the driver under node: config validation, label options, the
+// sim's wire format and its error mapping, and the six calls themselves
+// against the SDK's fake host (recorded sim answers, every request kept).
+// `npm test` runs them with node's test runner; the whole driver is tested
+// against a running sim with `berth driver test` (see README.md).
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { DriverError, hasAll, isBerthTag } from '../src/contract.js';
+import { DriverError } from 'berth-driver-sdk';
+import { installFakeHost } from 'berth-driver-sdk/testing';
+
 import { checkLabelOptions, parseConfig } from '../src/config.js';
+import { driver } from '../src/driver.js';
 import { apiError, readInstance, readLimits, readPage } from '../src/sim-api.js';
-import { encodeComponent, parseUrl } from '../src/url.js';
 
 /** The contract error `f()` throws: `{tag, val}`. */
 function thrown(f) {
@@ -179,33 +182,121 @@ test('account limits', () => {
   assert.equal(thrown(() => readLimits({ max_instances: -1 })).tag, 'transient');
 });
 
-test('tag rules and URL encoding', () => {
-  assert.ok(hasAll([['berth-pool', 'p1'], ['x', 'y']], [['berth-pool', 'p1']]));
-  assert.ok(!hasAll([['berth-pool', 'p1']], [['berth-pool', 'p2']]));
-  assert.ok(hasAll([['k', '1'], ['k', '2']], [['k', '2']]));
-  assert.ok(hasAll([], []));
-  assert.ok(isBerthTag('berth-pool') && !isBerthTag('Berth-pool') && !isBerthTag('berth'));
-  assert.equal(encodeComponent("a-z_0.9~ /?&=!'()*é"), 'a-z_0.9~%20%2F%3F%26%3D%21%27%28%29%2A%C3%A9');
+
+// The calls, against recorded sim answers.
+
+const SIM = 'http://sim:8600';
+
+/** A sim instance as JSON. */
+function simInstance(id, tags = {}) {
+  return { id, state: 'running', instance_type: 'small', tags: { 'berth-pool': 'p1', ...tags } };
+}
+
+/** A fake host and the driver configured for pool `p1` at `SIM`. */
+function configured(t, config = {}) {
+  const fake = installFakeHost(t);
+  driver.configure('p1', JSON.stringify({ endpoint: `${SIM}/`, ...config }));
+  return fake;
+}
+
+test('create forces the pool tag and passes the node id as the client token', (t) => {
+  const fake = configured(t);
+  fake.route('POST', `${SIM}/v1/instances`, { status: 201, body: simInstance('i-1', { 'berth-node': 'n-1' }) });
+  const made = driver.create({
+    nodeId: 'n-1',
+    instanceType: 'small',
+    image: 'ubuntu',
+    tags: [['berth-pool', 'other'], ['berth-node', 'n-1'], ['env', 'ci']],
+    options: '{}',
+    userData: 'echo hi',
+    sshPublicKey: undefined,
+  });
+  assert.equal(made.id, 'i-1');
+  assert.deepEqual(fake.requests[0].json(), {
+    instance_type: 'small',
+    image: 'ubuntu',
+    tags: { 'berth-node': 'n-1', env: 'ci', 'berth-pool': 'p1' },
+    client_token: 'n-1',
+    user_data: 'echo hi',
+  });
+  // Refused label options make no request.
+  const e = thrown(() => driver.create({ nodeId: 'n-2', instanceType: 'small', image: 'u', tags: [], options: '{"zone": "a"}' }));
+  assert.equal(e.tag, 'invalid-config');
+  assert.equal(fake.requests.length, 1);
 });
 
-test('URLs split as wasi:http wants them', () => {
-  assert.deepEqual(parseUrl('http://127.0.0.1:8600/v1/instances?tag:a=b#frag'), {
-    url: { https: false, authority: '127.0.0.1:8600', pathAndQuery: '/v1/instances?tag:a=b' },
+test('create maps the sim failures', (t) => {
+  const fake = configured(t);
+  const spec = { nodeId: 'n-1', instanceType: 'small', image: 'u', tags: [], options: '{}' };
+  fake.route(
+    'POST',
+    `${SIM}/v1/instances`,
+    { status: 503, body: { error: { code: 'insufficient_capacity', message: 'full' } } },
+    { status: 429, headers: { 'retry-after': '2' }, body: { error: { code: 'rate_limited', message: 'slow' } } },
+    { status: 201, body: '{not json' },
+    { failure: 'ConnectionRefused' },
+  );
+  assert.deepEqual(thrown(() => driver.create(spec)), {
+    tag: 'capacity',
+    val: { scope: { tag: 'instance-type', val: 'small' }, message: 'full' },
   });
-  assert.deepEqual(parseUrl('HTTPS://[::1]?x'), {
-    url: { https: true, authority: '[::1]', pathAndQuery: '/?x' },
+  assert.deepEqual(thrown(() => driver.create(spec)), {
+    tag: 'rate-limited',
+    val: { retryAfterMs: 2000n, message: 'slow' },
   });
-  assert.deepEqual(parseUrl('http://h'), { url: { https: false, authority: 'h', pathAndQuery: '/' } });
-  for (const [text, why] of [
-    ['h:80', 'not an absolute url'],
-    ['ftp://h', 'scheme'],
-    ['http://', 'no host'],
-    ['http://u:p@h', 'user info'],
-    ['http://[::1', 'unclosed'],
-    ['http://::1/', 'brackets'],
-    ['http://h:x', 'bad port'],
-    ['http://h /', 'whitespace'],
-  ]) {
-    assert.match(parseUrl(text).why, new RegExp(why), text);
-  }
+  assert.equal(thrown(() => driver.create(spec)).tag, 'transient');
+  assert.deepEqual(thrown(() => driver.create(spec)), { tag: 'transient', val: 'request failed: ConnectionRefused' });
+});
+
+test('list follows every page and shows only the filtered pool', (t) => {
+  const fake = configured(t, { page_size: 2 });
+  const base = `${SIM}/v1/instances?tag:berth-pool=p1&tag:berth-label=a%20b&page_size=2`;
+  fake.route('GET', base, { body: { instances: [simInstance('i-1', { 'berth-label': 'a b' }), simInstance('i-2', { 'berth-label': 'a b' })], next_page_token: 't/1' } });
+  fake.route('GET', `${base}&page_token=t%2F1`, {
+    // The sim filters already; an instance that slipped through is dropped.
+    body: { instances: [simInstance('i-3', { 'berth-label': 'a b' }), simInstance('i-4')], next_page_token: null },
+  });
+  const listed = driver.list([['berth-pool', 'p1'], ['berth-label', 'a b']]);
+  assert.deepEqual(listed.map((i) => i.id), ['i-1', 'i-2', 'i-3']);
+  assert.equal(fake.requests.length, 2);
+  // Another pool: nothing, and no request.
+  assert.deepEqual(driver.list([['berth-pool', 'p2']]), []);
+  assert.equal(fake.requests.length, 2);
+});
+
+test('list refuses a page token that does not move', (t) => {
+  const fake = configured(t);
+  const base = `${SIM}/v1/instances?tag:berth-pool=p1`;
+  fake.route('GET', base, { body: { instances: [], next_page_token: 'x' } });
+  fake.route('GET', `${base}&page_token=x`, { body: { instances: [], next_page_token: 'x' } });
+  assert.deepEqual(thrown(() => driver.list([])), { tag: 'transient', val: 'sim repeated page token "x"' });
+});
+
+test('delete: done, already gone, or an error', (t) => {
+  const fake = configured(t);
+  fake.route('DELETE', `${SIM}/v1/instances/i-1`, { status: 204 });
+  fake.route('DELETE', `${SIM}/v1/instances/i%2F2`, { status: 404, body: { error: { code: 'not_found', message: 'no i/2' } } });
+  fake.route('DELETE', `${SIM}/v1/instances/i-3`, { status: 401, body: {} });
+  driver.delete('i-1');
+  assert.deepEqual(thrown(() => driver.delete('i/2')), { tag: 'not-found', val: 'no i/2' });
+  assert.equal(thrown(() => driver.delete('i-3')).tag, 'unauthorized');
+});
+
+test('set-tags sends berth tags only and keeps the pool tag', (t) => {
+  const fake = configured(t);
+  fake.route('PUT', `${SIM}/v1/instances/i-1/tags`, { status: 204 });
+  driver.setTags('i-1', [['berth-node', 'n-1'], ['env', 'x'], ['berth-pool', 'p1']]);
+  assert.deepEqual(fake.requests[0].json(), { tags: { 'berth-node': 'n-1', 'berth-pool': 'p1' } });
+  driver.setTags('i-1', []);
+  assert.deepEqual(fake.requests[1].json(), { tags: { 'berth-pool': 'p1' } });
+  const e = thrown(() => driver.setTags('i-1', [['berth-pool', 'p2']]));
+  assert.equal(e.tag, 'permanent');
+  assert.equal(fake.requests.length, 2);
+});
+
+test('limits', (t) => {
+  const fake = configured(t);
+  fake.route('GET', `${SIM}/v1/limits`, { body: { max_instances: 10, used_instances: 4 } }, { status: 500, body: 'boom' });
+  assert.equal(driver.limits().maxInstances, 10);
+  assert.deepEqual(thrown(() => driver.limits()), { tag: 'transient', val: 'sim answered 500: boom' });
 });

@@ -9,16 +9,28 @@ The host decides where a request may go and adds the provider's credentials
 itself; a refused request fails with the wasi:http error `HttpRequestDenied`.
 The host also bounds the whole call with a deadline, so the client sets no
 timeouts of its own.
+
+Outside a component (unit tests on plain CPython) the bindings are absent or
+stubs: `send` then goes to the transport `set_transport` installed, which
+`berth_driver.testing.FakeHttp` does. `parse_url`, `encode_component` and
+`Response` need no bindings at all.
 """
+
+from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 
-from componentize_py_types import Err, Ok
-from wit_world.imports import outgoing_handler, streams
-from wit_world.imports import wasi_http_types as http
+try:
+    from componentize_py_types import Err, Ok
+    from wit_world.imports import outgoing_handler, streams
+    from wit_world.imports import wasi_http_types as wasi
+except ImportError:
+    # Plain CPython without bindings, or a world without wasi:http: only a
+    # transport installed with `set_transport` can send.
+    wasi = None  # type: ignore[assignment]
 
 # `blocking-write-and-flush` takes at most 4096 bytes per call.
 _WRITE_CHUNK = 4096
@@ -71,7 +83,7 @@ def parse_url(text: str) -> Url:
         path_and_query = "/" + tail
     else:
         path_and_query = tail
-    return Url(scheme == "https", authority, path_and_query)
+    return Url(https=scheme == "https", authority=authority, path_and_query=path_and_query)
 
 
 def _authority_problem(authority: str) -> Optional[str]:
@@ -123,13 +135,29 @@ class Response:
         """The body as text; invalid UTF-8 is replaced."""
         return self.body.decode("utf-8", errors="replace")
 
+    def json(self) -> object:
+        """The body as JSON; raises `ValueError` when it is not."""
+        return json.loads(self.body)
 
-_METHODS = {
-    "GET": http.Method_Get,
-    "POST": http.Method_Post,
-    "PUT": http.Method_Put,
-    "DELETE": http.Method_Delete,
-}
+    def is_success(self) -> bool:
+        """Whether the status is 2xx."""
+        return 200 <= self.status <= 299
+
+
+# What `send` hands a request to instead of wasi:http, when set: called
+# with the method, the URL, the body and the headers, it returns the
+# `Response` or raises `HttpError`.
+Transport = Callable[[str, str, Optional[bytes], List[Tuple[str, str]]], Response]
+_transport: Optional[Transport] = None
+
+
+def set_transport(transport: Optional[Transport]) -> Optional[Transport]:
+    """Sends every later request through `transport` instead of wasi:http
+    (`None`: wasi:http again) and returns the one it replaces. For tests;
+    `berth_driver.testing.FakeHttp` is one."""
+    global _transport
+    previous, _transport = _transport, transport
+    return previous
 
 
 def send(
@@ -139,11 +167,16 @@ def send(
     headers: Sequence[Tuple[str, str]] = (),
 ) -> Response:
     """Sends one request and reads the whole response. Blocks until done;
-    raises `HttpError` when no response arrived."""
+    raises `HttpError` when no response arrived. `method` is upper case
+    (`GET`, `POST`, ...)."""
     try:
         parsed = parse_url(url)
     except ValueError as e:
         raise HttpError(f"invalid url: {e}") from None
+    if _transport is not None:
+        return _transport(method, url, body, list(headers))
+    if wasi is None:
+        raise HttpError("request failed: no wasi:http in this world or process")
     payload = body or b""
     entries = [(k, v.encode()) for k, v in headers]
     if not any(k.lower() == "content-length" for k, _ in headers):
@@ -152,13 +185,13 @@ def send(
         # before the body's end may close the connection mid-request.
         entries.append(("content-length", str(len(payload)).encode()))
     try:
-        fields = http.Fields.from_list(entries)
+        fields = wasi.Fields.from_list(entries)
     except Err as e:
         raise HttpError(f"invalid header: {_case_name(e.value)}") from None
-    request = http.OutgoingRequest(fields)
+    request = wasi.OutgoingRequest(fields)
     try:
-        request.set_method(_METHODS[method]())
-        request.set_scheme(http.Scheme_Https() if parsed.https else http.Scheme_Http())
+        request.set_method(_method(method))
+        request.set_scheme(wasi.Scheme_Https() if parsed.https else wasi.Scheme_Http())
         request.set_authority(parsed.authority)
         request.set_path_with_query(parsed.path_and_query)
         outgoing = request.body()
@@ -187,7 +220,17 @@ def send(
     raise HttpError(write_error or "response: the response future yielded nothing")
 
 
-def _write_body(outgoing: http.OutgoingBody, payload: bytes) -> Optional[str]:
+_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
+
+
+def _method(name: str) -> wasi.Method:
+    """`GET` -> `Method_Get()`; a method wasi:http has no case for is `Other`."""
+    if name in _METHODS:
+        return getattr(wasi, f"Method_{name.capitalize()}")()
+    return wasi.Method_Other(name)
+
+
+def _write_body(outgoing: wasi.OutgoingBody, payload: bytes) -> Optional[str]:
     """Writes and finishes the request body; returns what went wrong, if anything."""
     try:
         if payload:
@@ -196,13 +239,13 @@ def _write_body(outgoing: http.OutgoingBody, payload: bytes) -> Optional[str]:
             with outgoing.write() as stream:
                 for start in range(0, len(payload), _WRITE_CHUNK):
                     stream.blocking_write_and_flush(payload[start : start + _WRITE_CHUNK])
-        http.OutgoingBody.finish(outgoing, None)
+        wasi.OutgoingBody.finish(outgoing, None)
     except Err as e:
         return f"request body: {_stream_error(e.value)}"
     return None
 
 
-def _read_response(incoming: http.IncomingResponse) -> Response:
+def _read_response(incoming: wasi.IncomingResponse) -> Response:
     with incoming:
         status = incoming.status()
         with incoming.headers() as fields:
@@ -226,7 +269,7 @@ def _read_response(incoming: http.IncomingResponse) -> Response:
                     if isinstance(e.value, streams.StreamError_Closed):
                         break
                     raise HttpError(f"response: {_stream_error(e.value)}") from None
-        with http.IncomingBody.finish(body):
+        with wasi.IncomingBody.finish(body):
             pass
     return Response(status, headers, b"".join(chunks))
 
@@ -234,7 +277,7 @@ def _read_response(incoming: http.IncomingResponse) -> Response:
 def _stream_error(error: object) -> str:
     if isinstance(error, streams.StreamError_LastOperationFailed):
         with error.value as err:
-            code = http.http_error_code(err)
+            code = wasi.http_error_code(err)
             return _request_error(code) if code is not None else err.to_debug_string()
     if isinstance(error, streams.StreamError_Closed):
         return "stream closed"

@@ -1,5 +1,8 @@
-// A small blocking HTTP client over the host's `wasi:http/outgoing-handler`,
-// the JavaScript counterpart of the Rust SDK's `berth_sdk::http`.
+// The host inside a component: requests over the world's
+// `wasi:http/outgoing-handler` import, log records through
+// `berth:driver/log`. Only a bundle built for componentize-js reaches this
+// module (package.json's `#host` resolves to `node.js` under node), because
+// these imports exist only inside the component.
 //
 // It does not use `fetch`: componentize-js's `fetch` also runs over wasi:http,
 // but when the host answers a request with an error at once (a destination
@@ -12,7 +15,7 @@
 // link-local or metadata addresses) and bounds the whole call with a deadline,
 // so the client sets no timeouts of its own.
 
-import { log } from 'berth:driver/log@0.1.0';
+import { log as hostLog } from 'berth:driver/log@0.1.0';
 import { handle } from 'wasi:http/outgoing-handler@0.2.12';
 import {
   Fields,
@@ -22,8 +25,7 @@ import {
   httpErrorCode,
 } from 'wasi:http/types@0.2.12';
 
-import { error } from './contract.js';
-import { parseUrl } from './url.js';
+import { error } from '../errors.js';
 
 // componentize-js gives every WIT resource a dispose method under this key
 // (the same expression its bindings use). Resources are dropped explicitly
@@ -36,25 +38,26 @@ const encoder = new TextEncoder();
 /** The most `blocking-write-and-flush` takes at once. */
 const WRITE_CHUNK = 4096;
 
-/**
- * Sends one request and reads the whole response: `{status, header(name),
- * text}`. `body`, when given, is sent as JSON. An HTTP error status is a normal
- * response; a request that got no response (refused by the sandbox, connection
- * refused, name not found) or whose body could not be read throws `transient`.
- */
-export function send(method, url, body) {
-  const target = parseUrl(url);
-  if (target.why) throw error.transient(`invalid url: ${target.why}`);
-  const bytes = body === undefined ? new Uint8Array(0) : encoder.encode(JSON.stringify(body));
-  const headers = [
-    ['accept', 'application/json'],
-    // A declared length makes the request one complete message. Without it
-    // the host streams a chunked body, and a server that answers before the
-    // body's end (a 404 to a DELETE, say) may close the connection mid-request.
-    ['content-length', String(bytes.length)],
-  ];
-  if (body !== undefined) headers.push(['content-type', 'application/json']);
+/** The wasi:http `method` cases; anything else is `other`. */
+const METHODS = ['get', 'head', 'post', 'put', 'delete', 'connect', 'options', 'trace', 'patch'];
 
+/** Writes one record to the host's log. */
+export function log(level, message, fields) {
+  hostLog(level, message, fields);
+}
+
+/**
+ * Sends one request and reads the whole response.
+ *
+ * `req`: `{method, url, https, authority, pathAndQuery, headers, body}`, with
+ * `headers` a list of `[name, value]` strings and `body` a `Uint8Array`.
+ * Returns `{status, headers, body}`, `headers` as `[lowercase name, value]`
+ * and `body` a `Uint8Array`. A request that got no response (refused by the
+ * sandbox, connection refused, name not found) or whose body could not be
+ * read throws `transient`.
+ */
+export function request(req) {
+  const { method, url, https, authority, pathAndQuery, headers, body: bytes } = req;
   let fields;
   try {
     fields = Fields.fromList(headers.map(([k, v]) => [k, encoder.encode(v)]));
@@ -63,9 +66,10 @@ export function send(method, url, body) {
   }
   // The request owns `fields` from here on.
   const request = new OutgoingRequest(fields);
-  const { https, authority, pathAndQuery } = target.url;
+  const lower = method.toLowerCase();
+  const wasiMethod = METHODS.includes(lower) ? { tag: lower } : { tag: 'other', val: method };
   for (const [what, set] of [
-    ['method', () => request.setMethod({ tag: method.toLowerCase() })],
+    ['method', () => request.setMethod(wasiMethod)],
     ['scheme', () => request.setScheme({ tag: https ? 'HTTPS' : 'HTTP' })],
     ['authority', () => request.setAuthority(authority)],
     ['path', () => request.setPathWithQuery(pathAndQuery)],
@@ -111,13 +115,7 @@ export function send(method, url, body) {
   if (got.val.tag === 'err') throw requestError(got.val.val);
   // A response arrived, so it is the truth about the request even if writing
   // the body failed (a server may answer before reading it all, as with 413).
-  const response = readResponse(got.val.val);
-  log('debug', 'http request', [
-    ['method', method],
-    ['url', url],
-    ['status', String(response.status)],
-  ]);
-  return response;
+  return readResponse(got.val.val);
 }
 
 /** Writes `bytes` into an outgoing body and finishes it. */
@@ -177,15 +175,7 @@ function readResponse(incoming) {
       stream[dispose]();
     }
     IncomingBody.finish(body)[dispose]();
-    const text = new TextDecoder().decode(concat(chunks));
-    return {
-      status,
-      header(name) {
-        const wanted = name.toLowerCase();
-        return headers.find(([k]) => k === wanted)?.[1] ?? null;
-      },
-      text,
-    };
+    return { status, headers, body: concat(chunks) };
   } finally {
     incoming[dispose]();
   }
