@@ -8,6 +8,7 @@ mod faults;
 mod ha;
 mod http_edge;
 mod in_berth;
+mod kit;
 mod layers;
 mod openapi;
 mod pg_store;
@@ -153,7 +154,22 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
     );
     assert!(check.stdout.contains(", 0 failed"), "{check}");
 
-    driver_test_passes(&sim_wasm, &config, &dir.path().join("cache")).await;
+    driver_test_passes(&sim_wasm, &config, &dir.path().join("cache"), &[]).await;
+    // With a page size, the paging step; with the sim's recorded answers,
+    // the error mapping.
+    std::fs::write(
+        &config,
+        serde_json::json!({"config": {"endpoint": sim.url(), "page_size": 2}, "allow_hosts": [sim.addr().to_string()]}).to_string(),
+    )
+    .unwrap();
+    let faults = sim_faults();
+    driver_test_passes(
+        &sim_wasm,
+        &config,
+        &dir.path().join("cache"),
+        &["--faults".as_ref(), faults.as_ref()],
+    )
+    .await;
 
     // A failing run exits non-zero: the driver cannot reach a host it is not allowed.
     std::fs::write(
@@ -633,7 +649,7 @@ async fn config_check_prints_every_problem_with_its_path() {
     };
     let out = run(good).await;
     assert_eq!(out.code(), Some(0), "{out}");
-    assert!(out.stdout.contains("ok (1 providers, 0 labels)"), "{out}");
+    assert!(out.stdout.contains("ok (1 provider, 0 labels)"), "{out}");
 
     let out = run(bad.clone()).await;
     assert_eq!(out.code(), Some(1), "{out}");
@@ -718,24 +734,24 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
     assert!(!logged.contains(TOKEN), "the token is in the log");
 }
 
-/// `berth driver test WASM --config CONFIG` (compiled drivers cached in
-/// `cache`) exits 0 with every step of the kit passed.
+/// `berth driver test WASM --config CONFIG [more]` (compiled drivers
+/// cached in `cache`) exits 0 with every step of the kit passed, and with
+/// the paging and error-mapping steps too when `more` asks for them.
 async fn driver_test_passes(
     wasm: &std::path::Path,
     config: &std::path::Path,
     cache: &std::path::Path,
+    more: &[&OsStr],
 ) {
-    let test = run_berth(
-        [
-            OsStr::new("driver"),
-            "test".as_ref(),
-            wasm.as_ref(),
-            "--config".as_ref(),
-            config.as_ref(),
-        ],
-        &[("BERTH_CACHE_DIR", cache.as_ref())],
-    )
-    .await;
+    let mut args = vec![
+        OsStr::new("driver"),
+        "test".as_ref(),
+        wasm.as_ref(),
+        "--config".as_ref(),
+        config.as_ref(),
+    ];
+    args.extend_from_slice(more);
+    let test = run_berth(args, &[("BERTH_CACHE_DIR", cache.as_ref())]).await;
     assert!(test.success(), "{}: {test}", wasm.display());
     let out = &test.stdout;
     for step in KIT_STEPS {
@@ -744,6 +760,16 @@ async fn driver_test_passes(
             "{step} missing in\n{out}"
         );
     }
+    if !more.is_empty() {
+        assert!(!out.contains("SKIP"), "{out}");
+        assert!(out.contains("PASS  paging"), "{out}");
+        assert_eq!(out.matches("PASS  error mapping").count(), 6, "{out}");
+    }
+}
+
+/// The sim's recorded error responses, for `--faults`.
+fn sim_faults() -> std::path::PathBuf {
+    support::workspace().join("plugins/sim/faults.json")
 }
 
 /// The drivers written in other languages pass the same kit against the
@@ -757,10 +783,17 @@ async fn scripted_driver_passes_the_conformance_kit(name: &'static str) {
     let config = dir.path().join("provider.json");
     std::fs::write(
         &config,
-        serde_json::json!({"config": {"endpoint": sim.url()}, "allow_hosts": [sim.addr().to_string()]}).to_string(),
+        serde_json::json!({"config": {"endpoint": sim.url(), "page_size": 2}, "allow_hosts": [sim.addr().to_string()]}).to_string(),
     )
     .unwrap();
-    driver_test_passes(&wasm, &config, &dir.path().join("cache")).await;
+    let faults = sim_faults();
+    driver_test_passes(
+        &wasm,
+        &config,
+        &dir.path().join("cache"),
+        &["--faults".as_ref(), faults.as_ref()],
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The conformance kit's steps that exercise a driver's contract (after
 /// load, describe and configure): every driver must pass each.
-pub const KIT_STEPS: [&str; 7] = [
+pub const KIT_STEPS: [&str; 8] = [
     "create with tags",
     "listed with tags",
     "seen by another instance",
@@ -32,6 +32,7 @@ pub const KIT_STEPS: [&str; 7] = [
     "foreign pool isolation",
     "gone after delete",
     "delete again",
+    "cleanup",
 ];
 
 /// The instances of `cloud` that are not terminated, by its own record.
@@ -62,7 +63,7 @@ pub fn workspace() -> PathBuf {
 
 /// Builds every plugin once per test process and returns the path of the one
 /// named `name` (`sim`, `example`, `hostile`, `broken`, `wrong-version`,
-/// `aws-ec2`, `static`).
+/// `aws-ec2`, `static`, `careless`).
 pub fn plugin(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir =
@@ -75,6 +76,7 @@ pub fn plugin(name: &str) -> PathBuf {
         "wrong-version" => "berth_fixture_wrong_version",
         "aws-ec2" => "berth_driver_aws_ec2",
         "static" => "berth_driver_static",
+        "careless" => "berth_fixture_careless",
         other => panic!("unknown plugin {other}"),
     };
     dir.join(format!("{file}.wasm"))
@@ -112,6 +114,8 @@ pub fn build_plugins() -> Result<PathBuf, String> {
             "berth-driver-aws-ec2",
             "-p",
             "berth-driver-static",
+            "-p",
+            "berth-fixture-careless",
         ])
         .env("CARGO_TARGET_DIR", &target)
         .status()

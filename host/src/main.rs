@@ -69,6 +69,11 @@ struct ServeArgs {
     /// Print the embedded default's config (a start for your own) and exit.
     #[arg(long)]
     print_default_config: bool,
+    /// Where compiled drivers are cached [default: $BERTH_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/berth/compiled, else ~/.cache/berth/compiled, else
+    /// cache in the state directory]
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -106,6 +111,10 @@ enum DriverCommand {
         /// Driver files (.wasm).
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Where compiled drivers are cached [default: $BERTH_CACHE_DIR,
+        /// else $XDG_CACHE_HOME/berth/compiled, else ~/.cache/berth/compiled]
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
     },
     /// Run a driver against its real endpoint through the sandbox.
     Test {
@@ -114,8 +123,17 @@ enum DriverCommand {
         /// Test config (JSON): {"config": {..}, "allow_hosts": [..], "create": {..}}.
         #[arg(long)]
         config: PathBuf,
-        /// Where compiled drivers are cached.
-        #[arg(long, env = "BERTH_CACHE_DIR")]
+        /// Instances the paging step creates [default: one more than the
+        /// driver config's page_size; without one the step is skipped]
+        #[arg(long)]
+        instances: Option<u32>,
+        /// Recorded cloud responses (JSON) to check the driver's error
+        /// mapping against (docs/writing-a-driver.md).
+        #[arg(long)]
+        faults: Option<PathBuf>,
+        /// Where compiled drivers are cached [default: $BERTH_CACHE_DIR,
+        /// else $XDG_CACHE_HOME/berth/compiled, else ~/.cache/berth/compiled]
+        #[arg(long)]
         cache_dir: Option<PathBuf>,
     },
     /// Write the contract this berth implements (wit/ with its WASI deps) to
@@ -190,8 +208,11 @@ fn chain_text(e: &anyhow::Error) -> String {
 
 async fn run(command: Command) -> anyhow::Result<bool> {
     match command {
-        Command::Driver(DriverCommand::Check { files }) => {
-            let runtime = Runtime::new(RuntimeConfig::default())?;
+        Command::Driver(DriverCommand::Check { files, cache_dir }) => {
+            let runtime = Runtime::new(RuntimeConfig {
+                cache_dir: cache_dir.or_else(berth::plugin::default_cache_dir),
+                ..RuntimeConfig::default()
+            })?;
             let mut all_ok = true;
             for file in files {
                 let report = berth::conformance::check(&runtime, &file).await;
@@ -204,14 +225,24 @@ async fn run(command: Command) -> anyhow::Result<bool> {
         Command::Driver(DriverCommand::Test {
             file,
             config,
+            instances,
+            faults,
             cache_dir,
         }) => {
-            let config = berth::conformance::TestConfig::from_file(&config)?;
+            let mut config = berth::conformance::TestConfig::from_file(&config)?;
+            if instances.is_some() {
+                config.instances = instances;
+            }
+            if let Some(faults) = &faults {
+                config.faults = berth::conformance::Fault::from_file(faults)?;
+            }
             let runtime = Runtime::new(RuntimeConfig {
-                cache_dir: cache_dir.or_else(default_cache_dir),
+                cache_dir: cache_dir.or_else(berth::plugin::default_cache_dir),
                 ..RuntimeConfig::default()
             })?;
-            let report = berth::conformance::test(&runtime, &file, &config).await;
+            // Ctrl-C stops the steps; the cleanup still runs and reports.
+            let stop = berth::serve::shutdown_signals().context("listening for signals")?;
+            let report = berth::conformance::test_until(&runtime, &file, &config, stop).await;
             println!("{}", file.display());
             print!("{report}");
             Ok(report.passed())
@@ -269,9 +300,6 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                     )
                 })?;
             }
-            let count = |n: usize, one: &str, many: &str| {
-                format!("{n} {}", if n == 1 { one } else { many })
-            };
             println!(
                 "copied {}, {}, {} and {} from {} into {}",
                 count(copied.nodes, "node", "nodes"),
@@ -296,10 +324,10 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                     berth::config::locate(&text, &mut problems);
                     if problems.is_empty() {
                         println!(
-                            "{}: ok ({} providers, {} labels)",
+                            "{}: ok ({}, {})",
                             file.display(),
-                            config.pool.providers.len(),
-                            config.pool.labels.len()
+                            count(config.pool.providers.len(), "provider", "providers"),
+                            count(config.pool.labels.len(), "label", "labels")
                         );
                         return Ok(true);
                     }
@@ -338,6 +366,7 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                 listen: args.listen,
                 state_dir: Some(args.state_dir),
                 stop_grace: Some(args.stop_grace),
+                cache_dir: args.cache_dir,
             };
             berth::serve::serve(options, stop, |addr, config| {
                 println!("berth listening on http://{addr}");
@@ -354,11 +383,9 @@ async fn run(command: Command) -> anyhow::Result<bool> {
     }
 }
 
-fn default_cache_dir() -> Option<PathBuf> {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .map(|d| d.join("berth").join("compiled"))
+/// `1 node`, `2 nodes`.
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn init_tracing(format: LogFormat, default_level: &str) {

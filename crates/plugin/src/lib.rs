@@ -60,6 +60,20 @@ pub struct RuntimeConfig {
     pub guest_threads: usize,
 }
 
+/// The compiled-driver cache `berth serve`, `berth driver check` and
+/// `berth driver test` share by default: `$BERTH_CACHE_DIR`, else
+/// `berth/compiled` in `$XDG_CACHE_HOME`, else in `~/.cache`; `None` when
+/// none of these is set.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let env = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    env("BERTH_CACHE_DIR").map(PathBuf::from).or_else(|| {
+        env("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|d| d.join("berth").join("compiled"))
+    })
+}
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {

@@ -310,6 +310,18 @@ impl Sandbox {
         self.shared.policy.denied_count()
     }
 
+    /// The conformance kit's fault mode: answers every request the driver
+    /// is allowed to send with `recorded` (nothing reaches the cloud) until
+    /// called with `None`.
+    pub(crate) fn answer_with(&self, recorded: Option<crate::sandbox::Recorded>) {
+        self.shared.policy.answer_with(recorded);
+    }
+
+    /// Requests answered in the fault mode so far.
+    pub(crate) fn answered_requests(&self) -> u64 {
+        self.shared.policy.answered()
+    }
+
     /// Log records of the driver dropped over its rate limit so far.
     pub fn log_dropped(&self) -> u64 {
         self.shared.log.dropped()

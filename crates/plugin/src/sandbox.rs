@@ -117,6 +117,20 @@ pub struct HttpPolicy {
     /// Shut while this process may not act on clouds (it does not hold the
     /// pool's lease).
     gate: Arc<Gate>,
+    /// The conformance kit's fault mode: while set, every allowed request
+    /// is answered with this recorded response and never sent.
+    recorded: std::sync::Mutex<Option<Recorded>>,
+    /// Requests answered from `recorded`.
+    answered: AtomicU64,
+}
+
+/// A cloud response recorded by a driver author, given to a driver in place
+/// of the real one (`berth driver test --faults`).
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
 }
 
 /// Why an outbound request was refused.
@@ -185,7 +199,27 @@ impl HttpPolicy {
             max_response_bytes: limits.max_response_bytes,
             denied: AtomicU64::new(0),
             gate: Arc::new(Gate::always()),
+            recorded: std::sync::Mutex::new(None),
+            answered: AtomicU64::new(0),
         }
+    }
+
+    /// From now on answers every allowed request with `recorded`, sending
+    /// nothing; `None` sends requests again.
+    pub(crate) fn answer_with(&self, recorded: Option<Recorded>) {
+        *self.recorded.lock().unwrap_or_else(|p| p.into_inner()) = recorded;
+    }
+
+    /// Requests answered with a recorded response so far.
+    pub(crate) fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    fn recorded(&self) -> Option<Recorded> {
+        self.recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The same policy, sending nothing while `gate` is shut.
@@ -468,6 +502,11 @@ impl WasiHttpHooks for Hooks {
                 Ok(addr) => addr,
                 Err(denial) => return refuse(denial),
             };
+            if let Some(recorded) = policy.recorded() {
+                policy.answered.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(provider = %policy.provider, %url, status = recorded.status, "answered with a recorded response");
+                return recorded_response(recorded);
+            }
             if let Some(cred) = credentials::find(
                 &policy.credentials,
                 request.uri().host().unwrap_or(""),
@@ -519,6 +558,31 @@ impl WasiHttpHooks for Hooks {
         }
         .with_subscriber(dispatch))
     }
+}
+
+/// A response, and the future that finishes its connection's I/O.
+type Sent = (
+    http::Response<wasmtime_wasi_http::WasiBody>,
+    Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+);
+
+/// `recorded` as the response to a request, with nothing sent.
+fn recorded_response(recorded: Recorded) -> Result<Sent, wasmtime_wasi_http::Error> {
+    let body = http_body_util::Full::new(bytes::Bytes::from(recorded.body))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let mut response = http::Response::builder().status(recorded.status);
+    for (name, value) in &recorded.headers {
+        response = response.header(name, value);
+    }
+    let response = response
+        .body(body)
+        .map_err(|e| wasmtime_wasi_http::Error::InternalError(Some(e.to_string())))?;
+    Ok((
+        response,
+        Box::new(async { Ok(()) })
+            as Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+    ))
 }
 
 /// A response body that fails with `HttpResponseBodySize` once more than

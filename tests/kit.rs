@@ -1,0 +1,207 @@
+//! The conformance kit's own promises: its paging and error-mapping steps
+//! catch the mistakes they are for, it waits out rate limits, and whatever
+//! happens (a step that fails, Ctrl-C) it deletes everything it created,
+//! as the cloud's own record shows.
+
+use std::ffi::OsStr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use berth::conformance::{self, Fault, TestConfig};
+use berth::plugin::{Runtime, RuntimeConfig};
+use berth::sim::Knobs;
+use tokio::io::AsyncReadExt;
+
+use crate::support::server::run_berth;
+use crate::support::{SimServer, live, plugin, workspace};
+
+fn runtime() -> Runtime {
+    Runtime::new(RuntimeConfig::default()).expect("runtime")
+}
+
+/// The careless fixture against `sim`, making `mistake`.
+fn careless(sim: &SimServer, mistake: &str) -> TestConfig {
+    serde_json::from_value(serde_json::json!({
+        "config": {"endpoint": sim.url(), "page_size": 2, "mistake": mistake},
+        "allow_hosts": [sim.addr().to_string()],
+    }))
+    .unwrap()
+}
+
+fn sim_faults() -> Vec<Fault> {
+    Fault::from_file(&workspace().join("plugins/sim/faults.json")).expect("the sim's faults")
+}
+
+/// The names of the steps that failed, and the report.
+fn failed(report: &conformance::Report) -> Vec<&'static str> {
+    report
+        .steps
+        .iter()
+        .filter(|s| !s.passed)
+        .map(|s| s.name)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_paging_step_fails_a_driver_that_reads_one_page() {
+    let sim = SimServer::start().await;
+    let mut config = careless(&sim, "ignores-paging");
+    config.faults = sim_faults();
+    let report = conformance::test(&runtime(), &plugin("careless"), &config).await;
+    assert_eq!(failed(&report), ["paging"], "{report}");
+    let paging = report.steps.iter().find(|s| s.name == "paging").unwrap();
+    assert!(
+        paging.detail.contains("does not follow every page"),
+        "{report}"
+    );
+    // The three instances of the paging step are deleted all the same.
+    assert!(live(&sim.cloud).is_empty(), "{:?}", live(&sim.cloud));
+    let cleanup = report.steps.last().unwrap();
+    assert_eq!(cleanup.name, "cleanup");
+    assert!(
+        cleanup.detail.starts_with("deleted 3 instances"),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn the_error_mapping_step_fails_a_driver_that_takes_a_429_for_transient() {
+    let sim = SimServer::start().await;
+    let mut config = careless(&sim, "rate-limit-as-transient");
+    config.faults = sim_faults();
+    let report = conformance::test(&runtime(), &plugin("careless"), &config).await;
+    assert_eq!(failed(&report), ["error mapping"], "{report}");
+    assert!(
+        report.to_string().contains("FAIL  error mapping")
+            && report
+                .to_string()
+                .contains("create 429 with retry-after: expected rate-limited, got transient"),
+        "{report}"
+    );
+    // The recorded answers reached no cloud: the sim saw one create for
+    // the cycle and three for paging, nothing more.
+    assert_eq!(crate::support::creates(&sim.cloud), 4);
+    assert!(live(&sim.cloud).is_empty());
+}
+
+#[tokio::test]
+async fn the_kit_waits_out_rate_limits_and_passes() {
+    let sim = SimServer::start_with(Knobs {
+        rate_limit: Some(4.0),
+        ..Knobs::default()
+    })
+    .await;
+    let config: TestConfig = serde_json::from_value(serde_json::json!({
+        "config": {"endpoint": sim.url(), "page_size": 2},
+        "allow_hosts": [sim.addr().to_string()],
+    }))
+    .unwrap();
+    let report = conformance::test(&runtime(), &plugin("sim"), &config).await;
+    assert!(report.passed(), "{report}");
+    let cleanup = report.steps.last().unwrap();
+    assert!(cleanup.detail.contains("for rate limits"), "{report}");
+    assert!(live(&sim.cloud).is_empty());
+}
+
+/// `berth driver test` with a provider.json for `sim` and `args`.
+fn provider_json(dir: &std::path::Path, sim: &SimServer) -> std::path::PathBuf {
+    let config = dir.join("provider.json");
+    std::fs::write(
+        &config,
+        serde_json::json!({"config": {"endpoint": sim.url()}, "allow_hosts": [sim.addr().to_string()]})
+            .to_string(),
+    )
+    .unwrap();
+    config
+}
+
+#[tokio::test]
+async fn the_binary_deletes_what_it_created_when_a_step_fails() {
+    // Room for three: the fourth instance of the paging step is refused.
+    let sim = SimServer::start_with(Knobs {
+        quota: Some(3),
+        ..Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = provider_json(dir.path(), &sim);
+    let wasm = plugin("sim");
+    let cache = dir.path().join("cache");
+    let ran = run_berth(
+        [
+            OsStr::new("driver"),
+            "test".as_ref(),
+            wasm.as_ref(),
+            "--config".as_ref(),
+            config.as_ref(),
+            "--instances".as_ref(),
+            "5".as_ref(),
+        ],
+        &[("BERTH_CACHE_DIR", cache.as_ref())],
+    )
+    .await;
+    assert_eq!(ran.status.code(), Some(1), "{ran}");
+    assert!(ran.stdout.contains("FAIL  paging"), "{ran}");
+    assert!(ran.stdout.contains("create 4 of 5"), "{ran}");
+    assert!(
+        ran.stdout.contains("PASS  cleanup") && ran.stdout.contains("deleted 3 instances"),
+        "{ran}"
+    );
+    assert!(live(&sim.cloud).is_empty(), "{:?}", live(&sim.cloud));
+}
+
+#[tokio::test]
+async fn the_binary_deletes_what_it_created_when_interrupted() {
+    // Slow creates, so that SIGINT comes in the middle of the paging step.
+    let sim = SimServer::start_with(Knobs {
+        create_latency_ms: 200,
+        ..Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = provider_json(dir.path(), &sim);
+    let wasm = plugin("sim");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args([OsStr::new("driver"), "test".as_ref(), wasm.as_ref()])
+        .args(["--config".as_ref(), config.as_os_str()])
+        .args(["--instances", "50"])
+        .env("BERTH_CACHE_DIR", dir.path().join("cache"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("berth driver test");
+    // The cycle's instance is deleted; then paging creates them one by one.
+    let mut waited = 0;
+    while live(&sim.cloud).len() < 3 {
+        assert!(waited < 600, "the paging step never got going");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += 1;
+    }
+    let pid = child.id().expect("pid") as i32;
+    // SAFETY: signalling the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("berth driver test ends after SIGINT")
+        .unwrap();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("FAIL  interrupted"), "{out}");
+    assert!(out.contains("PASS  cleanup"), "{out}");
+    assert!(live(&sim.cloud).is_empty(), "{:?}\n{out}", live(&sim.cloud));
+    // Every instance the sim made, and no fewer, is named as deleted.
+    let made = sim.cloud.instances().len() - 1;
+    assert!(
+        out.contains(&format!("deleted {made} instances")),
+        "{made} made:\n{out}"
+    );
+}
