@@ -547,6 +547,10 @@ pub struct StartOptions {
     /// The url at which the other processes sharing the pool reach this
     /// one's API (a PostgreSQL store).
     pub advertise: Option<String>,
+    /// Where compiled drivers are cached; `None` uses
+    /// [`berth_plugin::default_cache_dir`], else `cache` in the state
+    /// directory.
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 /// Loads the configured drivers, opens the store in the state directory,
@@ -626,7 +630,13 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         Some(_) => berth_store::Loaded::default(),
     };
     let runtime = Runtime::new(RuntimeConfig {
-        cache_dir: Some(state_dir.join("cache")),
+        cache_dir: Some(
+            options
+                .cache_dir
+                .clone()
+                .or_else(berth_plugin::default_cache_dir)
+                .unwrap_or_else(|| state_dir.join("cache")),
+        ),
         ..Default::default()
     })?;
     let driver_state = match records {
@@ -1299,12 +1309,12 @@ impl Loop {
             }
             Notice::QuotaPaused { provider, until } => tracing::warn!(
                 provider = pname(provider),
-                until_ms = until.as_millis(),
+                until = %berth_core::duration::rfc3339(until.as_millis()),
                 "quota exceeded; creates paused"
             ),
             Notice::RateLimited { provider, until } => tracing::warn!(
                 provider = pname(provider),
-                until_ms = until.as_millis(),
+                until = %berth_core::duration::rfc3339(until.as_millis()),
                 "rate limited; every call held"
             ),
             Notice::CapacityPaused {
@@ -1314,7 +1324,7 @@ impl Loop {
             } => tracing::warn!(
                 provider = pname(provider),
                 instance_type = instance_type.as_deref().unwrap_or("all"),
-                until_ms = until.as_millis(),
+                until = %berth_core::duration::rfc3339(until.as_millis()),
                 "no capacity; instance type paused"
             ),
             Notice::LeaseExpired {

@@ -37,6 +37,10 @@ pub struct ServeOptions {
     pub state_dir: Option<PathBuf>,
     /// How long a stop waits for driver calls in flight.
     pub stop_grace: Option<Duration>,
+    /// Where compiled drivers are cached; `None` uses
+    /// [`berth_plugin::default_cache_dir`], else `cache` in the state
+    /// directory.
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// The embedded default's config, for a sim cloud at `sim` and state in
@@ -293,6 +297,7 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
             observer: Some(telemetry.clone()),
             deny: vec![bound],
             advertise,
+            cache_dir: options.cache_dir.clone(),
             ..Default::default()
         },
     )
