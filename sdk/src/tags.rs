@@ -57,8 +57,81 @@ pub fn replace_berth_tags(existing: &[(String, String)], new: &[(String, String)
     out
 }
 
+/// A tag value in a form that clouds restricting label values accept
+/// (lowercase letters, digits, `-` and `_`, a letter or digit at both ends;
+/// GCP, Hetzner, Kubernetes), and that [`decode_label`] turns back into the
+/// value (docs/tags.md). `a`–`y` and `0`–`9` stay as they are, and so do `-`
+/// and `_` between the first and the last character; every other
+/// character becomes `z` and two lowercase hex digits per UTF-8 byte
+/// (`zuul` → `z7auul`, `My.pool` → `z4dyz2epool`). The result is never
+/// shorter; check it against the cloud's length limit (63 for those clouds).
+pub fn encode_label(value: &str) -> String {
+    let n = value.chars().count();
+    let mut out = String::with_capacity(value.len());
+    for (i, c) in value.chars().enumerate() {
+        let inner = i > 0 && i + 1 < n;
+        if matches!(c, 'a'..='y' | '0'..='9') || (inner && matches!(c, '-' | '_')) {
+            out.push(c);
+        } else {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("z{b:02x}"));
+            }
+        }
+    }
+    out
+}
+
+/// The value [`encode_label`] turned into `label`; `None` for text it
+/// cannot have written.
+pub fn decode_label(label: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(label.len());
+    let mut rest = label.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'z' {
+            let hex = tail.get(..2)?;
+            if !hex.iter().all(|h| matches!(h, b'0'..=b'9' | b'a'..=b'f')) {
+                return None;
+            }
+            bytes.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            rest = &tail[2..];
+        } else if matches!(b, b'a'..=b'y' | b'0'..=b'9' | b'-' | b'_') {
+            bytes.push(b);
+            rest = tail;
+        } else {
+            return None;
+        }
+    }
+    let value = String::from_utf8(bytes).ok()?;
+    // Only the one spelling encode writes: no escape of a byte kept as is,
+    // no bare `-` or `_` at an end.
+    (encode_label(&value) == label).then_some(value)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn label_encoding_vectors() {
+        use super::{decode_label, encode_label};
+        let vectors = [
+            ("", ""),
+            ("ci-pool", "ci-pool"),
+            ("n-00000000000000ab", "n-00000000000000ab"),
+            ("zuul", "z7auul"),
+            ("My.pool", "z4dyz2epool"),
+            ("My.Pool", "z4dyz2ez50ool"),
+            ("-edge_", "z2dedgez5f"),
+            ("é", "zc3za9"),
+        ];
+        for (value, label) in vectors {
+            assert_eq!(encode_label(value), label, "{value:?}");
+            assert_eq!(decode_label(label).as_deref(), Some(value), "{label:?}");
+        }
+        for bad in ["Upper", "a.b", "z6", "zzz", "z61", "-a", "a_", "zc3"] {
+            assert_eq!(decode_label(bad), None, "{bad:?}");
+        }
+    }
+
     use super::*;
 
     fn t(pairs: &[(&str, &str)]) -> Tags {
