@@ -21,6 +21,7 @@ mod sdk_python;
 mod serve;
 mod static_hosts;
 mod support;
+mod templates;
 
 use std::ffi::OsStr;
 use std::time::Duration;

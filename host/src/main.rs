@@ -136,6 +136,18 @@ enum DriverCommand {
         #[arg(long)]
         cache_dir: Option<PathBuf>,
     },
+    /// Write a new driver project: a driver for the simulated cloud to change
+    /// into one for yours, with the SDK and the contract, built by ./build.
+    New {
+        /// The driver's name (a-z, 0-9, `-`); also the project's folder.
+        name: String,
+        /// The language: rust, python or js.
+        #[arg(long)]
+        lang: berth::plugin::scaffold::Lang,
+        /// Where to write the project [default: ./NAME]
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Write the contract this berth implements (wit/ with its WASI deps) to
     /// DIR, to build a driver against in any language.
     Wit {
@@ -246,6 +258,16 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             println!("{}", file.display());
             print!("{report}");
             Ok(report.passed())
+        }
+        Command::Driver(DriverCommand::New { name, lang, dir }) => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let n = berth::plugin::scaffold::new_project(&dir, &name, lang)?;
+            println!(
+                "{}: a {lang} driver project, {n} files; build it with {}",
+                dir.display(),
+                dir.join("build").display()
+            );
+            Ok(true)
         }
         Command::Driver(DriverCommand::Wit { dir }) => {
             let n = berth::contract::write_wit(&dir)

@@ -61,3 +61,46 @@ pub fn unauthorized(message: impl Into<String>) -> Error {
 pub fn invalid_config(message: impl Into<String>) -> Error {
     Error::InvalidConfig(message.into())
 }
+
+/// The usual case for an HTTP error status, as the Python and JavaScript
+/// SDKs map it: 429 is `rate-limited` (waiting as the `retry-after` header
+/// says in seconds, else a second), 401 and 403 `unauthorized`, 404
+/// `not-found`, 5xx `transient`, anything else `permanent`. A cloud with its
+/// own codes (a quota, capacity) maps those first and falls back to this.
+pub fn from_status(status: u16, retry_after: Option<&str>, message: impl Into<String>) -> Error {
+    match status {
+        429 => {
+            let secs = retry_after.and_then(|v| v.trim().parse::<u64>().ok());
+            rate_limited(secs.map_or(1000, |s| s.saturating_mul(1000)), message)
+        }
+        401 | 403 => unauthorized(message),
+        404 => not_found(message),
+        500..=599 => transient(message),
+        _ => permanent(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_their_cases() {
+        let case = |status, after| match from_status(status, after, "m") {
+            Error::RateLimited(r) => format!("rate-limited {}", r.retry_after_ms),
+            Error::Unauthorized(_) => "unauthorized".into(),
+            Error::NotFound(_) => "not-found".into(),
+            Error::Transient(_) => "transient".into(),
+            Error::Permanent(_) => "permanent".into(),
+            other => format!("{other:?}"),
+        };
+        assert_eq!(case(429, Some("3")), "rate-limited 3000");
+        assert_eq!(case(429, Some("soon")), "rate-limited 1000");
+        assert_eq!(case(429, None), "rate-limited 1000");
+        assert_eq!(case(401, None), "unauthorized");
+        assert_eq!(case(403, None), "unauthorized");
+        assert_eq!(case(404, None), "not-found");
+        assert_eq!(case(503, None), "transient");
+        assert_eq!(case(409, None), "permanent");
+    }
+}

@@ -19,6 +19,7 @@ mod guests;
 mod inspect;
 mod provider;
 mod sandbox;
+pub mod scaffold;
 mod state;
 
 use std::path::{Path, PathBuf};
