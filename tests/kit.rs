@@ -194,6 +194,18 @@ async fn the_binary_deletes_what_it_created_when_interrupted() {
         .read_to_string(&mut out)
         .await
         .unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .await
+        .unwrap();
+    assert!(
+        err.contains("stopping: deleting what this run created"),
+        "{err}"
+    );
     assert_eq!(status.code(), Some(1), "{out}");
     assert!(out.contains("FAIL  interrupted"), "{out}");
     assert!(out.contains("PASS  cleanup"), "{out}");

@@ -252,8 +252,25 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                 cache_dir: cache_dir.or_else(berth::plugin::default_cache_dir),
                 ..RuntimeConfig::default()
             })?;
-            // Ctrl-C stops the steps; the cleanup still runs and reports.
-            let stop = berth::serve::shutdown_signals().context("listening for signals")?;
+            // Ctrl-C stops the steps; the cleanup still runs and reports. A
+            // second one leaves at once, saying what may be left.
+            let first = berth::serve::shutdown_signals().context("listening for signals")?;
+            let stop = async move {
+                first.await;
+                eprintln!(
+                    "berth: stopping: deleting what this run created (Ctrl-C again to leave it)"
+                );
+                if let Ok(second) = berth::serve::shutdown_signals() {
+                    tokio::spawn(async move {
+                        second.await;
+                        eprintln!(
+                            "berth: cleanup abandoned: instances this run created may remain \
+                             (their berth-node tags start with conformance-node-)"
+                        );
+                        std::process::exit(130);
+                    });
+                }
+            };
             let report = berth::conformance::test_until(&runtime, &file, &config, stop).await;
             println!("{}", file.display());
             print!("{report}");
