@@ -70,7 +70,8 @@ async fn a_new_project_builds_and_passes_the_kit(lang: &str) {
         serde_json::json!({"config": {"endpoint": sim.url(), "page_size": 2}, "allow_hosts": [sim.addr().to_string()]}).to_string(),
     )
     .unwrap();
-    let faults = workspace().join("plugins/sim/faults.json");
+    // The project's own recorded responses.
+    let faults = project.join("faults.json");
     let test = run_berth(
         [
             OsStr::new("driver"),

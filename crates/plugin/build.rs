@@ -22,7 +22,13 @@ fn main() {
     let python = |p: &Path| {
         p.extension().is_some_and(|e| e == "py") || p.file_name().is_some_and(|n| n == "py.typed")
     };
-    let indexes: [(&str, PathBuf, &dyn Fn(&Path) -> bool); 5] = [
+    let faults = |p: &Path| p == Path::new("faults.json");
+    let indexes: [(&str, PathBuf, &dyn Fn(&Path) -> bool); 6] = [
+        (
+            "sim_faults_files",
+            root.join("plugins").join("sim"),
+            &faults,
+        ),
         ("wit_files", root.join("wit"), &wit),
         ("template_files", root.join("templates"), &any),
         ("sdk_rust_files", root.join("sdk").join("src"), &rust),

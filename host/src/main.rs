@@ -411,8 +411,14 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                 println!("berth listening on http://{addr}");
                 let labels: Vec<&str> = config.labels.iter().map(|l| l.name.as_str()).collect();
                 println!("labels: {}", labels.join(", "));
+                // The CLI's default server; elsewhere the hint names it.
+                let server = if addr == std::net::SocketAddr::from(([127, 0, 0, 1], 8080)) {
+                    String::new()
+                } else {
+                    format!(" --server http://{addr}")
+                };
                 println!(
-                    "try:    berth nodes    |    berth request {} --wait",
+                    "try:    berth nodes{server}    |    berth request {}{server} --wait",
                     labels.first().copied().unwrap_or("LABEL")
                 );
             })

@@ -131,9 +131,9 @@ pub async fn check(runtime: &Runtime, path: &Path) -> Report {
                 .partition(|e| e.as_str() == crate::bindings::DRIVER_EXPORT);
             let mut said = format!("exports {}", ours.first().map_or("", |e| e.as_str()));
             if !others.is_empty() {
-                let others: Vec<&str> = others.iter().map(|e| e.as_str()).collect();
+                let others: Vec<String> = others.iter().map(|e| format!("`{e}`")).collect();
                 said.push_str(&format!(
-                    "; also {} (not used by the host)",
+                    "; also exports {}, which the host does not use",
                     others.join(", ")
                 ));
             }
@@ -322,8 +322,11 @@ async fn start(
         "load",
         started,
         Ok(format!(
-            "{:?} in {:.1}ms",
-            driver.source(),
+            "{} in {:.1}ms",
+            match driver.source() {
+                crate::LoadSource::Compiled => "compiled",
+                crate::LoadSource::Cache => "loaded from the compiled cache",
+            },
             driver.load_time().as_secs_f64() * 1e3
         )),
     );

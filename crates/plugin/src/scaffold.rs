@@ -14,6 +14,9 @@ const TEMPLATES: Files = include!(concat!(env!("OUT_DIR"), "/template_files.rs")
 const SDK_RUST: Files = include!(concat!(env!("OUT_DIR"), "/sdk_rust_files.rs"));
 const SDK_PYTHON: Files = include!(concat!(env!("OUT_DIR"), "/sdk_python_files.rs"));
 const SDK_JS: Files = include!(concat!(env!("OUT_DIR"), "/sdk_js_files.rs"));
+/// The sim cloud's error responses, recorded (`plugins/sim/faults.json`):
+/// every project's `faults.json`, for `berth driver test --faults`.
+const SIM_FAULTS: Files = include!(concat!(env!("OUT_DIR"), "/sim_faults_files.rs"));
 
 /// The language of a new driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::Display, strum::EnumString)]
@@ -104,6 +107,10 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang) -> Result<usize, Scaffold
         write(&format!("{sdk_dir}/{rel}"), text)?;
         n += 1;
     }
+    for (rel, text) in SIM_FAULTS {
+        write(rel, text)?;
+        n += 1;
+    }
     let wit = dir.join("wit");
     n += contract::write_wit(&wit).map_err(|source| ScaffoldError::Write { path: wit, source })?;
     Ok(n)
@@ -132,6 +139,7 @@ mod tests {
             assert!(n > contract::WIT.len(), "{lang}: {n} files");
             assert!(project.join("wit/driver.wit").is_file(), "{lang}");
             assert!(project.join("build").is_file(), "{lang}");
+            assert!(project.join("faults.json").is_file(), "{lang}");
             let (_, sdk, sdk_dir) = lang.parts();
             assert!(!sdk.is_empty(), "{lang}");
             assert!(project.join(sdk_dir).join(sdk[0].0).is_file(), "{lang}");
