@@ -33,6 +33,7 @@ async fn a_new_project_builds_and_passes_the_kit(lang: &str) {
     let build = project.join("build");
     let target = workspace().join("target").join("templates");
     let built = tokio::task::spawn_blocking(move || {
+        let _heavy = crate::support::machine_to_myself();
         Command::new(&build)
             .env("CARGO_TARGET_DIR", target)
             .output()
