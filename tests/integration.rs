@@ -156,21 +156,7 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
     assert!(check.stdout.contains(", 0 failed"), "{check}");
 
     driver_test_passes(&sim_wasm, &config, &dir.path().join("cache"), &[]).await;
-    // With a page size, the paging step; with the sim's recorded answers,
-    // the error mapping.
-    std::fs::write(
-        &config,
-        serde_json::json!({"config": {"endpoint": sim.url(), "page_size": 2}, "allow_hosts": [sim.addr().to_string()]}).to_string(),
-    )
-    .unwrap();
-    let faults = sim_faults();
-    driver_test_passes(
-        &sim_wasm,
-        &config,
-        &dir.path().join("cache"),
-        &["--faults".as_ref(), faults.as_ref()],
-    )
-    .await;
+    driver_test_passes_every_step(&sim_wasm, &sim, dir.path()).await;
 
     // A failing run exits non-zero: the driver cannot reach a host it is not allowed.
     std::fs::write(
@@ -768,9 +754,22 @@ async fn driver_test_passes(
     }
 }
 
-/// The sim's recorded error responses, for `--faults`.
-fn sim_faults() -> std::path::PathBuf {
-    support::workspace().join("plugins/sim/faults.json")
+/// [`driver_test_passes`] with a page size (the paging step) and the sim's
+/// recorded error responses (`--faults`, the error mapping), in `dir`.
+async fn driver_test_passes_every_step(
+    wasm: &std::path::Path,
+    sim: &SimServer,
+    dir: &std::path::Path,
+) {
+    let config = sim.provider_json(dir, Some(2));
+    let faults = support::workspace().join("plugins/sim/faults.json");
+    driver_test_passes(
+        wasm,
+        &config,
+        &dir.join("cache"),
+        &["--faults".as_ref(), faults.as_ref()],
+    )
+    .await;
 }
 
 /// The drivers written in other languages pass the same kit against the
@@ -781,20 +780,7 @@ async fn scripted_driver_passes_the_conformance_kit(name: &'static str) {
         .unwrap();
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("provider.json");
-    std::fs::write(
-        &config,
-        serde_json::json!({"config": {"endpoint": sim.url(), "page_size": 2}, "allow_hosts": [sim.addr().to_string()]}).to_string(),
-    )
-    .unwrap();
-    let faults = sim_faults();
-    driver_test_passes(
-        &wasm,
-        &config,
-        &dir.path().join("cache"),
-        &["--faults".as_ref(), faults.as_ref()],
-    )
-    .await;
+    driver_test_passes_every_step(&wasm, &sim, dir.path()).await;
 }
 
 #[tokio::test]

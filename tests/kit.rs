@@ -103,18 +103,6 @@ async fn the_kit_waits_out_rate_limits_and_passes() {
     assert!(live(&sim.cloud).is_empty());
 }
 
-/// `berth driver test` with a provider.json for `sim` and `args`.
-fn provider_json(dir: &std::path::Path, sim: &SimServer) -> std::path::PathBuf {
-    let config = dir.join("provider.json");
-    std::fs::write(
-        &config,
-        serde_json::json!({"config": {"endpoint": sim.url()}, "allow_hosts": [sim.addr().to_string()]})
-            .to_string(),
-    )
-    .unwrap();
-    config
-}
-
 #[tokio::test]
 async fn the_binary_deletes_what_it_created_when_a_step_fails() {
     // Room for three: the fourth instance of the paging step is refused.
@@ -124,7 +112,7 @@ async fn the_binary_deletes_what_it_created_when_a_step_fails() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let config = provider_json(dir.path(), &sim);
+    let config = sim.provider_json(dir.path(), None);
     let wasm = plugin("sim");
     let cache = dir.path().join("cache");
     let ran = run_berth(
@@ -159,7 +147,7 @@ async fn the_binary_deletes_what_it_created_when_interrupted() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let config = provider_json(dir.path(), &sim);
+    let config = sim.provider_json(dir.path(), None);
     let wasm = plugin("sim");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
         .args([OsStr::new("driver"), "test".as_ref(), wasm.as_ref()])

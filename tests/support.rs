@@ -136,6 +136,19 @@ pub struct SimServer {
 }
 
 impl SimServer {
+    /// Writes `dir/provider.json` for `berth driver test` against this sim
+    /// (with `page_size` in the driver config when given) and returns its path.
+    pub fn provider_json(&self, dir: &std::path::Path, page_size: Option<u32>) -> PathBuf {
+        let mut config = serde_json::json!({"endpoint": self.url()});
+        if let Some(n) = page_size {
+            config["page_size"] = n.into();
+        }
+        let path = dir.join("provider.json");
+        let json = serde_json::json!({"config": config, "allow_hosts": [self.addr().to_string()]});
+        std::fs::write(&path, json.to_string()).expect("writing provider.json");
+        path
+    }
+
     pub async fn start() -> SimServer {
         Self::start_with(berth::sim::Knobs::default()).await
     }

@@ -65,12 +65,7 @@ async fn a_new_project_builds_and_passes_the_kit(lang: &str) {
     assert!(check.success(), "{lang}: {check}");
 
     let sim = SimServer::start().await;
-    let config = dir.path().join("provider.json");
-    std::fs::write(
-        &config,
-        serde_json::json!({"config": {"endpoint": sim.url(), "page_size": 2}, "allow_hosts": [sim.addr().to_string()]}).to_string(),
-    )
-    .unwrap();
+    let config = sim.provider_json(dir.path(), Some(2));
     // The project's own recorded responses.
     let faults = project.join("faults.json");
     let test = run_berth(

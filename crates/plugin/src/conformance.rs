@@ -530,19 +530,15 @@ impl Kit<'_> {
         let id = instance.id.clone();
 
         let started = Instant::now();
-        let listed = self
+        let shown = self
             .list(self.pool_filter())
             .await
             .map_err(|e| e.to_string())
             .and_then(|all| {
-                let found = all
-                    .iter()
-                    .find(|i| i.id == id)
-                    .ok_or_else(|| format!("{id} not in a list of {} instances", all.len()))?;
-                has_all(&found.tags, &tags)
+                has_all(&listed(&all, &id)?.tags, &tags)
                     .map(|()| format!("{id} listed with its tags ({} in pool)", all.len()))
             });
-        report.record("listed with tags", started, listed);
+        report.record("listed with tags", started, shown);
 
         // The host runs several instances of a driver side by side, so
         // nothing that matters may live in one instance's memory.
@@ -590,10 +586,7 @@ impl Kit<'_> {
                 .await
                 .map_err(|e| e.to_string())
                 .and_then(|all| {
-                    let found = all
-                        .iter()
-                        .find(|i| i.id == id)
-                        .ok_or_else(|| format!("{id} no longer listed"))?;
+                    let found = listed(&all, &id)?;
                     has_all(&found.tags, &new_tags)?;
                     if found.tags.contains_key("berth-conformance") {
                         return Err("removed tag berth-conformance still present".into());
@@ -834,6 +827,13 @@ impl Kit<'_> {
         };
         report.record("cleanup", started, result);
     }
+}
+
+/// The instance `id` in a list, or what the list shows instead.
+fn listed<'a>(all: &'a [Instance], id: &str) -> Result<&'a Instance, String> {
+    all.iter()
+        .find(|i| i.id == id)
+        .ok_or_else(|| format!("{id} not in a list of {} instances", all.len()))
 }
 
 /// How long to wait before calling again, for a `rate-limited` answer.
