@@ -120,6 +120,9 @@ pub struct HttpPolicy {
     /// The conformance kit's fault mode: while set, every allowed request
     /// is answered with this recorded response and never sent.
     recorded: std::sync::Mutex<Option<Recorded>>,
+    /// Whether `recorded` is set: every request of a pool reads this, and
+    /// only the kit ever takes the lock.
+    armed: std::sync::atomic::AtomicBool,
     /// Requests answered from `recorded`.
     answered: AtomicU64,
 }
@@ -200,6 +203,7 @@ impl HttpPolicy {
             denied: AtomicU64::new(0),
             gate: Arc::new(Gate::always()),
             recorded: std::sync::Mutex::new(None),
+            armed: std::sync::atomic::AtomicBool::new(false),
             answered: AtomicU64::new(0),
         }
     }
@@ -207,7 +211,9 @@ impl HttpPolicy {
     /// From now on answers every allowed request with `recorded`, sending
     /// nothing; `None` sends requests again.
     pub(crate) fn answer_with(&self, recorded: Option<Recorded>) {
-        *self.recorded.lock().unwrap_or_else(|p| p.into_inner()) = recorded;
+        let mut slot = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        self.armed.store(recorded.is_some(), Ordering::Release);
+        *slot = recorded;
     }
 
     /// Requests answered with a recorded response so far.
@@ -216,6 +222,9 @@ impl HttpPolicy {
     }
 
     fn recorded(&self) -> Option<Recorded> {
+        if !self.armed.load(Ordering::Acquire) {
+            return None;
+        }
         self.recorded
             .lock()
             .unwrap_or_else(|p| p.into_inner())
