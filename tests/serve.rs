@@ -835,3 +835,59 @@ async fn the_binary_sends_no_create_while_a_quota_pause_lasts() {
         assert!(w[1] - w[0] >= 2_000, "bursts at {starts:?}: {refusals:?}");
     }
 }
+
+/// `berth serve` compiles its driver into the cache `BERTH_CACHE_DIR`
+/// names, and `berth driver test` then loads that very entry: one cache for
+/// the service and the kit.
+#[tokio::test]
+async fn serve_and_the_kit_share_one_compiled_cache() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("shared-cache");
+    let cache_text = cache.to_string_lossy().into_owned();
+    let cfg = serve_config(&sim, dir.path());
+    let cfg_text = cfg.to_string_lossy().into_owned();
+    let args = ["--config", cfg_text.as_str()];
+    let env = [("BERTH_CACHE_DIR", cache_text.as_str())];
+    let mut launch = Launch::new(&args, dir.path());
+    launch.env = &env;
+    let server = Berth::launch(launch).await;
+    until(60, "the driver loaded", || async {
+        server.log_text().contains("driver loaded").then_some(())
+    })
+    .await;
+    assert!(
+        server.log_text().contains("source=Compiled"),
+        "{}",
+        server.log_text()
+    );
+    server.terminate().await.assert_success();
+    assert!(
+        std::fs::read_dir(&cache).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".cwasm")),
+        "serve wrote nothing into {}",
+        cache.display()
+    );
+
+    let config = sim.provider_json(dir.path(), None);
+    let wasm = plugin("sim");
+    let test = run_berth(
+        [
+            std::ffi::OsStr::new("driver"),
+            "test".as_ref(),
+            wasm.as_ref(),
+            "--config".as_ref(),
+            config.as_ref(),
+        ],
+        &[("BERTH_CACHE_DIR", cache.as_os_str())],
+    )
+    .await;
+    assert!(test.success(), "{test}");
+    assert!(
+        test.stdout.contains("loaded from the compiled cache"),
+        "{test}"
+    );
+}
