@@ -6,6 +6,9 @@
 use std::env;
 use std::path::{Path, PathBuf};
 
+/// Which files under an index's root it carries (by path relative to it).
+type Keep = dyn Fn(&Path) -> bool;
+
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     // This crate is crates/plugin in the workspace.
@@ -23,7 +26,7 @@ fn main() {
         p.extension().is_some_and(|e| e == "py") || p.file_name().is_some_and(|n| n == "py.typed")
     };
     let faults = |p: &Path| p == Path::new("faults.json");
-    let indexes: [(&str, PathBuf, &dyn Fn(&Path) -> bool); 6] = [
+    let indexes: [(&str, PathBuf, &Keep); 6] = [
         (
             "sim_faults_files",
             root.join("plugins").join("sim"),
@@ -48,7 +51,7 @@ fn main() {
 
 /// Writes OUT_DIR/`name`.rs: every file under `root` that `keep` keeps (its
 /// path relative to `root`), skipping `node_modules` and caches.
-fn index(name: &str, root: &Path, keep: &dyn Fn(&Path) -> bool) -> std::io::Result<()> {
+fn index(name: &str, root: &Path, keep: &Keep) -> std::io::Result<()> {
     println!("cargo::rerun-if-changed={}", root.display());
     let mut files = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
