@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::serve::{CI, OPS, serve_config_with, set_lease_ttl};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, Launch, http_raw, until};
-use crate::support::{SimServer, creates, live, plugin, workspace};
+use crate::support::{SimServer, creates, live, metric, plugin, workspace};
 
 /// A fresh database: its url with the password (for psql) and a `[store]`
 /// table that names it without one and reads the password from a file in
@@ -150,6 +150,54 @@ async fn serve_keeps_its_pool_in_postgres_across_a_sigkill() {
         "{:#?}\n{}",
         sim.cloud.calls(),
         server.log_text()
+    );
+    server.terminate().await.assert_success();
+}
+
+/// Cloud calls ending do not make heartbeats: `berth serve` on PostgreSQL
+/// beats its providers' leases about every quarter of the lease TTL however
+/// many calls its drivers make. Before, every call that ended woke the
+/// heartbeat, so a busy pool sent hundreds of lease transactions a second
+/// to the database, each a WAL flush beside the pool's commits. Checked
+/// through the binary's `berth_lease_heartbeat_seconds` count against the
+/// sim's own call record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_their_pace_however_many_calls_end() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, store) = database(dir.path(), None);
+    let cfg = config(&sim, dir.path(), &store);
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "holding the pool").await;
+    let beats = || async {
+        metric(
+            &server.metrics(Some(OPS)).await,
+            "berth_lease_heartbeat_seconds_count",
+        )
+        .expect("berth_lease_heartbeat_seconds_count in /metrics")
+    };
+    let (beats_before, calls_before) = (beats().await, sim.cloud.calls().len());
+    let started = std::time::Instant::now();
+    // Each hand-out and release makes a delete, a create to refill, and the
+    // lists that watch the new node boot.
+    for _ in 0..40 {
+        let request = server.request(CI, &[("small", 1)]).await;
+        let done = server.fulfilled(CI, &request.id).await;
+        let path = format!("/v1/nodes/{}/release", done.nodes[0].id);
+        let (s, n) = server.call("POST", &path, Some(CI), None).await;
+        assert_eq!(s, 200, "{n}");
+    }
+    let calls = sim.cloud.calls().len() - calls_before;
+    let beats = beats().await - beats_before;
+    let elapsed = started.elapsed();
+    // The lease TTL is 1 s: a beat every 250 ms, and a few more when a
+    // lease changes hands (none should here).
+    let allowed = (elapsed.as_secs_f64() / 0.25).ceil() + 4.0;
+    println!("{calls} cloud calls and {beats} heartbeats in {elapsed:?} (at most {allowed})");
+    assert!(calls >= 60, "too few cloud calls to tell: {calls}");
+    assert!(
+        beats <= allowed,
+        "{beats} heartbeats in {elapsed:?} while the drivers made {calls} calls: at most {allowed} were due"
     );
     server.terminate().await.assert_success();
 }

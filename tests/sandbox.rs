@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::support::server::{Berth, Launch, run_berth, until};
-use crate::support::{SimServer, plugin};
+use crate::support::{SimServer, metric, plugin};
 
 /// One hostile provider's part of the config.
 struct Hostile<'a> {
@@ -128,24 +128,10 @@ async fn start(hostile: &[Hostile<'_>], extra: &[&str]) -> (SimServer, tempfile:
     (sim, dir, server)
 }
 
-/// The value of the metric line that starts with `series` (name and
-/// labels), if there is one.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
-async fn metrics(server: &Berth) -> String {
-    let (_, m) = server.call("GET", "/metrics", None, None).await;
-    m.as_str().unwrap_or_default().to_owned()
-}
-
 /// Waits until the metric `series` is at least `at_least`.
 async fn until_metric(server: &Berth, secs: u64, series: &str, at_least: f64) -> f64 {
     until(secs, series, || async {
-        metric(&metrics(server).await, series).filter(|v| *v >= at_least)
+        metric(&server.metrics(None).await, series).filter(|v| *v >= at_least)
     })
     .await
 }
@@ -461,10 +447,10 @@ async fn a_driver_that_lies_cannot_hand_one_machine_out_twice_or_adopt_past_limi
     until_metric(&server, 20, deletes, 1.0).await;
     // Past the first burst, the pace.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = metric(&metrics(&server).await, deletes).unwrap_or(0.0);
+    let before = metric(&server.metrics(None).await, deletes).unwrap_or(0.0);
     let from = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let deleted = metric(&metrics(&server).await, deletes).unwrap_or(0.0) - before;
+    let deleted = metric(&server.metrics(None).await, deletes).unwrap_or(0.0) - before;
     let took = from.elapsed().as_secs_f64();
     eprintln!(
         "lies: {duplicates} duplicate entries refused, {not_adopted} adoptions refused, {on_phantoms} nodes on phantoms, {deleted} leak deletes in {took:.1} s"
@@ -523,7 +509,7 @@ async fn a_driver_that_cannot_start_fails_only_its_own_provider() {
         message.contains("broken (could not start") && message.contains("badconf (could not start"),
         "{message}"
     );
-    let m = metrics(&server).await;
+    let m = server.metrics(None).await;
     assert_eq!(
         metric(&m, "berth_provider_started{provider=\"broken\"}"),
         Some(0.0)

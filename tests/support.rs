@@ -44,6 +44,15 @@ pub fn live(cloud: &berth::sim::SimCloud) -> Vec<berth::sim::Instance> {
         .collect()
 }
 
+/// The value of the metric line of `/metrics` text that starts with
+/// `series` (name and labels), if there is one.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// How many creates `cloud` has been sent, by its own record.
 pub fn creates(cloud: &berth::sim::SimCloud) -> usize {
     cloud

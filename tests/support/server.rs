@@ -175,6 +175,13 @@ impl Berth {
         }
     }
 
+    /// The `/metrics` text, asked for with `token`.
+    pub async fn metrics(&self, token: Option<&str>) -> String {
+        let (status, m) = self.call("GET", "/metrics", token, None).await;
+        assert_eq!(status, 200, "{m}");
+        m.as_str().unwrap_or_default().to_owned()
+    }
+
     /// As [`Berth::call`], with a failure to connect or read as an error
     /// (for tests where berth may be going away).
     pub async fn try_call(

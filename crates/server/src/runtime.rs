@@ -173,6 +173,9 @@ pub trait Observer: Send + Sync {
     fn fulfilled(&self, _request: &Request, _latency: Duration) {}
     /// The store took `took` to commit one batch of changes.
     fn committed(&self, _took: Duration) {}
+    /// One heartbeat of the providers' leases (a PostgreSQL store) took
+    /// `took`, whether or not it reached the database.
+    fn heartbeat(&self, _took: Duration) {}
     /// Instances a driver answered that failed berth's checks (see
     /// [`berth_core::driver::check`]); the pool never saw them.
     fn refused(&self, _provider: &str, _refused: &[BadAnswer]) {}
@@ -606,9 +609,10 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         other => (Gate::shut(), Some(other)),
     };
     let gate = Arc::new(gate);
+    let observer = options.observer.unwrap_or_else(|| Arc::new(Deaf));
     let (shards, beating) = match shared_out {
         Some(pg) => {
-            let (shards, beating) = Shards::start(pg)
+            let (shards, beating) = Shards::start(pg, observer.clone())
                 .await
                 .context("taking part in the providers' leases")?;
             (Some(shards), Some(beating))
@@ -666,7 +670,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         providers,
         store,
         clock,
-        observer: options.observer.unwrap_or_else(|| Arc::new(Deaf)),
+        observer,
         gate,
         standby,
         shards,

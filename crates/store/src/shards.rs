@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 use crate::pg::{LEASES_CHANNEL, Login, NOTIFY_PROVIDERS, connect_listening};
 use crate::{Claimant, StoreError};
@@ -24,6 +24,9 @@ use crate::{Claimant, StoreError};
 const BEAT: &str = "SELECT provider, holder, address, epoch, expires, remaining_ms, members \
      FROM berth_shards($1, $2, $3, $4, $5)";
 
+/// A connection, the task that runs it, and the heartbeat prepared on it.
+type Connected = (Client, tokio::task::JoinHandle<()>, Statement);
+
 /// One process's heartbeats, on a connection of its own
 /// ([`crate::PgStore::shards`]).
 pub struct PgShards {
@@ -31,7 +34,7 @@ pub struct PgShards {
     me: Claimant,
     /// The configured providers, in the config's order.
     providers: Vec<String>,
-    connected: Option<(Client, tokio::task::JoinHandle<()>)>,
+    connected: Option<Connected>,
     /// Leases given up by any process, as the server announces them.
     given_up: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
 }
@@ -103,7 +106,15 @@ impl PgShards {
     }
 
     async fn client(&mut self) -> Result<&Client, StoreError> {
-        if self.connected.as_ref().is_some_and(|(c, _)| c.is_closed()) {
+        Ok(&self.connection().await?.0)
+    }
+
+    async fn connection(&mut self) -> Result<&Connected, StoreError> {
+        if self
+            .connected
+            .as_ref()
+            .is_some_and(|(c, _, _)| c.is_closed())
+        {
             self.disconnect();
         }
         if self.connected.is_none() {
@@ -118,14 +129,24 @@ impl PgShards {
                     error,
                 });
             }
-            self.connected = Some((client, task));
+            let beat = match client.prepare(BEAT).await {
+                Ok(beat) => beat,
+                Err(error) => {
+                    task.abort();
+                    return Err(StoreError::Postgres {
+                        doing: "preparing the heartbeat",
+                        error,
+                    });
+                }
+            };
+            self.connected = Some((client, task, beat));
             self.given_up = Some(given_up);
         }
-        Ok(&self.connected.as_ref().expect("connected above").0)
+        Ok(self.connected.as_ref().expect("connected above"))
     }
 
     fn disconnect(&mut self) {
-        if let Some((_, task)) = self.connected.take() {
+        if let Some((_, task, _)) = self.connected.take() {
             task.abort();
         }
         self.given_up = None;
@@ -167,9 +188,9 @@ impl PgShards {
         );
         let sent = Instant::now();
         let rows = {
-            let client = self.client().await?;
+            let (client, _, beat) = self.connection().await?;
             client
-                .query(BEAT, &[&holder, &address, &ttl, &providers, &keep])
+                .query(beat, &[&holder, &address, &ttl, &providers, &keep])
                 .await
         };
         let rows = match rows {

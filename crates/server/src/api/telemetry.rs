@@ -110,6 +110,7 @@ pub struct Telemetry {
     probe_seconds: Histograms<ProviderCheck>,
     fulfilment: Histogram,
     commit_seconds: Histogram,
+    heartbeat_seconds: Histogram,
     quota_pauses: Family<ByProvider, Counter>,
     rate_limit_holds: Family<ByProvider, Counter>,
     capacity_pauses: Family<ByProvider, Counter>,
@@ -196,6 +197,15 @@ impl Telemetry {
                 r,
                 "berth_store_commit_seconds",
                 "Time the pool's store took to commit one batch of changes",
+                Histogram::new([
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    1.0,
+                ]),
+            ),
+            heartbeat_seconds: register(
+                r,
+                "berth_lease_heartbeat_seconds",
+                "Time one heartbeat of the providers' leases took (PostgreSQL store)",
                 Histogram::new([
                     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                     1.0,
@@ -600,6 +610,10 @@ impl Observer for Telemetry {
     fn committed(&self, took: Duration) {
         self.commit_seconds.observe(took.as_secs_f64());
     }
+
+    fn heartbeat(&self, took: Duration) {
+        self.heartbeat_seconds.observe(took.as_secs_f64());
+    }
 }
 
 #[cfg(test)]
@@ -656,6 +670,8 @@ ram = "4GiB"
 # TYPE berth_request_fulfilment_seconds histogram
 # HELP berth_store_commit_seconds Time the pool's store took to commit one batch of changes.
 # TYPE berth_store_commit_seconds histogram
+# HELP berth_lease_heartbeat_seconds Time one heartbeat of the providers' leases took (PostgreSQL store).
+# TYPE berth_lease_heartbeat_seconds histogram
 # HELP berth_quota_pauses Times creates were paused on a provider after quota-exceeded.
 # TYPE berth_quota_pauses counter
 # HELP berth_rate_limit_holds Times every call to a provider was held after rate-limited.

@@ -47,6 +47,7 @@ use berth_core::driver::{Call as Which, CreateSpec, Instance, Tags};
 use berth_plugin::{CallError, CallErrorKind, Deletion, Gate};
 use berth_store::{Lease, PgShards, Roster};
 
+use super::Observer;
 use super::providers::{BoxFuture, Cloud, Providers};
 use super::wire::{self, Answer};
 
@@ -86,8 +87,11 @@ pub struct Shards {
     leaving: Mutex<HashSet<usize>>,
     /// Calls running here, per provider.
     running: Vec<AtomicUsize>,
-    /// Woken when a running call ends, or a beat is wanted now.
+    /// Woken when a beat is wanted now.
     nudge: Notify,
+    /// Woken when a running call ends: looked at only while providers are
+    /// being given up, so that calls ending do not make heartbeats.
+    ended: Notify,
     /// Woken when a process has given the pool's lease up (`NOTIFY`), so
     /// that a process standing by takes it at once.
     pool_given_up: Notify,
@@ -118,7 +122,7 @@ pub struct Running<'a> {
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         self.shards.running[self.p].fetch_sub(1, Ordering::SeqCst);
-        self.shards.nudge.notify_one();
+        self.shards.ended.notify_one();
     }
 }
 
@@ -152,6 +156,7 @@ impl Shards {
     /// [`Shards::gate`].
     pub async fn start(
         mut pg: PgShards,
+        observer: Arc<dyn Observer>,
     ) -> Result<(Arc<Shards>, Beating), berth_store::StoreError> {
         let secret = pg.peer_secret().await?;
         let me = pg.me().clone();
@@ -168,6 +173,7 @@ impl Shards {
             roster: watch::Sender::new(Arc::new(Roster::default())),
             leaving: Mutex::new(HashSet::new()),
             nudge: Notify::new(),
+            ended: Notify::new(),
             pool_given_up: Notify::new(),
             secret,
             client: Client::builder(TokioExecutor::new()).build(connector),
@@ -175,7 +181,7 @@ impl Shards {
         let first = pg.beat(&[]).await?;
         shards.take_in(first);
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(keep_beating(shards.clone(), pg, stopped));
+        let task = tokio::spawn(keep_beating(shards.clone(), pg, observer, stopped));
         Ok((
             shards,
             Beating {
@@ -384,6 +390,7 @@ impl Shards {
 async fn keep_beating(
     shards: Arc<Shards>,
     mut pg: PgShards,
+    observer: Arc<dyn Observer>,
     mut stop: tokio::sync::oneshot::Receiver<Duration>,
 ) {
     let every = (shards.ttl / 4).min(BEAT_MAX);
@@ -406,7 +413,10 @@ async fn keep_beating(
                 }
             }
         }
-        match pg.beat(&shards.keep()).await {
+        let started = Instant::now();
+        let beat = pg.beat(&shards.keep()).await;
+        observer.heartbeat(started.elapsed());
+        match beat {
             Ok(roster) => {
                 if failing {
                     tracing::info!("the providers' leases are renewed again");
@@ -428,10 +438,19 @@ async fn keep_beating(
         } else {
             every
         };
+        // A call ending matters only to a provider being given up.
+        let ended = async {
+            if leaving {
+                shards.ended.notified().await
+            } else {
+                std::future::pending().await
+            }
+        };
         tokio::select! {
             grace = &mut stop => break grace.unwrap_or(Duration::ZERO),
             () = tokio::time::sleep(wait) => {}
             () = shards.nudge.notified() => {}
+            () = ended => {}
             // Leases given up (a clean stop, spreading out) are taken at
             // once, not at the next beat.
             kind = pg.given_up() => {
@@ -450,7 +469,7 @@ async fn keep_beating(
         && tokio::time::Instant::now() < until
     {
         tokio::select! {
-            () = shards.nudge.notified() => {}
+            () = shards.ended.notified() => {}
             () = tokio::time::sleep_until(until) => {}
         }
     }
