@@ -4,6 +4,7 @@
 //! stop, and leaves nothing behind when its test process exits.
 
 #[path = "support/postgres.rs"]
+#[allow(dead_code)] // the benchmarks and other tests use the rest
 mod postgres;
 
 use std::net::TcpStream;

@@ -390,7 +390,7 @@ async fn main() {
     } else if let Some(ms) = boot {
         cold_scenarios(&addr, &cloud, ms).await;
     } else {
-        scenarios(&[addr.clone()], &addr).await;
+        scenarios(std::slice::from_ref(&addr), &addr).await;
     }
     let _ = stop_tx.send(());
     server.await.unwrap().expect("clean stop");

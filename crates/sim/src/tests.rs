@@ -712,7 +712,7 @@ async fn a_caller_named_in_the_endpoint_is_recorded_with_its_calls() {
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
     let id = made.body["id"].as_str().unwrap().to_owned();
     let listed = send(&app, "GET", "/c/b2/v1/instances", None, None).await;
-    assert_eq!(ids(&listed), [id.clone()]);
+    assert_eq!(ids(&listed), std::slice::from_ref(&id));
     // Calls on one instance take its id from the path under `/c/NAME` too.
     let tags = json!({"tags": {"berth-idle": "hold"}});
     let tagged = send(

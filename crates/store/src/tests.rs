@@ -97,6 +97,7 @@ enum Backend {
 
 /// An open store of either backend, with what a test needs to look under it:
 /// row counts, raw SQL, a reopen.
+#[allow(clippy::large_enum_variant)] // a handful per test
 enum Db {
     Sqlite {
         store: SqliteStore,
