@@ -281,8 +281,12 @@ impl Plan {
     /// Writes the row `id` of `table` with `vals` (its columns in order):
     /// over the row at the version `seen` holds for it, or as a new row if
     /// `seen` holds none. Either must change exactly one row.
-    fn write(&mut self, seen: &Versions, table: Versioned, id: String, mut vals: Vec<Val>) {
+    /// Writes the row `id` of `table`: an update at the version `seen`
+    /// holds for it, or an insert of a row that must not be there yet.
+    /// Returns whether it is an insert.
+    fn write(&mut self, seen: &Versions, table: Versioned, id: String, mut vals: Vec<Val>) -> bool {
         let key = (table, id);
+        let inserted = self.expected(seen, &key).is_none();
         let (stmt, now) = match self.expected(seen, &key) {
             Some(v) => {
                 vals.push(v.into());
@@ -296,6 +300,7 @@ impl Plan {
             vals,
             check: Some((key.0, key.1, 1)),
         });
+        inserted
     }
 
     /// Removes the row `id` of `table` if it is at the version `seen` holds
@@ -376,8 +381,13 @@ pub(super) fn plan(
         let row = RequestRow::encode(r);
         let id = Val::from(row.id.as_str());
         let key = row.id.clone();
-        plan.write(seen, Versioned::Requests, key, row.into_vals()?);
-        plan.push(Stmt::ClearWants, vec![id.clone()]);
+        // A new request has no rows under it yet (its insert is refused if
+        // the request is there): only a request that was there before has
+        // its wants and nodes cleared first.
+        let new = plan.write(seen, Versioned::Requests, key, row.into_vals()?);
+        if !new {
+            plan.push(Stmt::ClearWants, vec![id.clone()]);
+        }
         for (position, (label, count)) in r.wants.iter().enumerate() {
             plan.push(
                 Stmt::PutWant,
@@ -389,7 +399,9 @@ pub(super) fn plan(
                 ],
             );
         }
-        plan.push(Stmt::ClearMembers, vec![id.clone()]);
+        if !new {
+            plan.push(Stmt::ClearMembers, vec![id.clone()]);
+        }
         for (position, node) in r.nodes.iter().enumerate() {
             plan.push(
                 Stmt::PutMember,
