@@ -389,6 +389,24 @@ async fn three_clouds() -> [SimServer; 3] {
 }
 
 /// Milliseconds since the Unix epoch, as the sim stamps its calls.
+/// When a process's log (`log`) first says it holds `provider` at or after
+/// `since` (ms since the epoch), and under which epoch.
+fn taken_since(log: &str, provider: &str, since: u64) -> Option<(u64, i64)> {
+    let field = |line: &str, key: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .map(|v| v.trim_matches('"').to_owned())
+    };
+    log.lines()
+        .filter(|l| l.contains("this process holds the provider"))
+        .filter(|l| field(l, "provider=").as_deref() == Some(provider))
+        .find_map(|l| {
+            let at = berth::duration::parse_rfc3339(l.split_whitespace().next()?)?;
+            let epoch = field(l, "epoch=")?.parse().ok()?;
+            (at >= since).then_some((at, epoch))
+        })
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -818,29 +836,35 @@ async fn a_paused_provider_holder_sends_nothing_once_its_provider_moved() {
 
     fleet.get(victim).signal(libc::SIGCONT);
     let resumed = now_ms();
-    // It takes a provider again only once the others give one up to it
-    // (their next beat at the soonest, a quarter of the TTL), and then
-    // only under a new lease: what it sends before that, or to a provider
-    // it does not hold, is a stale process acting.
+    // It takes a provider again only once the others give one up to it,
+    // which may be within a beat of its return, and then only under a new
+    // lease: what it sends before it took the provider again (by its own
+    // log), or to a provider it does not hold, is a stale process acting.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let now: Vec<(Option<usize>, i64)> = fleet.shard_holders();
+    let log = fleet.get(victim).log_text();
     let mut regained = Vec::new();
     for (j, provider) in SHARDS.iter().enumerate() {
+        let taken = taken_since(&log, provider, resumed);
         for (i, c) in fleet.calls_on(provider) {
             if i != victim || c.at_ms < resumed {
                 continue;
             }
             let after = c.at_ms - resumed;
+            let (at, taken_epoch) = taken.unwrap_or_else(|| {
+                panic!("b{victim} called {provider} {after} ms after it resumed without taking it again: {c:?}\n{log}")
+            });
             assert!(
-                after >= 200 && now[j].0 == Some(victim),
-                "b{victim} called {provider} {after} ms after it resumed (it holds it now: {}): {c:?}",
+                c.at_ms >= at && now[j].0 == Some(victim),
+                "b{victim} called {provider} {after} ms after it resumed, {} ms after it took it again \
+                 (it holds it now: {}): {c:?}",
+                c.at_ms as i64 - at as i64,
                 now[j].0 == Some(victim)
             );
             if j == k {
                 assert!(
-                    now[j].1 > new_epoch,
-                    "{provider} again under epoch {}",
-                    now[j].1
+                    taken_epoch > new_epoch,
+                    "{provider} again under epoch {taken_epoch}"
                 );
             }
             regained.push((*provider, after));
