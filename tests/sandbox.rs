@@ -205,8 +205,10 @@ fn open_fds(pid: i32) -> usize {
 /// Regression: the epoch ticker died with a local value in the service, so
 /// a driver spinning in `create` was never stopped; two of them pinned both
 /// runtime threads and the API stopped answering. Now the spinning calls
-/// trap at their deadline again and again, `/healthz` answers within 100 ms
-/// the whole time, the other provider serves, and SIGTERM stops berth.
+/// trap at their deadline again and again, `/healthz` answers the whole
+/// time, the other provider serves, and SIGTERM stops berth. How fast it
+/// answers meanwhile is measured by `benches/sandbox.rs` (docs/BENCHMARKS.md,
+/// "The API while drivers spin"), not asserted here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spinning_driver_traps_at_its_deadline_and_the_service_stays_responsive() {
     let (_sim, _dir, server) = start(
@@ -254,8 +256,12 @@ async fn a_spinning_driver_traps_at_its_deadline_and_the_service_stays_responsiv
         took.len()
     );
     assert_eq!(failed, 0, "/healthz failed while guests spun");
+    // Were the spinning guests holding the service, a probe would wait up
+    // to their 2 s deadline (the worst of some 300 nearly all of it), or
+    // for ever; while they do not, each takes milliseconds, even beside
+    // other tests on two cores.
     assert!(
-        worst < Duration::from_millis(100),
+        worst < Duration::from_secs(1),
         "/healthz took {worst:?} while guests spun"
     );
     server.terminate().await.assert_success();
