@@ -388,7 +388,6 @@ async fn three_clouds() -> [SimServer; 3] {
     ]
 }
 
-/// Milliseconds since the Unix epoch, as the sim stamps its calls.
 /// When a process's log (`log`) first says it holds `provider` at or after
 /// `since` (ms since the epoch), and under which epoch.
 fn taken_since(log: &str, provider: &str, since: u64) -> Option<(u64, i64)> {
@@ -407,6 +406,7 @@ fn taken_since(log: &str, provider: &str, since: u64) -> Option<(u64, i64)> {
         })
 }
 
+/// Milliseconds since the Unix epoch, as the sim stamps its calls.
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
