@@ -286,8 +286,8 @@ impl Plan {
     /// Returns whether it is an insert.
     fn write(&mut self, seen: &Versions, table: Versioned, id: String, mut vals: Vec<Val>) -> bool {
         let key = (table, id);
-        let inserted = self.expected(seen, &key).is_none();
-        let (stmt, now) = match self.expected(seen, &key) {
+        let expected = self.expected(seen, &key);
+        let (stmt, now) = match expected {
             Some(v) => {
                 vals.push(v.into());
                 (table.update(), v + 1)
@@ -300,7 +300,7 @@ impl Plan {
             vals,
             check: Some((key.0, key.1, 1)),
         });
-        inserted
+        expected.is_none()
     }
 
     /// Removes the row `id` of `table` if it is at the version `seen` holds
