@@ -60,6 +60,17 @@ fn config_holding(sim: &SimServer, dir: &Path, store: &str) -> String {
     path
 }
 
+/// A sim, a state directory, a fresh database (its url) and `berth serve`
+/// on it with [`config`].
+async fn serve_on_postgres() -> (SimServer, tempfile::TempDir, String, Berth) {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, store) = database(dir.path(), None);
+    let cfg = config(&sim, dir.path(), &store);
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    (sim, dir, url, server)
+}
+
 async fn nodes(server: &Berth) -> Vec<Value> {
     let (s, v) = server.call("GET", "/v1/nodes", Some(OPS), None).await;
     assert_eq!(s, 200, "{v}");
@@ -163,11 +174,7 @@ async fn serve_keeps_its_pool_in_postgres_across_a_sigkill() {
 /// sim's own call record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_keep_their_pace_however_many_calls_end() {
-    let sim = SimServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (_, store) = database(dir.path(), None);
-    let cfg = config(&sim, dir.path(), &store);
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let (sim, _dir, _, server) = serve_on_postgres().await;
     server.until_ready(30, "holding the pool").await;
     let beats = || async {
         metric(
@@ -330,11 +337,7 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
 /// no such endpoint (404).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_peer_call_endpoint_refuses_what_it_cannot_trust() {
-    let sim = SimServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (url, store) = database(dir.path(), None);
-    let cfg = config(&sim, dir.path(), &store);
-    let berth = Berth::start(&["--config", &cfg], dir.path()).await;
+    let (sim, _dir, url, berth) = serve_on_postgres().await;
     berth.until_ready(30, "it holds the pool").await;
     let peer = |secret: Option<&str>, body: &str| {
         let mut req = format!(
@@ -412,11 +415,7 @@ async fn the_peer_call_endpoint_refuses_what_it_cannot_trust() {
 /// written over, and the request is served by a node launched for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_over_rows_another_writer_changed_is_refused_and_decided_again() {
-    let sim = SimServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (url, store) = database(dir.path(), None);
-    let cfg = config(&sim, dir.path(), &store);
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let (_sim, _dir, url, server) = serve_on_postgres().await;
     let ready: Vec<String> = until(30, "two ready nodes", || async {
         let n = nodes(&server).await;
         let ready: Vec<String> = n
