@@ -71,6 +71,9 @@ pub struct Pool {
     dirty_requests: HashSet<RequestId>,
     purged_nodes: Vec<NodeId>,
     purged_requests: Vec<RequestId>,
+    /// Requests taken in from the store's inbox since the last
+    /// [`Pool::take_changes`].
+    taken_in: Vec<RequestId>,
     notices: Vec<Notice>,
     ids: IdGen,
     /// The time of the last [`Pool::tick`].
@@ -235,6 +238,51 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Whether `new` can ever be served under `config`: what [`Pool::submit`]
+/// checks before it takes a request. A process standing by checks with it
+/// before it accepts a request into the store's inbox.
+pub fn check(config: &Config, new: &NewRequest) -> Result<(), Refused> {
+    if new.wants.is_empty() || new.wants.iter().all(|(_, n)| *n == 0) {
+        return Err(Refused::Empty);
+    }
+    let mut seen = HashSet::new();
+    for (label, count) in &new.wants {
+        if !seen.insert(*label) {
+            return Err(Refused::DuplicateLabel(config[*label].name.clone()));
+        }
+        let possible = max_possible(config, *label);
+        if u64::from(*count) > possible {
+            return Err(Refused::TooMany {
+                label: config[*label].name.clone(),
+                wanted: *count,
+                possible,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// How many nodes of `label` the configured limits allow at once at most.
+fn max_possible(config: &Config, label: LabelIx) -> u64 {
+    match &config[label].kind {
+        LabelKind::Machine { offers } => offers
+            .iter()
+            .map(|o| {
+                let l = &config[o.provider].limits;
+                let by_instances = l.max_instances.map_or(u64::MAX, u64::from);
+                let by_cores = l
+                    .max_cores
+                    .map_or(u64::MAX, |m| u64::from(m) / u64::from(o.vcpus.max(1)));
+                let by_ram = l.max_ram_mib.map_or(u64::MAX, |m| m / o.ram_mib.max(1));
+                by_instances.min(by_cores).min(by_ram)
+            })
+            .fold(0u64, u64::saturating_add),
+        &LabelKind::Slots { slots, backing, .. } => {
+            max_possible(config, backing).saturating_mul(u64::from(slots))
+        }
+    }
+}
+
 impl Pool {
     /// An empty pool. `seed` makes ids unpredictable; pass a random one.
     pub fn new(config: Arc<Config>, seed: u64) -> Pool {
@@ -289,6 +337,7 @@ impl Pool {
             dirty_requests: HashSet::new(),
             purged_nodes: Vec::new(),
             purged_requests: Vec::new(),
+            taken_in: Vec::new(),
             notices: Vec::new(),
             ids: IdGen { seed, counter: 0 },
             last_tick: Time::ZERO,
@@ -431,6 +480,7 @@ impl Pool {
             leases,
             purged_nodes: std::mem::take(&mut self.purged_nodes),
             purged_requests: std::mem::take(&mut self.purged_requests),
+            taken_in: std::mem::take(&mut self.taken_in),
             purged_leases,
         }
     }
@@ -443,34 +493,77 @@ impl Pool {
 
     /// Takes a request. It is served on the next [`Pool::tick`].
     pub fn submit(&mut self, now: Time, new: NewRequest) -> Result<RequestId, Refused> {
-        if new.wants.is_empty() || new.wants.iter().all(|(_, n)| *n == 0) {
-            return Err(Refused::Empty);
-        }
-        let mut seen = HashSet::new();
-        for (label, count) in &new.wants {
-            if !seen.insert(*label) {
-                return Err(Refused::DuplicateLabel(self.config[*label].name.clone()));
-            }
-            let possible = self.max_possible(*label);
-            if u64::from(*count) > possible {
-                return Err(Refused::TooMany {
-                    label: self.config[*label].name.clone(),
-                    wanted: *count,
-                    possible,
-                });
-            }
-        }
+        check(&self.config, &new)?;
         let id = loop {
             let id = RequestId(self.ids.next());
             if !self.requests.contains_key(&id) {
                 break id;
             }
         };
+        self.insert_request(id, now, new);
+        Ok(id)
+    }
+
+    /// Takes a request that another process accepted and gave `id`
+    /// (`created` is when): a process standing by puts a request into the
+    /// store's inbox, and the pool's holder takes it in. It is checked as
+    /// [`Pool::submit`] checks, against this pool's config, and one that
+    /// does not pass (the other process read another config) is taken in
+    /// as failed, with the reason. Either way the commit that stores it
+    /// removes its inbox entry ([`Changes::taken_in`]). An id the pool
+    /// already has is not taken in again: its entry is only removed.
+    pub fn take_in(
+        &mut self,
+        now: Time,
+        id: RequestId,
+        created: Time,
+        new: Result<NewRequest, Refusal>,
+    ) -> TakenIn {
+        self.taken_in.push(id);
+        if self.requests.contains_key(&id) {
+            return TakenIn::Known;
+        }
+        let refusal = match new {
+            Ok(new) => match check(&self.config, &new) {
+                Ok(()) => {
+                    self.insert_request(id, created, new);
+                    return TakenIn::Pending;
+                }
+                Err(why) => Refusal {
+                    requestor: new.requestor,
+                    priority: new.priority,
+                    reason: why.to_string(),
+                },
+            },
+            Err(refusal) => refusal,
+        };
+        let reason = format!(
+            "refused by the process holding the pool: {}",
+            refusal.reason
+        );
+        let new = NewRequest {
+            requestor: refusal.requestor,
+            priority: refusal.priority,
+            wants: Vec::new(),
+        };
+        self.insert_request(id, created, new);
+        self.finish_request(
+            id,
+            RequestState::Failed {
+                at: now,
+                reason: reason.clone(),
+            },
+            now,
+        );
+        TakenIn::Failed(reason)
+    }
+
+    fn insert_request(&mut self, id: RequestId, created: Time, new: NewRequest) {
         let req = Request {
             id,
             requestor: new.requestor,
             priority: new.priority,
-            created: now,
+            created,
             wants: new.wants.into_iter().filter(|(_, n)| *n > 0).collect(),
             state: RequestState::Pending,
             nodes: Vec::new(),
@@ -479,7 +572,6 @@ impl Pool {
         self.pending.insert((req.priority, req.created, id));
         self.requests.insert(id, req);
         self.dirty_requests.insert(id);
-        Ok(id)
     }
 
     /// Withdraws a pending request; the nodes set aside for it go back to

@@ -367,6 +367,27 @@ impl RequestState {
     }
 }
 
+/// A request another process accepted that cannot be taken in as asked
+/// ([`super::Pool::take_in`]): it names a label this pool's config does
+/// not have. It is kept as failed, with `reason`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub requestor: String,
+    pub priority: i32,
+    pub reason: String,
+}
+
+/// What became of a request taken in from another process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TakenIn {
+    /// It waits to be served, as a submitted one.
+    Pending,
+    /// It could not be served here, and failed with this reason.
+    Failed(String),
+    /// The pool already has a request of this id; nothing was taken in.
+    Known,
+}
+
 /// A new request as a client states it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewRequest {
@@ -546,6 +567,10 @@ pub struct Changes {
     pub purged_requests: Vec<RequestId>,
     /// Leases that expired, by requestor.
     pub purged_leases: Vec<String>,
+    /// Requests taken in from the store's inbox ([`super::Pool::take_in`]):
+    /// the commit that writes them removes their entries from it, and is
+    /// refused whole if another commit took any of them first.
+    pub taken_in: Vec<RequestId>,
 }
 
 impl Changes {
@@ -556,6 +581,7 @@ impl Changes {
             && self.purged_nodes.is_empty()
             && self.purged_requests.is_empty()
             && self.purged_leases.is_empty()
+            && self.taken_in.is_empty()
     }
 }
 

@@ -596,27 +596,6 @@ impl Pool {
             && limits.max_ram_mib.is_none_or(|m| ram <= m)
     }
 
-    /// How many nodes of `label` the configured limits allow at once at most.
-    pub(super) fn max_possible(&self, label: LabelIx) -> u64 {
-        match &self.config[label].kind {
-            LabelKind::Machine { offers } => offers
-                .iter()
-                .map(|o| {
-                    let l = &self.config[o.provider].limits;
-                    let by_instances = l.max_instances.map_or(u64::MAX, u64::from);
-                    let by_cores = l
-                        .max_cores
-                        .map_or(u64::MAX, |m| u64::from(m) / u64::from(o.vcpus.max(1)));
-                    let by_ram = l.max_ram_mib.map_or(u64::MAX, |m| m / o.ram_mib.max(1));
-                    by_instances.min(by_cores).min(by_ram)
-                })
-                .fold(0u64, u64::saturating_add),
-            &LabelKind::Slots { slots, backing, .. } => {
-                self.max_possible(backing).saturating_mul(u64::from(slots))
-            }
-        }
-    }
-
     /// Free slots of a slot label, packing order: the fullest live backing
     /// node first, ready ones before launching ones.
     fn free_slot_list(&self, label: LabelIx) -> Vec<(NodeId, u16)> {

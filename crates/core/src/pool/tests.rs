@@ -1478,30 +1478,99 @@ fn restore_keeps_slots_and_their_backing() {
     ok(&h);
 }
 
+/// A request of requestor `t` at priority 0.
+fn asking(wants: Vec<(LabelIx, u32)>) -> NewRequest {
+    NewRequest {
+        requestor: "t".into(),
+        priority: 0,
+        wants,
+    }
+}
+
 #[test]
 fn submit_refuses_what_can_never_be_served() {
     let mut h = one(|c| c.providers[0].limits.max_instances = Some(2));
     let l = h.label("a");
-    let new = |wants| NewRequest {
-        requestor: "t".into(),
-        priority: 0,
-        wants,
-    };
-    assert_eq!(h.pool.submit(h.now, new(vec![])), Err(Refused::Empty));
-    assert_eq!(h.pool.submit(h.now, new(vec![(l, 0)])), Err(Refused::Empty));
+    assert_eq!(h.pool.submit(h.now, asking(vec![])), Err(Refused::Empty));
+    assert_eq!(
+        h.pool.submit(h.now, asking(vec![(l, 0)])),
+        Err(Refused::Empty)
+    );
     assert!(matches!(
-        h.pool.submit(h.now, new(vec![(l, 1), (l, 1)])),
+        h.pool.submit(h.now, asking(vec![(l, 1), (l, 1)])),
         Err(Refused::DuplicateLabel(_))
     ));
     assert!(matches!(
-        h.pool.submit(h.now, new(vec![(l, 3)])),
+        h.pool.submit(h.now, asking(vec![(l, 3)])),
         Err(Refused::TooMany {
             wanted: 3,
             possible: 2,
             ..
         })
     ));
-    assert!(h.pool.submit(h.now, new(vec![(l, 2)])).is_ok());
+    assert!(h.pool.submit(h.now, asking(vec![(l, 2)])).is_ok());
+}
+
+#[test]
+fn a_request_taken_in_from_another_process_keeps_its_id_and_is_served() {
+    let mut h = one(|c| c.providers[0].limits.max_instances = Some(2));
+    let l = h.label("a");
+    let accepted = h.now;
+    h.advance(secs(1));
+    let id = RequestId(0xfeed);
+    assert_eq!(
+        h.pool
+            .take_in(h.now, id, accepted, Ok(asking(vec![(l, 1)]))),
+        TakenIn::Pending
+    );
+    // Taken in once: a second read of the same entry changes nothing.
+    assert_eq!(
+        h.pool
+            .take_in(h.now, id, accepted, Ok(asking(vec![(l, 1)]))),
+        TakenIn::Known
+    );
+    let changes = h.pool.take_changes();
+    assert_eq!(changes.taken_in, vec![id, id]);
+    assert_eq!(changes.requests.len(), 1);
+    assert_eq!(changes.requests[0].created, accepted);
+    assert!(h.pool.take_changes().taken_in.is_empty());
+    settle(&mut h);
+    assert!(h.fulfilled(id));
+    ok(&h);
+}
+
+#[test]
+fn a_request_taken_in_that_cannot_be_served_here_fails_with_the_reason() {
+    let mut h = one(|c| c.providers[0].limits.max_instances = Some(2));
+    let l = h.label("a");
+    let too_many = NewRequest {
+        requestor: "t".into(),
+        priority: 3,
+        wants: vec![(l, 3)],
+    };
+    let id = RequestId(7);
+    let TakenIn::Failed(reason) = h.pool.take_in(h.now, id, h.now, Ok(too_many)) else {
+        panic!("taken in as pending");
+    };
+    assert!(reason.contains("at most 2"), "{reason}");
+    let unknown = Refusal {
+        requestor: "u".into(),
+        priority: 0,
+        reason: "no label `gpu`".into(),
+    };
+    let other = RequestId(8);
+    assert!(matches!(
+        h.pool.take_in(h.now, other, h.now, Err(unknown)),
+        TakenIn::Failed(r) if r.contains("no label `gpu`")
+    ));
+    let changes = h.pool.take_changes();
+    assert_eq!(changes.taken_in, vec![id, other]);
+    for r in &changes.requests {
+        assert!(matches!(&r.state, RequestState::Failed { .. }), "{r:?}");
+    }
+    assert_eq!(changes.requests.len(), 2);
+    settle(&mut h);
+    ok(&h);
 }
 
 // ---- leases -----------------------------------------------------------------
