@@ -21,6 +21,7 @@
 //! story.
 
 mod copy;
+mod inbox;
 mod load;
 mod pg;
 mod records;
@@ -43,9 +44,10 @@ use berth_core::config::Config;
 use berth_core::pool::{Changes, Snapshot};
 
 pub use copy::{Copied, copy_into_empty};
+pub use inbox::{InboxEntry, PgInbox};
 pub use pg::PgStore;
 pub use records::PgRecords;
-pub use shards::{Lease, PgShards, Roster};
+pub use shards::{Announced, Lease, PgShards, Roster};
 
 /// What a [`Store`] call returns: a future, since a store may be across a
 /// network (PostgreSQL); the embedded one is ready at once.
@@ -86,6 +88,13 @@ pub trait Store: Send {
     /// Gives the lease up, so that another process takes over at once.
     fn release(&mut self) -> StoreFuture<'_, ()> {
         Box::pin(std::future::ready(Ok(())))
+    }
+    /// The oldest requests waiting in the inbox for the pool's holder to
+    /// take them in, at most `limit` ([`PgInbox`]): the commit that stores
+    /// one removes its entry ([`Changes::taken_in`]). A store of one
+    /// process's own has no inbox.
+    fn inbox(&mut self, _limit: usize) -> StoreFuture<'_, Vec<InboxEntry>> {
+        Box::pin(std::future::ready(Ok(Vec::new())))
     }
 }
 
@@ -505,6 +514,8 @@ impl SqliteStore {
     }
 
     fn commit_now(&mut self, changes: &Changes) -> Result<(), StoreError> {
+        // No inbox here: nothing is taken in from one.
+        debug_assert!(changes.taken_in.is_empty());
         let plan = write::plan(&self.config, changes, &self.versions)?;
         // Dropping the transaction on an error rolls it back.
         let tx = self.conn.transaction().map_err(sql("starting a commit"))?;

@@ -17,7 +17,10 @@ use tokio_postgres::{Client, IsolationLevel, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::value::{Cells, Val};
-use super::{Claimant, Holding, Loaded, Store, StoreError, StoreFuture, Tenure, load, write};
+use super::{
+    Claimant, Holding, InboxEntry, Loaded, Store, StoreError, StoreFuture, Tenure, inbox, load,
+    write,
+};
 use berth_core::config::Config;
 use berth_core::pool::Changes;
 use strum::IntoEnumIterator;
@@ -286,6 +289,22 @@ BEGIN
     RETURN changed;
 END $$;
 "#,
+    // The requests inbox (`inbox.rs`); its checks keep each row readable.
+    r#"
+CREATE TABLE request_inbox (
+    id TEXT PRIMARY KEY CHECK (id ~ '^r-[0-9a-f]{16}$'),
+    seq BIGSERIAL NOT NULL,
+    requestor TEXT NOT NULL,
+    priority BIGINT NOT NULL CHECK (priority BETWEEN -2147483648 AND 2147483647),
+    created BIGINT NOT NULL CHECK (created >= 0),
+    labels TEXT[] NOT NULL,
+    counts BIGINT[] NOT NULL
+        CHECK (cardinality(counts) = cardinality(labels)
+               AND 0 <= ALL(counts) AND 4294967295 >= ALL(counts)),
+    accepted_by TEXT NOT NULL
+);
+CREATE INDEX request_inbox_seq ON request_inbox (seq);
+"#,
 ];
 
 /// The SQLSTATE `berth_expect` raises when a statement changed other rows
@@ -373,7 +392,7 @@ pub(super) fn describe(e: &tokio_postgres::Error) -> String {
     text
 }
 
-fn pg(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
+pub(super) fn pg(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |error| StoreError::Postgres { doing, error }
 }
 
@@ -399,6 +418,8 @@ pub struct PgStore {
     statements: Vec<Statement>,
     /// `berth_fence`, prepared on the same connection.
     fence: Statement,
+    /// The inbox's claim (`inbox::CLAIM`), prepared on the same connection.
+    claim: Statement,
     connection: tokio::task::JoinHandle<()>,
     /// How to connect again ([`Store::reconnect`]).
     login: Login,
@@ -589,6 +610,7 @@ impl PgStore {
             config,
             statements: s.statements,
             fence: s.fence,
+            claim: s.claim,
             connection: s.connection,
             login,
             claimant: None,
@@ -605,6 +627,7 @@ impl PgStore {
         self.client = s.client;
         self.statements = s.statements;
         self.fence = s.fence;
+        self.claim = s.claim;
         self.connection = s.connection;
         Ok(())
     }
@@ -758,6 +781,24 @@ impl PgStore {
         Some(super::PgShards::new(self.login.clone(), me, providers))
     }
 
+    /// The requests inbox in the same database, on a connection of its
+    /// own, for a process standing by to accept requests into; `None` for
+    /// a store without a claimant.
+    pub fn request_inbox(&self) -> Option<super::PgInbox> {
+        let me = self.claimant.as_ref()?;
+        Some(super::PgInbox::new(self.login.clone(), me.holder.clone()))
+    }
+
+    async fn inbox_now(&mut self, limit: usize) -> Result<Vec<InboxEntry>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .client
+            .query(inbox::READ, &[&limit])
+            .await
+            .map_err(pg("reading the inbox"))?;
+        rows.iter().map(inbox::entry).collect()
+    }
+
     /// The schema version of the database.
     pub async fn schema_version(&self) -> Result<u32, StoreError> {
         version(&self.client).await
@@ -793,11 +834,14 @@ impl PgStore {
     async fn commit_now(&mut self, changes: &Changes) -> Result<(), StoreError> {
         let plan = write::plan(&self.config, changes, &self.versions)?;
         let fence = fence_args(&self.claimant, self.holding)?;
+        let (taken, count) = inbox::claim_args(&changes.taken_in);
+        let claim = (!taken.is_empty()).then_some((&self.claim, (taken.as_slice(), count)));
         let sent = std::time::Instant::now();
         let committed = pipeline(
             &mut self.client,
             &self.statements,
             fence.map(|args| (&self.fence, args)),
+            claim,
             &plan.ops,
         )
         .await;
@@ -835,8 +879,9 @@ async fn send<F: std::future::Future>(run: &mut Queued<F>) {
 }
 
 /// One commit's transaction, in one round trip: `BEGIN`, the fence (with
-/// its statement and arguments, when the store shares the pool), `ops`,
-/// `COMMIT`. Returns the lease's new expiry when fenced.
+/// its statement and arguments, when the store shares the pool), the claim
+/// of the inbox entries taken in (`inbox::CLAIM`, with their ids and how
+/// many), `ops`, `COMMIT`. Returns the lease's new expiry when fenced.
 ///
 /// Every statement, the `COMMIT` too, is sent before the first answer is
 /// awaited: each is polled once, in order, with no await between, then all
@@ -856,6 +901,7 @@ async fn pipeline(
     client: &mut Client,
     statements: &[Statement],
     fence: Option<(&Statement, (&str, i64, i64))>,
+    claim: Option<(&Statement, (&[String], i64))>,
     ops: &[write::Op],
 ) -> Result<Option<std::time::SystemTime>, StoreError> {
     let client: &Client = client;
@@ -890,6 +936,19 @@ async fn pipeline(
         }
     }));
     send(&mut fenced).await;
+    let mut claimed = Box::pin(futures_util::future::maybe_done(async move {
+        let Some((statement, (ids, count))) = claim else {
+            return Ok(());
+        };
+        match client.query_one(statement, &[&ids, &count]).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code().is_some_and(|c| c.code() == CONFLICT) => {
+                Err(inbox::claim_refused(ids))
+            }
+            Err(e) => Err(pg("taking requests in from the inbox")(e)),
+        }
+    }));
+    send(&mut claimed).await;
     let mut runs: Vec<_> = ops
         .iter()
         .zip(&params)
@@ -925,6 +984,8 @@ async fn pipeline(
     begin.as_mut().take_output().unwrap_or(Ok(()))?;
     fenced.as_mut().await;
     let expires = fenced.as_mut().take_output().unwrap_or(Ok(None))?;
+    claimed.as_mut().await;
+    claimed.as_mut().take_output().unwrap_or(Ok(()))?;
     for run in &mut runs {
         run.as_mut().await;
         if let Some(Err(e)) = run.as_mut().take_output() {
@@ -942,6 +1003,7 @@ struct Session {
     client: Client,
     statements: Vec<Statement>,
     fence: Statement,
+    claim: Statement,
     connection: tokio::task::JoinHandle<()>,
 }
 
@@ -988,6 +1050,49 @@ pub(super) async fn connect(
 pub(super) const LEASES_CHANNEL: &str = "berth_leases";
 pub(super) const NOTIFY_POOL: &str = "pool";
 pub(super) const NOTIFY_PROVIDERS: &str = "providers";
+/// The same channel's payload for a request put into the inbox
+/// (`inbox.rs`), for the pool's holder to take in.
+pub(super) const NOTIFY_REQUESTS: &str = "requests";
+
+/// A connection made when first needed and made again when lost, shared
+/// by the calls of one user (the driver records, the inbox), which it
+/// pipelines.
+pub(super) struct LazyClient {
+    login: Login,
+    connected: tokio::sync::Mutex<Option<(Arc<Client>, tokio::task::JoinHandle<()>)>>,
+}
+
+impl LazyClient {
+    pub(super) fn new(login: Login) -> LazyClient {
+        LazyClient {
+            login,
+            connected: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The connection, made again if it was lost.
+    pub(super) async fn get(&self) -> Result<Arc<Client>, StoreError> {
+        let mut connected = self.connected.lock().await;
+        if let Some((client, _)) = connected.as_ref().filter(|(c, _)| !c.is_closed()) {
+            return Ok(client.clone());
+        }
+        if let Some((_, task)) = connected.take() {
+            task.abort();
+        }
+        let (client, task) = connect(&self.login).await?;
+        let client = Arc::new(client);
+        *connected = Some((client.clone(), task));
+        Ok(client)
+    }
+}
+
+impl Drop for LazyClient {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.connected.get_mut().take() {
+            task.abort();
+        }
+    }
+}
 
 /// Connects as [`connect`] does, with the server's notifications (their
 /// payloads) passed on to the receiver returned.
@@ -1036,13 +1141,15 @@ async fn session(login: &Login) -> Result<Session, StoreError> {
             .prepare("SELECT berth_fence($1, $2, $3)")
             .await
             .map_err(&prepare)?;
-        Ok((statements, fence))
+        let claim = client.prepare(inbox::CLAIM).await.map_err(&prepare)?;
+        Ok((statements, fence, claim))
     };
     match ready.await {
-        Ok((statements, fence)) => Ok(Session {
+        Ok((statements, fence, claim)) => Ok(Session {
             client,
             statements,
             fence,
+            claim,
             connection,
         }),
         Err(e) => {
@@ -1089,6 +1196,10 @@ impl Store for PgStore {
 
     fn release(&mut self) -> StoreFuture<'_, ()> {
         Box::pin(self.release_now())
+    }
+
+    fn inbox(&mut self, limit: usize) -> StoreFuture<'_, Vec<InboxEntry>> {
+        Box::pin(self.inbox_now(limit))
     }
 }
 

@@ -17,25 +17,13 @@ use berth_core::driver::records::{MAX_KEYS, Records, RecordsFuture, over_budget,
 use tokio_postgres::Client;
 
 use crate::StoreError;
-use crate::pg::{FENCED, Login, connect, describe};
+use crate::pg::{FENCED, LazyClient, Login, describe};
 
 /// Driver records in the pool's PostgreSQL database ([`crate::PgStore::records`]).
 pub struct PgRecords {
-    login: Login,
+    client: LazyClient,
     /// The lease holder a write must be, if any.
     holder: Option<String>,
-    connected: tokio::sync::Mutex<Option<Connected>>,
-}
-
-struct Connected {
-    client: Arc<Client>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Connected {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// Keys starting with `$2`, each with the bytes of the keys and values up
@@ -51,26 +39,15 @@ const SCAN: &str = "SELECT key, value, running FROM ( \
 impl PgRecords {
     pub(crate) fn new(login: Login, holder: Option<String>) -> PgRecords {
         PgRecords {
-            login,
+            client: LazyClient::new(login),
             holder,
-            connected: tokio::sync::Mutex::new(None),
         }
     }
 
     /// The connection, made again if it was lost. Calls share it, and it
     /// pipelines them.
     async fn client(&self) -> Result<Arc<Client>, String> {
-        let mut connected = self.connected.lock().await;
-        if let Some(c) = connected.as_ref().filter(|c| !c.client.is_closed()) {
-            return Ok(c.client.clone());
-        }
-        let (client, task) = connect(&self.login).await.map_err(|e| failed(&e))?;
-        let client = Arc::new(client);
-        *connected = Some(Connected {
-            client: client.clone(),
-            task,
-        });
-        Ok(client)
+        self.client.get().await.map_err(|e| failed(&e))
     }
 }
 

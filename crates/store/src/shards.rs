@@ -17,7 +17,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::{Client, Statement};
 
-use crate::pg::{LEASES_CHANNEL, Login, NOTIFY_PROVIDERS, connect_listening};
+use crate::pg::{
+    LEASES_CHANNEL, Login, NOTIFY_POOL, NOTIFY_PROVIDERS, NOTIFY_REQUESTS, connect_listening,
+};
 use crate::{Claimant, StoreError};
 
 /// A heartbeat's statement: see the module docs and migration step 4.
@@ -35,8 +37,23 @@ pub struct PgShards {
     /// The configured providers, in the config's order.
     providers: Vec<String>,
     connected: Option<Connected>,
-    /// Leases given up by any process, as the server announces them.
-    given_up: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    /// What any process announces (leases given up, requests put into
+    /// the inbox), as the server passes it on.
+    announced: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    /// A connection was made since [`PgShards::announced`] last answered:
+    /// requests put into the inbox while none listened were not heard of.
+    missed: bool,
+}
+
+/// What processes announced, as [`PgShards::announced`] gathers it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Announced {
+    /// The pool's lease was given up.
+    pub pool: bool,
+    /// Providers' leases were given up.
+    pub providers: bool,
+    /// Requests were put into the inbox.
+    pub requests: bool,
 }
 
 /// Every lease as one heartbeat found it.
@@ -91,7 +108,8 @@ impl PgShards {
             me,
             providers,
             connected: None,
-            given_up: None,
+            announced: None,
+            missed: false,
         }
     }
 
@@ -118,14 +136,14 @@ impl PgShards {
             self.disconnect();
         }
         if self.connected.is_none() {
-            let (client, task, given_up) = connect_listening(&self.login).await?;
+            let (client, task, announced) = connect_listening(&self.login).await?;
             let listen = client
                 .batch_execute(&format!("LISTEN {LEASES_CHANNEL}"))
                 .await;
             if let Err(error) = listen {
                 task.abort();
                 return Err(StoreError::Postgres {
-                    doing: "listening for leases given up",
+                    doing: "listening for announcements",
                     error,
                 });
             }
@@ -140,7 +158,8 @@ impl PgShards {
                 }
             };
             self.connected = Some((client, task, beat));
-            self.given_up = Some(given_up);
+            self.announced = Some(announced);
+            self.missed = true;
         }
         Ok(self.connected.as_ref().expect("connected above"))
     }
@@ -149,31 +168,42 @@ impl PgShards {
         if let Some((_, task, _)) = self.connected.take() {
             task.abort();
         }
-        self.given_up = None;
+        self.announced = None;
     }
 
-    /// Waits until a process gives a lease up (the pool's, or providers'),
-    /// and says which kind (`"pool"` or `"providers"`); several announced
-    /// at once come as one. Waits for ever while not connected.
-    pub async fn given_up(&mut self) -> String {
-        let Some(rx) = self.given_up.as_mut() else {
+    /// Waits until a process announces something: a lease given up (the
+    /// pool's, or providers'), or requests put into the inbox; several
+    /// announcements at once come as one. Right after a connection is made,
+    /// requests count as announced, since nobody listened before (leases
+    /// are looked at by every beat anyway). Waits for ever while not
+    /// connected.
+    pub async fn announced(&mut self) -> Announced {
+        if std::mem::take(&mut self.missed) {
+            return Announced {
+                requests: true,
+                ..Announced::default()
+            };
+        }
+        let Some(rx) = self.announced.as_mut() else {
             return std::future::pending().await;
         };
-        match rx.recv().await {
-            Some(mut kind) => {
-                while let Ok(more) = rx.try_recv() {
-                    if more != kind {
-                        kind = "both".into();
-                    }
-                }
-                kind
+        let Some(first) = rx.recv().await else {
+            // The connection ended: the next beat connects again.
+            self.announced = None;
+            return std::future::pending().await;
+        };
+        let mut seen = Announced::default();
+        let mut payload = Some(first);
+        while let Some(p) = payload {
+            match p.as_str() {
+                NOTIFY_POOL => seen.pool = true,
+                NOTIFY_PROVIDERS => seen.providers = true,
+                NOTIFY_REQUESTS => seen.requests = true,
+                _ => {}
             }
-            None => {
-                // The connection ended: the next beat connects again.
-                self.given_up = None;
-                std::future::pending().await
-            }
+            payload = rx.try_recv().ok();
         }
+        seen
     }
 
     /// One heartbeat: renews this process's membership and the leases in

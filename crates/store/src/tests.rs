@@ -1691,9 +1691,19 @@ async fn postgres_provider_leases_spread_over_the_live_processes() {
     let roster = a.beat(&all[..3]).await.unwrap();
     assert_eq!(roster.share(), 3);
     a.release(&all[3..]).await.unwrap();
-    // Announced to every process listening.
-    let heard = tokio::time::timeout(Duration::from_secs(5), b.given_up()).await;
-    assert_eq!(heard.as_deref(), Ok("providers"));
+    // Announced to every process listening. (Right after it connected,
+    // requests count as announced: nobody listened before.)
+    let requests = Announced {
+        requests: true,
+        ..Announced::default()
+    };
+    assert_eq!(b.announced().await, requests);
+    let heard = tokio::time::timeout(Duration::from_secs(5), b.announced()).await;
+    let providers = Announced {
+        providers: true,
+        ..Announced::default()
+    };
+    assert_eq!(heard, Ok(providers));
     let roster = b.beat(&[]).await.unwrap();
     assert_eq!(kept(&roster, "a"), all[..3]);
     assert_eq!(kept(&roster, "b"), all[3..]);
@@ -1753,7 +1763,7 @@ async fn postgres_provider_leases_spread_over_the_live_processes() {
     // The pool's lease given up is announced too.
     Store::release(&mut holder).await.unwrap();
     let heard = tokio::time::timeout(Duration::from_secs(5), async {
-        while b.given_up().await == "providers" {}
+        while !b.announced().await.pool {}
     })
     .await;
     assert!(heard.is_ok(), "the pool's lease given up was not announced");
@@ -1767,6 +1777,90 @@ async fn postgres_provider_leases_spread_over_the_live_processes() {
     let left = b.beat(&keep_b).await.unwrap();
     assert_eq!(left.members, 1);
     assert_eq!(left.held_by("b").len(), 6);
+}
+
+/// Requests a process standing by put into the inbox are read oldest
+/// first by the pool's holder, and the commit that stores one takes its
+/// entry out, under the same fence: once. A commit whose entry is gone is
+/// refused whole, and one whose entry another transaction is claiming is
+/// refused at once rather than made to wait.
+#[tokio::test]
+async fn postgres_inbox_entries_are_taken_in_once_by_the_commit_that_stores_them() {
+    let (_, url) = pg_fresh().await;
+    let ttl = Duration::from_secs(10);
+    let mut holder = pg_open(&url, &claimant("a", ttl)).await;
+    let mut standby = pg_open(&url, &claimant("b", ttl)).await;
+    assert!(matches!(holder.claim().await.unwrap(), Tenure::Held(_)));
+    let inbox = standby
+        .request_inbox()
+        .expect("a claimant's store has an inbox");
+    let entry = |id| InboxEntry {
+        id: RequestId(id),
+        requestor: "ci".into(),
+        priority: -2,
+        created: T,
+        wants: vec![("big".into(), 1)],
+    };
+    for id in [1, 2, 3] {
+        assert!(inbox.send(&entry(id)).await.unwrap());
+    }
+    // An id already in the inbox, or of a stored request, is not taken.
+    assert!(!inbox.send(&entry(1)).await.unwrap());
+    holder
+        .commit(&requests(vec![request(9, RequestState::Pending)]))
+        .await
+        .unwrap();
+    assert!(!inbox.send(&entry(9)).await.unwrap());
+    assert_eq!(
+        holder.inbox(10).await.unwrap(),
+        [entry(1), entry(2), entry(3)]
+    );
+    assert_eq!(holder.inbox(1).await.unwrap(), [entry(1)]);
+
+    let mut taken = request(1, RequestState::Pending);
+    taken.priority = -2;
+    let take = |r: Request| Changes {
+        taken_in: vec![r.id],
+        requests: vec![r],
+        ..Default::default()
+    };
+    holder.commit(&take(taken.clone())).await.unwrap();
+    assert_eq!(holder.inbox(10).await.unwrap(), [entry(2), entry(3)]);
+    // Gone already: refused whole, the request not written either.
+    let refused = holder
+        .commit(&Changes {
+            requests: vec![request(4, RequestState::Pending)],
+            taken_in: vec![RequestId(1)],
+            ..Default::default()
+        })
+        .await;
+    conflict_on(refused, "request_inbox", &RequestId(1).to_string());
+    // Locked by another transaction's claim: refused without waiting.
+    let other = standby.client_mut().transaction().await.unwrap();
+    other
+        .execute(
+            "SELECT 1 FROM request_inbox WHERE id = $1 FOR UPDATE",
+            &[&RequestId(2).to_string()],
+        )
+        .await
+        .unwrap();
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        holder.commit(&take(request(2, RequestState::Pending))),
+    )
+    .await
+    .expect("the commit waited on an entry another transaction holds");
+    conflict_on(refused, "request_inbox", &RequestId(2).to_string());
+    other.rollback().await.unwrap();
+    holder
+        .commit(&take(request(2, RequestState::Pending)))
+        .await
+        .unwrap();
+    assert_eq!(holder.inbox(10).await.unwrap(), [entry(3)]);
+    let loaded = load(&mut holder).await;
+    let ids: Vec<RequestId> = loaded.snapshot.requests.iter().map(|r| r.id).collect();
+    assert_eq!(ids, [RequestId(1), RequestId(2), RequestId(9)]);
+    assert_eq!(loaded.snapshot.requests[0], taken);
 }
 
 /// The conflict `result` must be, naming `table` and `id`.

@@ -95,6 +95,10 @@ pub struct Shards {
     /// Woken when a process has given the pool's lease up (`NOTIFY`), so
     /// that a process standing by takes it at once.
     pool_given_up: Notify,
+    /// Woken when a process has put requests into the inbox (`NOTIFY`),
+    /// so that the pool's holder takes them in at once; keeps the news
+    /// until the holder looks.
+    requests_sent: Notify,
     secret: String,
     client: Client<HttpConnector, Full<Bytes>>,
 }
@@ -175,6 +179,7 @@ impl Shards {
             nudge: Notify::new(),
             ended: Notify::new(),
             pool_given_up: Notify::new(),
+            requests_sent: Notify::new(),
             secret,
             client: Client::builder(TokioExecutor::new()).build(connector),
         });
@@ -239,6 +244,13 @@ impl Shards {
     /// announces it (a clean stop); only a waiter already waiting is woken.
     pub async fn pool_given_up(&self) {
         self.pool_given_up.notified().await;
+    }
+
+    /// Completes when requests were put into the inbox since this was last
+    /// looked at (a process standing by accepted them), as the database
+    /// announces it.
+    pub async fn requests_sent(&self) {
+        self.requests_sent.notified().await;
     }
 
     /// Counts a call as running on `p`.
@@ -446,19 +458,34 @@ async fn keep_beating(
                 std::future::pending().await
             }
         };
-        tokio::select! {
-            grace = &mut stop => break grace.unwrap_or(Duration::ZERO),
-            () = tokio::time::sleep(wait) => {}
-            () = shards.nudge.notified() => {}
-            () = ended => {}
-            // Leases given up (a clean stop, spreading out) are taken at
-            // once, not at the next beat.
-            kind = pg.given_up() => {
-                tracing::info!(%kind, "a berth process gave leases up: looking at the leases now");
-                if kind != "providers" {
-                    shards.pool_given_up.notify_waiters();
+        let sleep = tokio::time::sleep(wait);
+        tokio::pin!(ended, sleep);
+        let stopped = loop {
+            tokio::select! {
+                grace = &mut stop => break Some(grace.unwrap_or(Duration::ZERO)),
+                () = &mut sleep => break None,
+                () = shards.nudge.notified() => break None,
+                () = &mut ended => break None,
+                // Leases given up (a clean stop, spreading out) are taken
+                // at once, not at the next beat; requests put into the
+                // inbox are the pool's holder's to take in, and need no
+                // beat.
+                seen = pg.announced() => {
+                    if seen.requests {
+                        shards.requests_sent.notify_one();
+                    }
+                    if seen.pool {
+                        shards.pool_given_up.notify_waiters();
+                    }
+                    if seen.pool || seen.providers {
+                        tracing::info!(pool = seen.pool, providers = seen.providers, "a berth process gave leases up: looking at the leases now");
+                        break None;
+                    }
                 }
             }
+        };
+        if let Some(grace) = stopped {
+            break grace;
         }
     };
     // Stopping: no new call is taken; those running end first, within the

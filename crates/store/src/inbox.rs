@@ -1,0 +1,150 @@
+//! The requests inbox (table `request_inbox`), for a pool that several
+//! processes share: a process standing by accepts `POST /v1/requests`
+//! itself, durably, by putting the request here under an id of its own
+//! making ([`PgInbox::send`]) and announcing it, so a request is taken while
+//! the pool's holder is slow, stopped, or gone and not yet replaced. The
+//! pool's holder reads the inbox when told ([`crate::Store::inbox`]) and
+//! takes each entry in; the commit that stores the request also deletes its
+//! entry, under the same fence, claiming the rows with `FOR UPDATE SKIP
+//! LOCKED` ([`CLAIM`]): a commit never waits on an entry another
+//! transaction is claiming, and one that finds any of its entries claimed
+//! or gone is refused whole, so the pool is decided again on what is
+//! stored and no request is taken in twice.
+
+use berth_core::pool::{RequestId, Time};
+
+use crate::StoreError;
+use crate::pg::{LEASES_CHANNEL, LazyClient, Login, NOTIFY_REQUESTS, pg};
+
+/// A request accepted by a process standing by, waiting for the pool's
+/// holder to take it in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InboxEntry {
+    pub id: RequestId,
+    pub requestor: String,
+    pub priority: i32,
+    /// When the accepting process took it, by its clock.
+    pub created: Time,
+    /// Each label by name, with its count.
+    pub wants: Vec<(String, u32)>,
+}
+
+/// Writes the inbox from a process standing by ([`crate::PgStore::inbox`]).
+pub struct PgInbox {
+    client: LazyClient,
+    /// This process, as the entries name their acceptor.
+    by: String,
+}
+
+/// Adds an entry unless its id is taken (in the inbox or by a stored
+/// request), and announces it in the same statement.
+const SEND: &str = "WITH added AS ( \
+       INSERT INTO request_inbox (id, requestor, priority, created, labels, counts, accepted_by) \
+       SELECT $1, $2, $3, $4, $5, $6, $7 WHERE NOT EXISTS (SELECT 1 FROM requests WHERE id = $1) \
+       ON CONFLICT (id) DO NOTHING RETURNING 1) \
+     SELECT pg_notify($8, $9) FROM added";
+
+/// The oldest entries, at most `$1`.
+pub(crate) const READ: &str = "SELECT id, requestor, priority, created, labels, counts \
+     FROM request_inbox ORDER BY seq LIMIT $1";
+
+/// A commit's claim of the entries it takes in (`$1`), checked to be all
+/// of them (`$2`) by `berth_expect`: an entry locked by another claim is
+/// skipped, not waited for, and fails the check as one already gone does.
+pub(crate) const CLAIM: &str = "WITH mine AS ( \
+       SELECT id FROM request_inbox WHERE id = ANY($1) FOR UPDATE SKIP LOCKED), \
+     gone AS (DELETE FROM request_inbox AS r USING mine WHERE r.id = mine.id RETURNING 1) \
+     SELECT berth_expect(count(*), $2) FROM gone";
+
+impl PgInbox {
+    pub(crate) fn new(login: Login, by: String) -> PgInbox {
+        PgInbox {
+            client: LazyClient::new(login),
+            by,
+        }
+    }
+
+    /// Puts `entry` into the inbox and announces it to the pool's holder.
+    /// `false` if its id is taken already (by an entry or a stored
+    /// request): nothing was written, and another id should be tried.
+    pub async fn send(&self, entry: &InboxEntry) -> Result<bool, StoreError> {
+        let client = self.client.get().await?;
+        let labels: Vec<&str> = entry.wants.iter().map(|(l, _)| l.as_str()).collect();
+        let counts: Vec<i64> = entry.wants.iter().map(|(_, n)| i64::from(*n)).collect();
+        let created = i64::try_from(entry.created.as_millis()).unwrap_or(i64::MAX);
+        let rows = client
+            .query(
+                SEND,
+                &[
+                    &entry.id.to_string(),
+                    &entry.requestor,
+                    &i64::from(entry.priority),
+                    &created,
+                    &labels,
+                    &counts,
+                    &self.by,
+                    &LEASES_CHANNEL,
+                    &NOTIFY_REQUESTS,
+                ],
+            )
+            .await
+            .map_err(pg("putting a request into the inbox"))?;
+        Ok(!rows.is_empty())
+    }
+}
+
+/// An entry as [`READ`] answers it. The table's checks keep every column
+/// within what is read here; a row that is not is corrupt.
+pub(crate) fn entry(row: &tokio_postgres::Row) -> Result<InboxEntry, StoreError> {
+    let id: String = row.try_get(0).map_err(pg("reading the inbox"))?;
+    let corrupt = |column, what: String| StoreError::Corrupt {
+        table: "request_inbox",
+        id: id.clone(),
+        column,
+        what,
+    };
+    let parsed = id
+        .parse()
+        .map_err(|()| corrupt("id", "not a request id".into()))?;
+    let priority: i64 = row.try_get(2).map_err(pg("reading the inbox"))?;
+    let created: i64 = row.try_get(3).map_err(pg("reading the inbox"))?;
+    let labels: Vec<String> = row.try_get(4).map_err(pg("reading the inbox"))?;
+    let counts: Vec<i64> = row.try_get(5).map_err(pg("reading the inbox"))?;
+    if labels.len() != counts.len() {
+        return Err(corrupt("counts", "not one count per label".into()));
+    }
+    let wants = labels
+        .into_iter()
+        .zip(counts)
+        .map(|(l, n)| match u32::try_from(n) {
+            Ok(n) => Ok((l, n)),
+            Err(_) => Err(corrupt("counts", format!("{n} is not a count"))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(InboxEntry {
+        id: parsed,
+        requestor: row.try_get(1).map_err(pg("reading the inbox"))?,
+        priority: i32::try_from(priority)
+            .map_err(|_| corrupt("priority", format!("{priority} is out of range")))?,
+        created: Time(u64::try_from(created).unwrap_or(0)),
+        wants,
+    })
+}
+
+/// What [`CLAIM`] is run with: the distinct ids of `taken`, as text, and how
+/// many.
+pub(crate) fn claim_args(taken: &[RequestId]) -> (Vec<String>, i64) {
+    let mut ids: Vec<String> = taken.iter().map(RequestId::to_string).collect();
+    ids.sort();
+    ids.dedup();
+    let n = i64::try_from(ids.len()).unwrap_or(i64::MAX);
+    (ids, n)
+}
+
+/// A claim that did not find all of its entries, as the commit's error.
+pub(crate) fn claim_refused(ids: &[String]) -> StoreError {
+    StoreError::Conflict {
+        table: "request_inbox",
+        id: ids.first().cloned().unwrap_or_default(),
+    }
+}
