@@ -414,10 +414,12 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// A holder stopped with SIGSTOP past its lease: another process takes the
-/// pool over and serves; when the stopped one resumes, it sends nothing to
-/// the cloud (by the sim's own call record), writes nothing (its commits
-/// are fenced), and stands by, relaying to the new holder.
+/// A holder stopped with SIGSTOP past its lease: requests sent meanwhile to
+/// the process standing by are accepted at once (into the store's inbox)
+/// and all served once it has taken the pool over; when the stopped one
+/// resumes, it sends nothing to the cloud (by the sim's own call record),
+/// writes nothing (its commits are fenced), and stands by, relaying to the
+/// new holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_over() {
     let mut fleet = Fleet::new(SimServer::start().await, 2);
@@ -439,12 +441,47 @@ async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_ove
     // A call b1 relays to the paused b0 is not left waiting on it once b1
     // has taken the pool over.
     let b1 = fleet.get(1).base.clone();
-    let relayed = tokio::spawn(async move {
-        let body = json!({"labels": {"small": 1}});
-        http(&b1, "POST", "/v1/requests", Some(CI), Some(body)).await
-    });
+    let relayed =
+        tokio::spawn(async move { http(&b1, "GET", "/v1/requests", Some(CI), None).await });
+    // New requests are b1's to accept while b0 is stopped, before anyone
+    // has taken the pool over: answered at once, pending.
+    let asked: Vec<_> = (0..4)
+        .map(|_| {
+            let b1 = fleet.get(1).base.clone();
+            tokio::spawn(async move {
+                let body = json!({"labels": {"small": 1}});
+                let answer = http(&b1, "POST", "/v1/requests", Some(CI), Some(body)).await;
+                (answer, now_ms())
+            })
+        })
+        .collect();
+    let mut accepted = Vec::new();
+    for a in asked {
+        let (answer, at) = a.await.unwrap();
+        let (status, body) = answer.unwrap();
+        let body: Value = serde_json::from_str(&body).unwrap_or_default();
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["state"], "pending", "{body}");
+        accepted.push((body["id"].as_str().unwrap().to_owned(), at));
+    }
     let held = fleet.until_held(30, "b1 takes the pool over").await;
     assert_eq!(held, 1);
+    let took_over = fleet
+        .get(1)
+        .log_text()
+        .lines()
+        .find(|l| l.contains("this process took the pool over"))
+        .and_then(|l| berth::duration::parse_rfc3339(l.split_whitespace().next()?))
+        .expect("b1 says when it took the pool over");
+    let answered = accepted.iter().map(|(_, at)| *at).max().unwrap();
+    assert!(
+        answered < took_over,
+        "the requests were answered at {answered}, not before b1 took the pool over at {took_over}"
+    );
+    println!(
+        "4 requests accepted by b1 while b0 was stopped, {} ms before b1 took the pool over",
+        took_over - answered
+    );
     let relayed = tokio::time::timeout(Duration::from_secs(3), relayed)
         .await
         .expect("the call relayed to the paused holder still waits after the takeover")
@@ -457,10 +494,22 @@ async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_ove
         paused.elapsed()
     );
     assert_eq!(fleet.lease(), (Some(1), 2));
-    // b1 acts: it lists, and serves a request from a ready node.
+    // b1 acts: it lists, serves every request it accepted while b0 was
+    // stopped, each with a node of its own, and a new one.
+    let mut handed = vec![first.nodes[0].id.clone()];
+    for (id, _) in &accepted {
+        let r = fleet.get(1).fulfilled(CI, id).await;
+        handed.push(r.nodes[0].id.clone());
+    }
     let second = fleet.get(1).request(CI, &[("small", 1)]).await;
     let second = fleet.get(1).fulfilled(CI, &second.id).await;
-    assert_ne!(first.nodes[0].id, second.nodes[0].id);
+    handed.push(second.nodes[0].id.clone());
+    let all = handed.len();
+    handed.sort();
+    handed.dedup();
+    assert_eq!(handed.len(), all, "a node handed out twice");
+    let waiting = psql(&fleet.url, "SELECT count(*) FROM request_inbox").unwrap();
+    assert_eq!(waiting.trim(), "0", "requests left in the inbox");
     until(30, "b1 calls the cloud", || async {
         (!fleet.calls_of(1).is_empty()).then_some(())
     })

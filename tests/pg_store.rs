@@ -8,9 +8,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::serve::{CI, OPS, serve_config_with, set_lease_ttl};
+use crate::serve::{CI, OPS, OTHER, serve_config_with, set_lease_ttl};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, Launch, http_raw, until};
 use crate::support::{SimServer, creates, live, metric, plugin, workspace};
@@ -243,9 +243,36 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
     assert!(said.contains(&first.base), "{said}");
     assert_eq!(second.call("GET", "/healthz", None, None).await.0, 200);
 
-    // A request made to the one standing by is served by the holder.
+    // A request made to the one standing by is accepted there, into the
+    // inbox, and served by the holder.
     let request = second.request(CI, &[("small", 1)]).await;
+    assert_eq!(request.state, "pending");
     let done = second.fulfilled(CI, &request.id).await;
+    // What the one standing by refuses, it refuses as the holder would,
+    // and puts nothing into the inbox.
+    for (token, body, status, code) in [
+        (CI, json!({"labels": {"gpu": 1}}), 422, "unknown_label"),
+        (CI, json!({"labels": {}}), 400, "bad_request"),
+        (
+            CI,
+            json!({"labels": {"small": 1}, "requestor": "x"}),
+            403,
+            "forbidden",
+        ),
+    ] {
+        let (s, e) = second
+            .call("POST", "/v1/requests", Some(token), Some(body))
+            .await;
+        assert_eq!(
+            (s, e["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        psql(&url, "SELECT count(*) FROM request_inbox").unwrap(),
+        "0"
+    );
     let (_, held) = first
         .call(
             "GET",
@@ -327,6 +354,90 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
             .ends_with(" 2")
     );
     second.terminate().await.assert_success();
+}
+
+/// Requests waiting in the inbox that nobody announced (written here by
+/// hand, as a process standing by writes them, without its `NOTIFY`) are
+/// found by the holder through the binary: a `DELETE` or `GET` of an id it
+/// does not know takes the inbox in first. One naming a label the holder
+/// does not have fails with the reason; one of another requestor stays
+/// theirs. Nothing is left in the inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_finds_a_request_waiting_in_the_inbox_by_its_id() {
+    let (_sim, _dir, url, server) = serve_on_postgres().await;
+    server.until_ready(30, "holding the pool").await;
+    let put = |id: &str, label: &str, count: u32| {
+        psql(
+            &url,
+            &format!(
+                "INSERT INTO request_inbox (id, requestor, priority, created, labels, counts, \
+                 accepted_by) VALUES ('{id}', 'ci', 0, \
+                 (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT, ARRAY['{label}'], \
+                 ARRAY[{count}::BIGINT], 'by hand')"
+            ),
+        )
+        .unwrap();
+    };
+    let waiting = || psql(&url, "SELECT count(*) FROM request_inbox").unwrap();
+
+    // More than are ready: still pending when the cancel comes.
+    put("r-00000000000000a1", "small", 5);
+    let (s, cancelled) = server
+        .call("DELETE", "/v1/requests/r-00000000000000a1", Some(CI), None)
+        .await;
+    assert_eq!(
+        (s, cancelled["state"].as_str()),
+        (200, Some("cancelled")),
+        "{cancelled}"
+    );
+    assert_eq!(waiting(), "0");
+
+    put("r-00000000000000a2", "small", 1);
+    put("r-00000000000000a3", "gpu", 1);
+    let (s, theirs) = server
+        .call("GET", "/v1/requests/r-00000000000000a2", Some(OTHER), None)
+        .await;
+    assert_eq!(
+        (s, theirs["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{theirs}"
+    );
+    let served = server.fulfilled(CI, "r-00000000000000a2").await;
+    assert_eq!(served.nodes.len(), 1);
+    let (s, failed) = server
+        .call("GET", "/v1/requests/r-00000000000000a3", Some(CI), None)
+        .await;
+    assert_eq!(
+        (s, failed["state"].as_str()),
+        (200, Some("failed")),
+        "{failed}"
+    );
+    let reason = failed["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("no label `gpu`"), "{failed}");
+    assert_eq!(waiting(), "0");
+    // More than one step takes in: the holder reads on until the inbox is
+    // drained before it answers (the last one here, in the last read).
+    psql(
+        &url,
+        "INSERT INTO request_inbox (id, requestor, priority, created, labels, counts, accepted_by) \
+         SELECT 'r-' || lpad(to_hex(x), 16, '0'), 'ci', 0, 0, ARRAY['gpu'], ARRAY[1::BIGINT], \
+         'by hand' FROM generate_series(4096, 4096 + 599) AS x",
+    )
+    .unwrap();
+    let last = format!("/v1/requests/r-{:016x}", 4096 + 599);
+    let (s, failed) = server.call("GET", &last, Some(CI), None).await;
+    assert_eq!(
+        (s, failed["state"].as_str()),
+        (200, Some("failed")),
+        "{failed}"
+    );
+    assert_eq!(waiting(), "0");
+    // An id nobody gave is still unknown.
+    let (s, _) = server
+        .call("GET", "/v1/requests/r-00000000000000ff", Some(CI), None)
+        .await;
+    assert_eq!(s, 404);
+    server.terminate().await.assert_success();
 }
 
 /// `POST /internal/v1/calls` (a driver call handed over by the pool's

@@ -708,7 +708,7 @@ async fn not_found() -> ApiError {
     operation_id = "create_request",
     tag = "requests",
     summary = "Ask for nodes",
-    description = "Asks for a set of nodes, handed out together once all are ready. Creating a request renews the requestor's lease (`api.lease-ttl`). A client token acts only as its own requestor; an admin may name any. Answers 201 with the new request and a `Location` header; follow it with `GET /v1/requests/{id}?wait=…`.",
+    description = "Asks for a set of nodes, handed out together once all are ready. Creating a request renews the requestor's lease (`api.lease-ttl`). A client token acts only as its own requestor; an admin may name any. Answers 201 with the new request and a `Location` header; follow it with `GET /v1/requests/{id}?wait=…`. On a berth process standing by (several processes on one PostgreSQL store), the request is accepted into the store's request inbox, durably, and answered `pending` at once; the process holding the pool takes it in.",
     security(("bearerAuth" = [])),
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     request_body(content = types::NewRequest),
@@ -783,19 +783,27 @@ async fn create_request(
         priority,
         wants,
     };
-    let change = Change::Submit {
-        new,
-        lease: Some(config.lease_ttl),
+    let (id, view) = if api.handle().shared() && api.handle().standby().is_some() {
+        // Another process holds the pool: accepted here, into the store's
+        // inbox, whether or not the holder answers now.
+        let request = api.handle().send_to_inbox(&caller, new).await?;
+        (request.id, views::pending(&config, &request))
+    } else {
+        let change = Change::Submit {
+            new,
+            lease: Some(config.lease_ttl),
+        };
+        let c = caller.clone();
+        let (id, view) = api
+            .handle()
+            .act(caller, change, move |pool, done| match done {
+                Done::Submitted(id) => (id, views::request(pool, id, &c)),
+                other => unreachable!("a request answered {other:?}"),
+            })
+            .await?;
+        let view = view.ok_or_else(|| ApiError::not_found("the request was forgotten at once"))?;
+        (id, view)
     };
-    let c = caller.clone();
-    let (id, view) = api
-        .handle()
-        .act(caller, change, move |pool, done| match done {
-            Done::Submitted(id) => (id, views::request(pool, id, &c)),
-            other => unreachable!("a request answered {other:?}"),
-        })
-        .await?;
-    let view = view.ok_or_else(|| ApiError::not_found("the request was forgotten at once"))?;
     let mut r = json(StatusCode::CREATED, view);
     if let Ok(v) = header::HeaderValue::from_str(&format!("/v1/requests/{id}")) {
         r.headers_mut().insert(header::LOCATION, v);
@@ -883,9 +891,15 @@ async fn get_request(
     // Whose it is never changes: checked before the wait, so a caller
     // cannot wait on (or learn when) another requestor's request ends.
     let c = caller.clone();
-    api.handle()
-        .inspect(move |pool| views::owned_request(pool, id, &c).map(drop))
-        .await??;
+    or_taken_in(&api, || {
+        let (api, c) = (api.clone(), c.clone());
+        async move {
+            api.handle()
+                .inspect(move |pool| views::owned_request(pool, id, &c).map(drop))
+                .await?
+        }
+    })
+    .await?;
     if let Some(wait) = wait {
         // The answer is the request's state when it stops pending or the
         // wait ends, whichever is first.
@@ -942,14 +956,34 @@ async fn cancel_request(
     let caller = api.caller(&headers)?;
     api.refuse_if_stopping()?;
     let id = request_id(&id)?;
-    let c = caller.clone();
-    let view = api
-        .handle()
-        .act(caller, Change::Cancel(id), move |pool, _| {
-            views::owned_request(pool, id, &c)
-        })
-        .await??;
+    let view = or_taken_in(&api, || {
+        let (api, caller, c) = (api.clone(), caller.clone(), caller.clone());
+        async move {
+            api.handle()
+                .act(caller, Change::Cancel(id), move |pool, _| {
+                    views::owned_request(pool, id, &c)
+                })
+                .await?
+        }
+    })
+    .await?;
     Ok(json(StatusCode::OK, view))
+}
+
+/// Runs `look`, which names a request; if the pool does not know it, it
+/// may be one that a process standing by accepted into the store's inbox
+/// a moment ago: then the inbox is taken in and `look` runs again.
+async fn or_taken_in<T, F>(api: &Api, look: impl Fn() -> F) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    match look().await {
+        Err(e) if e.code == "not_found" && api.handle().shared() => {
+            api.handle().take_in().await?;
+            look().await
+        }
+        found => found,
+    }
 }
 
 // ---- nodes ----------------------------------------------------------------

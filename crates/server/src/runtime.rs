@@ -11,7 +11,9 @@
 //! it with every commit (and on a timer when idle), and opens the drivers'
 //! [`Gate`] only for as long as the lease is certain. When another process
 //! holds the pool, this one stands by: commands are refused with
-//! [`ServiceError::Standby`] (the API forwards them to the holder), and once
+//! [`ServiceError::Standby`] (the API forwards them to the holder, but for
+//! new requests, which it puts into the store's inbox for the holder to
+//! take in: [`Handle::send_to_inbox`]), and once
 //! the lease is free the task takes the pool over and reloads it from the
 //! store, as after a restart: list first, then act.
 
@@ -36,11 +38,11 @@ use berth_config::{Config, ProviderIx, Settings};
 use berth_core::driver::check::{self, BadAnswer};
 use berth_core::driver::{Instance, POOL_TAG, Tags};
 use berth_core::pool::{
-    Changes, Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refused, Request,
-    RequestId, RequestState, Time,
+    Changes, Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refusal, Refused,
+    Request, RequestId, RequestState, TakenIn, Time,
 };
 use berth_plugin::{CallError, CallErrorKind, DriverState, Gate, Runtime, RuntimeConfig};
-use berth_store::{Claimant, PgStore, SqliteStore, Store, StoreError, Tenure};
+use berth_store::{Claimant, InboxEntry, PgInbox, PgStore, SqliteStore, Store, StoreError, Tenure};
 
 pub use commands::{Caller, Change, Done};
 pub use providers::{BoxFuture, Cloud, Health, LoadedDriver, Providers};
@@ -202,6 +204,9 @@ enum Command {
     /// Answer once the request is no longer pending.
     Wait(RequestId, oneshot::Sender<Option<Request>>),
     Inspect(Box<dyn FnOnce(&Pool) + Send>),
+    /// Take in what waits in the store's inbox; answer once all of it is
+    /// stored.
+    TakeIn(Answer),
 }
 
 /// How a change is answered: with the pool as it stands once the change
@@ -239,6 +244,11 @@ pub struct Handle {
     /// The pool's lease while this process holds one.
     lease: SharedLease,
     shards: Option<Arc<Shards>>,
+    /// The store's requests inbox, with a store shared by several
+    /// processes: where this process puts the requests it accepts while
+    /// it stands by.
+    inbox: Option<Arc<PgInbox>>,
+    clock: Clock,
 }
 
 /// The lease as the pool's task last saw it confirmed; a plain copy, so
@@ -349,6 +359,80 @@ impl Handle {
         std::time::Instant::now().checked_duration_since(held.valid_until)
     }
 
+    /// Whether the pool is shared by several processes (a PostgreSQL
+    /// store): a request accepted while another process holds the pool
+    /// goes through the store's inbox.
+    pub fn shared(&self) -> bool {
+        self.inbox.is_some()
+    }
+
+    /// Accepts a request while this process stands by: checked against
+    /// this process's config, put into the store's inbox under a new id
+    /// and announced, for the pool's holder to take in (at once, or once
+    /// a process takes the pool over). Durable once this returns. Answers
+    /// the request as it now stands: pending. Its requestor's lease is
+    /// renewed when it is taken in.
+    pub async fn send_to_inbox(
+        &self,
+        caller: &Caller,
+        new: NewRequest,
+    ) -> Result<Request, ServiceError> {
+        let Some(inbox) = &self.inbox else {
+            return Err(self.gone());
+        };
+        commands::may_submit(caller, &new)?;
+        berth_core::pool::check(&self.config, &new)?;
+        let created = self.clock.now();
+        let wants: Vec<(String, u32)> = (new.wants.iter())
+            .map(|(l, n)| (self.config[*l].name.clone(), *n))
+            .collect();
+        // An id is 64 random bits; one already taken (in the inbox, or by a
+        // stored request) is refused by the store, and another drawn.
+        for _ in 0..3 {
+            let entry = InboxEntry {
+                id: RequestId(rand::random()),
+                requestor: new.requestor.clone(),
+                priority: new.priority,
+                created,
+                wants: wants.clone(),
+            };
+            let sent = inbox.send(&entry).await.map_err(|e| {
+                ServiceError::StoreUnavailable(format!("the request was not accepted: {e}").into())
+            })?;
+            if sent {
+                return Ok(Request {
+                    id: entry.id,
+                    requestor: new.requestor,
+                    priority: new.priority,
+                    created,
+                    wants: new.wants,
+                    state: RequestState::Pending,
+                    nodes: Vec::new(),
+                    failures: 0,
+                });
+            }
+        }
+        Err(ServiceError::StoreUnavailable(
+            "no free request id was found in three draws; try again".into(),
+        ))
+    }
+
+    /// Has the pool's holder take in what waits in the store's inbox, and
+    /// returns once that is stored: a request accepted by a process
+    /// standing by is then known here. Nothing to do for a store of one
+    /// process's own.
+    pub async fn take_in(&self) -> Result<(), ServiceError> {
+        if !self.shared() {
+            return Ok(());
+        }
+        let (tx, rx) = oneshot::channel();
+        let answer: Answer = Box::new(move |result| {
+            let _ = tx.send(result.map(drop));
+        });
+        self.send(Command::TakeIn(answer))?;
+        rx.await.map_err(|_| self.gone())?
+    }
+
     /// Takes a request; see [`Handle::wait`] for its outcome.
     pub async fn submit(&self, new: NewRequest) -> Result<RequestId, ServiceError> {
         self.submit_with(new, None).await
@@ -440,6 +524,8 @@ pub struct Parts {
     pub shards: Option<Arc<Shards>>,
     /// Their heartbeats, stopped after the pool's task.
     pub beating: Option<shards::Beating>,
+    /// The store's requests inbox (a shared store).
+    pub inbox: Option<Arc<PgInbox>>,
 }
 
 impl Service {
@@ -469,6 +555,10 @@ impl Service {
             effects: Vec::new(),
             replies: Vec::new(),
             in_flight: 0,
+            // Whatever waits in a shared store's inbox is taken in at the
+            // first step as holder.
+            inbox_due: parts.inbox.is_some(),
+            taking_in: Vec::new(),
         };
         let task = tokio::spawn(run.run(rx, outcomes, stop_rx));
         Service {
@@ -480,6 +570,8 @@ impl Service {
                 down,
                 lease,
                 shards: parts.shards,
+                inbox: parts.inbox,
+                clock: parts.clock,
             },
             task,
             beating: parts.beating,
@@ -571,6 +663,8 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     let mut records = None;
     // The providers' leases, in the same database.
     let mut shared_out = None;
+    // The requests inbox, in the same database.
+    let mut inbox = None;
     let mut store: Box<dyn Store> = match &settings.store.postgres {
         None => {
             let path = state_dir.join("berth.db");
@@ -593,6 +687,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
                 .await
                 .with_context(|| format!("opening the PostgreSQL store {}", pg.url))?;
             records = Some(DriverState::on(Arc::new(store.records())));
+            inbox = store.request_inbox().map(Arc::new);
             shared_out = store.shards(config.providers.iter().map(|p| p.name.clone()).collect());
             Box::new(store)
         }
@@ -675,6 +770,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         standby,
         shards,
         beating,
+        inbox,
     };
     Ok(Service::spawn(pool, parts))
 }
@@ -707,6 +803,12 @@ struct Loop {
     replies: Vec<(Answer, Result<Done, ServiceError>)>,
     /// Driver calls started whose outcome has not come back.
     in_flight: usize,
+    /// The store's inbox is to be read at the next step: requests were
+    /// announced, asked for, or may wait there since this process took
+    /// the pool.
+    inbox_due: bool,
+    /// [`Command::TakeIn`]s, answered once a read finds the inbox drained.
+    taking_in: Vec<Answer>,
 }
 
 /// How often a process standing by asks whether the pool's lease is free,
@@ -837,6 +939,9 @@ impl Loop {
                 },
                 _ = sleep_until(wake) => {}
                 _ = sleep_until(renew) => {}
+                () = requests_sent(&self.shards) => self.inbox_due = true,
+                // More than one step's worth waited in the inbox.
+                () = std::future::ready(()), if self.inbox_due => {}
             }
             for _ in 1..BATCH {
                 if let Ok(o) = inbox.outcomes.try_recv() {
@@ -863,7 +968,12 @@ impl Loop {
         );
         let failed = ServiceError::StoreFailed(e.to_string().into());
         let _ = self.ended.set(failed.clone());
-        for (answer, _) in self.replies.drain(..) {
+        for answer in self
+            .replies
+            .drain(..)
+            .map(|(a, _)| a)
+            .chain(self.taking_in.drain(..))
+        {
             answer(Err(failed.clone()));
         }
         inbox.close(&failed);
@@ -893,7 +1003,12 @@ impl Loop {
         self.gate.shut_now();
         self.show_lease();
         self.set_down(Some(why.clone()));
-        for (answer, _) in self.replies.drain(..) {
+        for answer in self
+            .replies
+            .drain(..)
+            .map(|(a, _)| a)
+            .chain(self.taking_in.drain(..))
+        {
             answer(Err(why.clone()));
         }
         self.effects.clear();
@@ -976,6 +1091,7 @@ impl Loop {
             }
             let now = self.clock.now();
             self.pool = Pool::restore(config, rand::random(), loaded.snapshot, now);
+            self.inbox_due = self.store.holding().is_some();
             self.opened();
             self.set_down(None);
             let epoch = self.store.holding().map(|h| h.epoch);
@@ -1155,11 +1271,56 @@ impl Loop {
                 Some(_) => self.waiters.entry(id).or_default().push(reply),
             },
             Command::Inspect(f) => f(pool),
+            Command::TakeIn(answer) => {
+                self.inbox_due = true;
+                self.taking_in.push(answer);
+            }
         }
+    }
+
+    /// Reads the store's inbox if it is due and takes in what waits there
+    /// ([`Pool::take_in`]): the step's commit stores the requests and
+    /// claims their entries in one transaction.
+    async fn take_in(&mut self) -> Result<(), StoreError> {
+        if !std::mem::take(&mut self.inbox_due) {
+            return Ok(());
+        }
+        let entries = self.store.inbox(BATCH).await?;
+        if entries.len() == BATCH {
+            // More wait: the next step reads on.
+            self.inbox_due = true;
+        } else {
+            for answer in self.taking_in.drain(..) {
+                self.replies.push((answer, Ok(Done::Changed)));
+            }
+        }
+        let now = self.clock.now();
+        let config = self.pool.config().clone();
+        for entry in entries {
+            let id = entry.id;
+            let requestor = entry.requestor.clone();
+            let created = entry.created;
+            match self
+                .pool
+                .take_in(now, id, created, inbox_request(&config, entry))
+            {
+                TakenIn::Pending => {
+                    self.pool.renew(now, &requestor, config.lease_ttl);
+                }
+                // Said by the pool's notice (a failed request).
+                TakenIn::Failed(_) => {}
+                TakenIn::Known => tracing::error!(
+                    request = %id,
+                    "a request accepted by another process has the id of a request the pool already has; only its inbox entry is removed"
+                ),
+            }
+        }
+        Ok(())
     }
 
     /// Decide, store, then act.
     async fn step(&mut self) -> Result<(), StoreError> {
+        self.take_in().await?;
         let now = self.clock.now();
         self.pool.tick(now, &mut self.effects);
         let changes = self.pool.take_changes();
@@ -1342,6 +1503,39 @@ impl Loop {
                 "a requestor stopped renewing its lease; its pending requests failed and its nodes were taken back"
             ),
         }
+    }
+}
+
+/// An inbox entry as the pool takes it in: its labels named in this pool's
+/// config, or refused with why.
+fn inbox_request(config: &Config, entry: InboxEntry) -> Result<NewRequest, Refusal> {
+    let mut wants = Vec::with_capacity(entry.wants.len());
+    for (name, count) in &entry.wants {
+        let Some(label) = config.label(name) else {
+            return Err(Refusal {
+                requestor: entry.requestor,
+                priority: entry.priority,
+                reason: format!(
+                    "no label `{}` in this process's config",
+                    berth_core::text::printable(name)
+                ),
+            });
+        };
+        wants.push((label, *count));
+    }
+    Ok(NewRequest {
+        requestor: entry.requestor,
+        priority: entry.priority,
+        wants,
+    })
+}
+
+/// Completes when the database announces requests put into the inbox;
+/// never without a shared store.
+async fn requests_sent(shards: &Option<Arc<Shards>>) {
+    match shards {
+        Some(shards) => shards.requests_sent().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -1543,7 +1737,7 @@ fn providers_name(providers: &Providers, p: ProviderIx) -> Arc<str> {
 /// Answers a command the pool no longer takes with `why`.
 fn refuse(command: Command, why: &ServiceError) {
     match command {
-        Command::Act(_, _, answer) => answer(Err(why.clone())),
+        Command::Act(_, _, answer) | Command::TakeIn(answer) => answer(Err(why.clone())),
         Command::Wait(_, reply) => drop(reply),
         Command::Inspect(_) => {}
     }

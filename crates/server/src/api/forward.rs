@@ -1,6 +1,8 @@
 //! A process standing by serves the API by passing each `/v1` call to the
 //! process that holds the pool, and its answer back, as they are: the
 //! holder authenticates, checks and answers; this process only relays.
+//! The exception is `POST /v1/requests`, which a process standing by
+//! accepts itself into the store's inbox (see `create_request`).
 //! A call already relayed once is never relayed again (two processes that
 //! each think the other holds the pool answer 503 instead of looping), and
 //! a call relayed to a holder that is taken over before it answers is
@@ -73,6 +75,14 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
     let Some((holder, address)) = api.handle().standby() else {
         return next.run(request).await;
     };
+    // A new request is accepted here, into the store's inbox, so that it
+    // is taken whether or not the holder answers now.
+    if request.method() == axum::http::Method::POST
+        && request.uri().path() == "/v1/requests"
+        && api.handle().shared()
+    {
+        return next.run(request).await;
+    }
     let standby = || ServiceError::Standby {
         holder: holder.clone(),
         address: address.clone(),

@@ -104,7 +104,20 @@ pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
 }
 
 fn request_view(pool: &Pool, r: &Request, caller: &Caller) -> types::Request {
-    let config = pool.config();
+    let nodes = (r.nodes.iter())
+        .filter_map(|id| pool.node(*id))
+        .map(|n| node(pool, n, caller))
+        .collect();
+    request_with(pool.config(), r, nodes)
+}
+
+/// A request accepted into the store's inbox, not yet taken in by the
+/// pool's holder: pending, with no nodes.
+pub(super) fn pending(config: &Config, r: &Request) -> types::Request {
+    request_with(config, r, Vec::new())
+}
+
+fn request_with(config: &Config, r: &Request, nodes: Vec<types::Node>) -> types::Request {
     let (state, reason, finished) = match &r.state {
         RequestState::Pending => ("pending", None, None),
         RequestState::Fulfilled { at } => ("fulfilled", None, Some(*at)),
@@ -124,12 +137,7 @@ fn request_view(pool: &Pool, r: &Request, caller: &Caller) -> types::Request {
             .collect(),
         created: rfc3339(r.created.as_millis()),
         finished: finished.map(|t| rfc3339(t.as_millis())),
-        nodes: r
-            .nodes
-            .iter()
-            .filter_map(|id| pool.node(*id))
-            .map(|n| node(pool, n, caller))
-            .collect(),
+        nodes,
     }
 }
 

@@ -87,6 +87,18 @@ pub enum Done {
     Changed,
 }
 
+/// Whether `caller` may ask for `new`: a client token only as its own
+/// requestor.
+pub(super) fn may_submit(caller: &Caller, new: &NewRequest) -> Result<(), ServiceError> {
+    if caller.may_act_for(&new.requestor) {
+        return Ok(());
+    }
+    Err(ServiceError::Forbidden(format!(
+        "a client token acts only as its own requestor `{}`",
+        caller.name()
+    )))
+}
+
 /// Checks that `caller` may make `change`, and makes it.
 pub(super) fn apply(
     pool: &mut Pool,
@@ -96,12 +108,7 @@ pub(super) fn apply(
 ) -> Result<Done, ServiceError> {
     match change {
         Change::Submit { new, lease } => {
-            if !caller.may_act_for(&new.requestor) {
-                return Err(ServiceError::Forbidden(format!(
-                    "a client token acts only as its own requestor `{}`",
-                    caller.name()
-                )));
-            }
+            may_submit(caller, &new)?;
             let requestor = new.requestor.clone();
             let id = pool.submit(now, new)?;
             if let Some(ttl) = lease {

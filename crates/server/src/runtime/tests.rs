@@ -154,6 +154,7 @@ fn start(fake: &Arc<Fake>, lease_ttl: Duration) -> Service {
         standby: None,
         shards: None,
         beating: None,
+        inbox: None,
     };
     Service::spawn(Pool::new(config, 7), parts)
 }
