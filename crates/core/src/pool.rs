@@ -504,6 +504,27 @@ impl Pool {
         Ok(id)
     }
 
+    /// Takes a request under `id`, which another process drew for it: a
+    /// process standing by relays a request to the pool's holder with an
+    /// id, and puts it into the store's inbox under the same id if the
+    /// holder does not answer in time. Checked as [`Pool::submit`] checks.
+    /// An id the pool already has is that request, taken already by the
+    /// other way: nothing is taken again, and `Ok(false)` says so (whose
+    /// it is, is for the caller to check).
+    pub fn submit_under(
+        &mut self,
+        now: Time,
+        id: RequestId,
+        new: NewRequest,
+    ) -> Result<bool, Refused> {
+        check(&self.config, &new)?;
+        if self.requests.contains_key(&id) {
+            return Ok(false);
+        }
+        self.insert_request(id, now, new);
+        Ok(true)
+    }
+
     /// Takes a request that another process accepted and gave `id`
     /// (`created` is when): a process standing by puts a request into the
     /// store's inbox, and the pool's holder takes it in. It is checked as

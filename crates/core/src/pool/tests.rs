@@ -1540,6 +1540,52 @@ fn a_request_taken_in_from_another_process_keeps_its_id_and_is_served() {
 }
 
 #[test]
+fn a_request_under_a_given_id_is_taken_once_whichever_way_comes_first() {
+    let mut h = one(|c| c.providers[0].limits.max_instances = Some(2));
+    let l = h.label("a");
+    let id = RequestId(0xbeef);
+    // Relayed first, then found in the inbox: one request.
+    assert_eq!(
+        h.pool.submit_under(h.now, id, asking(vec![(l, 1)])),
+        Ok(true)
+    );
+    assert_eq!(
+        h.pool.submit_under(h.now, id, asking(vec![(l, 1)])),
+        Ok(false)
+    );
+    assert_eq!(
+        h.pool.take_in(h.now, id, h.now, Ok(asking(vec![(l, 1)]))),
+        TakenIn::Known
+    );
+    // From the inbox first, then relayed late: still one.
+    let other = RequestId(0xcafe);
+    assert_eq!(
+        h.pool
+            .take_in(h.now, other, h.now, Ok(asking(vec![(l, 1)]))),
+        TakenIn::Pending
+    );
+    assert_eq!(
+        h.pool.submit_under(h.now, other, asking(vec![(l, 1)])),
+        Ok(false)
+    );
+    assert_eq!(
+        h.pool
+            .submit_under(h.now, RequestId(1), asking(vec![(l, 3)])),
+        Err(Refused::TooMany {
+            label: "a".into(),
+            wanted: 3,
+            possible: 2
+        })
+    );
+    let changes = h.pool.take_changes();
+    assert_eq!(changes.requests.len(), 2);
+    assert_eq!(changes.taken_in, vec![id, other]);
+    settle(&mut h);
+    assert!(h.fulfilled(id) && h.fulfilled(other));
+    ok(&h);
+}
+
+#[test]
 fn a_request_taken_in_that_cannot_be_served_here_fails_with_the_reason() {
     let mut h = one(|c| c.providers[0].limits.max_instances = Some(2));
     let l = h.label("a");
