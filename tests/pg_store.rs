@@ -243,11 +243,27 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
     assert!(said.contains(&first.base), "{said}");
     assert_eq!(second.call("GET", "/healthz", None, None).await.0, 200);
 
-    // A request made to the one standing by is accepted there, into the
-    // inbox, and served by the holder.
+    // A request made to the one standing by is offered to the holder and
+    // served by it.
     let request = second.request(CI, &[("small", 1)]).await;
-    assert_eq!(request.state, "pending");
     let done = second.fulfilled(CI, &request.id).await;
+    // Only a berth process (with the pool's peer secret) names the id of
+    // a request it offers.
+    for secret in [None, Some("not-the-secret")] {
+        let body = r#"{"labels": {"small": 1}}"#;
+        let peer = secret
+            .map(|s| format!("x-berth-peer: {s}\r\n"))
+            .unwrap_or_default();
+        let raw = format!(
+            "POST /v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CI}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\
+             x-berth-request-id: r-00000000000000b1\r\n{peer}Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let (s, body) = http_raw(&first.base, raw.as_bytes()).await.unwrap();
+        assert_eq!(s, 403, "{body}");
+        assert!(body.contains("x-berth-request-id"), "{body}");
+    }
     // What the one standing by refuses, it refuses as the holder would,
     // and puts nothing into the inbox.
     for (token, body, status, code) in [

@@ -13,7 +13,7 @@
 //! `... -- postgres processes=3` runs three `berth` binaries on the one
 //! database instead of berth in this process: one holds the pool, and the
 //! clients spread their connections over all three (the two standing by
-//! relay to the holder); add `holder-only` for clients that go to the holder
+//! relay to the holder, and offer it new requests); add `holder-only` for clients that go to the holder
 //! alone, as behind a load balancer that routes by `/readyz`.
 //! `processes=1` runs one binary, to compare with in the same shape (on
 //! SQLite too, without `postgres`).

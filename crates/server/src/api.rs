@@ -708,7 +708,7 @@ async fn not_found() -> ApiError {
     operation_id = "create_request",
     tag = "requests",
     summary = "Ask for nodes",
-    description = "Asks for a set of nodes, handed out together once all are ready. Creating a request renews the requestor's lease (`api.lease-ttl`). A client token acts only as its own requestor; an admin may name any. Answers 201 with the new request and a `Location` header; follow it with `GET /v1/requests/{id}?wait=…`. On a berth process standing by (several processes on one PostgreSQL store), the request is accepted into the store's request inbox, durably, and answered `pending` at once; the process holding the pool takes it in.",
+    description = "Asks for a set of nodes, handed out together once all are ready. Creating a request renews the requestor's lease (`api.lease-ttl`). A client token acts only as its own requestor; an admin may name any. Answers 201 with the new request and a `Location` header; follow it with `GET /v1/requests/{id}?wait=…`. On a berth process standing by (several processes on one PostgreSQL store), the request is passed to the process holding the pool; if that one does not answer within 250 ms, it is accepted into the store's request inbox, durably, and answered `pending`, and the holder takes it in once it can.",
     security(("bearerAuth" = [])),
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     request_body(content = types::NewRequest),
@@ -783,15 +783,27 @@ async fn create_request(
         priority,
         wants,
     };
-    let (id, view) = if api.handle().shared() && api.handle().standby().is_some() {
-        // Another process holds the pool: accepted here, into the store's
-        // inbox, whether or not the holder answers now.
-        let request = api.handle().send_to_inbox(&caller, new).await?;
-        (request.id, views::pending(&config, &request))
+    let standby = api.handle().standby().filter(|_| api.handle().shared());
+    let (id, view) = if let Some((holder, address)) = standby {
+        // Another process holds the pool. Offered to it under an id drawn
+        // here; taken here, into the store's inbox under the same id, if
+        // it does not answer in time.
+        if headers.contains_key(&forward::RELAYED) {
+            // Two processes that each think the other holds the pool.
+            return Err(ServiceError::Standby { holder, address }.into());
+        }
+        api.handle().check(&caller, &new)?;
+        let id = RequestId(rand::random());
+        if let Some(answer) = forward::offer(&api, (&holder, &address), &headers, body, id).await {
+            return Ok(answer);
+        }
+        let request = api.handle().send_to_inbox(id, new).await?;
+        (id, views::pending(&config, &request))
     } else {
         let change = Change::Submit {
             new,
             lease: Some(config.lease_ttl),
+            id: given_id(&api, &headers)?,
         };
         let c = caller.clone();
         let (id, view) = api
@@ -809,6 +821,35 @@ async fn create_request(
         r.headers_mut().insert(header::LOCATION, v);
     }
     Ok(r)
+}
+
+/// The id a process standing by drew for a request it offers here
+/// (`forward::offer`): taken only from a call that carries the pool's peer
+/// secret.
+fn given_id(api: &Api, headers: &HeaderMap) -> Result<Option<RequestId>> {
+    let Some(given) = headers.get(&forward::REQUEST_ID) else {
+        return Ok(None);
+    };
+    let secret = headers
+        .get(crate::runtime::shards::PEER_HEADER)
+        .map_or(&[][..], |v| v.as_bytes());
+    if !api.handle().shards().is_some_and(|s| s.admits(secret)) {
+        return Err(ApiError::forbidden(format!(
+            "`{}` is for berth processes offering a request to the pool's holder, with the \
+             pool's peer secret",
+            forward::REQUEST_ID
+        )));
+    }
+    let text = given.to_str().unwrap_or_default();
+    request_id(text).map(Some).map_err(|_| {
+        ApiError::bad(
+            forward::REQUEST_ID.as_str(),
+            format!(
+                "`{}` is not a request id (r-…)",
+                berth_core::text::printable(text)
+            ),
+        )
+    })
 }
 
 fn valid_requestor(r: &str) -> bool {

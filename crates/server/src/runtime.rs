@@ -11,9 +11,9 @@
 //! it with every commit (and on a timer when idle), and opens the drivers'
 //! [`Gate`] only for as long as the lease is certain. When another process
 //! holds the pool, this one stands by: commands are refused with
-//! [`ServiceError::Standby`] (the API forwards them to the holder, but for
-//! new requests, which it puts into the store's inbox for the holder to
-//! take in: [`Handle::send_to_inbox`]), and once
+//! [`ServiceError::Standby`] (the API forwards them to the holder, and puts
+//! a new request the holder does not take in time into the store's inbox
+//! for it: [`Handle::send_to_inbox`]), and once
 //! the lease is free the task takes the pool over and reloads it from the
 //! store, as after a restart: list first, then act.
 
@@ -366,55 +366,57 @@ impl Handle {
         self.inbox.is_some()
     }
 
-    /// Accepts a request while this process stands by: checked against
-    /// this process's config, put into the store's inbox under a new id
-    /// and announced, for the pool's holder to take in (at once, or once
-    /// a process takes the pool over). Durable once this returns. Answers
-    /// the request as it now stands: pending. Its requestor's lease is
-    /// renewed when it is taken in.
+    /// Whether `new`, asked by `caller`, may be and could ever be served:
+    /// what the pool's holder checks, checked here first by a process
+    /// standing by.
+    pub fn check(&self, caller: &Caller, new: &NewRequest) -> Result<(), ServiceError> {
+        commands::may_submit(caller, new)?;
+        Ok(berth_core::pool::check(&self.config, new)?)
+    }
+
+    /// Accepts a request under `id` while this process stands by (checked
+    /// first with [`Handle::check`]): puts it into the store's inbox and
+    /// announces it, for the pool's holder to take in (at once, or once a
+    /// process takes the pool over). Durable once this returns. An id
+    /// already taken is taken by this very request (relayed to the holder
+    /// first, and stored by it: [`Pool::submit_under`]; two random draws of
+    /// 64 bits meet too rarely to be the reason). Answers the request as it
+    /// now stands: pending. Its requestor's lease is renewed when it is
+    /// taken in.
     pub async fn send_to_inbox(
         &self,
-        caller: &Caller,
+        id: RequestId,
         new: NewRequest,
     ) -> Result<Request, ServiceError> {
         let Some(inbox) = &self.inbox else {
             return Err(self.gone());
         };
-        commands::may_submit(caller, &new)?;
-        berth_core::pool::check(&self.config, &new)?;
         let created = self.clock.now();
-        let wants: Vec<(String, u32)> = (new.wants.iter())
-            .map(|(l, n)| (self.config[*l].name.clone(), *n))
-            .collect();
-        // An id is 64 random bits; one already taken (in the inbox, or by a
-        // stored request) is refused by the store, and another drawn.
-        for _ in 0..3 {
-            let entry = InboxEntry {
-                id: RequestId(rand::random()),
-                requestor: new.requestor.clone(),
-                priority: new.priority,
-                created,
-                wants: wants.clone(),
-            };
-            let sent = inbox.send(&entry).await.map_err(|e| {
-                ServiceError::StoreUnavailable(format!("the request was not accepted: {e}").into())
-            })?;
-            if sent {
-                return Ok(Request {
-                    id: entry.id,
-                    requestor: new.requestor,
-                    priority: new.priority,
-                    created,
-                    wants: new.wants,
-                    state: RequestState::Pending,
-                    nodes: Vec::new(),
-                    failures: 0,
-                });
-            }
+        let entry = InboxEntry {
+            id,
+            requestor: new.requestor.clone(),
+            priority: new.priority,
+            created,
+            wants: (new.wants.iter())
+                .map(|(l, n)| (self.config[*l].name.clone(), *n))
+                .collect(),
+        };
+        let added = inbox.send(&entry).await.map_err(|e| {
+            ServiceError::StoreUnavailable(format!("the request was not accepted: {e}").into())
+        })?;
+        if !added {
+            tracing::debug!(request = %id, "the request was stored before it reached the inbox");
         }
-        Err(ServiceError::StoreUnavailable(
-            "no free request id was found in three draws; try again".into(),
-        ))
+        Ok(Request {
+            id,
+            requestor: new.requestor,
+            priority: new.priority,
+            created,
+            wants: new.wants,
+            state: RequestState::Pending,
+            nodes: Vec::new(),
+            failures: 0,
+        })
     }
 
     /// Has the pool's holder take in what waits in the store's inbox, and
@@ -453,7 +455,14 @@ impl Handle {
         new: NewRequest,
         lease: Option<Duration>,
     ) -> Result<RequestId, ServiceError> {
-        match self.embedder(Change::Submit { new, lease }).await? {
+        match self
+            .embedder(Change::Submit {
+                new,
+                lease,
+                id: None,
+            })
+            .await?
+        {
             Done::Submitted(id) => Ok(id),
             other => unreachable!("a request answered {other:?}"),
         }

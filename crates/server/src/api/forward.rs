@@ -1,8 +1,11 @@
 //! A process standing by serves the API by passing each `/v1` call to the
 //! process that holds the pool, and its answer back, as they are: the
 //! holder authenticates, checks and answers; this process only relays.
-//! The exception is `POST /v1/requests`, which a process standing by
-//! accepts itself into the store's inbox (see `create_request`).
+//! The exception is `POST /v1/requests` ([`offer`]): a process standing by
+//! draws the request's id, offers the request to the holder under it, and
+//! accepts it itself into the store's inbox under the same id if the
+//! holder does not take it in time, so a new request is taken whether or
+//! not the holder answers, and never twice.
 //! A call already relayed once is never relayed again (two processes that
 //! each think the other holds the pool answer 503 instead of looping), and
 //! a call relayed to a holder that is taken over before it answers is
@@ -24,6 +27,16 @@ use crate::runtime::ServiceError;
 
 /// Marks a call relayed from a process standing by.
 pub(super) const RELAYED: HeaderName = HeaderName::from_static("x-berth-relayed");
+
+/// The id a process standing by drew for a new request it offers to the
+/// pool's holder; taken only with the pool's peer secret.
+pub(super) const REQUEST_ID: HeaderName = HeaderName::from_static("x-berth-request-id");
+
+/// How long a process standing by waits for the pool's holder to answer a
+/// new request it offers, before it accepts the request into the store's
+/// inbox instead. A hand-out takes milliseconds; a holder this late is
+/// stalled, stopped or gone.
+const PATIENCE: Duration = Duration::from_millis(250);
 
 /// How long connecting to the holder may take before the call is answered
 /// 503: the holder's host is down, and a new holder is coming.
@@ -75,8 +88,8 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
     let Some((holder, address)) = api.handle().standby() else {
         return next.run(request).await;
     };
-    // A new request is accepted here, into the store's inbox, so that it
-    // is taken whether or not the holder answers now.
+    // A new request is offered to the holder by the handler, and taken
+    // here if the holder does not answer in time (`offer`).
     if request.method() == axum::http::Method::POST
         && request.uri().path() == "/v1/requests"
         && api.handle().shared()
@@ -145,4 +158,59 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
             .into_response()
         }
     }
+}
+
+/// Offers a new request (the client's `headers` and `body`) to the pool's
+/// `holder` at `address` under `id`, with the pool's peer secret: the
+/// holder's answer if it gives one within [`PATIENCE`] that is not a 5xx,
+/// passed back as it is. `None` when the request is this process's to
+/// accept into the store's inbox, under the same id: no holder is known,
+/// it cannot be reached, it is too slow, or it could not take the request
+/// (a holder that took it anyway has it under `id`, and the inbox entry is
+/// then only removed).
+pub(super) async fn offer(
+    api: &Api,
+    (holder, address): (&str, &str),
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Bytes,
+    id: berth_core::pool::RequestId,
+) -> Option<Response> {
+    let secret = api.handle().shards()?.peer_secret();
+    if address.is_empty() {
+        return None;
+    }
+    let uri: Uri = format!("{}/v1/requests", address.trim_end_matches('/'))
+        .parse()
+        .ok()?;
+    let mut request = Request::new(Body::from(body));
+    *request.method_mut() = axum::http::Method::POST;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers.clone();
+    strip(request.headers_mut());
+    let added = request.headers_mut();
+    added.insert(RELAYED, HeaderValue::from_static("1"));
+    added.insert(REQUEST_ID, HeaderValue::from_str(&id.to_string()).ok()?);
+    added.insert(
+        HeaderName::from_static(crate::runtime::shards::PEER_HEADER),
+        HeaderValue::from_str(secret).ok()?,
+    );
+    let sent = api.inner.relay.client.request(request);
+    let answer = match tokio::time::timeout(PATIENCE, sent).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => {
+            tracing::warn!(%holder, %address, error = %e, request = %id, "could not offer a new request to the pool's holder: accepted here, into the store's inbox");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(%holder, %address, request = %id, "the pool's holder did not answer a new request within 250 ms: accepted here, into the store's inbox");
+            return None;
+        }
+    };
+    if answer.status().is_server_error() {
+        tracing::info!(%holder, status = %answer.status(), request = %id, "the pool's holder could not take a new request: accepted here, into the store's inbox");
+        return None;
+    }
+    let (mut parts, body) = answer.into_parts();
+    strip(&mut parts.headers);
+    Some(Response::from_parts(parts, Body::new(body)))
 }

@@ -61,10 +61,14 @@ impl Caller {
 #[derive(Clone, Debug)]
 pub enum Change {
     /// A new request; with `lease`, its requestor's lease is renewed for
-    /// that long in the same step (a refused request renews nothing).
+    /// that long in the same step (a refused request renews nothing). With
+    /// `id`, it is taken under that id, drawn by a process standing by
+    /// that relayed it ([`Pool::submit_under`]); a request the pool has
+    /// under that id already is the same one.
     Submit {
         new: NewRequest,
         lease: Option<Duration>,
+        id: Option<RequestId>,
     },
     /// Withdraws a pending request (its requestor or an admin).
     Cancel(RequestId),
@@ -107,10 +111,21 @@ pub(super) fn apply(
     change: Change,
 ) -> Result<Done, ServiceError> {
     match change {
-        Change::Submit { new, lease } => {
+        Change::Submit { new, lease, id } => {
             may_submit(caller, &new)?;
             let requestor = new.requestor.clone();
-            let id = pool.submit(now, new)?;
+            let id = match id {
+                None => pool.submit(now, new)?,
+                Some(id) => {
+                    if pool.request(id).is_some_and(|r| r.requestor != requestor) {
+                        return Err(ServiceError::Forbidden(format!(
+                            "request {id} belongs to another requestor"
+                        )));
+                    }
+                    pool.submit_under(now, id, new)?;
+                    id
+                }
+            };
             if let Some(ttl) = lease {
                 pool.renew(now, &requestor, ttl);
             }

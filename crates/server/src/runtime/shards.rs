@@ -259,6 +259,11 @@ impl Shards {
         Running { shards: self, p }
     }
 
+    /// The pool's peer secret, which calls between its processes carry.
+    pub fn peer_secret(&self) -> &str {
+        &self.secret
+    }
+
     /// Whether `secret` is the pool's peer secret.
     pub fn admits(&self, secret: &[u8]) -> bool {
         use subtle::ConstantTimeEq;
