@@ -716,7 +716,7 @@ async fn not_found() -> ApiError {
         (status = 201, description = "Created; the request as it is now (normally `pending`).", body = types::Request, headers(("Location" = String, description = "`/v1/requests/{id}` of the new request."))),
         (status = 400, description = "Malformed body (code `bad_request`); `field` names what is wrong: `body`, `labels`, `labels.NAME`, `priority`, `requestor` or an unknown field's name.", body = types::ErrorBody),
         (status = 401, response = doc::Unauthorized),
-        (status = 403, description = "A client token named a requestor other than itself (code `forbidden`).", body = types::ErrorBody),
+        (status = 403, description = "A client token named a requestor other than itself, or the call carries `x-berth-request-id` (for berth processes offering a request to the pool's holder) without the pool's peer secret (code `forbidden`).", body = types::ErrorBody),
         (status = 404, description = "The request was forgotten at once (code `not_found`); should not happen.", body = types::ErrorBody),
         (status = 422, description = "Code `unknown_label` (no such label; `field` is `labels.NAME`) or `unsatisfiable` (a count the providers' configured limits can never allow).", body = types::ErrorBody),
         (status = 503, response = doc::Unavailable)
