@@ -32,7 +32,7 @@ use crate::pg_store::{database, store_table};
 use crate::serve::{CI, OPS, serve_config_for, set_lease_ttl};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, http, until};
-use crate::support::{SimServer, live, plugin};
+use crate::support::{SimServer, live, metric, plugin};
 
 /// The pool's lease TTL in these tests.
 const TTL: Duration = Duration::from_secs(1);
@@ -505,6 +505,15 @@ async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_ove
     assert_eq!(handed.len(), all, "a node handed out twice");
     let waiting = psql(&fleet.url, "SELECT count(*) FROM request_inbox").unwrap();
     assert_eq!(waiting.trim(), "0", "requests left in the inbox");
+    // b1 counted what went through the inbox: it put the four there while
+    // standing by, and took them in once it held the pool.
+    let m = fleet.get(1).metrics(Some(OPS)).await;
+    assert_eq!(metric(&m, "berth_requests_inboxed_total"), Some(4.0), "{m}");
+    assert_eq!(
+        metric(&m, "berth_requests_taken_in_total"),
+        Some(4.0),
+        "{m}"
+    );
     until(30, "b1 calls the cloud", || async {
         (!fleet.calls_of(1).is_empty()).then_some(())
     })

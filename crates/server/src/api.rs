@@ -798,6 +798,7 @@ async fn create_request(
             return Ok(answer);
         }
         let request = api.handle().send_to_inbox(id, new).await?;
+        api.inner.telemetry.request_inboxed();
         (id, views::pending(&config, &request))
     } else {
         let change = Change::Submit {

@@ -178,6 +178,8 @@ pub trait Observer: Send + Sync {
     /// One heartbeat of the providers' leases (a PostgreSQL store) took
     /// `took`, whether or not it reached the database.
     fn heartbeat(&self, _took: Duration) {}
+    /// The pool's holder took `count` requests in from the store's inbox.
+    fn taken_in(&self, _count: usize) {}
     /// Instances a driver answered that failed berth's checks (see
     /// [`berth_core::driver::check`]); the pool never saw them.
     fn refused(&self, _provider: &str, _refused: &[BadAnswer]) {}
@@ -1302,6 +1304,9 @@ impl Loop {
             for answer in self.taking_in.drain(..) {
                 self.replies.push((answer, Ok(Done::Changed)));
             }
+        }
+        if !entries.is_empty() {
+            self.observer.taken_in(entries.len());
         }
         let now = self.clock.now();
         let config = self.pool.config().clone();

@@ -119,6 +119,8 @@ pub struct Telemetry {
     refused: Family<Rule, Counter>,
     leases_expired: Counter,
     requests_failed: Counter,
+    requests_inboxed: Counter,
+    requests_taken_in: Counter,
     nodes: Family<NodeKey, Gauge>,
     pending: Gauge,
     oldest_pending: Gauge,
@@ -259,6 +261,18 @@ impl Telemetry {
                 "Requests that failed",
                 Counter::default(),
             ),
+            requests_inboxed: register(
+                r,
+                "berth_requests_inboxed",
+                "New requests this process accepted into the store's request inbox while standing by, because the pool's holder did not take them in time",
+                Counter::default(),
+            ),
+            requests_taken_in: register(
+                r,
+                "berth_requests_taken_in",
+                "Requests this process took in from the store's request inbox while holding the pool",
+                Counter::default(),
+            ),
             nodes: register(
                 r,
                 "berth_nodes",
@@ -360,6 +374,12 @@ impl Telemetry {
     }
 
     /// An API connection berth closed, and why.
+    /// This process, standing by, accepted a new request into the store's
+    /// request inbox.
+    pub fn request_inboxed(&self) {
+        self.requests_inboxed.inc();
+    }
+
     pub fn http_connection_closed(&self, reason: &'static str) {
         self.http_closed.get_or_create(&Reason { reason }).inc();
     }
@@ -614,6 +634,10 @@ impl Observer for Telemetry {
     fn heartbeat(&self, took: Duration) {
         self.heartbeat_seconds.observe(took.as_secs_f64());
     }
+
+    fn taken_in(&self, count: usize) {
+        self.requests_taken_in.inc_by(count as u64);
+    }
 }
 
 #[cfg(test)]
@@ -688,6 +712,10 @@ ram = "4GiB"
 # TYPE berth_leases_expired counter
 # HELP berth_requests_failed Requests that failed.
 # TYPE berth_requests_failed counter
+# HELP berth_requests_inboxed New requests this process accepted into the store's request inbox while standing by, because the pool's holder did not take them in time.
+# TYPE berth_requests_inboxed counter
+# HELP berth_requests_taken_in Requests this process took in from the store's request inbox while holding the pool.
+# TYPE berth_requests_taken_in counter
 # HELP berth_nodes Nodes by label, provider and state.
 # TYPE berth_nodes gauge
 # HELP berth_requests_pending Requests waiting for nodes.
@@ -782,6 +810,8 @@ ram = "4GiB"
             family.get_or_create(&ByProvider::new(p)).inc();
         }
         t.requests_failed.inc();
+        t.request_inboxed();
+        t.taken_in(3);
         t.refused(
             "p1",
             &[BadAnswer {
@@ -876,6 +906,8 @@ ram = "4GiB"
             "berth_capacity_pauses_total{provider=\"p0\"} 1",
             "berth_leases_expired_total 1",
             "berth_requests_failed_total 1",
+            "berth_requests_inboxed_total 1",
+            "berth_requests_taken_in_total 3",
             "berth_http_connections 3.0",
             "berth_http_connections_closed_total{reason=\"evicted\"} 1",
             "berth_nodes{label=\"small\",provider=\"p0\",state=\"ready\"} 2.0",
