@@ -22,6 +22,13 @@ pub fn is_unsafe(c: char) -> bool {
         )
 }
 
+/// Whether `name` is a requestor berth takes: 1 to 128 characters, none
+/// of them [`is_unsafe`]. The API checks a client's, and the store an inbox
+/// entry's (written by another process, or by hand).
+pub fn is_requestor(name: &str) -> bool {
+    (1..=128).contains(&name.chars().count()) && !name.chars().any(is_unsafe)
+}
+
 /// `text` with every [`is_unsafe`] character escaped (`\n`, `\r`, `\t`,
 /// otherwise `\u{…}`); borrowed when there is nothing to escape.
 pub fn printable(text: &str) -> Cow<'_, str> {

@@ -768,7 +768,7 @@ async fn create_request(
     let priority = asked.priority;
     let requestor = match asked.requestor {
         None => caller.name().to_owned(),
-        Some(r) if valid_requestor(&r) => r,
+        Some(r) if berth_core::text::is_requestor(&r) => r,
         Some(_) => {
             return Err(ApiError::bad(
                 "requestor",
@@ -851,10 +851,6 @@ fn given_id(api: &Api, headers: &HeaderMap) -> Result<Option<RequestId>> {
             ),
         )
     })
-}
-
-fn valid_requestor(r: &str) -> bool {
-    (1..=128).contains(&r.chars().count()) && !r.chars().any(berth_core::text::is_unsafe)
 }
 
 #[utoipa::path(

@@ -12,6 +12,7 @@
 //! stored and no request is taken in twice.
 
 use berth_core::pool::{RequestId, Time};
+use berth_core::text::{is_requestor, printable};
 
 use crate::StoreError;
 use crate::pg::{LEASES_CHANNEL, LazyClient, Login, NOTIFY_REQUESTS, pg};
@@ -44,9 +45,13 @@ const SEND: &str = "WITH added AS ( \
        ON CONFLICT (id) DO NOTHING RETURNING 1) \
      SELECT pg_notify($8, $9) FROM added";
 
-/// The oldest entries, at most `$1`.
-pub(crate) const READ: &str = "SELECT id, requestor, priority, created, labels, counts \
+/// The oldest entries, at most `$1`, each with its place in the inbox.
+pub(crate) const READ: &str = "SELECT seq, id, requestor, priority, created, labels, counts \
      FROM request_inbox ORDER BY seq LIMIT $1";
+
+/// Removes entries that cannot be read (by their places), which no process
+/// could ever take in.
+pub(crate) const DROP_UNREADABLE: &str = "DELETE FROM request_inbox WHERE seq = ANY($1)";
 
 /// A commit's claim of the entries it takes in (`$1`), checked to be all
 /// of them (`$2`) by `berth_expect`: an entry locked by another claim is
@@ -93,39 +98,44 @@ impl PgInbox {
     }
 }
 
-/// An entry as [`READ`] answers it. The table's checks keep every column
-/// within what is read here; a row that is not is corrupt.
-pub(crate) fn entry(row: &tokio_postgres::Row) -> Result<InboxEntry, StoreError> {
-    let id: String = row.try_get(0).map_err(pg("reading the inbox"))?;
-    let corrupt = |column, what: String| StoreError::Corrupt {
-        table: "request_inbox",
-        id: id.clone(),
-        column,
-        what,
-    };
-    let parsed = id
+/// An entry as [`READ`] answers it, or why it cannot be taken in: the
+/// table's checks keep every column within what is read here, and the
+/// requestor is held to the API's rule, but a row written by hand (a check
+/// dropped) may be neither.
+pub(crate) fn entry(row: &tokio_postgres::Row) -> Result<InboxEntry, String> {
+    let column = |i: usize| format!("column {}", row.columns()[i].name());
+    let id: String = row.try_get(1).map_err(|e| format!("{}: {e}", column(1)))?;
+    let id = id
         .parse()
-        .map_err(|()| corrupt("id", "not a request id".into()))?;
-    let priority: i64 = row.try_get(2).map_err(pg("reading the inbox"))?;
-    let created: i64 = row.try_get(3).map_err(pg("reading the inbox"))?;
-    let labels: Vec<String> = row.try_get(4).map_err(pg("reading the inbox"))?;
-    let counts: Vec<i64> = row.try_get(5).map_err(pg("reading the inbox"))?;
+        .map_err(|()| format!("`{}` is not a request id", printable(&id)))?;
+    let requestor: String = row.try_get(2).map_err(|e| format!("{}: {e}", column(2)))?;
+    if !is_requestor(&requestor) {
+        return Err(format!(
+            "requestor `{}` is not 1 to 128 printable characters",
+            printable(&requestor)
+        ));
+    }
+    let priority: i64 = row.try_get(3).map_err(|e| format!("{}: {e}", column(3)))?;
+    let priority =
+        i32::try_from(priority).map_err(|_| format!("priority {priority} is out of range"))?;
+    let created: i64 = row.try_get(4).map_err(|e| format!("{}: {e}", column(4)))?;
+    let labels: Vec<String> = row.try_get(5).map_err(|e| format!("{}: {e}", column(5)))?;
+    let counts: Vec<i64> = row.try_get(6).map_err(|e| format!("{}: {e}", column(6)))?;
     if labels.len() != counts.len() {
-        return Err(corrupt("counts", "not one count per label".into()));
+        return Err("not one count per label".into());
     }
     let wants = labels
         .into_iter()
         .zip(counts)
         .map(|(l, n)| match u32::try_from(n) {
             Ok(n) => Ok((l, n)),
-            Err(_) => Err(corrupt("counts", format!("{n} is not a count"))),
+            Err(_) => Err(format!("{n} is not a count")),
         })
         .collect::<Result<_, _>>()?;
     Ok(InboxEntry {
-        id: parsed,
-        requestor: row.try_get(1).map_err(pg("reading the inbox"))?,
-        priority: i32::try_from(priority)
-            .map_err(|_| corrupt("priority", format!("{priority} is out of range")))?,
+        id,
+        requestor,
+        priority,
         created: Time(u64::try_from(created).unwrap_or(0)),
         wants,
     })
@@ -142,9 +152,15 @@ pub(crate) fn claim_args(taken: &[RequestId]) -> (Vec<String>, i64) {
 }
 
 /// A claim that did not find all of its entries, as the commit's error.
+/// The claim counts, it does not say which entry was missing: one of
+/// several is named as one of them.
 pub(crate) fn claim_refused(ids: &[String]) -> StoreError {
+    let first = ids.first().cloned().unwrap_or_default();
     StoreError::Conflict {
         table: "request_inbox",
-        id: ids.first().cloned().unwrap_or_default(),
+        id: match ids.len() {
+            0 | 1 => first,
+            n => format!("{first} (or another of the {n} taken in)"),
+        },
     }
 }

@@ -796,7 +796,31 @@ impl PgStore {
             .query(inbox::READ, &[&limit])
             .await
             .map_err(pg("reading the inbox"))?;
-        rows.iter().map(inbox::entry).collect()
+        let mut entries = Vec::with_capacity(rows.len());
+        let mut unreadable: Vec<i64> = Vec::new();
+        for row in &rows {
+            match inbox::entry(row) {
+                Ok(entry) => entries.push(entry),
+                Err(why) => {
+                    let seq: i64 = row.try_get(0).map_err(pg("reading the inbox"))?;
+                    let id = row.try_get::<_, String>(1).unwrap_or_default();
+                    tracing::error!(
+                        request = %berth_core::text::printable(&id),
+                        %why,
+                        "an unreadable request in the inbox is removed: no process could take it in"
+                    );
+                    unreadable.push(seq);
+                }
+            }
+        }
+        // Outside the fence: any holder would remove these, and only these.
+        if !unreadable.is_empty() {
+            self.client
+                .execute(inbox::DROP_UNREADABLE, &[&unreadable])
+                .await
+                .map_err(pg("removing unreadable requests from the inbox"))?;
+        }
+        Ok(entries)
     }
 
     /// The schema version of the database.
