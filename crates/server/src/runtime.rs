@@ -1305,11 +1305,9 @@ impl Loop {
                 self.replies.push((answer, Ok(Done::Changed)));
             }
         }
-        if !entries.is_empty() {
-            self.observer.taken_in(entries.len());
-        }
         let now = self.clock.now();
         let config = self.pool.config().clone();
+        let mut taken = 0;
         for entry in entries {
             let id = entry.id;
             let requestor = entry.requestor.clone();
@@ -1320,14 +1318,20 @@ impl Loop {
             {
                 TakenIn::Pending => {
                     self.pool.renew(now, &requestor, config.lease_ttl);
+                    taken += 1;
                 }
                 // Said by the pool's notice (a failed request).
-                TakenIn::Failed(_) => {}
-                TakenIn::Known => tracing::error!(
+                TakenIn::Failed(_) => taken += 1,
+                // Offered to this process and answered too late, so also
+                // put into the inbox: the one request, taken already.
+                TakenIn::Known => tracing::debug!(
                     request = %id,
-                    "a request accepted by another process has the id of a request the pool already has; only its inbox entry is removed"
+                    "a request in the inbox was taken already, as offered; only its inbox entry is removed"
                 ),
             }
+        }
+        if taken > 0 {
+            self.observer.taken_in(taken);
         }
         Ok(())
     }
