@@ -140,11 +140,7 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
         }
     };
     match answered {
-        Ok(answer) => {
-            let (mut parts, body) = answer.into_parts();
-            strip(&mut parts.headers);
-            Response::from_parts(parts, Body::new(body))
-        }
+        Ok(answer) => passed_back(answer),
         Err(e) => {
             tracing::warn!(%holder, %address, error = %e, "could not relay a call to the pool's holder");
             ApiError::new(
@@ -210,7 +206,13 @@ pub(super) async fn offer(
         tracing::info!(%holder, status = %answer.status(), request = %id, "the pool's holder could not take a new request: accepted here, into the store's inbox");
         return None;
     }
+    Some(passed_back(answer))
+}
+
+/// The holder's answer as this process gives it to the client: as it is,
+/// without the headers of the holder's connection.
+fn passed_back(answer: axum::http::Response<hyper::body::Incoming>) -> Response {
     let (mut parts, body) = answer.into_parts();
     strip(&mut parts.headers);
-    Some(Response::from_parts(parts, Body::new(body)))
+    Response::from_parts(parts, Body::new(body))
 }
