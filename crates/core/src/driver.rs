@@ -25,6 +25,16 @@ pub const IDLE_TAG: &str = "berth-idle";
 pub const SLOTS_TAG: &str = "berth-slots";
 /// Tag key on a backing instance: the slot label its slots serve.
 pub const SLOT_LABEL_TAG: &str = "berth-slot-label";
+/// Tag key holding the generation of the store that made the instance
+/// (`pool::Identity`).
+pub const STORE_TAG: &str = "berth-store";
+/// Tag key holding the signature of berth's tags on the instance, under its
+/// store's key (`pool::Identity`).
+pub const SIG_TAG: &str = "berth-sig";
+/// Tag key on an instance handed out to a request: the request's id.
+pub const REQUEST_TAG: &str = "berth-request";
+/// Tag key on a backing instance with slots handed out: how many.
+pub const SLOTS_HELD_TAG: &str = "berth-slots-held";
 /// Prefix of every tag key berth manages.
 pub const BERTH_TAG_PREFIX: &str = "berth-";
 

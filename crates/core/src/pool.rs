@@ -15,6 +15,7 @@
 
 mod bucket;
 mod calls;
+mod identity;
 mod leases;
 mod model;
 mod plan;
@@ -27,15 +28,17 @@ mod testkit;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::config::{Config, LabelIx, LabelKind, ProviderIx};
 use crate::driver::{
-    CreateSpec, IDLE_TAG, LABEL_TAG, NODE_TAG, POOL_TAG, SLOT_LABEL_TAG, SLOTS_TAG, Tags,
+    CreateSpec, IDLE_TAG, LABEL_TAG, NODE_TAG, POOL_TAG, REQUEST_TAG, SIG_TAG, SLOT_LABEL_TAG,
+    SLOTS_HELD_TAG, SLOTS_TAG, STORE_TAG, Tags,
 };
 
 pub use bucket::Bucket;
+pub use identity::{Identity, Signed, is_generation};
 pub use model::*;
 pub use probes::{ProbeTarget, Probing};
 
@@ -78,6 +81,25 @@ pub struct Pool {
     ids: IdGen,
     /// The time of the last [`Pool::tick`].
     last_tick: Time,
+    /// The store's identity: what every instance's tags are signed with.
+    identity: Identity,
+    /// When each node's tags were last confirmed set (a create's answer or
+    /// a set-tags): a list that started earlier may show older ones.
+    tagged_at: HashMap<NodeId, Time>,
+    /// Nodes whose tags a list showed differing from berth's and that were
+    /// set again since start: once each, so that a driver that cannot keep
+    /// a tag does not cost a call per list.
+    retagged: HashSet<NodeId>,
+    /// Take instances of the pool that the store cannot vouch for as they
+    /// are, until every provider has been listed once (`berth serve
+    /// --adopt-instances`).
+    adopting: bool,
+    /// Why the pool must not go on: an unconfirmed store faces instances
+    /// of the pool it cannot vouch for.
+    mismatch: Option<String>,
+    /// The store is to record that it has faced every provider
+    /// ([`Changes::confirmed`]).
+    confirm_owed: bool,
 }
 
 /// Indexes derived from the nodes; kept apart so they can be updated while a
@@ -150,6 +172,23 @@ struct ProviderRt {
     list_said: Option<Time>,
     foreign_said: bool,
     leaks_deleted: u64,
+    /// Instances of the pool berth neither uses nor deletes, by instance
+    /// id, as the last believed list showed them (`reconcile`).
+    quarantined: BTreeMap<String, Quarantined>,
+    /// A believed list has shown nothing in quarantine since start: the
+    /// provider counts towards the store's confirmation.
+    checked: bool,
+}
+
+/// An instance of the pool that berth neither hands out nor deletes: its
+/// tags cannot be vouched for, or say it is in use, and nothing the store
+/// holds rules that out. It waits for a person.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantined {
+    /// Its `berth-node` tag, as shown (made safe to show).
+    pub node: Option<String>,
+    /// Why it is in quarantine, in words.
+    pub why: String,
 }
 
 /// An owned instance to delete once `due` passes, if a list still shows it.
@@ -200,6 +239,9 @@ pub struct ProviderStatus {
     pub last_listed: Option<Time>,
     /// Nodes whose instance is suspected missing (or confirmed, in use).
     pub missing: usize,
+    /// Instances in quarantine, by id: berth neither hands them out nor
+    /// deletes them.
+    pub quarantined: BTreeMap<String, Quarantined>,
 }
 
 /// Something to look at again at a time. A timer is checked against the
@@ -317,6 +359,8 @@ impl Pool {
                 list_said: None,
                 foreign_said: false,
                 leaks_deleted: 0,
+                quarantined: BTreeMap::new(),
+                checked: false,
             })
             .collect();
         Pool {
@@ -341,19 +385,30 @@ impl Pool {
             notices: Vec::new(),
             ids: IdGen { seed, counter: 0 },
             last_tick: Time::ZERO,
+            identity: Identity::default(),
+            tagged_at: HashMap::new(),
+            retagged: HashSet::new(),
+            adopting: false,
+            mismatch: None,
+            confirm_owed: false,
         }
     }
 
     /// A pool resumed from what a store held. No call is in flight; nodes
     /// left creating or deleting are resolved after each provider's first list.
     ///
-    /// Every requestor's lease runs at least as long from `now` as its last
-    /// renewal made it last (`Lease::ttl`): while no process decided (berth
-    /// was down, a failover, the store out of reach) renewals were refused,
-    /// and a requestor that kept trying must not lose its nodes for that.
-    /// One that stopped renewing loses them one lease later.
+    /// Every requestor's lease runs exactly as long from `now` as its last
+    /// renewal made it last (`Lease::ttl`, the API's `lease-ttl`): while no
+    /// process decided (berth was down, a failover, the store out of
+    /// reach) renewals were refused, and a requestor that kept trying must
+    /// not lose its nodes for that; one that stopped renewing loses them
+    /// one lease later. A stored deadline is never believed past that: it
+    /// was written by a wall clock (this host's before a restart, another
+    /// host's before a failover) that may have been ahead, and a deadline
+    /// hours away would keep a dead client's machines that long.
     pub fn restore(config: Arc<Config>, seed: u64, snapshot: Snapshot, now: Time) -> Pool {
         let mut pool = Pool::new(config, seed);
+        pool.identity = snapshot.identity;
         for node in snapshot.nodes {
             pool.insert(node);
         }
@@ -365,11 +420,11 @@ impl Pool {
             pool.requests.insert(req.id, req);
         }
         for lease in snapshot.leases {
-            let grace = now + lease.ttl;
-            if lease.expires < grace {
-                pool.leases.renew(&lease.requestor, grace, lease.ttl);
-            } else {
+            let expires = now + lease.ttl;
+            if lease.expires == expires {
                 pool.leases.restore(lease);
+            } else {
+                pool.leases.renew(&lease.requestor, expires, lease.ttl);
             }
         }
         let ids: Vec<NodeId> = pool.nodes.keys().copied().collect();
@@ -383,6 +438,28 @@ impl Pool {
 
     pub fn config(&self) -> &Arc<Config> {
         &self.config
+    }
+
+    /// The store's identity the pool signs with.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// Takes the pool's instances that the store cannot vouch for as they
+    /// are (adopted by their tags, held ones on hold, and signed anew),
+    /// until every provider has been listed once: how an operator adopts
+    /// on purpose what a lost or replaced store left in the clouds
+    /// (`berth serve --adopt-instances`).
+    pub fn adopt_instances(&mut self) {
+        self.adopting = true;
+    }
+
+    /// Why the pool must not go on, if it must not: the store has not
+    /// faced the clouds yet (it is new, emptied or replaced) and a list
+    /// showed instances of the pool it cannot vouch for. Nothing was
+    /// created, handed out or deleted for them; the runtime stops.
+    pub fn mismatch(&self) -> Option<&str> {
+        self.mismatch.as_deref()
     }
 
     // ---- queries ------------------------------------------------------
@@ -439,6 +516,7 @@ impl Pool {
             list: rt.list_health.clone(),
             last_listed: rt.last_listed,
             missing: rt.missing.len(),
+            quarantined: rt.quarantined.clone(),
         }
     }
 
@@ -482,6 +560,7 @@ impl Pool {
             purged_requests: std::mem::take(&mut self.purged_requests),
             taken_in: std::mem::take(&mut self.taken_in),
             purged_leases,
+            identity: std::mem::take(&mut self.confirm_owed).then(|| self.identity.clone()),
         }
     }
 
@@ -626,12 +705,8 @@ impl Pool {
         if node.idle == idle {
             return Ok(());
         }
-        let tagged = node.packing != Packing::Plain || node.instance.is_some();
+        // Its tag follows (`update`).
         self.update(id, |n| n.idle = idle);
-        if tagged && !matches!(self.nodes[&id].packing, Packing::Slot { .. }) {
-            let p = self.nodes[&id].provider;
-            self.ix.providers[p.0 as usize].want_tags.insert(id);
-        }
         let state = self.nodes[&id].state.clone();
         match (idle, state) {
             (Idle::Drain, NodeState::Ready { .. }) if self.nodes[&id].assigned.is_none() => {
@@ -664,8 +739,13 @@ impl Pool {
 
     /// Advances the pool to `now`: fires due timers, serves requests, keeps
     /// `min-ready`, and appends the driver calls now due to `out`.
+    ///
+    /// A pool that must not go on ([`Pool::mismatch`]) decides nothing.
     pub fn tick(&mut self, now: Time, out: &mut Vec<Effect>) {
         self.last_tick = self.last_tick.max(now);
+        if self.mismatch.is_some() {
+            return;
+        }
         self.expire_leases(now);
         self.fire_timers(now);
         self.lift_pauses(now);
@@ -739,14 +819,49 @@ impl Pool {
 
     /// Changes a node through `f`, keeping every index true and marking it
     /// for the store. The one way a stored node changes.
+    ///
+    /// What the node's tags say (its idle behaviour, whether it is handed
+    /// out) is owed to its instance once it changes: a set-tags follows
+    /// the commit, for the node or, for a slot node, its backing node.
     fn update<R>(&mut self, id: NodeId, f: impl FnOnce(&mut Node) -> R) -> Option<R> {
         let node = self.nodes.get_mut(&id)?;
         let busy = self.busy.contains(&id);
+        let tagged = tag_view(node);
         self.ix.remove(node, busy);
         let r = f(node);
         self.ix.add(node, busy);
         self.dirty_nodes.insert(id);
+        let now_tagged = tag_view(node);
+        match node.packing {
+            // A slot node's backing instance shows how many of its slots
+            // are handed out.
+            Packing::Slot { backing, .. } if now_tagged.1.is_some() != tagged.1.is_some() => {
+                self.owe_tags(backing)
+            }
+            Packing::Slot { .. } => {}
+            _ if now_tagged != tagged => self.owe_tags(id),
+            _ => {}
+        }
         Some(r)
+    }
+
+    /// Owes node `id`'s instance its tags as they now are: sent once no
+    /// other call is in flight for it. A node whose instance is not known
+    /// yet gets them with its create (and `created` owes them again if
+    /// they changed meanwhile); one being deleted needs none.
+    fn owe_tags(&mut self, id: NodeId) {
+        let Some(n) = self.nodes.get(&id) else {
+            return;
+        };
+        let deleting = matches!(n.state, NodeState::Deleting { .. });
+        if n.instance.is_none() || n.state.is_final() || deleting {
+            return;
+        }
+        if matches!(n.packing, Packing::Slot { .. }) {
+            return;
+        }
+        let p = n.provider.0 as usize;
+        self.ix.providers[p].want_tags.insert(id);
     }
 
     /// Marks a node's call in flight (or done), which changes what it owes.
@@ -792,6 +907,8 @@ impl Pool {
             self.create_waits.remove(&id);
             self.unsure.remove(&id);
             self.probes.remove(&id);
+            self.tagged_at.remove(&id);
+            self.retagged.remove(&id);
             self.dirty_nodes.remove(&id);
             self.purged_nodes.push(id);
         }
@@ -801,21 +918,57 @@ impl Pool {
         self.timers.insert((at, timer));
     }
 
-    /// The tags a node's instance carries: what a restart needs.
+    /// The tags a node's instance carries: what a restart needs, signed
+    /// with the store's key (`identity.rs`), and whether it is handed out.
     fn node_tags(&self, node: &Node) -> Tags {
         let mut tags = Tags::new();
+        let label = &self.config[node.label].name;
         tags.insert(POOL_TAG.into(), self.config.pool_id.clone());
         tags.insert(NODE_TAG.into(), node.id.to_string());
-        tags.insert(LABEL_TAG.into(), self.config[node.label].name.clone());
+        tags.insert(LABEL_TAG.into(), label.clone());
         tags.insert(IDLE_TAG.into(), node.idle.as_str().into());
+        tags.insert(STORE_TAG.into(), self.identity.generation.clone());
+        let mut slot_tags = None;
         if let Packing::Backing {
             slot_label, slots, ..
         } = &node.packing
         {
-            tags.insert(SLOTS_TAG.into(), slots.len().to_string());
-            tags.insert(SLOT_LABEL_TAG.into(), self.config[*slot_label].name.clone());
+            let slot_label = &self.config[*slot_label].name;
+            let count = u16::try_from(slots.len()).unwrap_or(u16::MAX);
+            tags.insert(SLOTS_TAG.into(), count.to_string());
+            tags.insert(SLOT_LABEL_TAG.into(), slot_label.clone());
+            slot_tags = Some((slot_label.as_str(), count));
+            let held = slots
+                .iter()
+                .flatten()
+                .filter_map(|s| self.nodes.get(s))
+                .filter(|s| matches!(s.state, NodeState::InUse { .. }))
+                .count();
+            if held > 0 {
+                tags.insert(SLOTS_HELD_TAG.into(), held.to_string());
+            }
         }
+        if let NodeState::InUse { request, .. } = node.state {
+            tags.insert(REQUEST_TAG.into(), request.to_string());
+        }
+        let signature = self.identity.sign(Signed {
+            pool_id: &self.config.pool_id,
+            node: node.id,
+            label,
+            instance_type: &node.instance_type,
+            slots: slot_tags,
+        });
+        tags.insert(SIG_TAG.into(), signature);
         tags
+    }
+
+    /// Whether `inst`'s tags under berth's prefix differ from what
+    /// [`Pool::node_tags`] gives `node` now.
+    fn tags_differ(&self, node: &Node, inst: &crate::driver::Instance) -> bool {
+        let berth_tags = (inst.tags.iter())
+            .filter(|(k, _)| k.starts_with(crate::driver::BERTH_TAG_PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()));
+        !berth_tags.eq(self.node_tags(node))
     }
 
     fn create_spec(&self, node: &Node) -> Option<CreateSpec> {
@@ -836,6 +989,15 @@ impl Pool {
             LabelKind::Machine { offers } => offers.iter().find(|o| o.provider == provider),
             LabelKind::Slots { .. } => None,
         }
+    }
+}
+
+/// What of a node its tags show beyond what never changes: its idle
+/// behaviour and the request it is handed out to.
+fn tag_view(n: &Node) -> (Idle, Option<RequestId>) {
+    match n.state {
+        NodeState::InUse { request, .. } => (n.idle, Some(request)),
+        _ => (n.idle, None),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::driver::{BERTH_TAG_PREFIX, CapacityScope, DriverError, Instance, InstanceState};
+use crate::driver::{CapacityScope, DriverError, Instance, InstanceState};
 
 /// Backoff before a failed call is made again after `tries` failures:
 /// 1 s doubling to 5 min.
@@ -101,7 +101,8 @@ impl Pool {
             let Some(node) = self.nodes.get(&id) else {
                 continue;
             };
-            if node.state.is_final() {
+            // Nothing to tag on an instance that is going away.
+            if node.state.is_final() || matches!(node.state, NodeState::Deleting { .. }) {
                 continue;
             }
             let Some(instance) = node.instance.clone() else {
@@ -200,14 +201,28 @@ impl Pool {
         };
         let state = node.state.clone();
         // A create cannot have made an instance another node holds, nor one
-        // a list showed under other tags (a leak): the answer is wrong, and
-        // believing it would put one machine under two owners.
+        // a list showed under other tags (a leak, or one in quarantine): the
+        // answer is wrong, and believing it would put one machine under two
+        // owners, or hand out one nobody vouches for.
         let wrong = result.as_ref().ok().and_then(|inst| {
             if let Some(other) = self.holder(p, &inst.id).filter(|&other| other != id) {
                 Some(format!("instance {}, which node {other} holds", inst.id))
             } else if self.ix.providers[p.0 as usize].leaks.contains_key(&inst.id) {
                 Some(format!(
                     "instance {}, which a list showed under other tags",
+                    inst.id
+                ))
+            } else if let Some(other) = inst.tags.get(NODE_TAG)
+                && *other != id.to_string()
+            {
+                Some(format!(
+                    "instance {}, which is tagged as node {}",
+                    inst.id,
+                    crate::text::printable(&crate::text::truncated(other, 40))
+                ))
+            } else if (self.ix.providers[p.0 as usize].quarantined).contains_key(&inst.id) {
+                Some(format!(
+                    "instance {}, which a list showed in quarantine",
                     inst.id
                 ))
             } else {
@@ -224,14 +239,10 @@ impl Pool {
             Ok(inst) => {
                 // Tags changed while the create was in flight (an idle
                 // behaviour set) are owed to the instance.
-                let berth_tags = inst
-                    .tags
-                    .iter()
-                    .filter(|(k, _)| k.starts_with(BERTH_TAG_PREFIX))
-                    .map(|(k, v)| (k.clone(), v.clone()));
-                if !state.is_final() && !berth_tags.eq(self.node_tags(node)) {
+                if !state.is_final() && self.tags_differ(node, &inst) {
                     self.ix.providers[p.0 as usize].want_tags.insert(id);
                 }
+                self.tagged_at.insert(id, now);
                 self.attach(id, &inst, now);
                 if let NodeState::Creating { since, .. } = state {
                     match inst.state {
@@ -451,7 +462,11 @@ impl Pool {
         let rate_limited = self.call_done(p, result.as_ref().err(), now);
         self.set_busy(id, false);
         match result {
-            Ok(()) | Err(Failure::Driver(DriverError::NotFound(_))) => {
+            Ok(()) => {
+                self.tries.remove(&id);
+                self.tagged_at.insert(id, now);
+            }
+            Err(Failure::Driver(DriverError::NotFound(_))) => {
                 self.tries.remove(&id);
             }
             Err(_) => {

@@ -479,6 +479,22 @@ pub enum Notice {
         provider: ProviderIx,
         instance: String,
     },
+    /// Instances of the pool on a provider are in quarantine: berth
+    /// neither hands them out nor deletes them (said when new ones join;
+    /// `named` gives the first few with the reason, `count` all).
+    Quarantined {
+        provider: ProviderIx,
+        count: usize,
+        named: Vec<(String, super::Quarantined)>,
+    },
+    /// A node was put on hold because its instance's tags say it is handed
+    /// out and the store does not have it so (a lost hand-out): never
+    /// handed out nor recycled until an operator says so.
+    HeldByTags {
+        node: NodeId,
+        instance: String,
+        why: String,
+    },
     /// A node's instance disappeared: confirmed missing, or listed as
     /// terminated.
     Vanished { node: NodeId },
@@ -571,6 +587,11 @@ pub struct Changes {
     /// the commit that writes them removes their entries from it, and is
     /// refused whole if another commit took any of them first.
     pub taken_in: Vec<RequestId>,
+    /// The store's identity to write over the one it has: once the store
+    /// has faced every provider ([`super::Identity::confirmed`]), or when
+    /// one store's records are copied into another (`berth store
+    /// migrate`).
+    pub identity: Option<super::Identity>,
 }
 
 impl Changes {
@@ -582,6 +603,7 @@ impl Changes {
             && self.purged_requests.is_empty()
             && self.purged_leases.is_empty()
             && self.taken_in.is_empty()
+            && self.identity.is_none()
     }
 }
 
@@ -604,6 +626,9 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     pub requests: Vec<Request>,
     pub leases: Vec<Lease>,
+    /// The store's identity: what the instances it made are tagged and
+    /// signed with.
+    pub identity: super::Identity,
 }
 
 /// Why a request was refused at once.

@@ -15,7 +15,6 @@ use proptest::prelude::*;
 use super::testkit::*;
 use super::*;
 use crate::config::{Label, Timings};
-use crate::driver::{LABEL_TAG, NODE_TAG, POOL_TAG};
 
 /// Requestors: leases are taken out and lapse for each on its own.
 const REQUESTORS: [&str; 2] = ["ci", "batch"];
@@ -117,8 +116,9 @@ enum Op {
     Deliver(Index),
     Advance(u64),
     Crash,
-    /// An owned instance no node accounts for, or a foreign one.
-    Plant(u16, bool),
+    /// An instance no node accounts for: foreign, or carrying the pool's
+    /// tags signed by this store (a leak), or unsigned (made by hand).
+    Plant(u16, Planted),
     /// The provider's driver lies this many times.
     Lie(u16, Lie, u32),
 }
@@ -145,11 +145,7 @@ impl std::fmt::Debug for Op {
             Op::Deliver(i) => write!(f, "deliver call in flight @{}", ix(i)),
             Op::Advance(ms) => write!(f, "advance {ms}ms"),
             Op::Crash => write!(f, "crash"),
-            Op::Plant(p, owned) => write!(
-                f,
-                "plant {} instance on p{p}",
-                if *owned { "leaked" } else { "foreign" }
-            ),
+            Op::Plant(p, kind) => write!(f, "plant {kind:?} instance on p{p}"),
             Op::Lie(p, lie, n) => write!(f, "p{p} lies {lie:?} x{n}"),
         }
     }
@@ -183,7 +179,15 @@ fn op() -> impl Strategy<Value = Op> {
         2 => ix().prop_map(Op::Deliver),
         5 => (0u64..90_000).prop_map(Op::Advance),
         1 => Just(Op::Crash),
-        1 => (0u16..2, any::<bool>()).prop_map(|(p, owned)| Op::Plant(p, owned)),
+        1 => (
+            0u16..2,
+            prop_oneof![
+                Just(Planted::Foreign),
+                Just(Planted::Signed),
+                Just(Planted::Unsigned)
+            ]
+        )
+            .prop_map(|(p, kind)| Op::Plant(p, kind)),
         2 => (0u16..2, lie(), 1u32..4).prop_map(|(p, l, n)| Op::Lie(p, l, n)),
     ]
 }
@@ -219,6 +223,9 @@ struct Run {
     h: Harness,
     requests: Vec<RequestId>,
     planted: u64,
+    /// Instances planted with the pool's tags and no signature: berth must
+    /// never hand them out or delete them.
+    unsigned: Vec<String>,
 }
 
 impl Run {
@@ -292,19 +299,22 @@ impl Run {
             }
             Op::Advance(ms) => h.advance(Duration::from_millis(*ms)),
             Op::Crash => h.crash(),
-            Op::Plant(p, owned) => {
+            Op::Plant(p, kind) => {
                 self.planted += 1;
-                let tags: Tags = if *owned {
-                    [
-                        (POOL_TAG.to_string(), h.config.pool_id.clone()),
-                        (NODE_TAG.to_string(), format!("n-{:016x}", self.planted)),
-                        (LABEL_TAG.to_string(), "gone-label".to_string()),
-                    ]
-                    .into()
-                } else {
-                    [("owner".to_string(), "someone else".to_string())].into()
+                let node = NodeId(self.planted);
+                let tags: Tags = match kind {
+                    Planted::Foreign => [("owner".to_string(), "someone else".to_string())].into(),
+                    Planted::Signed => signed_tags(&h.config, node, "gone-label", "t0"),
+                    Planted::Unsigned => {
+                        let mut tags = signed_tags(&h.config, node, "gone-label", "t0");
+                        tags.remove(crate::driver::SIG_TAG);
+                        tags
+                    }
                 };
-                h.cloud.plant(*p, "t0", tags, now);
+                let id = h.cloud.plant(*p, "t0", tags, now);
+                if *kind == Planted::Unsigned {
+                    self.unsigned.push(id);
+                }
             }
             Op::Lie(p, lie, times) => h.cloud.providers[usize::from(*p)].lies.push((*lie, *times)),
         }
@@ -419,6 +429,7 @@ fn run(ops: &[Op], c: &Cloudiness) -> Result<(), TestCaseError> {
         h,
         requests: Vec::new(),
         planted: 0,
+        unsigned: Vec::new(),
     };
     run.h.step();
     for (i, op) in ops.iter().enumerate() {
@@ -486,6 +497,17 @@ fn run(ops: &[Op], c: &Cloudiness) -> Result<(), TestCaseError> {
     }
     h.check_no_leaks()
         .map_err(|e| TestCaseError::fail(format!("after quiet time: {e}")))?;
+    for id in &run.unsigned {
+        let touched = h.log.iter().any(|(_, e)| {
+            matches!(e, Effect::Delete { instance, .. } | Effect::SetTags { instance, .. } if instance == id)
+        });
+        let held = h.pool.nodes().any(|n| n.instance.as_deref() == Some(id));
+        if touched || held {
+            return Err(TestCaseError::fail(format!(
+                "unsigned instance {id} was touched ({touched}) or taken by a node ({held})"
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -563,7 +585,7 @@ fn regression_create_answers_a_leaked_instance() {
         Submit(vec![(0, 1)], 0, 0),
         Submit(vec![(2, 1)], 0, 0),
         Submit(vec![(0, 1)], 0, 0),
-        Plant(0, true),
+        Plant(0, Planted::Signed),
         Submit(vec![(0, 1)], 0, 0),
         Op::Lie(0, super::testkit::Lie::HeldCreate, 1),
         Submit(vec![(0, 1)], 0, 0),

@@ -13,12 +13,24 @@
 //! node is confirmed gone it counts against its provider's limits, so no
 //! answer of a list can make room for creates. docs/missing-instances.md
 //! says the same for operators.
+//!
+//! Tags are claims too. An instance berth has no live node for is adopted
+//! or deleted only if the store vouches for it: the store recorded that
+//! very instance for its node, or its tags carry this store's signature
+//! (`identity.rs`). One it cannot vouch for (made by hand, by another
+//! store, or by a berth before signed tags) is put in quarantine: never
+//! handed out, never deleted, reported for a person. So is one whose tags
+//! say it is in use (`berth-request`, `berth-slots-held`) or that names a
+//! node in use, unless the store shows that use has ended. A node the store
+//! has free whose instance is tagged as handed out to a request the store
+//! does not have it handed to is put on hold: the store lost the hand-out.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use super::calls::boot_poll_after;
 use super::*;
 use crate::driver::{Instance, InstanceState};
+use crate::text::{printable, truncated};
 
 /// What an owned instance's tags say it is, if berth can take it back.
 struct Adoptable {
@@ -28,6 +40,9 @@ struct Adoptable {
     /// For a backing instance: the slot label and slot count.
     slots: Option<(LabelIx, u16)>,
 }
+
+/// Most instances a quarantine notice names; the rest are counted.
+const QUARANTINE_NAMED: usize = 5;
 
 impl Pool {
     /// The outcome of an [`Effect::List`] that started at `started`.
@@ -84,6 +99,9 @@ impl Pool {
         }
         let first = !self.ix.providers[pix].listed;
         self.ix.providers[pix].listed = true;
+        // `--adopt-instances` holds for each provider's first list.
+        let adopting = self.adopting && first;
+        let mut quarantine: BTreeMap<String, Quarantined> = BTreeMap::new();
         let mut seen: HashSet<NodeId> = HashSet::with_capacity(instances.len());
         // Of those, the ones listed alive: only that ends a suspicion.
         let mut seen_live: HashSet<NodeId> = HashSet::with_capacity(instances.len());
@@ -121,6 +139,9 @@ impl Pool {
                     seen_live.insert(id);
                 }
                 if self.observe(id, inst, live, now) {
+                    if live {
+                        self.check_tags(p, id, inst, started, now);
+                    }
                     continue;
                 }
             }
@@ -128,24 +149,35 @@ impl Pool {
                 // Held by a node: accounted for, not a leak.
                 continue;
             }
+            // Owned, live, and no live node accounts for it: adopted or
+            // deleted only if the store vouches for it, and never deleted
+            // while its tags say it may be in use.
+            let vouched = self.vouched(p, inst, node_id);
+            let held = self.held_by_tags(inst, node_id);
             if owner.is_none()
+                && (vouched.is_ok() || adopting)
                 && let Some(adopt) = self.adoptable(p, inst)
                 && !self.nodes.contains_key(&adopt.id)
             {
                 if self.fits(p, inst, &adopt) {
-                    self.adopt(p, inst, adopt, now);
+                    self.adopt(p, inst, adopt, held, now);
                     continue;
                 }
                 // Adopting it would take the provider past its limits: it
-                // is deleted as a leak, unless it goes away first.
-                if !self.ix.providers[pix].leaks.contains_key(&inst.id) {
+                // is deleted as a leak, unless it goes away first (or its
+                // tags say it is in use: then it waits in quarantine).
+                if held.is_none() && !self.ix.providers[pix].leaks.contains_key(&inst.id) {
                     self.notices.push(Notice::NotAdopted {
                         provider: p,
                         instance: inst.id.clone(),
                     });
                 }
             }
-            // Owned, live, and no live node accounts for it.
+            if let Some(why) = vouched.err().or(held) {
+                let node = inst.tags.get(NODE_TAG).map(|t| shown(t));
+                quarantine.insert(inst.id.clone(), Quarantined { node, why });
+                continue;
+            }
             leak_seen.insert(inst.id.as_str());
             // A node given up as vanished whose instance is listed again is
             // back (its instance never went), if the provider's limits have
@@ -242,6 +274,7 @@ impl Pool {
                 self.failed_try(id, why, DeleteReason::LaunchFailed, now);
             }
         }
+        self.settle_quarantine(p, quarantine, adopting);
         if foreign > 0 && !self.ix.providers[pix].foreign_said {
             self.ix.providers[pix].foreign_said = true;
             self.notices.push(Notice::Foreign {
@@ -558,7 +591,17 @@ impl Pool {
             && l.max_ram_mib.is_none_or(|m| u.ram_mib + r.ram_mib <= m)
     }
 
-    fn adopt(&mut self, p: ProviderIx, inst: &Instance, a: Adoptable, now: Time) {
+    /// Takes an instance back as the node its tags name. One whose tags
+    /// say it is in use (`held`: the store does not know by whom) is taken
+    /// on hold: never handed out nor recycled until an operator says so.
+    fn adopt(
+        &mut self,
+        p: ProviderIx,
+        inst: &Instance,
+        a: Adoptable,
+        held: Option<String>,
+        now: Time,
+    ) {
         let Some(offer) = self.adopted_offer(p, inst, &a) else {
             return;
         };
@@ -582,7 +625,7 @@ impl Pool {
                 since: now,
                 attempt: 0,
             },
-            idle: a.idle,
+            idle: if held.is_some() { Idle::Hold } else { a.idle },
             packing,
             assigned: None,
             created: inst.created_at_ms.map_or(now, Time),
@@ -592,7 +635,252 @@ impl Pool {
             node: a.id,
             instance: inst.id.clone(),
         });
+        if let Some(why) = held {
+            self.notices.push(Notice::HeldByTags {
+                node: a.id,
+                instance: inst.id.clone(),
+                why,
+            });
+        }
         // Not busy and creating: observe resolves it like a lost create.
         self.observe(a.id, inst, true, now);
+        // Its tags become this store's (signed anew, on hold if held).
+        if self
+            .nodes
+            .get(&a.id)
+            .is_some_and(|n| self.tags_differ(n, inst))
+        {
+            self.owe_tags(a.id);
+        }
     }
+}
+
+impl Pool {
+    /// Whether the store vouches for an owned instance no live node
+    /// holds: it recorded that very instance for the node its tags name,
+    /// or the tags carry this store's signature. If not, why not.
+    fn vouched(&self, p: ProviderIx, inst: &Instance, node: Option<NodeId>) -> Result<(), String> {
+        let recorded = node
+            .and_then(|id| self.nodes.get(&id))
+            .is_some_and(|n| n.provider == p && n.instance.as_deref() == Some(inst.id.as_str()));
+        if recorded {
+            return Ok(());
+        }
+        let tag = |key: &str| inst.tags.get(key).map(String::as_str);
+        match (tag(STORE_TAG), tag(SIG_TAG)) {
+            (None, _) | (_, None) => {
+                return Err(
+                    "its tags carry no signature: made by hand, or by a berth before signed tags"
+                        .into(),
+                );
+            }
+            (Some(g), _) if g != self.identity.generation => {
+                return Err(format!(
+                    "it was made by another store (generation {})",
+                    shown(g)
+                ));
+            }
+            _ => {}
+        }
+        let wrong = || Err("its signature does not match its tags".to_owned());
+        let (Some(node), Some(label), Some(sig)) = (node, tag(LABEL_TAG), tag(SIG_TAG)) else {
+            return wrong();
+        };
+        let slots = match (tag(SLOT_LABEL_TAG), tag(SLOTS_TAG)) {
+            (None, None) => None,
+            (Some(l), Some(n)) => match n.parse::<u16>() {
+                Ok(n) => Some((l, n)),
+                Err(_) => return wrong(),
+            },
+            _ => return wrong(),
+        };
+        // Signed with the type berth asked for; a driver may report it
+        // spelled otherwise, so the label's own types here count too.
+        let offered = (self.config.label(label))
+            .map(|l| self.machine_offers(l))
+            .unwrap_or_default()
+            .iter()
+            .filter(|o| o.provider == p)
+            .map(|o| o.instance_type.as_str());
+        let signed = std::iter::once(inst.instance_type.as_str())
+            .chain(offered)
+            .any(|instance_type| {
+                let what = Signed {
+                    pool_id: &self.config.pool_id,
+                    node,
+                    label,
+                    instance_type,
+                    slots,
+                };
+                self.identity.verify(what, sig)
+            });
+        if signed { Ok(()) } else { wrong() }
+    }
+
+    /// Whether an owned instance no live node holds may be in use, as far
+    /// as the store cannot rule out: its tags name a node in use, or say
+    /// it is handed out (to a request the store does not have it handed
+    /// to). Such an instance is never deleted.
+    fn held_by_tags(&self, inst: &Instance, node: Option<NodeId>) -> Option<String> {
+        let known = node.and_then(|id| self.nodes.get(&id));
+        if let Some(n) = known
+            && self.in_use(n)
+        {
+            return Some(format!(
+                "its tags name node {}, which is in use on another instance",
+                n.id
+            ));
+        }
+        if let Some(r) = inst.tags.get(REQUEST_TAG) {
+            let ended = (r.parse::<RequestId>().ok())
+                .and_then(|r| self.requests.get(&r))
+                .is_some_and(|req| node.is_some_and(|n| req.nodes.contains(&n)));
+            if !ended {
+                return Some(format!(
+                    "it is tagged as handed out to request {}, which the store does not have it handed to",
+                    shown(r)
+                ));
+            }
+        }
+        if let Some(held) = inst.tags.get(SLOTS_HELD_TAG)
+            && held != "0"
+            && known.is_none()
+        {
+            return Some(format!(
+                "it is tagged as having {} slots handed out, and the store does not know its node",
+                shown(held)
+            ));
+        }
+        None
+    }
+
+    /// A node's listed instance against what berth last set on it, once no
+    /// change of its tags is on its way (none owed or in flight, and the
+    /// list started after the last one was confirmed). A node the store
+    /// has free whose instance is tagged as handed out is put on hold; tags
+    /// that differ otherwise are set again (once per node and start: this
+    /// is also how the first start with signed tags signs what the store
+    /// knows).
+    fn check_tags(&mut self, p: ProviderIx, id: NodeId, inst: &Instance, started: Time, now: Time) {
+        let Some(n) = self.nodes.get(&id) else {
+            return;
+        };
+        if n.state.is_final()
+            || matches!(n.state, NodeState::Deleting { .. })
+            || matches!(n.packing, Packing::Slot { .. })
+        {
+            return;
+        }
+        let moving = self.busy.contains(&id)
+            || self.ix.providers[p.0 as usize].want_tags.contains(&id)
+            || self.tagged_at.get(&id).is_some_and(|t| *t >= started);
+        if moving {
+            return;
+        }
+        if n.idle != Idle::Hold
+            && !self.in_use(n)
+            && let Some(why) = self.handed_out_by_tags(n, inst)
+        {
+            self.unassign(id);
+            self.update(id, |n| n.idle = Idle::Hold);
+            self.notices.push(Notice::HeldByTags {
+                node: id,
+                instance: inst.id.clone(),
+                why,
+            });
+            let _ = now;
+            return;
+        }
+        if self.retagged.contains(&id) {
+            return;
+        }
+        if self.tags_differ(&self.nodes[&id], inst) {
+            self.retagged.insert(id);
+            self.owe_tags(id);
+        }
+    }
+
+    /// For a node the store has free: whether its instance's tags say it
+    /// is handed out, to a request the store does not have it handed to
+    /// (its hand-out was lost with a damaged store).
+    fn handed_out_by_tags(&self, n: &Node, inst: &Instance) -> Option<String> {
+        if let Some(r) = inst.tags.get(REQUEST_TAG) {
+            let known = (r.parse::<RequestId>().ok())
+                .and_then(|r| self.requests.get(&r))
+                .is_some_and(|req| req.nodes.contains(&n.id));
+            if !known {
+                return Some(format!(
+                    "its instance is tagged as handed out to request {}, which the store does not have it handed to",
+                    shown(r)
+                ));
+            }
+        }
+        match inst.tags.get(SLOTS_HELD_TAG) {
+            Some(held) if matches!(n.packing, Packing::Backing { .. }) && held != "0" => {
+                Some(format!(
+                    "its instance is tagged as having {} slots handed out, and the store has none",
+                    shown(held)
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// What a believed list put in quarantine on provider `p`: kept for
+    /// `/v1/providers`, said once when new instances join it, and, for a
+    /// store that has not faced the clouds yet, a reason to stop.
+    fn settle_quarantine(
+        &mut self,
+        p: ProviderIx,
+        quarantine: BTreeMap<String, Quarantined>,
+        adopting: bool,
+    ) {
+        let rt = &mut self.ix.providers[p.0 as usize];
+        let new = quarantine.keys().any(|id| !rt.quarantined.contains_key(id));
+        rt.quarantined = quarantine;
+        rt.checked |= rt.quarantined.is_empty() || adopting;
+        let named: Vec<(String, Quarantined)> = (rt.quarantined.iter())
+            .take(QUARANTINE_NAMED)
+            .map(|(id, q)| (shown(id), q.clone()))
+            .collect();
+        let count = rt.quarantined.len();
+        if new {
+            self.notices.push(Notice::Quarantined {
+                provider: p,
+                count,
+                named: named.clone(),
+            });
+        }
+        if !self.identity.confirmed && count > 0 && !adopting && self.mismatch.is_none() {
+            let listed: Vec<String> = named
+                .iter()
+                .map(|(id, q)| format!("{id}: {}", q.why))
+                .collect();
+            let more = count.saturating_sub(named.len());
+            let more = if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
+            };
+            self.mismatch = Some(format!(
+                "provider `{}` has {count} live instances of pool `{}` that this store cannot vouch for ({}{more}), and this store has not faced the clouds before: it is new, emptied or replaced, not the store that made them",
+                self.config[p].name,
+                self.config.pool_id,
+                listed.join("; ")
+            ));
+        }
+        let all_checked = self.ix.providers.iter().all(|rt| rt.checked);
+        if all_checked && !self.identity.confirmed && self.mismatch.is_none() {
+            self.identity.confirmed = true;
+            self.confirm_owed = true;
+        }
+        if self.ix.providers.iter().all(|rt| rt.listed) {
+            self.adopting = false;
+        }
+    }
+}
+
+/// A tag value from a cloud, made safe to show in a line.
+fn shown(text: &str) -> String {
+    printable(&truncated(text, 80)).into_owned()
 }

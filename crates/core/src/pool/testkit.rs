@@ -492,6 +492,44 @@ pub(super) fn trap() -> Failure {
     Failure::Host("driver trapped: unreachable".into())
 }
 
+/// What kind of instance a test plants in the cloud behind berth's back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Planted {
+    /// Without the pool's tags.
+    Foreign,
+    /// With the pool's tags, signed by the store berth runs on (the
+    /// harness's default identity): a leak berth must delete.
+    Signed,
+    /// With the pool's tags but no signature (made by hand): berth must
+    /// neither hand it out nor delete it.
+    Unsigned,
+}
+
+/// The tags berth would give node `node` of `label` on a `ty` instance,
+/// signed with the default identity the harness's store has.
+pub(super) fn signed_tags(config: &Config, node: NodeId, label: &str, ty: &str) -> Tags {
+    let identity = Identity::default();
+    let signature = identity.sign(Signed {
+        pool_id: &config.pool_id,
+        node,
+        label,
+        instance_type: ty,
+        slots: None,
+    });
+    [
+        (crate::driver::POOL_TAG.to_string(), config.pool_id.clone()),
+        (crate::driver::NODE_TAG.to_string(), node.to_string()),
+        (crate::driver::LABEL_TAG.to_string(), label.to_string()),
+        (crate::driver::IDLE_TAG.to_string(), "run".to_string()),
+        (
+            crate::driver::STORE_TAG.to_string(),
+            identity.generation.clone(),
+        ),
+        (crate::driver::SIG_TAG.to_string(), signature),
+    ]
+    .into()
+}
+
 // ---- the store ------------------------------------------------------------
 
 /// What the store holds: every change applied as the runtime applies it.
@@ -500,6 +538,7 @@ pub(super) struct Store {
     pub nodes: HashMap<NodeId, Node>,
     pub requests: HashMap<RequestId, Request>,
     pub leases: HashMap<String, Lease>,
+    pub identity: Identity,
 }
 
 impl Store {
@@ -527,6 +566,9 @@ impl Store {
         }
         for r in c.requests {
             self.requests.insert(r.id, r);
+        }
+        if let Some(identity) = c.identity {
+            self.identity = identity;
         }
         for l in c.leases {
             self.leases.insert(l.requestor.clone(), l);
@@ -560,6 +602,7 @@ impl Store {
             nodes,
             requests,
             leases,
+            identity: self.identity.clone(),
         }
     }
 }
@@ -1034,11 +1077,22 @@ impl Harness {
     }
 
     /// After quiet time: every owned live instance belongs to exactly one
-    /// live node, and every running node's instance is there.
+    /// live node or is in quarantine (which only an instance berth cannot
+    /// vouch for may be), and every running node's instance is there.
     pub(super) fn check_no_leaks(&self) -> Result<(), String> {
         for (p, fp) in self.cloud.providers.iter().enumerate() {
+            let quarantined = self.pool.provider_status(ProviderIx(p as u16)).quarantined;
             for i in fp.live() {
                 if i.tags.get(crate::driver::POOL_TAG) != Some(&self.config.pool_id) {
+                    continue;
+                }
+                if quarantined.contains_key(&i.id) {
+                    if i.tags.contains_key(crate::driver::SIG_TAG) {
+                        return Err(format!(
+                            "instance {} on provider {p} is signed, yet in quarantine",
+                            i.id
+                        ));
+                    }
                     continue;
                 }
                 let owners: Vec<&Node> = self

@@ -67,6 +67,8 @@ fn reason(h: &Harness, r: RequestId) -> String {
     }
 }
 
+/// The pool's tags without a signature: what someone without the store's
+/// key can make.
 fn owned_tags(h: &Harness, node: &str, label: &str) -> Tags {
     [
         (POOL_TAG.to_string(), h.config.pool_id.clone()),
@@ -571,7 +573,17 @@ fn a_trap_after_the_create_went_through_leaks_nothing() {
     assert_eq!(h.live(0), 2, "the trapped create made an instance");
     h.advance(h.config.timings.leak_grace + h.config.timings.sync_interval * 2);
     ok(&h);
-    assert_eq!(h.live(0), 1);
+    // Its tags name a node in use: never deleted while it is.
+    assert_eq!(h.live(0), 2);
+    let node = h.pool.request(r).unwrap().nodes[0];
+    h.release(node);
+    h.advance(h.config.timings.leak_grace + h.config.timings.sync_interval * 2);
+    ok(&h);
+    assert_eq!(
+        h.live(0),
+        0,
+        "released and deleted, and the other as a leak"
+    );
     h.check_no_leaks().unwrap();
 }
 
@@ -1208,7 +1220,7 @@ fn a_blocked_request_evicts_a_backing_node_whose_slots_are_all_free() {
 fn owned_instances_are_adopted_and_foreign_ones_left_alone() {
     let mut h = one(|_| {});
     let node = NodeId(0xabc);
-    let tags = owned_tags(&h, &node.to_string(), "a");
+    let tags = signed_tags(&h.config, node, "a", "t0");
     let adopted = h.cloud.plant(0, "t0", tags, T0);
     let foreign: Vec<String> = (0..2)
         .map(|i| {
@@ -1259,8 +1271,9 @@ fn owned_instances_are_adopted_and_foreign_ones_left_alone() {
 #[test]
 fn an_owned_instance_no_node_accounts_for_is_deleted_after_leak_grace() {
     let mut h = one(|_| {});
-    // Owned, but its label is unknown here: it cannot be adopted.
-    let tags = owned_tags(&h, &NodeId(5).to_string(), "no-such-label");
+    // Owned and signed, but its label is unknown here: it cannot be
+    // adopted.
+    let tags = signed_tags(&h.config, NodeId(5), "no-such-label", "t0");
     let leaked = h.cloud.plant(0, "t0", tags, T0);
     settle(&mut h);
     let grace = h.config.timings.leak_grace;
@@ -2086,4 +2099,332 @@ fn slot_nodes_are_ready_when_their_probed_backing_is_and_share_its_host_keys() {
     }
     assert!(probes(&h) >= 1);
     ok(&h);
+}
+
+// ---- the store's identity, signed tags and quarantine -------------------------
+
+/// The tags `id` carries in the fake cloud.
+fn cloud_tags(h: &Harness, p: usize, id: &str) -> Tags {
+    h.cloud.providers[p].instances[id].tags.clone()
+}
+
+/// A node of label `a` made ready and handed out: its request and node.
+fn handed_out(h: &mut Harness) -> (RequestId, NodeId) {
+    settle(h);
+    h.advance(secs(5));
+    let r = h.submit(&[("a", 1)], 0);
+    settle(h);
+    h.advance(secs(1));
+    let n = h.pool.request(r).unwrap().nodes[0];
+    (r, n)
+}
+
+/// Whether any delete or set-tags call went to `instance`.
+fn touched(h: &Harness, instance: &str) -> bool {
+    h.log.iter().any(|(_, e)| {
+        matches!(e, Effect::Delete { instance: i, .. } | Effect::SetTags { instance: i, .. } if i == instance)
+    })
+}
+
+/// A server made in the cloud project by hand, with the pool's tags: no
+/// signature, a signature by another store's key, a signature of other tags.
+/// None is adopted, handed out or deleted; each is shown in quarantine with
+/// why, and said once.
+#[test]
+fn instances_the_store_cannot_vouch_for_are_never_handed_out_nor_deleted() {
+    let mut h = one(|c| a_mut(c).min_ready = 0);
+    let other_store = Identity {
+        generation: "1111111111111111".into(),
+        key: [9; 32],
+        confirmed: true,
+    };
+    let mut forged_key = signed_tags(&h.config, NodeId(2), "a", "t0");
+    forged_key.insert(
+        crate::driver::SIG_TAG.into(),
+        Identity {
+            key: [9; 32],
+            ..Identity::default()
+        }
+        .sign(Signed {
+            pool_id: &h.config.pool_id,
+            node: NodeId(2),
+            label: "a",
+            instance_type: "t0",
+            slots: None,
+        }),
+    );
+    let mut other_generation = signed_tags(&h.config, NodeId(3), "a", "t0");
+    other_generation.insert(
+        crate::driver::STORE_TAG.into(),
+        other_store.generation.clone(),
+    );
+    // Another node's signature copied onto this node id.
+    let mut copied = signed_tags(&h.config, NodeId(4), "a", "t0");
+    copied.insert(NODE_TAG.into(), NodeId(5).to_string());
+    let cases = [
+        (owned_tags(&h, &NodeId(1).to_string(), "a"), "no signature"),
+        (forged_key, "does not match"),
+        (
+            other_generation,
+            "another store (generation 1111111111111111)",
+        ),
+        (copied, "does not match"),
+    ];
+    let planted: Vec<String> = cases
+        .iter()
+        .map(|(tags, _)| h.cloud.plant(0, "t0", tags.clone(), T0))
+        .collect();
+    settle(&mut h);
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    h.advance(h.config.timings.leak_grace * 3 + h.config.timings.sync_interval * 3);
+    ok(&h);
+    assert!(h.fulfilled(r));
+    let given = h.pool.request(r).unwrap().nodes[0];
+    let given = h.pool.node(given).unwrap().instance.clone().unwrap();
+    assert!(!planted.contains(&given), "a new instance was made for it");
+    let status = h.pool.provider_status(ProviderIx(0));
+    for (id, (_, why)) in planted.iter().zip(&cases) {
+        assert!(!touched(&h, id), "{id} was deleted or retagged");
+        assert!(h.pool.nodes().all(|n| n.instance.as_deref() != Some(id)));
+        let q = &status.quarantined[id];
+        assert!(q.why.contains(why), "{id}: {}", q.why);
+    }
+    assert_eq!(status.quarantined.len(), 4);
+    assert_eq!(status.leaks_deleted, 0);
+    let said: Vec<&Notice> = (h.notices.iter())
+        .filter(|n| matches!(n, Notice::Quarantined { .. }))
+        .collect();
+    assert!(
+        matches!(said.as_slice(), [Notice::Quarantined { count: 4, named, .. }] if named.len() == 4),
+        "said once: {said:?}"
+    );
+    assert!(h.pool.mismatch().is_none(), "a confirmed store goes on");
+}
+
+/// An instance signed by this store that no node accounts for is the
+/// store's own: adopted, or deleted as a leak, as before.
+#[test]
+fn an_unknown_instance_this_store_signed_is_adopted() {
+    let mut h = one(|c| a_mut(c).min_ready = 1);
+    let tags = signed_tags(&h.config, NodeId(0x77), "a", "t0");
+    let id = h.cloud.plant(0, "t0", tags, T0);
+    settle(&mut h);
+    h.advance(secs(5));
+    let n = h.pool.node(NodeId(0x77)).expect("adopted");
+    assert_eq!(n.instance.as_deref(), Some(id.as_str()));
+    assert_eq!(h.calls(0, Call::Create).len(), 0, "min-ready met by it");
+    assert!(h.pool.provider_status(ProviderIx(0)).quarantined.is_empty());
+}
+
+/// A store that has not faced the clouds (new, emptied, replaced) and
+/// finds instances of the pool it cannot vouch for stops: it neither adopts
+/// them as ready nor deletes them, and creates nothing. A store that finds
+/// none is confirmed, and the confirmation is stored.
+#[test]
+fn an_unconfirmed_store_facing_another_stores_instances_stops() {
+    let mut h = one(|c| a_mut(c).min_ready = 2);
+    settle(&mut h);
+    h.advance(secs(5));
+    assert_eq!(h.count("a", "ready"), 2);
+    let made: Vec<String> = h.cloud.providers[0].live().map(|i| i.id.clone()).collect();
+    // The store is lost: a new one, with an identity of its own.
+    h.store = Store {
+        identity: Identity {
+            generation: "2222222222222222".into(),
+            key: [3; 32],
+            confirmed: false,
+        },
+        ..Store::default()
+    };
+    h.crash();
+    let before = h.log.len();
+    settle(&mut h);
+    h.advance(secs(30));
+    let why = h.pool.mismatch().expect("stopped").to_owned();
+    assert!(why.contains("2 live instances of pool"), "{why}");
+    assert!(
+        why.contains("another store (generation 0000000000000000)"),
+        "{why}"
+    );
+    assert!(why.contains("has not faced the clouds"), "{why}");
+    let calls: Vec<Call> = h.log[before..].iter().map(|(_, e)| Call::of(e)).collect();
+    assert!(calls.iter().all(|c| *c == Call::List), "{calls:?}");
+    assert_eq!(h.pool.nodes().count(), 0, "nothing adopted");
+    for id in &made {
+        assert!(!touched(&h, id));
+    }
+    assert!(!h.store.identity.confirmed);
+
+    // Adopted on purpose: taken as they are, signed anew, and the store
+    // confirmed.
+    h.crash();
+    h.pool.adopt_instances();
+    settle(&mut h);
+    h.advance(secs(5));
+    assert!(h.pool.mismatch().is_none());
+    assert_eq!(h.count("a", "ready"), 2);
+    assert!(h.store.identity.confirmed, "the store records it");
+    for id in &made {
+        let tags = cloud_tags(&h, 0, id);
+        assert_eq!(
+            tags.get(crate::driver::STORE_TAG).map(String::as_str),
+            Some("2222222222222222"),
+            "signed anew"
+        );
+    }
+    // From now on the store vouches for them, adopting on purpose or not.
+    h.crash();
+    settle(&mut h);
+    h.advance(secs(5));
+    assert!(h.pool.mismatch().is_none());
+    assert_eq!(h.count("a", "ready"), 2);
+    assert!(h.pool.provider_status(ProviderIx(0)).quarantined.is_empty());
+}
+
+#[test]
+fn an_unconfirmed_store_that_finds_nothing_is_confirmed() {
+    let mut h = one(|c| a_mut(c).min_ready = 1);
+    h.store.identity.confirmed = false;
+    h.crash();
+    settle(&mut h);
+    h.advance(secs(5));
+    assert!(h.store.identity.confirmed);
+    assert_eq!(h.count("a", "ready"), 1);
+    assert!(h.pool.mismatch().is_none());
+}
+
+/// A node handed out carries its request in its tags; a reused node
+/// returned loses it again.
+#[test]
+fn a_node_handed_out_is_tagged_with_its_request_until_it_comes_back() {
+    let mut h = one(|c| {
+        a_mut(c).min_ready = 1;
+        a_mut(c).reuse = true;
+    });
+    let (r, n) = handed_out(&mut h);
+    let inst = h.pool.node(n).unwrap().instance.clone().unwrap();
+    let tags = cloud_tags(&h, 0, &inst);
+    assert_eq!(
+        tags.get(crate::driver::REQUEST_TAG),
+        Some(&r.to_string()),
+        "{tags:?}"
+    );
+    assert!(tags.contains_key(crate::driver::SIG_TAG));
+    h.release(n);
+    settle(&mut h);
+    h.advance(secs(1));
+    assert_eq!(h.pool.node(n).unwrap().state.name(), "ready");
+    assert!(!cloud_tags(&h, 0, &inst).contains_key(crate::driver::REQUEST_TAG));
+    // Nothing more is set while the tags stay right.
+    let set = h.calls(0, Call::SetTags).len();
+    h.advance(h.config.timings.sync_interval * 3);
+    assert_eq!(h.calls(0, Call::SetTags).len(), set);
+}
+
+/// The store lost a hand-out (a damaged log): its node is ready there, but
+/// its instance is tagged as handed out to a request the store does not
+/// have. It is put on hold, not handed to anyone else, and not deleted.
+#[test]
+fn a_free_node_whose_instance_is_tagged_as_handed_out_is_put_on_hold() {
+    let mut h = one(|c| a_mut(c).min_ready = 1);
+    let (r, n) = handed_out(&mut h);
+    h.advance(secs(5));
+    // The store as it was before the hand-out's commit.
+    h.store.requests.remove(&r);
+    let stored = h.store.nodes.get_mut(&n).unwrap();
+    stored.state = NodeState::Ready { since: h.now };
+    h.crash();
+    settle(&mut h);
+    h.advance(secs(2));
+    let node = h.pool.node(n).unwrap();
+    assert_eq!(node.idle, Idle::Hold, "{node:?}");
+    assert!(h.notices.iter().any(|x| matches!(x, Notice::HeldByTags { node, why, .. } if *node == n && why.contains(&r.to_string()))));
+    let r2 = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    h.advance(secs(5));
+    assert!(h.fulfilled(r2));
+    assert_ne!(
+        h.pool.request(r2).unwrap().nodes[0],
+        n,
+        "not handed out again"
+    );
+    h.advance(h.config.timings.leak_grace * 2);
+    let inst = h.pool.node(n).unwrap().instance.clone().unwrap();
+    assert!(h.cloud.providers[0].instances[&inst].terminated.is_none());
+}
+
+/// The store lost the node of a handed-out instance altogether: the
+/// instance is adopted, on hold.
+#[test]
+fn an_unknown_instance_tagged_as_handed_out_is_adopted_on_hold() {
+    let mut h = one(|c| a_mut(c).min_ready = 0);
+    let mut tags = signed_tags(&h.config, NodeId(0x99), "a", "t0");
+    tags.insert(
+        crate::driver::REQUEST_TAG.into(),
+        RequestId(0x42).to_string(),
+    );
+    let id = h.cloud.plant(0, "t0", tags, T0);
+    settle(&mut h);
+    h.advance(secs(2));
+    let n = h.pool.node(NodeId(0x99)).expect("adopted");
+    assert_eq!(n.idle, Idle::Hold);
+    assert_eq!(n.instance.as_deref(), Some(id.as_str()));
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    h.advance(secs(5));
+    assert_ne!(h.pool.request(r).unwrap().nodes[0], NodeId(0x99));
+}
+
+/// Instances made before signed tags: the store knows their nodes, so it
+/// vouches for them, and the first start signs them (once).
+#[test]
+fn the_nodes_a_store_knows_are_signed_at_the_first_start() {
+    let mut h = one(|c| a_mut(c).min_ready = 1);
+    settle(&mut h);
+    h.advance(secs(5));
+    let inst = h.cloud.providers[0].live().next().unwrap().id.clone();
+    for key in [
+        crate::driver::SIG_TAG,
+        crate::driver::STORE_TAG,
+        crate::driver::IDLE_TAG,
+    ] {
+        h.cloud.providers[0]
+            .instances
+            .get_mut(&inst)
+            .unwrap()
+            .tags
+            .remove(key);
+    }
+    h.crash();
+    settle(&mut h);
+    h.advance(secs(2));
+    assert!(cloud_tags(&h, 0, &inst).contains_key(crate::driver::SIG_TAG));
+    assert!(h.pool.provider_status(ProviderIx(0)).quarantined.is_empty());
+    let set = h.calls(0, Call::SetTags).len();
+    assert_eq!(set, 1);
+    h.advance(h.config.timings.sync_interval * 3);
+    assert_eq!(h.calls(0, Call::SetTags).len(), set);
+}
+
+/// A stored lease deadline is never believed further than its TTL from
+/// the restart: it may have been written by a clock that was ahead.
+#[test]
+fn a_lease_stored_far_ahead_lasts_only_its_ttl_after_a_restart() {
+    let mut h = one(|c| c.lease_ttl = secs(45));
+    h.renew("ci", secs(45));
+    let r = h.submit_as("ci", &[("a", 1)], 0);
+    settle(&mut h);
+    h.advance(secs(2));
+    assert!(h.fulfilled(r));
+    // Written by a clock an hour ahead.
+    let stored = h.store.leases.get_mut("ci").unwrap();
+    stored.expires = h.now + secs(3600 + 45);
+    h.crash();
+    settle(&mut h);
+    assert_eq!(h.pool.lease("ci"), Some(h.now + secs(45)));
+    h.advance(secs(46));
+    ok(&h);
+    let n = h.pool.request(r).unwrap().nodes[0];
+    assert!(h.pool.node(n).unwrap().state.is_final(), "taken back");
 }
