@@ -39,6 +39,8 @@ pub async fn copy_into_empty(
         nodes: snapshot.nodes.clone(),
         requests: snapshot.requests.clone(),
         leases: snapshot.leases.clone(),
+        // The same store for the clouds: its instances stay vouched for.
+        identity: Some(snapshot.identity.clone()),
         ..Default::default()
     };
     target.commit(&changes).await?;

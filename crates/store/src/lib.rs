@@ -21,6 +21,7 @@
 //! story.
 
 mod copy;
+mod identity;
 mod inbox;
 mod load;
 mod pg;
@@ -95,6 +96,13 @@ pub trait Store: Send {
     /// process's own has no inbox.
     fn inbox(&mut self, _limit: usize) -> StoreFuture<'_, Vec<InboxEntry>> {
         Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+    /// How often the pool calls [`Store::check`] while nothing else does:
+    /// a file store makes sure its file and directory are still there
+    /// (removed, replaced or emptied under the process, they would take
+    /// commits nobody will read). `None`: no need.
+    fn watch_every(&self) -> Option<Duration> {
+        None
     }
 }
 
@@ -267,6 +275,26 @@ pub enum StoreError {
     /// have: the two were built from different configs.
     #[error("no {what} with index {index} in the store's config")]
     NoSuchIndex { what: &'static str, index: u16 },
+    /// SQLite's own integrity check found the database file damaged.
+    #[error(
+        "the store {path} is damaged: SQLite's integrity check found {}; berth does not run on a \
+         damaged store. Restore it from a backup, or move it away to start with a new one (which \
+         will not take the pool's instances for its own unless told to: docs/tags.md)",
+        .found.join("; ")
+    )]
+    Damaged { path: String, found: Vec<String> },
+    /// The store's directory or file went away, or was replaced or emptied,
+    /// under the running process: what it commits would no longer reach
+    /// the store the next start reads.
+    #[error(
+        "the store {path} {what}: it was removed, replaced or emptied under this process, so \
+         nothing more can be recorded where the next start will look"
+    )]
+    Vanished { path: String, what: String },
+    /// The pool was stopped rather than take instances of the pool that
+    /// the store cannot vouch for: the store is not the one that made them.
+    #[error("{0}")]
+    NotTheCloudsStore(String),
 }
 
 fn fenced_text(epoch: &Option<i64>) -> String {
@@ -317,6 +345,96 @@ pub struct SqliteStore {
     checkpointer: Option<Checkpointer>,
     /// The rows' versions as last read or written: what commits expect.
     versions: write::Versions,
+    /// The file and directory as opened (file stores only): each commit
+    /// and [`Store::check`] make sure they are still there and the same.
+    watched: Option<Watched>,
+}
+
+/// A store file and its directory as they were opened: by device and
+/// inode, so that one removed, or replaced by another file of the same
+/// name, is told apart.
+struct Watched {
+    path: std::path::PathBuf,
+    file: (u64, u64),
+    dir: Option<(std::path::PathBuf, (u64, u64))>,
+}
+
+/// The first bytes of every SQLite database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+impl Watched {
+    fn of(path: &Path) -> Result<Watched, StoreError> {
+        let id = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| file_id(&m))
+                .map_err(|source| StoreError::Unwritable {
+                    path: p.display().to_string(),
+                    source,
+                })
+        };
+        let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            Some(d) => Some((d.to_path_buf(), id(d)?)),
+            None => None,
+        };
+        Ok(Watched {
+            path: path.to_path_buf(),
+            file: id(path)?,
+            dir,
+        })
+    }
+
+    /// Whether the directory and the file are the ones opened, and the file
+    /// still starts as a SQLite database does.
+    fn check(&self) -> Result<(), StoreError> {
+        let gone = |what: String| StoreError::Vanished {
+            path: self.path.display().to_string(),
+            what,
+        };
+        if let Some((dir, was)) = &self.dir {
+            match std::fs::metadata(dir) {
+                Ok(m) if file_id(&m) == *was => {}
+                Ok(_) => {
+                    return Err(gone(format!(
+                        "is in a directory {} that was replaced",
+                        dir.display()
+                    )));
+                }
+                Err(e) => {
+                    return Err(gone(format!(
+                        "is in a directory {} that is gone ({e})",
+                        dir.display()
+                    )));
+                }
+            }
+        }
+        match std::fs::metadata(&self.path) {
+            Ok(m) if file_id(&m) == self.file => {}
+            Ok(_) => return Err(gone("was replaced by another file".into())),
+            Err(e) => return Err(gone(format!("is gone ({e})"))),
+        }
+        let mut header = [0u8; 16];
+        let read = std::fs::File::open(&self.path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header));
+        match read {
+            Ok(()) if header == *SQLITE_HEADER => Ok(()),
+            Ok(()) => Err(gone("no longer starts as a SQLite database".into())),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(gone("was emptied or cut short".into()))
+            }
+            Err(e) => Err(gone(format!("cannot be read ({e})"))),
+        }
+    }
+}
+
+#[cfg(unix)]
+fn file_id(m: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
+#[cfg(not(unix))]
+fn file_id(_: &std::fs::Metadata) -> (u64, u64) {
+    (0, 0)
 }
 
 /// Copies the WAL back into the database file every [`CHECKPOINT_EVERY`] on
@@ -423,6 +541,7 @@ impl SqliteStore {
             source,
         };
         let conn = Connection::open(path).map_err(open_err)?;
+        integrity_check(&conn, path)?;
         let mut store = Self::setup(conn, config, Some(sync)).map_err(|e| match e {
             StoreError::Sql { source, .. } => open_err(source),
             e => e,
@@ -431,6 +550,13 @@ impl SqliteStore {
             .conn
             .pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)
             .map_err(sql("setting the checkpoint backstop"))?;
+        // What was just set up reaches the file itself, so that its header
+        // is there for the watch from the first moment.
+        store
+            .conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .map_err(sql("checkpointing the new store"))?;
+        store.watched = Some(Watched::of(path)?);
         store.checkpointer = Some(Checkpointer::start(path)?);
         Ok(store)
     }
@@ -479,11 +605,17 @@ impl SqliteStore {
             .map_err(sql("setting the busy timeout"))?;
         conn.set_prepared_statement_cache_capacity(32);
         schema::migrate(&mut conn, schema::MIGRATIONS)?;
+        conn.execute(
+            identity::ENSURE,
+            rusqlite::params_from_iter(identity::fresh().iter()),
+        )
+        .map_err(sql("making the store's identity"))?;
         Ok(SqliteStore {
             conn,
             config,
             checkpointer: None,
             versions: write::Versions::default(),
+            watched: None,
         })
     }
 
@@ -528,8 +660,38 @@ impl SqliteStore {
         }
         tx.commit().map_err(sql("committing"))?;
         self.versions.apply(plan);
-        Ok(())
+        // Committed, but to the file the next start will read? Nothing is
+        // acted on unless so.
+        self.watch()
     }
+
+    /// Whether the store's file and directory are still the ones opened.
+    fn watch(&self) -> Result<(), StoreError> {
+        self.watched.as_ref().map_or(Ok(()), Watched::check)
+    }
+}
+
+/// SQLite's own check of a database file (`PRAGMA quick_check`: every page
+/// and record well formed, indexes whole), said in the log either way.
+fn integrity_check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let found: Vec<String> = conn
+        .prepare("PRAGMA quick_check")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| row.get::<_, String>(0))?
+                .collect::<Result<Vec<String>, _>>()
+        })
+        .map_err(|source| StoreError::Damaged {
+            path: path.display().to_string(),
+            found: vec![source.to_string()],
+        })?;
+    if found.iter().all(|f| f == "ok") {
+        tracing::info!(store = %path.display(), "the store passed SQLite's integrity check");
+        return Ok(());
+    }
+    Err(StoreError::Damaged {
+        path: path.display().to_string(),
+        found,
+    })
 }
 
 impl value::Cells for rusqlite::Row<'_> {
@@ -567,4 +729,16 @@ impl Store for SqliteStore {
     fn commit<'a>(&'a mut self, changes: &'a Changes) -> StoreFuture<'a, ()> {
         Box::pin(std::future::ready(self.commit_now(changes)))
     }
+
+    /// The file and its directory are still the ones opened.
+    fn check(&mut self) -> StoreFuture<'_, ()> {
+        Box::pin(std::future::ready(self.watch()))
+    }
+
+    fn watch_every(&self) -> Option<Duration> {
+        self.watched.as_ref().map(|_| WATCH_EVERY)
+    }
 }
+
+/// How often an idle pool makes sure its store file is still there.
+const WATCH_EVERY: Duration = Duration::from_secs(1);

@@ -12,14 +12,15 @@ use super::write::{Versioned, Versions};
 use super::{Loaded, StoreError};
 use berth_core::config::Config;
 use berth_core::pool::{
-    GoneReason, Lease, Node, NodeId, NodeState, Packing, Request, RequestId, RequestState,
-    Snapshot, Time,
+    GoneReason, Identity, Lease, Node, NodeId, NodeState, Packing, Request, RequestId,
+    RequestState, Snapshot, Time,
 };
 
 /// The queries a load runs, in one read transaction, in this order;
-/// [`Tables::read`] takes the rows of each by its position here. The last
-/// three read the rows' versions, which a commit is conditional on.
-pub(super) fn queries() -> [String; 9] {
+/// [`Tables::read`] takes the rows of each by its position here. Three
+/// read the rows' versions, which a commit is conditional on; the last the
+/// store's identity.
+pub(super) fn queries() -> [String; 10] {
     [
         format!("SELECT {} FROM nodes", NodeRow::COLUMNS),
         "SELECT backing, idx, node FROM slots ORDER BY backing, idx".into(),
@@ -30,6 +31,7 @@ pub(super) fn queries() -> [String; 9] {
         VERSIONED[0].query().into(),
         VERSIONED[1].query().into(),
         VERSIONED[2].query().into(),
+        "SELECT 'identity', generation, key, confirmed FROM pool_identity".into(),
     ]
 }
 
@@ -52,6 +54,8 @@ pub(super) struct Tables {
     /// (requestor, expires, how long its last renewal was for in ms: none
     /// if stored before that was kept)
     leases: Vec<(String, Time, Option<u64>)>,
+    /// The store's identity row, read back.
+    identity: Option<Identity>,
 }
 
 impl Tables {
@@ -77,6 +81,7 @@ impl Tables {
                 let version = r.num(1, "version")?;
                 self.versions.read(table, r.id, version);
             }
+            9 => self.identity = Some(super::identity::read(row)?),
             _ => {
                 let r = Reader::new(row, "leases")?;
                 let expires = Time(r.num(1, "expires")?);
@@ -98,7 +103,14 @@ pub(super) fn assemble(tables: Tables, config: &Config) -> Result<Loaded, StoreE
         wants,
         members,
         leases,
+        identity,
     } = tables;
+    let identity = identity.ok_or_else(|| StoreError::Corrupt {
+        table: "pool_identity",
+        id: "1".into(),
+        column: "id",
+        what: "the store's identity is missing".into(),
+    })?;
     let mut notes = Vec::new();
     let mut nodes = BTreeMap::new();
     for raw in rows {
@@ -122,6 +134,7 @@ pub(super) fn assemble(tables: Tables, config: &Config) -> Result<Loaded, StoreE
             nodes: nodes.into_values().collect(),
             requests: requests.into_values().collect(),
             leases,
+            identity,
         },
         dropped: notes,
     })

@@ -305,6 +305,16 @@ CREATE TABLE request_inbox (
 );
 CREATE INDEX request_inbox_seq ON request_inbox (seq);
 "#,
+    // The store's identity (`identity.rs`), put in by the first process to
+    // open the store after this step; its checks keep the row readable.
+    r#"
+CREATE TABLE pool_identity (
+    id BIGINT PRIMARY KEY CHECK (id = 1),
+    generation TEXT NOT NULL CHECK (generation ~ '^[0-9a-f]{16}$'),
+    key TEXT NOT NULL CHECK (key ~ '^[0-9a-f]{64}$'),
+    confirmed BIGINT NOT NULL CHECK (confirmed IN (0, 1))
+);
+"#,
 ];
 
 /// The SQLSTATE `berth_expect` raises when a statement changed other rows
@@ -1156,6 +1166,13 @@ async fn session(login: &Login) -> Result<Session, StoreError> {
     let (mut client, connection) = connect(login).await?;
     let ready = async {
         migrate(&mut client, MIGRATIONS).await?;
+        let fresh = super::identity::fresh();
+        let values: Vec<&(dyn ToSql + Sync)> =
+            fresh.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        client
+            .execute(&super::identity::ENSURE.replace('?', "$"), &values)
+            .await
+            .map_err(pg("making the store's identity"))?;
         let prepare = pg("preparing the store's statements");
         let mut statements = Vec::new();
         for stmt in write::Stmt::iter() {

@@ -86,6 +86,17 @@ CREATE TABLE leases (
     r#"
 ALTER TABLE leases ADD COLUMN ttl INTEGER;
 "#,
+    // The store's identity (`berth_core::pool::Identity`): one row, put in
+    // by the store right after migrating (`identity::ensure`), with a
+    // generation and a key drawn from the operating system's random source.
+    r#"
+CREATE TABLE pool_identity (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    generation TEXT NOT NULL,
+    key TEXT NOT NULL,
+    confirmed INTEGER NOT NULL
+);
+"#,
 ];
 
 /// The database's schema version.

@@ -16,8 +16,8 @@ use super::*;
 use berth_core::config::{Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, Timings};
 use berth_core::driver::{Addresses, Connection as Login};
 use berth_core::pool::{
-    DeleteReason, Endpoint, GoneReason, Idle, Lease, Node, NodeId, NodeState, Packing, Request,
-    RequestId, RequestState, Resources, Time,
+    DeleteReason, Endpoint, GoneReason, Identity, Idle, Lease, Node, NodeId, NodeState, Packing,
+    Request, RequestId, RequestState, Resources, Time,
 };
 
 const BIG: LabelIx = LabelIx(0);
@@ -267,6 +267,7 @@ on_both_backends!(
     ten_thousand_nodes_commit_and_load_back,
     leases_round_trip_and_expired_ones_are_removed,
     a_commit_over_rows_written_elsewhere_is_refused_whole_until_reloaded,
+    a_store_has_one_identity_for_life_and_records_its_confirmation,
 );
 
 fn node(id: u64, state: NodeState) -> Node {
@@ -1097,16 +1098,13 @@ async fn leases_round_trip_and_expired_ones_are_removed(backend: Backend) {
 async fn a_version_one_store_gains_the_leases_table_and_keeps_its_rows() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("berth.db");
-    {
-        let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
-        store.commit(&nodes(vec![ready(1)])).await.unwrap();
-        // Back to what a berth that knew only the first step wrote.
-        store
-            .conn
-            .execute_batch("DROP TABLE leases; PRAGMA user_version = 1;")
-            .unwrap();
-        assert_eq!(store.schema_version().unwrap(), 1);
-    }
+    // Back to what a berth that knew only the first step wrote.
+    left_by_an_older_berth(
+        &path,
+        vec![ready(1)],
+        "DROP TABLE leases; DROP TABLE pool_identity; PRAGMA user_version = 1;",
+    )
+    .await;
     let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
     assert_eq!(
         store.schema_version().unwrap(),
@@ -1122,17 +1120,14 @@ async fn a_version_one_store_gains_the_leases_table_and_keeps_its_rows() {
 async fn a_lease_stored_without_its_ttl_is_read_as_the_configured_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("berth.db");
-    {
-        let store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
-        // As a berth that knew only the first two steps wrote it.
-        store
-            .conn
-            .execute_batch(
-                "ALTER TABLE leases DROP COLUMN ttl; PRAGMA user_version = 2; \
-                 INSERT INTO leases (requestor, expires) VALUES ('ci', 40);",
-            )
-            .unwrap();
-    }
+    // As a berth that knew only the first two steps wrote it.
+    left_by_an_older_berth(
+        &path,
+        Vec::new(),
+        "ALTER TABLE leases DROP COLUMN ttl; DROP TABLE pool_identity; PRAGMA user_version = 2; \
+         INSERT INTO leases (requestor, expires) VALUES ('ci', 40);",
+    )
+    .await;
     let config = config();
     let mut store = SqliteStore::open(&path, Arc::new(config.clone()), StoreSync::Full).unwrap();
     assert_eq!(
@@ -1146,6 +1141,17 @@ async fn a_lease_stored_without_its_ttl_is_read_as_the_configured_one() {
 }
 
 /// A new PostgreSQL database of the shared test cluster, and the URL.
+/// A SQLite store at `path` as an older berth left it: `first` committed,
+/// then `sql` run over it (dropping what later steps made, and setting the
+/// schema version back).
+async fn left_by_an_older_berth(path: &std::path::Path, first: Vec<Node>, sql: &str) {
+    let mut store = SqliteStore::open(path, Arc::new(config()), StoreSync::Full).unwrap();
+    if !first.is_empty() {
+        store.commit(&nodes(first)).await.unwrap();
+    }
+    store.conn.execute_batch(sql).unwrap();
+}
+
 async fn pg_fresh() -> (PgStore, String) {
     let url = cluster::PgCluster::shared(&workspace_root()).fresh_database("store");
     let store = PgStore::connect(&url, None, Arc::new(config()))
@@ -2025,4 +2031,166 @@ async fn postgres_over_tls_trusts_only_the_ca_file_given() {
         e.contains("invalid peer certificate") || e.contains("no root certificates"),
         "{e}"
     );
+}
+
+/// A new store draws its identity (unconfirmed: it has not faced the
+/// clouds), keeps it across reopens, and records its confirmation.
+async fn a_store_has_one_identity_for_life_and_records_its_confirmation(backend: Backend) {
+    let mut store = backend.fresh().await;
+    let first = load(&mut store).await.snapshot.identity;
+    assert!(berth_core::pool::is_generation(&first.generation));
+    assert!(!first.confirmed, "new: not yet faced the clouds");
+    assert_ne!(first.key, [0; 32]);
+    let other = store.other().await;
+    let mut other = other;
+    assert_eq!(
+        load(&mut other).await.snapshot.identity,
+        first,
+        "one per store"
+    );
+    drop(other);
+    let confirmed = Identity {
+        confirmed: true,
+        ..first.clone()
+    };
+    store
+        .commit(&Changes {
+            identity: Some(confirmed.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut store = store.reopen().await;
+    assert_eq!(load(&mut store).await.snapshot.identity, confirmed);
+    // Another store has another.
+    let mut elsewhere = backend.fresh().await;
+    let theirs = load(&mut elsewhere).await.snapshot.identity;
+    assert_ne!(theirs.generation, first.generation);
+    assert_ne!(theirs.key, first.key);
+}
+
+/// A store made before identities, holding records, gains one confirmed:
+/// its instances are its own, and the first start signs them.
+#[tokio::test]
+async fn a_store_in_use_from_before_identities_gains_a_confirmed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("berth.db");
+    let before = "DROP TABLE pool_identity; PRAGMA user_version = 3;";
+    left_by_an_older_berth(&path, vec![ready(1)], before).await;
+    let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+    let identity = load(&mut store).await.snapshot.identity;
+    assert!(identity.confirmed);
+    // An empty one gains an unconfirmed one.
+    let empty = dir.path().join("empty.db");
+    left_by_an_older_berth(&empty, Vec::new(), before).await;
+    let mut store = SqliteStore::open(&empty, Arc::new(config()), StoreSync::Full).unwrap();
+    assert!(!load(&mut store).await.snapshot.identity.confirmed);
+}
+
+/// An identity row that cannot be read back stops the load, naming it.
+#[tokio::test]
+async fn a_damaged_identity_is_corrupt_naming_its_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("berth.db");
+    let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+    for (sql, column) in [
+        ("UPDATE pool_identity SET generation = 'XYZ'", "generation"),
+        (
+            "UPDATE pool_identity SET generation = '0011223344556677', key = 'ab'",
+            "key",
+        ),
+        (
+            "UPDATE pool_identity SET key = printf('%064d', 0), confirmed = 7",
+            "confirmed",
+        ),
+        ("DELETE FROM pool_identity", "id"),
+    ] {
+        store.conn.execute_batch(sql).unwrap();
+        let e = store.load(&config()).await.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Corrupt { table: "pool_identity", column: c, .. } if *c == column),
+            "{sql}: {e}"
+        );
+    }
+}
+
+/// SQLite's integrity check runs at open: a damaged page refuses the
+/// store, saying what SQLite found.
+#[tokio::test]
+async fn a_damaged_file_is_refused_at_open_with_what_sqlite_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("berth.db");
+    {
+        let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+        let many: Vec<Node> = (1..=400).map(ready).collect();
+        store.commit(&nodes(many)).await.unwrap();
+    }
+    // Overwrite the middle of the second page onwards (a b-tree page of the
+    // nodes table) with garbage.
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 3 * 4096, "{} bytes", bytes.len());
+    for b in &mut bytes[4096 + 8..4096 + 200] {
+        *b = 0xa5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let e = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full)
+        .err()
+        .expect("refused");
+    let text = e.to_string();
+    assert!(matches!(e, StoreError::Damaged { .. }), "{e:?}");
+    assert!(text.contains("integrity check found"), "{text}");
+}
+
+/// The store's file removed, replaced or emptied, or its directory
+/// removed, under an open store: the next commit (and a check) fails
+/// naming what happened, so nothing is acted on as if recorded.
+#[tokio::test]
+async fn a_store_file_removed_replaced_or_emptied_is_noticed() {
+    type Harm = fn(&std::path::Path);
+    let harms: [(Harm, &str); 4] = [
+        (|p| std::fs::remove_file(p).unwrap(), "is gone"),
+        (
+            |p| {
+                let other = p.with_extension("other");
+                std::fs::copy(p, &other).unwrap();
+                std::fs::rename(&other, p).unwrap();
+            },
+            "was replaced",
+        ),
+        (
+            |p| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(p)
+                    .unwrap()
+                    .set_len(0)
+                    .unwrap()
+            },
+            "emptied",
+        ),
+        (
+            |p| std::fs::remove_dir_all(p.parent().unwrap()).unwrap(),
+            "directory",
+        ),
+    ];
+    for (harm, says) in harms {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state").join("berth.db");
+        std::fs::create_dir(path.parent().unwrap()).unwrap();
+        let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
+        store.commit(&nodes(vec![ready(1)])).await.unwrap();
+        store.check().await.unwrap();
+        assert_eq!(store.watch_every(), Some(Duration::from_secs(1)));
+        harm(&path);
+        let e = store.check().await.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Vanished { what, .. } if what.contains(says)),
+            "{says}: {e}"
+        );
+        let e = store.commit(&nodes(vec![ready(2)])).await;
+        assert!(
+            matches!(e, Err(StoreError::Vanished { .. })),
+            "{says}: {e:?}"
+        );
+    }
 }

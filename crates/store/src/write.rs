@@ -40,6 +40,7 @@ pub(super) enum Stmt {
     UpdateLease,
     PurgeLease,
     PurgeRequest,
+    PutIdentity,
 }
 
 /// A new row of `table` with every column of `columns` (the first being
@@ -118,6 +119,7 @@ impl Stmt {
             Stmt::UpdateLease => update_sql("leases", LEASE_COLUMNS),
             Stmt::PurgeLease => "DELETE FROM leases WHERE requestor = ?1 AND version = ?2".into(),
             Stmt::PurgeRequest => "DELETE FROM requests WHERE id = ?1 AND version = ?2".into(),
+            Stmt::PutIdentity => super::identity::REPLACE.into(),
         }
     }
 
@@ -152,6 +154,7 @@ impl Stmt {
             Stmt::InsertLease | Stmt::UpdateLease => "writing a lease",
             Stmt::PurgeLease => "removing a lease",
             Stmt::PurgeRequest => "purging a request",
+            Stmt::PutIdentity => "writing the store's identity",
         }
     }
 }
@@ -425,6 +428,9 @@ pub(super) fn plan(
         plan.purge(seen, Stmt::PurgeRequest, Versioned::Requests, key);
         plan.push(Stmt::ClearWants, vec![id.clone()]);
         plan.push(Stmt::ClearMembers, vec![id]);
+    }
+    if let Some(identity) = &changes.identity {
+        plan.push(Stmt::PutIdentity, super::identity::values(identity).into());
     }
     Ok(plan)
 }
