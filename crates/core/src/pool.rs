@@ -94,9 +94,6 @@ pub struct Pool {
     /// are, until every provider has been listed once (`berth serve
     /// --adopt-instances`).
     adopting: bool,
-    /// Why the pool must not go on: an unconfirmed store faces instances
-    /// of the pool it cannot vouch for.
-    mismatch: Option<String>,
     /// The store is to record that it has faced every provider
     /// ([`Changes::confirmed`]).
     confirm_owed: bool,
@@ -178,6 +175,16 @@ struct ProviderRt {
     /// A believed list has shown nothing in quarantine since start: the
     /// provider counts towards the store's confirmation.
     checked: bool,
+    /// Instances an operator took on purpose (`--adopt-instances`): the
+    /// provider's first list showed them, and they count as vouched for
+    /// until this process ends, whether adopted or (past the provider's
+    /// limits) deleted as leaks.
+    taken_on_purpose: HashSet<String>,
+    /// Why nothing is created here: the store has not faced the clouds yet
+    /// (it is new, emptied or replaced) and the provider's last list showed
+    /// instances of the pool it cannot vouch for. Ends when a list shows
+    /// none (they were deleted in the cloud, or adopted on purpose).
+    mismatch: Option<String>,
 }
 
 /// An instance of the pool that berth neither hands out nor deletes: its
@@ -242,6 +249,9 @@ pub struct ProviderStatus {
     /// Instances in quarantine, by id: berth neither hands them out nor
     /// deletes them.
     pub quarantined: BTreeMap<String, Quarantined>,
+    /// Why nothing is created on the provider: the store is not the one its
+    /// instances were made by, as far as it can tell.
+    pub mismatch: Option<String>,
 }
 
 /// Something to look at again at a time. A timer is checked against the
@@ -361,6 +371,8 @@ impl Pool {
                 leaks_deleted: 0,
                 quarantined: BTreeMap::new(),
                 checked: false,
+                taken_on_purpose: HashSet::new(),
+                mismatch: None,
             })
             .collect();
         Pool {
@@ -389,7 +401,6 @@ impl Pool {
             tagged_at: HashMap::new(),
             retagged: HashSet::new(),
             adopting: false,
-            mismatch: None,
             confirm_owed: false,
         }
     }
@@ -454,14 +465,6 @@ impl Pool {
         self.adopting = true;
     }
 
-    /// Why the pool must not go on, if it must not: the store has not
-    /// faced the clouds yet (it is new, emptied or replaced) and a list
-    /// showed instances of the pool it cannot vouch for. Nothing was
-    /// created, handed out or deleted for them; the runtime stops.
-    pub fn mismatch(&self) -> Option<&str> {
-        self.mismatch.as_deref()
-    }
-
     // ---- queries ------------------------------------------------------
 
     pub fn node(&self, id: NodeId) -> Option<&Node> {
@@ -517,6 +520,7 @@ impl Pool {
             last_listed: rt.last_listed,
             missing: rt.missing.len(),
             quarantined: rt.quarantined.clone(),
+            mismatch: rt.mismatch.clone(),
         }
     }
 
@@ -739,13 +743,8 @@ impl Pool {
 
     /// Advances the pool to `now`: fires due timers, serves requests, keeps
     /// `min-ready`, and appends the driver calls now due to `out`.
-    ///
-    /// A pool that must not go on ([`Pool::mismatch`]) decides nothing.
     pub fn tick(&mut self, now: Time, out: &mut Vec<Effect>) {
         self.last_tick = self.last_tick.max(now);
-        if self.mismatch.is_some() {
-            return;
-        }
         self.expire_leases(now);
         self.fire_timers(now);
         self.lift_pauses(now);

@@ -71,7 +71,8 @@ impl Pool {
                 instance: instance.clone(),
             });
         }
-        let creates_paused = !rt.listed || rt.quota_paused_until.is_some_and(|t| t > now);
+        let creates_paused =
+            !rt.listed || rt.mismatch.is_some() || rt.quota_paused_until.is_some_and(|t| t > now);
         let next_create = (rt.want_create.iter()).find(|id| !self.unsure.contains_key(id));
         if !creates_paused && let Some(&id) = next_create {
             let spec = self.nodes.get(&id).and_then(|n| self.create_spec(n));

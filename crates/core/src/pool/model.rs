@@ -487,6 +487,13 @@ pub enum Notice {
         count: usize,
         named: Vec<(String, super::Quarantined)>,
     },
+    /// A store that has not faced the clouds yet found instances of the
+    /// pool it cannot vouch for on a provider: nothing is created there
+    /// until a list shows none (said when it starts).
+    StoreMismatch { provider: ProviderIx, why: String },
+    /// A provider's lists no longer show instances the store cannot vouch
+    /// for: creates there go on.
+    StoreMismatchEnded { provider: ProviderIx },
     /// A node was put on hold because its instance's tags say it is handed
     /// out and the store does not have it so (a lost hand-out): never
     /// handed out nor recycled until an operator says so.

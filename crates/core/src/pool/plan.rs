@@ -570,6 +570,7 @@ impl Pool {
     fn can_launch(&self, o: &Offer, tally: &Tally, now: Time) -> bool {
         let rt = &self.ix.providers[o.provider.0 as usize];
         if !rt.listed
+            || rt.mismatch.is_some()
             || rt.quota_paused_until.is_some_and(|t| t > now)
             || rt.held_until.is_some_and(|t| t > now)
         {

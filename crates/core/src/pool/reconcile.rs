@@ -150,12 +150,18 @@ impl Pool {
                 continue;
             }
             // Owned, live, and no live node accounts for it: adopted or
-            // deleted only if the store vouches for it, and never deleted
-            // while its tags say it may be in use.
+            // deleted only if the store vouches for it (or an operator
+            // adopts on purpose), and never deleted while its tags say it
+            // may be in use.
+            if adopting {
+                self.ix.providers[pix]
+                    .taken_on_purpose
+                    .insert(inst.id.clone());
+            }
             let vouched = self.vouched(p, inst, node_id);
             let held = self.held_by_tags(inst, node_id);
             if owner.is_none()
-                && (vouched.is_ok() || adopting)
+                && vouched.is_ok()
                 && let Some(adopt) = self.adoptable(p, inst)
                 && !self.nodes.contains_key(&adopt.id)
             {
@@ -663,7 +669,11 @@ impl Pool {
         let recorded = node
             .and_then(|id| self.nodes.get(&id))
             .is_some_and(|n| n.provider == p && n.instance.as_deref() == Some(inst.id.as_str()));
-        if recorded {
+        if recorded
+            || self.ix.providers[p.0 as usize]
+                .taken_on_purpose
+                .contains(&inst.id)
+        {
             return Ok(());
         }
         let tag = |key: &str| inst.tags.get(key).map(String::as_str);
@@ -828,7 +838,9 @@ impl Pool {
 
     /// What a believed list put in quarantine on provider `p`: kept for
     /// `/v1/providers`, said once when new instances join it, and, for a
-    /// store that has not faced the clouds yet, a reason to stop.
+    /// store that has not faced the clouds yet, a reason to create nothing
+    /// on the provider: a store that is new, emptied or replaced does not
+    /// go on there as a new pool beside another store's machines.
     fn settle_quarantine(
         &mut self,
         p: ProviderIx,
@@ -851,7 +863,9 @@ impl Pool {
                 named: named.clone(),
             });
         }
-        if !self.identity.confirmed && count > 0 && !adopting && self.mismatch.is_none() {
+        let mismatch = !self.identity.confirmed && count > 0 && !adopting;
+        let was = self.ix.providers[p.0 as usize].mismatch.is_some();
+        if mismatch {
             let listed: Vec<String> = named
                 .iter()
                 .map(|(id, q)| format!("{id}: {}", q.why))
@@ -862,15 +876,26 @@ impl Pool {
             } else {
                 String::new()
             };
-            self.mismatch = Some(format!(
+            let why = format!(
                 "provider `{}` has {count} live instances of pool `{}` that this store cannot vouch for ({}{more}), and this store has not faced the clouds before: it is new, emptied or replaced, not the store that made them",
                 self.config[p].name,
                 self.config.pool_id,
                 listed.join("; ")
-            ));
+            );
+            if !was {
+                self.notices.push(Notice::StoreMismatch {
+                    provider: p,
+                    why: why.clone(),
+                });
+            }
+            self.ix.providers[p.0 as usize].mismatch = Some(why);
+        } else if was {
+            self.ix.providers[p.0 as usize].mismatch = None;
+            self.notices
+                .push(Notice::StoreMismatchEnded { provider: p });
         }
         let all_checked = self.ix.providers.iter().all(|rt| rt.checked);
-        if all_checked && !self.identity.confirmed && self.mismatch.is_none() {
+        if all_checked && !self.identity.confirmed {
             self.identity.confirmed = true;
             self.confirm_owed = true;
         }

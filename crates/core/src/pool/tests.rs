@@ -2199,7 +2199,10 @@ fn instances_the_store_cannot_vouch_for_are_never_handed_out_nor_deleted() {
         matches!(said.as_slice(), [Notice::Quarantined { count: 4, named, .. }] if named.len() == 4),
         "said once: {said:?}"
     );
-    assert!(h.pool.mismatch().is_none(), "a confirmed store goes on");
+    assert!(
+        h.pool.provider_status(ProviderIx(0)).mismatch.is_none(),
+        "a confirmed store goes on"
+    );
 }
 
 /// An instance signed by this store that no node accounts for is the
@@ -2218,9 +2221,10 @@ fn an_unknown_instance_this_store_signed_is_adopted() {
 }
 
 /// A store that has not faced the clouds (new, emptied, replaced) and
-/// finds instances of the pool it cannot vouch for stops: it neither adopts
-/// them as ready nor deletes them, and creates nothing. A store that finds
-/// none is confirmed, and the confirmation is stored.
+/// finds instances of the pool it cannot vouch for on a provider neither
+/// adopts them as ready nor deletes them, and creates nothing there. Adopted
+/// on purpose, they are its own from then on. A store that finds none is
+/// confirmed, and the confirmation is stored.
 #[test]
 fn an_unconfirmed_store_facing_another_stores_instances_stops() {
     let mut h = one(|c| a_mut(c).min_ready = 2);
@@ -2241,13 +2245,18 @@ fn an_unconfirmed_store_facing_another_stores_instances_stops() {
     let before = h.log.len();
     settle(&mut h);
     h.advance(secs(30));
-    let why = h.pool.mismatch().expect("stopped").to_owned();
+    let why = (h.pool.provider_status(ProviderIx(0)).mismatch).expect("held");
     assert!(why.contains("2 live instances of pool"), "{why}");
     assert!(
         why.contains("another store (generation 0000000000000000)"),
         "{why}"
     );
     assert!(why.contains("has not faced the clouds"), "{why}");
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::StoreMismatch { .. }))
+    );
     let calls: Vec<Call> = h.log[before..].iter().map(|(_, e)| Call::of(e)).collect();
     assert!(calls.iter().all(|c| *c == Call::List), "{calls:?}");
     assert_eq!(h.pool.nodes().count(), 0, "nothing adopted");
@@ -2262,7 +2271,7 @@ fn an_unconfirmed_store_facing_another_stores_instances_stops() {
     h.pool.adopt_instances();
     settle(&mut h);
     h.advance(secs(5));
-    assert!(h.pool.mismatch().is_none());
+    assert!(h.pool.provider_status(ProviderIx(0)).mismatch.is_none());
     assert_eq!(h.count("a", "ready"), 2);
     assert!(h.store.identity.confirmed, "the store records it");
     for id in &made {
@@ -2277,7 +2286,7 @@ fn an_unconfirmed_store_facing_another_stores_instances_stops() {
     h.crash();
     settle(&mut h);
     h.advance(secs(5));
-    assert!(h.pool.mismatch().is_none());
+    assert!(h.pool.provider_status(ProviderIx(0)).mismatch.is_none());
     assert_eq!(h.count("a", "ready"), 2);
     assert!(h.pool.provider_status(ProviderIx(0)).quarantined.is_empty());
 }
@@ -2291,7 +2300,7 @@ fn an_unconfirmed_store_that_finds_nothing_is_confirmed() {
     h.advance(secs(5));
     assert!(h.store.identity.confirmed);
     assert_eq!(h.count("a", "ready"), 1);
-    assert!(h.pool.mismatch().is_none());
+    assert!(h.pool.provider_status(ProviderIx(0)).mismatch.is_none());
 }
 
 /// A node handed out carries its request in its tags; a reused node
@@ -2427,4 +2436,32 @@ fn a_lease_stored_far_ahead_lasts_only_its_ttl_after_a_restart() {
     ok(&h);
     let n = h.pool.request(r).unwrap().nodes[0];
     assert!(h.pool.node(n).unwrap().state.is_final(), "taken back");
+}
+
+/// The instances a new store could not vouch for are deleted in the cloud
+/// by a person: the provider goes on, and the store is confirmed.
+#[test]
+fn a_provider_held_for_another_stores_instances_goes_on_once_they_are_gone() {
+    let mut h = one(|c| a_mut(c).min_ready = 1);
+    h.store.identity.confirmed = false;
+    h.cloud
+        .plant(0, "t0", owned_tags(&h, &NodeId(8).to_string(), "a"), T0);
+    h.crash();
+    settle(&mut h);
+    h.advance(secs(5));
+    assert!(h.pool.provider_status(ProviderIx(0)).mismatch.is_some());
+    assert_eq!(h.calls(0, Call::Create).len(), 0);
+    for i in h.cloud.providers[0].instances.values_mut() {
+        i.terminated = Some(T0);
+    }
+    h.advance(h.config.timings.sync_interval * 2);
+    ok(&h);
+    assert!(h.pool.provider_status(ProviderIx(0)).mismatch.is_none());
+    assert!(
+        h.notices
+            .iter()
+            .any(|n| matches!(n, Notice::StoreMismatchEnded { .. }))
+    );
+    assert_eq!(h.count("a", "ready"), 1);
+    assert!(h.store.identity.confirmed);
 }
