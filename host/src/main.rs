@@ -74,6 +74,12 @@ struct ServeArgs {
     /// cache in the state directory]
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// Take over, once, the instances with this pool's tags that the store
+    /// cannot vouch for (a lost or replaced store, or instances made
+    /// before signed tags): adopted as their tags say, those tagged as
+    /// handed out on hold, and signed with this store's key (docs/tags.md).
+    #[arg(long)]
+    adopt_instances: bool,
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -406,6 +412,7 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                 state_dir: Some(args.state_dir),
                 stop_grace: Some(args.stop_grace),
                 cache_dir: args.cache_dir,
+                adopt_instances: args.adopt_instances,
             };
             berth::serve::serve(options, stop, |addr, config| {
                 println!("berth listening on http://{addr}");

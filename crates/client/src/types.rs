@@ -231,9 +231,10 @@ pub struct Provider {
     pub driver: String,
     pub priority: i32,
     /// `ok`; `starting` or `failed` (its driver: see `start_error`);
-    /// `list-failing` or `list-suspect` (its lists: see `list_error`); or
-    /// why creates or calls are held right now (`rate-limited`,
-    /// `quota-paused`, `not-listed-yet`, `capacity-paused`).
+    /// `list-failing` or `list-suspect` (its lists: see `list_error`);
+    /// `store-mismatch` (see `store_mismatch`); or why creates or calls
+    /// are held right now (`rate-limited`, `quota-paused`,
+    /// `not-listed-yet`, `capacity-paused`).
     pub status: String,
     pub limits: Limits,
     pub usage: Usage,
@@ -263,6 +264,21 @@ pub struct Provider {
     pub last_listed: Option<String>,
     /// Nodes whose instance its lists stopped showing.
     pub missing: usize,
+    /// Why nothing is created on the provider (status `store-mismatch`):
+    /// the store has not faced the clouds yet (it is new, emptied or
+    /// replaced) and the provider has instances of the pool that it cannot
+    /// vouch for, listed in `quarantined`. Put back the store that made
+    /// them, delete them in the cloud, or adopt them on purpose (`berth
+    /// serve --adopt-instances`; docs/tags.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_mismatch: Option<String>,
+    /// Instances with the pool's tags that berth neither hands out nor
+    /// deletes: the store cannot vouch for them (no signature, another
+    /// store's, or one that does not match), or their tags say they are in
+    /// use. For a person to look at (docs/tags.md); as the last believed
+    /// list showed them, by instance id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<QuarantinedInstance>,
     /// The berth process that holds the provider (with a store shared by
     /// several processes): only it sends the provider's calls (launches,
     /// deletes, lists), as the pool's holder decides them.
@@ -271,6 +287,18 @@ pub struct Provider {
     /// When the holder's lease expires unless it renews it (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_expires: Option<String>,
+}
+
+/// An instance in quarantine ([`Provider::quarantined`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct QuarantinedInstance {
+    /// The cloud's instance id.
+    pub instance: String,
+    /// Its `berth-node` tag, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Why berth neither uses nor deletes it.
+    pub why: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]

@@ -591,6 +591,9 @@ async fn readyz(State(api): State<Api>) -> Response {
                     }
                     _ => None,
                 };
+                if let Some(why) = &s.mismatch {
+                    return Some(format!("{name} (creates nothing: {why})"));
+                }
                 if s.listed {
                     return stale;
                 }

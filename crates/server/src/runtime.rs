@@ -657,6 +657,10 @@ pub struct StartOptions {
     /// [`berth_plugin::default_cache_dir`], else `cache` in the state
     /// directory.
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Adopt the pool's instances that the store cannot vouch for, as
+    /// their tags say, until every provider has been listed once
+    /// ([`Pool::adopt_instances`]).
+    pub adopt_instances: bool,
 }
 
 /// Loads the configured drivers, opens the store in the state directory,
@@ -765,7 +769,13 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     }
     let clock = Clock::system();
     let seed = options.seed.unwrap_or_else(rand::random);
-    let pool = Pool::restore(config.clone(), seed, loaded.snapshot, clock.now());
+    let mut pool = Pool::restore(config.clone(), seed, loaded.snapshot, clock.now());
+    if options.adopt_instances {
+        tracing::warn!(
+            "adopting on purpose: instances with this pool's tags that the store cannot vouch for are taken as their tags say (those tagged as handed out, on hold) and signed anew, until every provider has been listed once"
+        );
+        pool.adopt_instances();
+    }
     tracing::info!(
         providers = config.providers.len(),
         labels = config.labels.len(),
@@ -937,12 +947,19 @@ impl Loop {
         // The first step is owed at once (the first lists, prewarming): a
         // pool nobody talks to must not wait for an event to start.
         self.step().await?;
+        // A store file removed or replaced under the process is noticed
+        // within this, even while nothing is committed.
+        let mut watch = self.store.watch_every().map(tokio::time::interval);
         let grace = loop {
             let wake = self.pool.next_wakeup().map(|t| self.clock.instant(t));
             let renew = self.renewal_due();
             tokio::select! {
                 biased;
                 g = &mut *stop => break g.unwrap_or(Duration::ZERO),
+                _ = tick(&mut watch) => {
+                    self.store.check().await?;
+                    continue;
+                }
                 Some(o) = inbox.outcomes.recv() => self.outcome(o),
                 c = inbox.commands.recv() => match c {
                     Some(c) => self.command(c),
@@ -1520,6 +1537,44 @@ impl Loop {
                 reclaimed,
                 "a requestor stopped renewing its lease; its pending requests failed and its nodes were taken back"
             ),
+            Notice::Quarantined {
+                provider,
+                count,
+                named,
+            } => {
+                let named: Vec<String> = named
+                    .iter()
+                    .map(|(id, q)| match &q.node {
+                        Some(node) => format!("{id} (node {node}): {}", q.why),
+                        None => format!("{id}: {}", q.why),
+                    })
+                    .collect();
+                tracing::error!(
+                    provider = pname(provider),
+                    count,
+                    instances = %named.join("; "),
+                    "instances with this pool's tags are in quarantine: berth neither hands them out nor deletes them; look at them (GET /v1/providers), then delete them in the cloud or adopt them on purpose (docs/tags.md)"
+                )
+            }
+            Notice::StoreMismatch { provider, why } => tracing::error!(
+                provider = pname(provider),
+                %why,
+                "this store is not the one the provider's instances of the pool were made by, as far as it can tell: nothing is created on the provider, and none of them is handed out or deleted. Put back the store that made them and restart, delete them in the cloud, or adopt them on purpose by starting once with `berth serve --adopt-instances` (docs/tags.md)"
+            ),
+            Notice::StoreMismatchEnded { provider } => tracing::info!(
+                provider = pname(provider),
+                "the provider's lists no longer show instances this store cannot vouch for: creates there go on"
+            ),
+            Notice::HeldByTags {
+                node,
+                instance,
+                why,
+            } => tracing::error!(
+                %node,
+                %instance,
+                %why,
+                "the store does not have this node in use, but its instance's tags say it is handed out: the node is put on hold (never handed out nor deleted); `berth run` hands it out again, `berth delete` deletes it"
+            ),
         }
     }
 }
@@ -1562,6 +1617,16 @@ async fn requests_sent(shards: &Option<Arc<Shards>>) {
 async fn pool_given_up(shards: &Option<Arc<Shards>>) {
     match shards {
         Some(shards) => shards.pool_given_up().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next tick of `interval`, or never.
+async fn tick(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(i) => {
+            i.tick().await;
+        }
         None => std::future::pending().await,
     }
 }

@@ -41,6 +41,9 @@ pub struct ServeOptions {
     /// [`berth_plugin::default_cache_dir`], else `cache` in the state
     /// directory.
     pub cache_dir: Option<PathBuf>,
+    /// Adopt the pool's instances the store cannot vouch for
+    /// ([`StartOptions::adopt_instances`]).
+    pub adopt_instances: bool,
 }
 
 /// The embedded default's config, for a sim cloud at `sim` and state in
@@ -298,6 +301,7 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
             deny: vec![bound],
             advertise,
             cache_dir: options.cache_dir.clone(),
+            adopt_instances: options.adopt_instances,
             ..Default::default()
         },
     )

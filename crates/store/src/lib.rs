@@ -291,10 +291,6 @@ pub enum StoreError {
          nothing more can be recorded where the next start will look"
     )]
     Vanished { path: String, what: String },
-    /// The pool was stopped rather than take instances of the pool that
-    /// the store cannot vouch for: the store is not the one that made them.
-    #[error("{0}")]
-    NotTheCloudsStore(String),
 }
 
 fn fenced_text(epoch: &Option<i64>) -> String {

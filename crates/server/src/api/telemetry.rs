@@ -132,6 +132,7 @@ pub struct Telemetry {
     lists_believed: Family<ByProvider, Gauge>,
     last_list_age: Family<ByProvider, Gauge>,
     nodes_missing: Family<ByProvider, Gauge>,
+    quarantined: Family<ByProvider, Gauge>,
     log_dropped: Family<ByProvider, Counter>,
     http_open: Gauge,
     http_closed: Family<Reason, Counter>,
@@ -339,6 +340,12 @@ impl Telemetry {
                 "Nodes whose instance the provider's lists stopped showing (suspected, or confirmed while in use)",
                 Family::default(),
             ),
+            quarantined: register(
+                r,
+                "berth_instances_quarantined",
+                "Instances with this pool's tags that berth neither hands out nor deletes (the store cannot vouch for them, or their tags say they are in use), by provider: for a person to look at",
+                Family::default(),
+            ),
             log_dropped: register(
                 r,
                 "berth_driver_log_dropped",
@@ -408,6 +415,9 @@ impl Telemetry {
             self.nodes_missing
                 .get_or_create(&labels)
                 .set(s.missing as f64);
+            self.quarantined
+                .get_or_create(&labels)
+                .set(s.quarantined.len() as f64);
         }
         for (name, started) in providers.started() {
             let labels = ByProvider { provider: name };
@@ -586,7 +596,11 @@ impl Observer for Telemetry {
             | Notice::Revived { .. }
             | Notice::ListFailing { .. }
             | Notice::ListSuspect { .. }
-            | Notice::ListRecovered { .. } => {}
+            | Notice::ListRecovered { .. }
+            | Notice::Quarantined { .. }
+            | Notice::StoreMismatch { .. }
+            | Notice::StoreMismatchEnded { .. }
+            | Notice::HeldByTags { .. } => {}
         }
     }
 
@@ -738,6 +752,8 @@ ram = "4GiB"
 # TYPE berth_provider_last_list_age_seconds gauge
 # HELP berth_nodes_missing Nodes whose instance the provider's lists stopped showing (suspected, or confirmed while in use).
 # TYPE berth_nodes_missing gauge
+# HELP berth_instances_quarantined Instances with this pool's tags that berth neither hands out nor deletes (the store cannot vouch for them, or their tags say they are in use), by provider: for a person to look at.
+# TYPE berth_instances_quarantined gauge
 # HELP berth_driver_log_dropped Driver log records (log import and stdio lines) dropped over the provider's log-rate.
 # TYPE berth_driver_log_dropped counter
 # HELP berth_http_connections Connections to the API open now.
@@ -842,6 +858,7 @@ ram = "4GiB"
             &t.lists_believed,
             &t.last_list_age,
             &t.nodes_missing,
+            &t.quarantined,
         ] {
             family.get_or_create(&ByProvider::new("p0")).set(1.0);
         }

@@ -367,6 +367,8 @@ pub(super) fn providers(
                 "list-failing"
             } else if matches!(s.list, ListHealth::Suspect { .. }) {
                 "list-suspect"
+            } else if s.mismatch.is_some() {
+                "store-mismatch"
             } else if held.is_some() {
                 "rate-limited"
             } else if quota.is_some() {
@@ -407,6 +409,14 @@ pub(super) fn providers(
                 list_error,
                 last_listed: s.last_listed.map(at),
                 missing: s.missing,
+                store_mismatch: s.mismatch.clone(),
+                quarantined: (s.quarantined.iter())
+                    .map(|(instance, q)| types::QuarantinedInstance {
+                        instance: berth_core::text::printable(instance).into_owned(),
+                        node: q.node.clone(),
+                        why: q.why.clone(),
+                    })
+                    .collect(),
                 holder: None,
                 lease_expires: None,
             }
