@@ -20,6 +20,7 @@ mod sdk_js;
 mod sdk_python;
 mod serve;
 mod static_hosts;
+mod store_trust;
 mod support;
 mod templates;
 

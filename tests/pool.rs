@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth::config::{self, LabelIx, Settings};
-use berth::driver::{NODE_TAG, POOL_TAG};
+use berth::driver::{LABEL_TAG, NODE_TAG, POOL_TAG, SIG_TAG, STORE_TAG};
 use berth::pool::{NewRequest, NodeId, NodeState, Pool, Request, RequestState};
 use berth::runtime::{self, Handle, Service, StartOptions};
 use berth::sim::{Knobs, SimCloud};
@@ -461,14 +461,22 @@ async fn slots_pack_onto_backing_instances_and_are_released_after_grace() {
     service.stop().await.expect("clean stop");
 }
 
+/// Instances made behind berth's back once its store has faced the cloud:
+/// one signed with the store's key for a node the store does not have (a
+/// lost record) is adopted; one signed for a label the pool does not serve
+/// is deleted as a leak; one with the pool's tags but no signature (made by
+/// hand) is never adopted nor deleted, only shown in quarantine; one of
+/// another pool is never touched.
 #[tokio::test]
-async fn a_leaked_instance_is_deleted_and_a_tagged_one_adopted() {
+async fn a_signed_instance_is_adopted_a_leak_deleted_and_a_forged_one_left_alone() {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let extra = SMALL.replace("min-ready = 3", "min-ready = 0");
     let config = pool_config(&sim, dir.path(), &extra);
-    // Before berth starts: one instance with full tags (adoptable), one with
-    // the pool id only (a leak), one of another pool (never touched).
+    let service = start(config).await;
+    let h = service.handle.clone();
+    until(&h, 20, "the store confirmed", |p| p.identity().confirmed).await;
+    let identity = h.inspect(|p| p.identity().clone()).await.unwrap();
     let runtime = berth::plugin::Runtime::new(Default::default()).unwrap();
     let driver = runtime.load_file(plugin("sim")).await.unwrap();
     let setup = |pool_id: &str| {
@@ -490,32 +498,53 @@ async fn a_leaked_instance_is_deleted_and_a_tagged_one_adopted() {
         )
     };
     let p = setup("itest");
-    let adoptable = NodeId(0x1234);
-    let mut spec = berth::driver::CreateSpec {
-        node_id: adoptable.to_string(),
+    let signed = |node: NodeId, label: &str| -> berth::driver::Tags {
+        let sig = identity.sign(berth::pool::Signed {
+            pool_id: "itest",
+            node,
+            label,
+            instance_type: "small",
+            slots: None,
+        });
+        [
+            (NODE_TAG.to_string(), node.to_string()),
+            (LABEL_TAG.to_string(), label.to_string()),
+            (STORE_TAG.to_string(), identity.generation.clone()),
+            (SIG_TAG.to_string(), sig),
+        ]
+        .into()
+    };
+    let spec = |node: NodeId, tags: berth::driver::Tags| berth::driver::CreateSpec {
+        node_id: node.to_string(),
         instance_type: "small".into(),
         image: "ubuntu-24.04".into(),
-        tags: [
-            (NODE_TAG.to_string(), adoptable.to_string()),
-            (berth::driver::LABEL_TAG.to_string(), "small".to_string()),
-        ]
-        .into(),
+        tags,
         user_data: None,
         ssh_public_key: None,
         options: "{}".into(),
     };
-    p.create(spec.clone()).await.expect("adoptable");
-    spec.node_id = "stray".into();
-    spec.tags = Default::default();
-    let leak = p.create(spec.clone()).await.expect("leak");
-    spec.node_id = "foreign".into();
-    let foreign = setup("another-pool").create(spec).await.expect("foreign");
+    let adoptable = NodeId(0x1234);
+    p.create(spec(adoptable, signed(adoptable, "small")))
+        .await
+        .expect("adoptable");
+    let leak = p
+        .create(spec(NodeId(0x5678), signed(NodeId(0x5678), "gone-label")))
+        .await
+        .expect("leak");
+    let mut forged_tags = signed(NodeId(0x9abc), "small");
+    forged_tags.remove(SIG_TAG);
+    let forged = p
+        .create(spec(NodeId(0x9abc), forged_tags))
+        .await
+        .expect("forged");
+    let foreign = setup("another-pool")
+        .create(spec(NodeId(0xdef0), Default::default()))
+        .await
+        .expect("foreign");
     drop(p);
 
-    let service = start(config).await;
-    let h = service.handle.clone();
-    until(&h, 20, "adopted node ready", |p| {
-        p.node(NodeId(0x1234))
+    until(&h, 20, "adopted node ready", move |p| {
+        p.node(adoptable)
             .is_some_and(|n| matches!(n.state, NodeState::Ready { .. }))
     })
     .await;
@@ -525,10 +554,29 @@ async fn a_leaked_instance_is_deleted_and_a_tagged_one_adopted() {
             == 1
     })
     .await;
+    let quarantined = h
+        .inspect(|p| p.provider_status(berth::config::ProviderIx(0)).quarantined)
+        .await
+        .unwrap();
+    assert_eq!(
+        quarantined.keys().collect::<Vec<_>>(),
+        vec![&forged.id],
+        "{quarantined:?}"
+    );
+    assert!(quarantined[&forged.id].why.contains("no signature"));
     let live = live_instances(&sim.cloud);
-    assert_eq!(live.len(), 1);
+    assert_eq!(live.len(), 2, "{live:?}");
     assert!(live.contains_key(&adoptable.to_string()));
+    assert!(live.values().any(|i| *i == forged.id), "never deleted");
     assert!(!live.values().any(|i| *i == leak.id));
+    assert!(
+        h.inspect(move |p| p
+            .nodes()
+            .all(|n| n.instance.as_deref() != Some(forged.id.as_str())))
+            .await
+            .unwrap(),
+        "never taken by a node"
+    );
     let untouched = sim
         .cloud
         .instances()

@@ -380,7 +380,9 @@ async fn host_memory_a_driver_makes_the_host_hold_is_bounded() {
 /// driver listing one instance under five node ids got one machine handed
 /// to several requests; and it adopted past the provider's limits. Now a
 /// listing that names an instance twice is refused (and counted), and
-/// adoption stops at `max-instances`.
+/// adoption stops at `max-instances`, even when an operator adopts what the
+/// store cannot vouch for on purpose (`--adopt-instances`, which takes
+/// the phantoms as their tags say).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_that_lies_cannot_hand_one_machine_out_twice_or_adopt_past_limits() {
     let (_sim, _dir, server) = start(
@@ -400,7 +402,7 @@ async fn a_driver_that_lies_cannot_hand_one_machine_out_twice_or_adopt_past_limi
                 )
             },
         ],
-        &[],
+        &["--adopt-instances"],
     )
     .await;
     server
@@ -475,6 +477,49 @@ async fn a_driver_that_lies_cannot_hand_one_machine_out_twice_or_adopt_past_limi
         nodes.iter().all(|n| n["instance"] != "hostile-shared"),
         "the twins' instance was taken: {nodes:?}"
     );
+    server.terminate().await.assert_success();
+}
+
+/// A driver that lists instances that do not exist, carrying the pool's
+/// tags, beside a good provider, on a new store. Before: each phantom was
+/// adopted (up to the provider's limits) and handed out, the rest deleted.
+/// Now none carries this store's signature: nothing is adopted, handed out
+/// or deleted on the lying provider, which creates nothing and says why,
+/// while the good provider serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phantoms_on_a_new_store_are_neither_adopted_nor_deleted_and_the_others_serve() {
+    let (_sim, _dir, server) = start(
+        &[Hostile {
+            min_ready: 1,
+            ..Hostile::new(
+                "phantoms",
+                json!({"mode": "ok", "list": "phantoms", "count": 50, "label": "phantoms"}),
+            )
+        }],
+        &[],
+    )
+    .await;
+    let p = until(30, "the lying provider held", || async {
+        let p = provider(&server, "phantoms").await;
+        (p["status"] == "store-mismatch").then_some(p)
+    })
+    .await;
+    assert_eq!(p["quarantined"].as_array().map(Vec::len), Some(50), "{p}");
+    fulfilled(&server, "small", 30).await;
+    let m = server.metrics(None).await;
+    assert_eq!(
+        metric(&m, "berth_instances_quarantined{provider=\"phantoms\"}"),
+        Some(50.0)
+    );
+    for call in ["create", "delete", "set-tags"] {
+        let series = format!("berth_driver_calls_total{{provider=\"phantoms\",call=\"{call}\"");
+        assert!(!m.contains(&series), "{call} sent to the lying provider");
+    }
+    let (_, nodes) = server.call("GET", "/v1/nodes", None, None).await;
+    let on_phantoms = (nodes.as_array().unwrap().iter())
+        .filter(|n| n["provider"] == "phantoms")
+        .count();
+    assert_eq!(on_phantoms, 0, "{nodes}");
     server.terminate().await.assert_success();
 }
 

@@ -632,6 +632,79 @@ async fn a_lease_that_expired_while_berth_was_down_gets_a_full_ttl_to_be_renewed
     server.terminate().await.assert_success();
 }
 
+/// libfaketime's preload library, which `scripts/setup tests` installs.
+fn libfaketime() -> std::path::PathBuf {
+    let found = std::fs::read_dir("/usr/lib").ok().and_then(|dirs| {
+        dirs.flatten()
+            .map(|d| d.path().join("faketime/libfaketime.so.1"))
+            .find(|p| p.exists())
+    });
+    found.expect("libfaketime is missing: run scripts/setup tests")
+}
+
+/// Regression: requestor leases are stored as wall-clock deadlines, and a
+/// restart kept a stored one that was later than its TTL from then. A
+/// client renewed while berth's clock was an hour ahead (libfaketime), then
+/// berth restarted with the right clock and the client stayed silent: its
+/// nodes stayed held for the hour (the lease TTL being seconds). Now a
+/// restart gives every lease exactly its TTL from then, and the silent
+/// client's nodes come back within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewed_under_a_clock_set_ahead_ends_within_its_ttl_after_a_restart() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config(&sim, dir.path());
+    set_lease_ttl(&config, "4s");
+    let cfg = config.display().to_string();
+    let preload = libfaketime().display().to_string();
+    let ahead = [
+        ("LD_PRELOAD", preload.as_str()),
+        ("FAKETIME", "+1h"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let server = Berth::launch(Launch {
+        env: &ahead,
+        ..Launch::new(&["--config", &cfg], dir.path())
+    })
+    .await;
+    server.until_ready(30, "ready, an hour ahead").await;
+    let request = server.request(CI, &[("small", 2)]).await;
+    let held: Vec<String> = (server.fulfilled(CI, &request.id).await.nodes)
+        .iter()
+        .map(|n| n.id.clone())
+        .collect();
+    let (_, n) = server
+        .call("GET", &format!("/v1/nodes/{}", held[0]), Some(OPS), None)
+        .await;
+    let since = n["since"].as_str().unwrap_or_default().to_owned();
+    server.terminate().await.assert_success();
+
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let restarted = std::time::Instant::now();
+    let taken_back = |id: String| {
+        let server = &server;
+        async move {
+            let path = format!("/v1/nodes/{id}");
+            let (_, n) = server.call("GET", &path, Some(OPS), None).await;
+            n["state"] != "in-use"
+        }
+    };
+    until(20, "the silent client's nodes taken back", || async {
+        for id in &held {
+            if !taken_back(id.clone()).await {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    eprintln!(
+        "handed out at {since} (an hour ahead); taken back {:.1}s after the restart, lease-ttl 4s",
+        restarted.elapsed().as_secs_f64()
+    );
+    server.terminate().await.assert_success();
+}
+
 /// Regression: a graceful stop sometimes exited non-zero. Signals were only
 /// handled once the API listened, so a SIGTERM that came earlier (in CI, one
 /// sent the moment the API answered, before the main thread had reached the
