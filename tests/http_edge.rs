@@ -348,6 +348,110 @@ async fn slow_and_idle_clients_cannot_hold_berth() {
     assert!(!log.contains("ConnectionRefused"), "{log}");
 }
 
+/// Clients long-polling their pending request (`?wait=300s`) until
+/// berth's connections are full, under a 128-file limit (a cap of 64) and at
+/// the default cap of 1,024. Before: every connection held a long-poll, so
+/// 106 of 106 health probes failed under the small limit and `/healthz`
+/// timed out at the default cap: a liveness probe would have restarted berth
+/// in a loop. Now long-polls hold at most all but a reserve: every health
+/// probe, an admin call and a new request are answered, and the long-polls
+/// past the reserve are answered at once with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is a lock between tests, each on a runtime of its own.
+#[allow(clippy::await_holding_lock)]
+async fn long_polls_at_the_connection_cap_leave_room_for_health_and_admin_calls() {
+    let _heavy = crate::support::machine_to_myself();
+    for (nofile, cap, pollers) in [(NOFILE, 64usize, 100usize), (4096, 1024, 1100)] {
+        // Its creates fail for want of capacity: the request stays pending.
+        let sim = SimServer::start_with(berth::sim::Knobs {
+            out_of_capacity: vec!["small".into()],
+            ..Default::default()
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = serve_config(&sim, dir.path());
+        crate::serve::set_lease_ttl(&config, "10m");
+        let cfg = config.display().to_string();
+        let server = Berth::launch(Launch {
+            nofile: Some(nofile),
+            ..Launch::new(&["--config", &cfg], dir.path())
+        })
+        .await;
+        let pid = server.pid();
+        let waiting = server.request(CI, &[("small", 1)]).await;
+        let addr = server.base.strip_prefix("http://").unwrap().to_owned();
+        let head = format!(
+            "GET /v1/requests/{}?wait=300s HTTP/1.1\r\nHost: {addr}\r\n\
+             Authorization: Bearer {CI}\r\n\r\n",
+            waiting.id
+        );
+        let before = fds(pid);
+        let polls: Vec<_> = (0..pollers)
+            .map(|_| {
+                let (addr, head) = (addr.clone(), head.clone());
+                tokio::spawn(async move {
+                    let mut s = TcpStream::connect(&addr).await.ok()?;
+                    s.write_all(head.as_bytes()).await.ok()?;
+                    // Held open, reading whatever comes, until dropped.
+                    let mut answer = Vec::new();
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut answer))
+                            .await;
+                    Some(answer)
+                })
+            })
+            .collect();
+        // Every long-poll berth lets wait is waiting: all its connections
+        // but the reserve (a sixteenth, at least 16).
+        let held = cap - (cap / 16).max(16);
+        until(60, &format!("{held} long-polls held of {cap}"), || async {
+            (fds(pid) >= before + held).then_some(())
+        })
+        .await;
+        let mut slow = Vec::new();
+        for _ in 0..20 {
+            let asked = Instant::now();
+            // Answered at all, not how fast: a probe's own timeout is
+            // the operator's to set.
+            let answered = tokio::time::timeout(
+                Duration::from_secs(5),
+                http(&server.base, "GET", "/healthz", None, None),
+            )
+            .await;
+            match answered {
+                Ok(Ok((200, _))) => slow.push(asked.elapsed()),
+                other => panic!("cap {cap}: /healthz not answered: {other:?}"),
+            }
+        }
+        let (s, nodes) = tokio::time::timeout(
+            Duration::from_secs(5),
+            http(&server.base, "GET", "/v1/nodes", Some(OPS), None),
+        )
+        .await
+        .expect("an admin call answered")
+        .unwrap();
+        assert_eq!(s, 200, "cap {cap}: {nodes}");
+        let (s, r) = http(
+            &server.base,
+            "POST",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"small": 1}})),
+        )
+        .await
+        .unwrap();
+        assert_eq!(s, 201, "cap {cap}: {r}");
+        for p in polls {
+            p.abort();
+        }
+        let worst = slow.iter().max().copied().unwrap_or_default();
+        eprintln!(
+            "cap {cap}: {pollers} long-polls; 20 of 20 health probes answered, the slowest in {worst:?}"
+        );
+        server.terminate().await.assert_success();
+    }
+}
+
 async fn join(tasks: Vec<tokio::task::JoinHandle<Ended>>) -> Vec<Ended> {
     let mut out = Vec::with_capacity(tasks.len());
     for t in tasks {

@@ -13,6 +13,9 @@ use berth_core::pool::Idle;
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest pause a long-poll's `Retry-After` makes the client take.
+const MAX_RETRY_AFTER: u64 = 5;
+
 /// How long a call may take, beyond any wait it asks the server for.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -172,6 +175,9 @@ impl Client {
 
     /// `GET /v1/requests/{id}`; with `wait`, held by the server until the
     /// request is no longer pending or `wait` (at most [`MAX_WAIT`]) is over.
+    /// A server with no room for another long-poll answers at once with
+    /// `Retry-After`; the call then returns after that pause, so that a
+    /// loop of waits does not spin.
     pub async fn request(&self, id: &str, wait: Option<Duration>) -> Result<Request, Error> {
         let wait = wait.map(|w| format!("{}ms", w.min(MAX_WAIT).as_millis().max(1)));
         let q = [("wait", wait.as_deref())];
@@ -257,9 +263,16 @@ impl Client {
         };
         let answer = req.send().await.map_err(unreachable)?;
         let status = answer.status();
+        let pause = (answer.headers().get(reqwest::header::RETRY_AFTER))
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+            .filter(|_| waits && status.is_success())
+            .map(|s| Duration::from_secs(s.min(MAX_RETRY_AFTER)));
         let bytes = answer.bytes().await.map_err(unreachable)?;
         if !status.is_success() {
             return Err(api_error(status, &bytes));
+        }
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
         }
         serde_json::from_slice(&bytes).map_err(|e| Error::Answer {
             server: self.shown.clone(),

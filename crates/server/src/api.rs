@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 pub use auth::Caller;
@@ -48,6 +48,11 @@ struct Inner {
     stopping: AtomicBool,
     /// Passes calls to the pool's holder while this process stands by.
     relay: forward::Relay,
+    /// Long-polls that may wait at once: fewer than the connections the
+    /// server takes, so that clients waiting on their requests never hold
+    /// every connection and health checks and admin calls always find
+    /// room ([`Api::limit_waits`]). Without a limit, unbounded.
+    waits: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Api {
@@ -59,8 +64,16 @@ impl Api {
                 settings,
                 stopping: AtomicBool::new(false),
                 relay: forward::Relay::new(),
+                waits: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// At most `n` long-polls wait at once; one more is answered at once
+    /// with the request's state (and `Retry-After: 1`), as a wait that has
+    /// ended. Set once, by the server that knows its connection cap.
+    pub fn limit_waits(&self, n: usize) {
+        let _ = (self.inner.waits).set(Arc::new(tokio::sync::Semaphore::new(n)));
     }
 
     /// `[api]`: tokens and limits.
@@ -896,7 +909,7 @@ async fn list_requests(
     operation_id = "get_request",
     tag = "requests",
     summary = "Get a request, optionally waiting",
-    description = "With `wait`, a long poll: answers with the request's state as soon as it stops being pending, or when the wait ends, whichever is first (so a 200 may still say `pending`). A client may read only its own requests.",
+    description = "With `wait`, a long poll: answers with the request's state as soon as it stops being pending, or when the wait ends, whichever is first (so a 200 may still say `pending`). When as many long polls wait as the server lets wait at once (all its connections but a reserve kept for everything else), it answers at once with `Retry-After: 1`. A client may read only its own requests.",
     security(("bearerAuth" = [])),
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     params(
@@ -941,16 +954,37 @@ async fn get_request(
         }
     })
     .await?;
+    // A wait past the long-poll budget is not held: answered at once, as
+    // a wait that ended, with a hint to come back in a second.
+    let mut cut = false;
     if let Some(wait) = wait {
-        // The answer is the request's state when it stops pending or the
-        // wait ends, whichever is first.
-        let _ = tokio::time::timeout(wait, api.handle().wait(id)).await;
+        let slot = match api.inner.waits.get() {
+            Some(waits) => match waits.clone().try_acquire_owned() {
+                Ok(slot) => Some(Some(slot)),
+                Err(_) => None,
+            },
+            None => Some(None),
+        };
+        match slot {
+            // The answer is the request's state when it stops pending or
+            // the wait ends, whichever is first.
+            Some(_slot) => {
+                let _ = tokio::time::timeout(wait, api.handle().wait(id)).await;
+            }
+            None => cut = !wait.is_zero(),
+        }
     }
     let view = api
         .handle()
         .inspect(move |pool| views::owned_request(pool, id, &caller))
         .await??;
-    Ok(json(StatusCode::OK, view))
+    let mut answer = json(StatusCode::OK, view);
+    if cut {
+        answer
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    Ok(answer)
 }
 
 fn no_other_params(q: &BTreeMap<String, String>, known: &[&str]) -> Result<()> {

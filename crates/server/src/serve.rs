@@ -189,6 +189,10 @@ pub async fn serve(
                 config.max_connections
             );
         }
+        // Long-polls hold their connection: they may hold all but a
+        // reserve, which health checks, admin calls and short requests
+        // always find.
+        api.limit_waits(http::waits_within(max_connections));
         http::Limits {
             header_timeout: config.header_timeout,
             max_connections,

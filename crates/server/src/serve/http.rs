@@ -16,6 +16,12 @@
 //!   longest for a request; a connection whose request is being answered,
 //!   or has arrived unread, is never cut. Only when every connection is
 //!   busy is a new one with a request closed (after a short wait).
+//! - **Long-polls** (`GET /v1/requests/{id}?wait=`) hold their connection
+//!   while they wait: at most all but a reserve ([`reserve`]) wait at once,
+//!   and one more is answered at once (`Retry-After: 1`). So clients
+//!   waiting on their requests never hold every connection: a health
+//!   check, an admin call or a short request finds a connection that is
+//!   idle (and can be closed to make room) or free.
 //! - **Deferred accept** (Linux `TCP_DEFER_ACCEPT`): a connection reaches
 //!   berth once its first bytes come, or after a second without any, so an
 //!   idle flood waits in the kernel and costs no fd, and a connection just
@@ -90,6 +96,20 @@ fn defer_accept(_: &tokio::net::TcpSocket) {}
 /// How long the accept loop, at the cap with no connection to close, waits
 /// for one before it refuses the new connection.
 const EVICT_PATIENCE: Duration = Duration::from_millis(100);
+
+/// Connections kept from long-polls at a cap of `max_connections`: a
+/// sixteenth, at least 16 (all of a cap of 16 or less but one).
+pub fn reserve(max_connections: usize) -> usize {
+    (max_connections / 16)
+        .max(16)
+        .min(max_connections.saturating_sub(1))
+}
+
+/// How many long-polls may wait at once under a cap of `max_connections`:
+/// the rest are kept for everything else ([`reserve`]).
+pub fn waits_within(max_connections: usize) -> usize {
+    max_connections - reserve(max_connections)
+}
 
 /// The server's limits.
 #[derive(Clone, Copy, Debug)]
