@@ -1094,6 +1094,9 @@ impl Loop {
                 if !matches!(&why, ServiceError::Standby { holder: h, .. } if **h == *holder) {
                     tracing::info!(%holder, %address, "standing by: another berth process holds the pool");
                 }
+                // This process holds no lease now: nothing of it is
+                // uncertain, and `/readyz` says it stands by.
+                self.show_lease();
                 why = ServiceError::Standby {
                     holder: holder.into(),
                     address: address.into(),

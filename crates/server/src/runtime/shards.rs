@@ -318,6 +318,9 @@ impl Shards {
         let certain = |l: &Lease| (sent + l.remaining).checked_sub(margin);
         let pool_until = roster.pool.as_ref().and_then(certain);
         let mut leaving = self.leaving();
+        // What changed is said in one line per kind, however many providers
+        // a rebalance moves at once.
+        let (mut taken, mut lost, mut given) = (Vec::new(), Vec::new(), Vec::new());
         for (i, lease) in roster.providers.iter().enumerate() {
             let was = before.providers.get(i).and_then(Option::as_ref);
             match lease {
@@ -327,14 +330,14 @@ impl Shards {
                         None => self.gates[i].shut_now(),
                     }
                     if was.is_none_or(|w| w.holder != self.me || w.epoch != l.epoch) {
-                        tracing::info!(provider = %self.names[i], epoch = l.epoch, "this process holds the provider: it carries out the provider's cloud calls");
+                        taken.push(format!("{}@{}", self.names[i], l.epoch));
                     }
                 }
                 _ => {
                     self.gates[i].shut_now();
                     leaving.remove(&i);
                     if was.is_some_and(|w| w.holder == self.me) {
-                        tracing::info!(provider = %self.names[i], "this process no longer holds the provider");
+                        lost.push(self.names[i].as_str());
                     }
                 }
             }
@@ -348,15 +351,24 @@ impl Shards {
         let share = roster.share();
         // The last ones past the share, so that who holds what moves little.
         for &i in keeping.iter().skip(share) {
-            tracing::info!(
-                provider = %self.names[i],
-                processes = roster.members,
-                share,
-                "giving the provider up, to spread the providers over the processes"
-            );
+            given.push(self.names[i].as_str());
             leaving.insert(i);
         }
         drop(leaving);
+        if !taken.is_empty() {
+            tracing::info!(providers = %taken.join(", "), "this process holds these providers now (name@epoch): it carries out their cloud calls");
+        }
+        if !lost.is_empty() {
+            tracing::info!(providers = %lost.join(", "), "this process no longer holds these providers");
+        }
+        if !given.is_empty() {
+            tracing::info!(
+                providers = %given.join(", "),
+                processes = roster.members,
+                share,
+                "giving providers up once their calls have ended, to spread the providers over the processes"
+            );
+        }
         self.roster.send_replace(Arc::new(roster));
     }
 
@@ -419,6 +431,17 @@ async fn keep_beating(
             let names: Vec<String> = drained.iter().map(|&i| shards.names[i].clone()).collect();
             match pg.release(&names).await {
                 Ok(()) => {
+                    // No longer held, as of now: the next beat must not
+                    // renew what was just given up (a renewal of a lease
+                    // still naming this process would take it back, and it
+                    // would be given up again at every beat).
+                    shards.roster.send_modify(|roster| {
+                        let mut now = Roster::clone(roster);
+                        for i in &drained {
+                            now.providers[*i] = None;
+                        }
+                        *roster = Arc::new(now);
+                    });
                     let mut leaving = shards.leaving();
                     for i in &drained {
                         leaving.remove(i);
@@ -483,7 +506,8 @@ async fn keep_beating(
                         shards.pool_given_up.notify_waiters();
                     }
                     if seen.pool || seen.providers {
-                        tracing::info!(pool = seen.pool, providers = seen.providers, "a berth process gave leases up: looking at the leases now");
+                        // What it changes here is said by `take_in`.
+                        tracing::debug!(pool = seen.pool, providers = seen.providers, "a berth process gave leases up: looking at the leases now");
                         break None;
                     }
                 }
@@ -552,7 +576,7 @@ impl Routed {
     /// twice the TTL) for a holder while there is none.
     async fn run(&self, which: Which, call: wire::Call) -> Result<Answer, CallError> {
         let i = self.p.0 as usize;
-        let give_up = tokio::time::Instant::now() + self.shards.ttl * 2;
+        let mut give_up = tokio::time::Instant::now() + self.shards.ttl * 2;
         let mut retry = RETRY_FIRST;
         let mut roster = self.shards.roster.subscribe();
         let mut why = String::new();
@@ -583,6 +607,20 @@ impl Routed {
                         Answer::Failed(e) => return Err(self.error(which, e.into_kind(&holder))),
                         answer => return Ok(answer),
                     },
+                    // A list, a delete or a set-tags may be made again:
+                    // once the provider has changed hands (its holder
+                    // paused or died), it goes to the next holder rather
+                    // than failing, so that a takeover does not cost a
+                    // failed list and its backoff. A create may not be.
+                    Sent::Lost(e) if call.repeatable() && self.shards.route(i) != Route::There {
+                        holder: holder.clone(),
+                        address: address.clone(),
+                        epoch,
+                    } => {
+                        why = format!("{holder} did not answer before the provider moved: {e}");
+                        // The wait for the next holder starts now.
+                        give_up = tokio::time::Instant::now() + self.shards.ttl * 2;
+                    }
                     Sent::Lost(e) => {
                         return Err(self.error(
                             which,

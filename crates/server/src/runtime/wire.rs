@@ -25,6 +25,16 @@ pub enum Call {
     SetTags { id: String, tags: Tags },
 }
 
+impl Call {
+    /// Whether making the call again, after an attempt whose outcome is
+    /// not known, does no harm: a list reads, a delete of a gone instance
+    /// is `not-found`, tags set twice are the same tags. A create could
+    /// make a second machine.
+    pub fn repeatable(&self) -> bool {
+        !matches!(self, Call::Create(_))
+    }
+}
+
 /// What the call came to.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
