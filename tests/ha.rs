@@ -1497,3 +1497,84 @@ async fn providers_moving_between_processes_are_said_in_a_line_per_move() {
         p.take().unwrap().terminate().await.assert_success();
     }
 }
+
+/// A process gives a provider up to one that joins while a slow create (4 s)
+/// of that provider runs: it keeps renewing the provider's lease until the
+/// create has returned, and only then gives it up. Before: the lease was no
+/// longer renewed from the moment the provider was to be given up, lapsed,
+/// and the joining process took the provider while the create still ran
+/// (1.4 s before it returned, in one run), against the promise that calls
+/// in flight end first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_is_given_up_only_once_its_calls_in_flight_have_ended() {
+    let sim = SimServer::start().await;
+    let slow = SimServer::start_with(berth::sim::Knobs {
+        create_latency_ms: 4000,
+        ..Default::default()
+    })
+    .await;
+    let driver = plugin("sim");
+    let (slow_addr, slow_url) = (slow.addr(), slow.url());
+    // `slow` is the second provider, the one the first process gives up
+    // when the second joins, and the preferred one for `small`.
+    let keys = move |sim: &SimServer, i: usize| {
+        format!(
+            "{}\npriority = 2\n[providers.slow]\ndriver = {driver:?}\npriority = 1\n\
+             allow-hosts = [\"{slow_addr}\"]\nconfig = {{ endpoint = \"{slow_url}/c/b{i}\" }}\n",
+            sim_provider(sim, i)
+        )
+    };
+    let offer = "[labels.small.providers.slow]\ninstance-type = \"small\"\nimage = \"img\"\n\
+                 vcpus = 1\nram = \"1GiB\"\nprice = 0.1\n";
+    let root = tempfile::tempdir().unwrap();
+    let (url, store) = database(root.path(), None);
+    let extra = format!("{offer}\n{store}");
+    let mut fleet = Fleet::build(
+        sim,
+        2,
+        root,
+        url,
+        &extra,
+        &plugin("sim"),
+        "min-ready = 0",
+        keys,
+    );
+    fleet.start(0).await;
+    fleet
+        .get(0)
+        .until_ready(30, "b0 holds the pool and both providers")
+        .await;
+    let request = fleet.get(0).request(CI, &[("small", 1)]).await;
+    until(20, "the slow create sent", || async {
+        let sent = slow.cloud.calls().iter().any(|c| c.method == "POST");
+        sent.then_some(())
+    })
+    .await;
+    fleet.start(1).await;
+    let done = fleet.get(0).fulfilled(CI, &request.id).await;
+    let created = until(20, "the instance made", || async {
+        live(&slow.cloud).first().map(|i| i.created_at_ms)
+    })
+    .await;
+    let (taken, _) = until(30, "b1 takes the slow provider", || async {
+        taken_since(&fleet.get(1).log_text(), "slow", 0)
+    })
+    .await;
+    println!(
+        "the create returned at {created}, b1 took the provider {} ms later",
+        taken as i64 - created as i64
+    );
+    assert!(
+        taken >= created,
+        "b1 took the provider {} ms before its create returned",
+        created - taken
+    );
+    let creates = (slow.cloud.calls().iter())
+        .filter(|c| c.method == "POST")
+        .count();
+    assert_eq!(creates, 1, "the create was made again");
+    assert_eq!(done.nodes.len(), 1);
+    for p in fleet.procs.iter_mut() {
+        p.take().unwrap().terminate().await.assert_success();
+    }
+}

@@ -242,6 +242,17 @@ async fn a_second_berth_stands_by_relays_calls_and_takes_over_when_the_first_sto
         .to_owned();
     assert!(said.contains(&first.base), "{said}");
     assert_eq!(second.call("GET", "/healthz", None, None).await.0, 200);
+    // Each process serves its own metrics (before: a standby's answered
+    // `503 standby`); the pool's gauges are the holder's alone.
+    let theirs = second.metrics(Some(OPS)).await;
+    assert_eq!(metric(&theirs, "berth_pool_held"), Some(0.0), "{theirs}");
+    assert!(!theirs.contains("berth_nodes{"), "{theirs}");
+    assert!(
+        theirs.contains("berth_lease_heartbeat_seconds_count"),
+        "{theirs}"
+    );
+    let mine = first.metrics(Some(OPS)).await;
+    assert_eq!(metric(&mine, "berth_pool_held"), Some(1.0), "{mine}");
 
     // A request made to the one standing by is offered to the holder and
     // served by it.

@@ -688,10 +688,16 @@ async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response>
     api.caller(&headers)?;
     let telemetry = api.inner.telemetry.clone();
     let providers = api.handle().providers().clone();
-    let text = api
-        .handle()
-        .inspect(move |pool| telemetry.render(pool, &providers))
-        .await?;
+    let (t, p) = (telemetry.clone(), providers.clone());
+    let text = match api.handle().inspect(move |pool| t.render(pool, &p)).await {
+        Ok(text) => text,
+        // Every process serves its own metrics: one standing by, or whose
+        // store is out of reach, without the pool's gauges.
+        Err(ServiceError::Standby { .. } | ServiceError::StoreUnavailable(_)) => {
+            telemetry.render_alone(api.handle().config(), &providers)
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 

@@ -722,7 +722,10 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     let observer = options.observer.unwrap_or_else(|| Arc::new(Deaf));
     let (shards, beating) = match shared_out {
         Some(pg) => {
-            let (shards, beating) = Shards::start(pg, observer.clone())
+            let deadlines = (settings.drivers.iter())
+                .map(|d| d.sandbox.call_deadline)
+                .collect();
+            let (shards, beating) = Shards::start(pg, deadlines, observer.clone())
                 .await
                 .context("taking part in the providers' leases")?;
             (Some(shards), Some(beating))

@@ -133,6 +133,7 @@ pub struct Telemetry {
     last_list_age: Family<ByProvider, Gauge>,
     nodes_missing: Family<ByProvider, Gauge>,
     quarantined: Family<ByProvider, Gauge>,
+    pool_held: Gauge,
     log_dropped: Family<ByProvider, Counter>,
     http_open: Gauge,
     http_closed: Family<Reason, Counter>,
@@ -340,6 +341,12 @@ impl Telemetry {
                 "Nodes whose instance the provider's lists stopped showing (suspected, or confirmed while in use)",
                 Family::default(),
             ),
+            pool_held: register(
+                r,
+                "berth_pool_held",
+                "1 while this process holds the pool (decides and commits; the pool's gauges are its), 0 while it stands by or its store is out of reach (its own counters only)",
+                Gauge::default(),
+            ),
             quarantined: register(
                 r,
                 "berth_instances_quarantined",
@@ -395,13 +402,10 @@ impl Telemetry {
     /// pool's task, so that two scrapes do not interleave.
     pub fn render(&self, pool: &Pool, providers: &Providers) -> String {
         let config = pool.config();
+        self.process_counters(config, providers);
         for (i, p) in config.providers.iter().enumerate() {
             let ix = ProviderIx(i as u16);
             let labels = ByProvider::new(&p.name);
-            let up = providers.health(ix) == Health::Up;
-            self.provider_started
-                .get_or_create(&labels)
-                .set(if up { 1.0 } else { 0.0 });
             let s = pool.provider_status(ix);
             let believed = s.list == berth_core::pool::ListHealth::Ok;
             self.lists_believed
@@ -419,13 +423,49 @@ impl Telemetry {
                 .get_or_create(&labels)
                 .set(s.quarantined.len() as f64);
         }
+        self.pool_held.set(1.0);
+        self.pool_gauges(pool);
+        metrics::encode(&self.registry)
+    }
+
+    /// The metrics of a process that does not hold the pool (it stands by,
+    /// or its store is out of reach): its own counters, histograms and
+    /// drivers, and none of the pool's gauges, which are the holder's to
+    /// give (a scrape of every process counts the pool once).
+    pub fn render_alone(&self, config: &Config, providers: &Providers) -> String {
+        self.process_counters(config, providers);
+        self.pool_held.set(0.0);
+        for family in [
+            &self.lists_believed,
+            &self.last_list_age,
+            &self.nodes_missing,
+            &self.quarantined,
+        ] {
+            family.clear();
+        }
+        self.nodes.clear();
+        for family in [&self.instances, &self.vcpus, &self.ram, &self.price] {
+            family.clear();
+        }
+        self.pending.set(0.0);
+        self.oldest_pending.set(0.0);
+        metrics::encode(&self.registry)
+    }
+
+    /// This process's own drivers: whether each started, and what they
+    /// counted since the last scrape.
+    fn process_counters(&self, config: &Config, providers: &Providers) {
+        for (i, p) in config.providers.iter().enumerate() {
+            let up = providers.health(ProviderIx(i as u16)) == Health::Up;
+            (self.provider_started)
+                .get_or_create(&ByProvider::new(&p.name))
+                .set(if up { 1.0 } else { 0.0 });
+        }
         for (name, started) in providers.started() {
             let labels = ByProvider { provider: name };
             catch_up(&self.log_dropped, &labels, started.log_dropped());
             catch_up(&self.outbound_denied, &labels, started.denied_requests());
         }
-        self.pool_gauges(pool);
-        metrics::encode(&self.registry)
     }
 
     /// Sets the gauges computed from the pool alone.
@@ -752,6 +792,8 @@ ram = "4GiB"
 # TYPE berth_provider_last_list_age_seconds gauge
 # HELP berth_nodes_missing Nodes whose instance the provider's lists stopped showing (suspected, or confirmed while in use).
 # TYPE berth_nodes_missing gauge
+# HELP berth_pool_held 1 while this process holds the pool (decides and commits; the pool's gauges are its), 0 while it stands by or its store is out of reach (its own counters only).
+# TYPE berth_pool_held gauge
 # HELP berth_instances_quarantined Instances with this pool's tags that berth neither hands out nor deletes (the store cannot vouch for them, or their tags say they are in use), by provider: for a person to look at.
 # TYPE berth_instances_quarantined gauge
 # HELP berth_driver_log_dropped Driver log records (log import and stdio lines) dropped over the provider's log-rate.

@@ -57,8 +57,9 @@ pub const PEER_HEADER: &str = "x-berth-peer";
 /// Where calls are carried out for other processes.
 pub const CALLS_PATH: &str = "/internal/v1/calls";
 
-/// How long a provider being given up waits for its running calls.
-const DRAIN: Duration = Duration::from_secs(5);
+/// How much longer than a call may run (its `call-deadline`) a provider
+/// being given up waits for its running calls.
+const DRAIN_MARGIN: Duration = Duration::from_secs(1);
 
 /// How long connecting to another process may take: its host is down, and
 /// its leases will move.
@@ -85,6 +86,9 @@ pub struct Shards {
     roster: watch::Sender<Arc<Roster>>,
     /// Providers being given up: no new call starts on them.
     leaving: Mutex<HashSet<usize>>,
+    /// How long a provider being given up waits for its calls: its
+    /// `call-deadline`, and a margin.
+    drain: Vec<Duration>,
     /// Calls running here, per provider.
     running: Vec<AtomicUsize>,
     /// Woken when a beat is wanted now.
@@ -158,8 +162,11 @@ impl Shards {
     /// Reads the peer secret, takes part in the first heartbeat, and keeps
     /// beating in the background. Each provider's gate comes from
     /// [`Shards::gate`].
+    /// `deadlines`: each provider's `call-deadline`, the longest its calls
+    /// run, which a provider being given up waits for.
     pub async fn start(
         mut pg: PgShards,
+        deadlines: Vec<Duration>,
         observer: Arc<dyn Observer>,
     ) -> Result<(Arc<Shards>, Beating), berth_store::StoreError> {
         let secret = pg.peer_secret().await?;
@@ -173,6 +180,9 @@ impl Shards {
             ttl: me.ttl,
             gates: names.iter().map(|_| Arc::new(Gate::shut())).collect(),
             running: names.iter().map(|_| AtomicUsize::new(0)).collect(),
+            drain: (0..names.len())
+                .map(|i| deadlines.get(i).copied().unwrap_or_default() + DRAIN_MARGIN)
+                .collect(),
             names,
             roster: watch::Sender::new(Arc::new(Roster::default())),
             leaving: Mutex::new(HashSet::new()),
@@ -372,12 +382,13 @@ impl Shards {
         self.roster.send_replace(Arc::new(roster));
     }
 
-    /// The leases this process renews: those it holds and is not giving up.
+    /// The leases this process renews: those it holds, the ones it is
+    /// giving up included, until their calls have ended and they are given
+    /// up (so that no other process takes a provider while a call of it
+    /// still runs here).
     fn keep(&self) -> Vec<String> {
-        let leaving = self.leaving().clone();
         let roster = self.roster();
         (roster.held_by(&self.me).into_iter())
-            .filter(|i| !leaving.contains(i))
             .map(|i| self.names[i].clone())
             .collect()
     }
@@ -392,7 +403,7 @@ impl Shards {
             .into_iter()
             .filter(|&i| {
                 let started = *since.entry(i).or_insert(now);
-                self.running[i].load(Ordering::SeqCst) == 0 || now >= started + DRAIN
+                self.running[i].load(Ordering::SeqCst) == 0 || now >= started + self.drain[i]
             })
             .collect()
     }
@@ -612,11 +623,15 @@ impl Routed {
                     // paused or died), it goes to the next holder rather
                     // than failing, so that a takeover does not cost a
                     // failed list and its backoff. A create may not be.
-                    Sent::Lost(e) if call.repeatable() && self.shards.route(i) != Route::There {
-                        holder: holder.clone(),
-                        address: address.clone(),
-                        epoch,
-                    } => {
+                    Sent::Lost(e)
+                        if call.repeatable()
+                            && self.shards.route(i)
+                                != Route::There {
+                                    holder: holder.clone(),
+                                    address: address.clone(),
+                                    epoch,
+                                } =>
+                    {
                         why = format!("{holder} did not answer before the provider moved: {e}");
                         // The wait for the next holder starts now.
                         give_up = tokio::time::Instant::now() + self.shards.ttl * 2;
