@@ -526,15 +526,16 @@ impl Api {
 
 // ---- health, metrics, the description -----------------------------------
 
-/// 200 while the pool runs; 503 once its store could not be written (the
-/// process is about to exit so that a supervisor restarts it).
+/// 200 while the pool runs, saying what keeps it from deciding if anything
+/// does; 503 once its store could not be written (the process is about to
+/// exit so that a supervisor restarts it).
 #[utoipa::path(
     get,
     path = "/healthz",
     operation_id = "healthz",
     tag = "health",
     summary = "Liveness",
-    description = "Answers 200 while the pool runs. Once its store could not be written the pool stops deciding and berth exits (code 3) so that a supervisor restarts it; until it has, this answers 503.",
+    description = "Answers 200 while the process runs: `ok`, or what keeps it from deciding for now (its database does not answer, its lease is not certain), which a restart would not mend. Once its store could not be written the pool stops deciding and berth exits (code 3) so that a supervisor restarts it; until it has, this answers 503.",
     security(()),
     extensions(("x-berth-roles" = json!([]))),
     responses(
@@ -544,9 +545,27 @@ impl Api {
     )
 )]
 async fn healthz(State(api): State<Api>) -> Response {
-    match api.handle().failure() {
-        Some(e) => ApiError::from(e).into_response(),
-        None => "ok\n".into_response(),
+    let handle = api.handle();
+    if let Some(e) = handle.failure() {
+        return ApiError::from(e).into_response();
+    }
+    // Alive either way: waiting out a database is what the process does
+    // best, and a restart would wait the same. Said, so that whoever looks
+    // knows.
+    if let Some(late) = handle.lease_uncertain() {
+        return format!(
+            "alive; the pool's lease has not been renewed for {:.1}s past the time it was certain: \
+             the database does not answer, and this process calls no cloud\n",
+            late.as_secs_f64()
+        )
+        .into_response();
+    }
+    match handle.down() {
+        Some(ServiceError::StoreUnavailable(why)) => {
+            format!("alive; the store is out of reach, so this process decides nothing: {why}\n")
+                .into_response()
+        }
+        _ => "ok\n".into_response(),
     }
 }
 

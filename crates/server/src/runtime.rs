@@ -333,6 +333,12 @@ impl Handle {
         self.ended.get().cloned()
     }
 
+    /// Why the pool decides nothing here for now (its store is out of
+    /// reach, another process holds it), while it does not.
+    pub fn down(&self) -> Option<ServiceError> {
+        self.down.borrow().clone()
+    }
+
     /// Who holds the pool and where, while another process does.
     pub fn standby(&self) -> Option<(Arc<str>, Arc<str>)> {
         match self.down.borrow().as_ref()? {

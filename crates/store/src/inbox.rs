@@ -77,23 +77,30 @@ impl PgInbox {
         let labels: Vec<&str> = entry.wants.iter().map(|(l, _)| l.as_str()).collect();
         let counts: Vec<i64> = entry.wants.iter().map(|(_, n)| i64::from(*n)).collect();
         let created = i64::try_from(entry.created.as_millis()).unwrap_or(i64::MAX);
-        let rows = client
-            .query(
-                SEND,
-                &[
-                    &entry.id.to_string(),
-                    &entry.requestor,
-                    &i64::from(entry.priority),
-                    &created,
-                    &labels,
-                    &counts,
-                    &self.by,
-                    &LEASES_CHANNEL,
-                    &NOTIFY_REQUESTS,
-                ],
-            )
-            .await
-            .map_err(pg("putting a request into the inbox"))?;
+        let id = entry.id.to_string();
+        let priority = i64::from(entry.priority);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+            &id,
+            &entry.requestor,
+            &priority,
+            &created,
+            &labels,
+            &counts,
+            &self.by,
+            &LEASES_CHANNEL,
+            &NOTIFY_REQUESTS,
+        ];
+        // A database that stops answering fails the send (the client is
+        // answered 503) instead of holding it.
+        let after = crate::pg::DEADLINE_MIN * 2;
+        let doing = "putting a request into the inbox";
+        let rows = match tokio::time::timeout(after, client.query(SEND, &params)).await {
+            Ok(rows) => rows.map_err(pg(doing))?,
+            Err(_) => {
+                self.client.drop_connection().await;
+                return Err(StoreError::TimedOut { doing, after });
+            }
+        };
         Ok(!rows.is_empty())
     }
 }

@@ -275,6 +275,17 @@ pub enum StoreError {
     /// have: the two were built from different configs.
     #[error("no {what} with index {index} in the store's config")]
     NoSuchIndex { what: &'static str, index: u16 },
+    /// A call to PostgreSQL did not answer within its deadline: the
+    /// connection is taken for lost (and closed), so that a server or
+    /// network that stops answering is waited out as an outage, not
+    /// forever.
+    #[error(
+        "{doing}: PostgreSQL did not answer within {after:?}; the connection is taken for lost"
+    )]
+    TimedOut {
+        doing: &'static str,
+        after: Duration,
+    },
     /// SQLite's own integrity check found the database file damaged.
     #[error(
         "the store {path} is damaged: SQLite's integrity check found {}; berth does not run on a \
@@ -323,6 +334,7 @@ impl StoreError {
     pub fn is_lost(&self) -> bool {
         match self {
             StoreError::Postgres { error, .. } => pg::lost(error),
+            StoreError::TimedOut { .. } => true,
             _ => false,
         }
     }

@@ -10,6 +10,7 @@
 //! write anything, and so cannot start a cloud call on a stale decision.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
@@ -1118,6 +1119,14 @@ impl LazyClient {
         *connected = Some((client.clone(), task));
         Ok(client)
     }
+
+    /// Closes the connection (one that stopped answering): the next
+    /// [`LazyClient::get`] makes a new one.
+    pub(super) async fn drop_connection(&self) {
+        if let Some((_, task)) = self.connected.lock().await.take() {
+            task.abort();
+        }
+    }
 }
 
 impl Drop for LazyClient {
@@ -1210,25 +1219,70 @@ impl Drop for PgStore {
     }
 }
 
+/// The shortest deadline of a call to the database; a claimant's is twice
+/// its lease TTL when that is longer (past it, the lease is lost anyway).
+pub(crate) const DEADLINE_MIN: Duration = Duration::from_secs(5);
+
+/// How many times the deadline of other calls a load may take (it reads
+/// every row).
+const LOAD_DEADLINE_FACTOR: u32 = 4;
+
+impl PgStore {
+    /// How long one call to the database may take before the connection
+    /// is taken for lost: a server or network that stops answering (a
+    /// partition, a frozen proxy) is a lost store, not a wait without end.
+    fn deadline(&self) -> Duration {
+        (self.claimant.as_ref()).map_or(DEADLINE_MIN, |c| (c.ttl * 2).max(DEADLINE_MIN))
+    }
+
+    /// Runs `call`, or gives the connection up once it has run past
+    /// `after`: the connection is closed (a reconnect makes a new one) and
+    /// the error is one of a lost store. What the call was doing may or may
+    /// not have reached the database; the load after the reconnect says.
+    async fn within<T>(
+        &mut self,
+        doing: &'static str,
+        after: Duration,
+        call: impl AsyncFnOnce(&mut PgStore) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let answer = tokio::time::timeout(after, call(&mut *self)).await;
+        answer.unwrap_or_else(|_| {
+            self.connection.abort();
+            Err(StoreError::TimedOut { doing, after })
+        })
+    }
+}
+
 impl Store for PgStore {
     fn load<'a>(&'a mut self, config: &'a Config) -> StoreFuture<'a, Loaded> {
-        Box::pin(self.load_now(config))
+        let after = self.deadline() * LOAD_DEADLINE_FACTOR;
+        Box::pin(self.within("loading the store", after, async |s| {
+            s.load_now(config).await
+        }))
     }
 
     fn commit<'a>(&'a mut self, changes: &'a Changes) -> StoreFuture<'a, ()> {
-        Box::pin(self.commit_now(changes))
+        let after = self.deadline();
+        Box::pin(self.within("committing", after, async |s| s.commit_now(changes).await))
     }
 
     fn check(&mut self) -> StoreFuture<'_, ()> {
-        Box::pin(self.renew_now())
+        let after = self.deadline();
+        Box::pin(self.within("renewing the pool's lease", after, async |s| {
+            s.renew_now().await
+        }))
     }
 
     fn reconnect(&mut self) -> StoreFuture<'_, ()> {
-        Box::pin(self.reconnect_now())
+        let after = self.deadline();
+        Box::pin(self.within("connecting", after, async |s| s.reconnect_now().await))
     }
 
     fn claim(&mut self) -> StoreFuture<'_, Tenure> {
-        Box::pin(PgStore::claim(self))
+        let after = self.deadline();
+        Box::pin(self.within("claiming the pool's lease", after, async |s| {
+            PgStore::claim(s).await
+        }))
     }
 
     fn holding(&self) -> Option<Holding> {
@@ -1236,11 +1290,17 @@ impl Store for PgStore {
     }
 
     fn release(&mut self) -> StoreFuture<'_, ()> {
-        Box::pin(self.release_now())
+        let after = self.deadline();
+        Box::pin(self.within("giving the pool's lease up", after, async |s| {
+            s.release_now().await
+        }))
     }
 
     fn inbox(&mut self, limit: usize) -> StoreFuture<'_, Vec<InboxEntry>> {
-        Box::pin(self.inbox_now(limit))
+        let after = self.deadline();
+        Box::pin(self.within("reading the inbox", after, async move |s| {
+            s.inbox_now(limit).await
+        }))
     }
 }
 

@@ -217,15 +217,26 @@ impl PgShards {
             self.providers.clone(),
         );
         let sent = Instant::now();
+        // A database that stops answering is a lost connection after this,
+        // not a heartbeat that never ends (the gates shut meanwhile, when
+        // the leases could lapse).
+        let after = (self.me.ttl * 2).max(crate::pg::DEADLINE_MIN);
         let rows = {
             let (client, _, beat) = self.connection().await?;
-            client
-                .query(beat, &[&holder, &address, &ttl, &providers, &keep])
-                .await
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                [&holder, &address, &ttl, &providers, &keep];
+            tokio::time::timeout(after, client.query(beat, &params)).await
         };
         let rows = match rows {
-            Ok(rows) => rows,
-            Err(error) => {
+            Ok(Ok(rows)) => rows,
+            Err(_) => {
+                self.disconnect();
+                return Err(StoreError::TimedOut {
+                    doing: "renewing the providers' leases",
+                    after,
+                });
+            }
+            Ok(Err(error)) => {
                 if crate::pg::lost(&error) {
                     self.disconnect();
                 }
