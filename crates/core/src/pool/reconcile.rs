@@ -140,7 +140,7 @@ impl Pool {
                 }
                 if self.observe(id, inst, live, now) {
                     if live {
-                        self.check_tags(p, id, inst, started, now);
+                        self.check_tags(p, id, inst, started);
                     }
                     continue;
                 }
@@ -771,7 +771,7 @@ impl Pool {
     /// that differ otherwise are set again (once per node and start: this
     /// is also how the first start with signed tags signs what the store
     /// knows).
-    fn check_tags(&mut self, p: ProviderIx, id: NodeId, inst: &Instance, started: Time, now: Time) {
+    fn check_tags(&mut self, p: ProviderIx, id: NodeId, inst: &Instance, started: Time) {
         let Some(n) = self.nodes.get(&id) else {
             return;
         };
@@ -798,7 +798,6 @@ impl Pool {
                 instance: inst.id.clone(),
                 why,
             });
-            let _ = now;
             return;
         }
         if self.retagged.contains(&id) {
