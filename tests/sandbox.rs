@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 use crate::support::server::{Berth, Launch, run_berth, until};
 use crate::support::{SimServer, metric, plugin};
 
+mod credentials;
+
 /// One hostile provider's part of the config.
 struct Hostile<'a> {
     name: &'a str,
@@ -27,6 +29,8 @@ struct Hostile<'a> {
     min_ready: u32,
     /// `max-concurrent-calls`.
     calls: u32,
+    /// TOML lines of one `[[providers.NAME.credentials]]` table, if any.
+    credentials: &'a str,
 }
 
 impl<'a> Hostile<'a> {
@@ -40,6 +44,7 @@ impl<'a> Hostile<'a> {
             max_instances: 20,
             min_ready: 1,
             calls: 4,
+            credentials: "",
         }
     }
 }
@@ -91,6 +96,7 @@ config = {config}
 {sandbox}
 [providers.{name}.limits]
 max-instances = {max}
+{credentials}
 
 [labels.{name}]
 min-ready = {min_ready}
@@ -107,6 +113,11 @@ ram = "1GiB"
             max = h.max_instances,
             min_ready = h.min_ready,
             calls = h.calls,
+            credentials = if h.credentials.is_empty() {
+                String::new()
+            } else {
+                format!("[[providers.{}.credentials]]\n{}", h.name, h.credentials)
+            },
         ));
     }
     let path = dir.join("berth.toml");
@@ -118,13 +129,26 @@ ram = "1GiB"
 /// on the config of `hostile` (see [`config`]); each lives as long as the
 /// test holds it.
 async fn start(hostile: &[Hostile<'_>], extra: &[&str]) -> (SimServer, tempfile::TempDir, Berth) {
+    start_with(hostile, extra, &[]).await
+}
+
+/// [`start`] with `env` in berth's environment.
+async fn start_with(
+    hostile: &[Hostile<'_>],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (SimServer, tempfile::TempDir, Berth) {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = config(&sim, dir.path(), hostile);
     let cfg = config.display().to_string();
     let mut args = vec!["--config", cfg.as_str()];
     args.extend_from_slice(extra);
-    let server = Berth::launch(Launch::new(&args, dir.path())).await;
+    let server = Berth::launch(Launch {
+        env,
+        ..Launch::new(&args, dir.path())
+    })
+    .await;
     (sim, dir, server)
 }
 

@@ -20,6 +20,7 @@ mod inspect;
 mod provider;
 mod sandbox;
 pub mod scaffold;
+mod scrub;
 mod state;
 
 use std::path::{Path, PathBuf};

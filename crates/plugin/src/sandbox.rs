@@ -21,6 +21,7 @@ use berth_config::{AllowedHost, Credential, FIELD_SIZE_LIMIT, SandboxLimits};
 use super::credentials::{self, NotApplied};
 use super::gate::Gate;
 use super::guest_log::{GuestOutput, LogGate};
+use super::scrub::Scrubber;
 use super::state::StateSpace;
 
 /// Addresses a driver may never reach, whatever its allow-list says:
@@ -106,6 +107,10 @@ pub struct HttpPolicy {
     /// Added to the requests of the hosts they name; the guest never sees
     /// them.
     credentials: Vec<Credential>,
+    /// Masks the secrets of `credentials` in every response, so that a
+    /// server echoing a request cannot hand them to the guest; `None`
+    /// without credentials.
+    scrubber: Option<Arc<Scrubber>>,
     /// berth's own listening addresses: never reachable, even when named.
     own: Vec<SocketAddr>,
     /// One permit per outbound request of the provider open at once.
@@ -196,6 +201,7 @@ impl HttpPolicy {
             provider,
             allowed,
             credentials: Vec::new(),
+            scrubber: None,
             own: Vec::new(),
             outbound: Arc::new(Semaphore::new(limits.max_outbound)),
             max_outbound: limits.max_outbound,
@@ -239,6 +245,12 @@ impl HttpPolicy {
 
     /// The same policy, with `credentials` added to the requests they name.
     pub fn with_credentials(mut self, credentials: Vec<Credential>) -> Self {
+        self.scrubber = Scrubber::new(
+            credentials
+                .iter()
+                .flat_map(|c| credentials::sent_secrets(&c.auth)),
+        )
+        .map(Arc::new);
         self.credentials = credentials;
         self
     }
@@ -552,7 +564,15 @@ impl WasiHttpHooks for Hooks {
             let (response, io) =
                 wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
             let max = policy.max_response_bytes;
-            let response = response.map(|body| limit_body(body, max));
+            let response = match &policy.scrubber {
+                Some(scrubber) => {
+                    let (mut parts, body) = response.into_parts();
+                    scrubber.headers(&mut parts.headers);
+                    let body = limit_body(scrubber.clone().body(body), max);
+                    http::Response::from_parts(parts, body)
+                }
+                None => response.map(|body| limit_body(body, max)),
+            };
             // The permits are held until the connection is done with.
             let io = async move {
                 let done = io.await;
