@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use crate::support::server::{Berth, Launch, run_berth, until};
 use crate::support::{SimServer, metric, plugin};
 
+mod addresses;
 mod credentials;
 
 /// One hostile provider's part of the config.

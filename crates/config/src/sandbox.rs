@@ -2,7 +2,9 @@
 //! the sandbox limits, the outbound allow-list, and the credentials. Plain
 //! settings; `berth-plugin` enforces them.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use http::header::HeaderName;
@@ -65,8 +67,65 @@ impl SandboxLimits {
     }
 }
 
+/// `ip` in its canonical form: an IPv4 address carried in any IPv6 form is
+/// that IPv4 address; any other address is itself. Every check of an
+/// address (allow-list literals, forbidden and internal ranges, berth's own
+/// API, probes) compares canonical forms, so that `[::ffff:127.0.0.1]`
+/// is `127.0.0.1` wherever it is named or met.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => embedded_v4(v6).map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The IPv4 address an IPv6 address carries, in the forms a host or a
+/// gateway would turn back into IPv4: mapped (`::ffff:a.b.c.d`), SIIT's
+/// translated form (`::ffff:0:a.b.c.d`), compatible (`::a.b.c.d`), NAT64
+/// (`64:ff9b::/96`, `64:ff9b:1::/48`) and 6to4 (`2002:AABB:CCDD::/48`).
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    if s[..6] == [0, 0, 0, 0, 0xffff, 0] {
+        return Some(low);
+    }
+    // `::` and `::1` are the unspecified and loopback addresses themselves.
+    if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
+        return Some(low);
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1) {
+        return Some(low);
+    }
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new(
+            (s[1] >> 8) as u8,
+            s[1] as u8,
+            (s[2] >> 8) as u8,
+            s[2] as u8,
+        ));
+    }
+    None
+}
+
+/// A host as it is compared: an IP literal (bracketed or not) in its
+/// [`canonical_ip`] text, a name as it is.
+fn host_key(host: &str) -> Cow<'_, str> {
+    match host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    {
+        Ok(ip) => Cow::Owned(canonical_ip(ip).to_string()),
+        Err(_) => Cow::Borrowed(host),
+    }
+}
+
 /// One allowed outbound destination: a host name or IP literal (with `*.` for
-/// any subdomain) and an optional port.
+/// any subdomain) and an optional port. A literal is kept in its canonical
+/// form ([`canonical_ip`]), and so are the literals it is compared with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllowedHost {
     host: String,
@@ -109,7 +168,7 @@ impl AllowedHost {
             }
         };
         Ok(AllowedHost {
-            host: host.to_ascii_lowercase(),
+            host: host_key(&host.to_ascii_lowercase()).into_owned(),
             port,
         })
     }
@@ -135,13 +194,16 @@ impl AllowedHost {
     /// Whether this entry names `host` itself (a literal or a name, not a
     /// wildcard), on whatever port.
     pub fn names(&self, host: &str) -> bool {
-        self.host == host
+        self.host == host_key(host)
     }
 
+    /// Whether a request to `host` (lower case) on `port` is allowed by
+    /// this entry.
     pub fn matches(&self, host: &str, port: u16) -> bool {
         if self.port.is_some_and(|p| p != port) {
             return false;
         }
+        let host = host_key(host);
         match self.host.strip_prefix("*.") {
             Some(domain) => {
                 host.len() > domain.len() + 1

@@ -22,7 +22,7 @@ use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, si
 use aws_sigv4::sign::v4::SigningParams;
 use http::header::{AUTHORIZATION, HOST, HeaderName, HeaderValue};
 
-use berth_config::{Auth, Credential};
+use berth_config::{Auth, Credential, canonical_ip};
 
 /// The headers a credential owns: a guest's own values for them are
 /// removed before it is applied.
@@ -98,7 +98,9 @@ pub fn may_send(host: &str, https: bool) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     https
         || host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || host
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| canonical_ip(ip).is_loopback())
 }
 
 /// Authenticates `parts` (whose body is `body`) with `auth` at `now_ms`.
@@ -497,6 +499,7 @@ mod tests {
         assert!(!may_send("api.example.com", false));
         assert!(may_send("127.0.0.1", false));
         assert!(may_send("[::1]", false));
+        assert!(may_send("[::ffff:127.0.0.1]", false));
         assert!(may_send("localhost", false));
         assert!(!may_send("10.0.0.1", false));
         let creds = vec![Credential {
