@@ -15,6 +15,7 @@ use crate::support::{SimServer, metric, plugin};
 
 mod addresses;
 mod credentials;
+mod invisible;
 
 /// One hostile provider's part of the config.
 struct Hostile<'a> {
