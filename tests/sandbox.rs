@@ -16,6 +16,7 @@ use crate::support::{SimServer, metric, plugin};
 mod addresses;
 mod credentials;
 mod invisible;
+mod log_bytes;
 
 /// One hostile provider's part of the config.
 struct Hostile<'a> {

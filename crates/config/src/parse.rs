@@ -1088,6 +1088,12 @@ impl Walker<'_> {
                 }
                 sandbox.log_rate = n.max(1);
             }
+            if let Some(n) = self.size(&mut b, "log-bytes") {
+                if n < 1 << 10 {
+                    self.problem(b.at("log-bytes"), "must be at least 1KiB (a second)");
+                }
+                sandbox.log_bytes = n.max(1 << 10);
+            }
             self.finish(b);
         }
         let mut limits = ProviderLimits::default();

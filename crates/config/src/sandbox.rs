@@ -35,6 +35,10 @@ pub struct SandboxLimits {
     /// instances may write per second together; more are dropped and
     /// counted.
     pub log_rate: u32,
+    /// Bytes of log records the provider's instances may write per second
+    /// together (message and fields, and a fixed overhead per record for
+    /// the line it becomes); more are dropped and counted.
+    pub log_bytes: u64,
 }
 
 impl Default for SandboxLimits {
@@ -48,6 +52,7 @@ impl Default for SandboxLimits {
             max_outbound_per_instance: 16,
             host_memory_bytes: 16 << 20,
             log_rate: 100,
+            log_bytes: 64 << 10,
         }
     }
 }

@@ -133,6 +133,7 @@ pub struct Telemetry {
     last_list_age: Family<ByProvider, Gauge>,
     nodes_missing: Family<ByProvider, Gauge>,
     log_dropped: Family<ByProvider, Counter>,
+    log_dropped_bytes: Family<ByProvider, Counter>,
     http_open: Gauge,
     http_closed: Family<Reason, Counter>,
     outbound_denied: Family<ByProvider, Counter>,
@@ -342,7 +343,13 @@ impl Telemetry {
             log_dropped: register(
                 r,
                 "berth_driver_log_dropped",
-                "Driver log records (log import and stdio lines) dropped over the provider's log-rate",
+                "Driver log records (log import and stdio lines) dropped over the provider's log-rate or log-bytes",
+                Family::default(),
+            ),
+            log_dropped_bytes: register(
+                r,
+                "berth_driver_log_dropped_bytes",
+                "Bytes of the driver log records dropped (message and fields, and 128 bytes a record for its line)",
                 Family::default(),
             ),
             http_open: register(
@@ -412,6 +419,11 @@ impl Telemetry {
         for (name, started) in providers.started() {
             let labels = ByProvider { provider: name };
             catch_up(&self.log_dropped, &labels, started.log_dropped());
+            catch_up(
+                &self.log_dropped_bytes,
+                &labels,
+                started.log_dropped_bytes(),
+            );
             catch_up(&self.outbound_denied, &labels, started.denied_requests());
         }
         self.pool_gauges(pool);
@@ -738,8 +750,10 @@ ram = "4GiB"
 # TYPE berth_provider_last_list_age_seconds gauge
 # HELP berth_nodes_missing Nodes whose instance the provider's lists stopped showing (suspected, or confirmed while in use).
 # TYPE berth_nodes_missing gauge
-# HELP berth_driver_log_dropped Driver log records (log import and stdio lines) dropped over the provider's log-rate.
+# HELP berth_driver_log_dropped Driver log records (log import and stdio lines) dropped over the provider's log-rate or log-bytes.
 # TYPE berth_driver_log_dropped counter
+# HELP berth_driver_log_dropped_bytes Bytes of the driver log records dropped (message and fields, and 128 bytes a record for its line).
+# TYPE berth_driver_log_dropped_bytes counter
 # HELP berth_http_connections Connections to the API open now.
 # TYPE berth_http_connections gauge
 # HELP berth_http_connections_closed API connections berth closed itself, by reason (header_timeout, body_timeout, evicted: idle, closed to make room at max-connections; refused: new at the cap, without a request or with every connection busy).
@@ -845,7 +859,7 @@ ram = "4GiB"
         ] {
             family.get_or_create(&ByProvider::new("p0")).set(1.0);
         }
-        for family in [&t.log_dropped, &t.outbound_denied] {
+        for family in [&t.log_dropped, &t.log_dropped_bytes, &t.outbound_denied] {
             family.get_or_create(&ByProvider::new("p0")).inc_by(4);
         }
         t
