@@ -14,6 +14,7 @@ use crate::support::server::{Berth, Launch, run_berth, until};
 use crate::support::{SimServer, metric, plugin};
 
 mod addresses;
+mod allow_lists;
 mod credentials;
 mod invisible;
 mod log_bytes;

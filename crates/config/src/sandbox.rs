@@ -196,6 +196,26 @@ impl AllowedHost {
         port && host
     }
 
+    /// Whether some request is allowed by both this entry and `other`: the
+    /// same host (or a wildcard covering the other's host, or two
+    /// wildcards one of which covers the other) on a port both allow.
+    pub fn overlaps(&self, other: &AllowedHost) -> bool {
+        let port = match (self.port, other.port) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        let host = match (self.host.strip_prefix("*."), other.host.strip_prefix("*.")) {
+            (None, None) => self.host == other.host,
+            (Some(domain), None) => within(&other.host, domain),
+            (None, Some(domain)) => within(&self.host, domain),
+            // `*.a.example.com` is within `*.example.com`.
+            (Some(mine), Some(theirs)) => {
+                mine == theirs || within(mine, theirs) || within(theirs, mine)
+            }
+        };
+        port && host
+    }
+
     /// Whether this entry names `host` itself (a literal or a name, not a
     /// wildcard), on whatever port.
     pub fn names(&self, host: &str) -> bool {
@@ -210,12 +230,27 @@ impl AllowedHost {
         }
         let host = host_key(host);
         match self.host.strip_prefix("*.") {
-            Some(domain) => {
-                host.len() > domain.len() + 1
-                    && host.ends_with(domain)
-                    && host[..host.len() - domain.len()].ends_with('.')
-            }
+            Some(domain) => within(&host, domain),
             None => self.host == host,
+        }
+    }
+}
+
+/// Whether `name` is a subdomain of `domain`.
+fn within(name: &str, domain: &str) -> bool {
+    name.len() > domain.len() + 1
+        && name.ends_with(domain)
+        && name[..name.len() - domain.len()].ends_with('.')
+}
+
+/// As written in `allow-hosts`: `host`, `host:port`, `[v6]:port`.
+impl fmt::Display for AllowedHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.host.contains(':'), self.port) {
+            (true, Some(p)) => write!(f, "[{}]:{p}", self.host),
+            (true, None) => write!(f, "[{}]", self.host),
+            (false, Some(p)) => write!(f, "{}:{p}", self.host),
+            (false, None) => f.write_str(&self.host),
         }
     }
 }
