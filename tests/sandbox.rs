@@ -3,7 +3,8 @@
 //! the service, exhaust its descriptors or memory, lie its way into handing
 //! out a machine twice, stop the others from starting, flood or forge the
 //! log, read past `max-response`, or reach berth's own API. In each test a
-//! sim-cloud provider runs beside the hostile one and must keep serving.
+//! sim-cloud provider runs beside the hostile ones, listed (and so started)
+//! after them, and must keep serving.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -18,12 +19,15 @@ mod allow_lists;
 mod credentials;
 mod invisible;
 mod log_bytes;
+mod start;
 
 /// One hostile provider's part of the config.
 struct Hostile<'a> {
     name: &'a str,
     /// The driver: `hostile` or `broken`.
     driver: &'a str,
+    /// A driver file to run instead of `driver`.
+    file: Option<&'a Path>,
     config: Value,
     allow: Vec<String>,
     /// TOML lines for `[providers.NAME.sandbox]`.
@@ -42,6 +46,7 @@ impl<'a> Hostile<'a> {
         Hostile {
             name,
             driver: "hostile",
+            file: None,
             config,
             allow: Vec::new(),
             sandbox: "",
@@ -53,8 +58,10 @@ impl<'a> Hostile<'a> {
     }
 }
 
-/// A config with provider `sim` (label `small`, min-ready 1) and the hostile
-/// providers, each with a label named like it.
+/// A config with the hostile providers, each with a label named like it,
+/// and last provider `sim` (label `small`, min-ready 1): so that it is
+/// started last, and shows that nothing the hostile ones do at start holds
+/// it up.
 fn config(sim: &SimServer, dir: &Path, hostile: &[Hostile<'_>]) -> PathBuf {
     let mut text = format!(
         r#"
@@ -67,24 +74,8 @@ leak-grace = "1s"
 
 [api]
 listen = "127.0.0.1:0"
-
-[providers.sim]
-driver = {driver:?}
-allow-hosts = ["{addr}"]
-config = {{ endpoint = "{url}" }}
-
-[labels.small]
-min-ready = 1
-[labels.small.providers.sim]
-instance-type = "small"
-image = "img"
-vcpus = 1
-ram = "1GiB"
 "#,
         state = dir.join("state").display().to_string(),
-        driver = plugin("sim").display().to_string(),
-        addr = sim.addr(),
-        url = sim.url(),
     );
     for h in hostile {
         let allow: Vec<String> = h.allow.iter().map(|a| format!("{a:?}")).collect();
@@ -111,7 +102,10 @@ vcpus = 1
 ram = "1GiB"
 "#,
             name = h.name,
-            driver = plugin(h.driver).display().to_string(),
+            driver = (h.file)
+                .map_or_else(|| plugin(h.driver), Path::to_path_buf)
+                .display()
+                .to_string(),
             allow = allow.join(", "),
             sandbox = h.sandbox,
             max = h.max_instances,
@@ -124,6 +118,25 @@ ram = "1GiB"
             },
         ));
     }
+    text.push_str(&format!(
+        r#"
+[providers.sim]
+driver = {driver:?}
+allow-hosts = ["{addr}"]
+config = {{ endpoint = "{url}" }}
+
+[labels.small]
+min-ready = 1
+[labels.small.providers.sim]
+instance-type = "small"
+image = "img"
+vcpus = 1
+ram = "1GiB"
+"#,
+        driver = plugin("sim").display().to_string(),
+        addr = sim.addr(),
+        url = sim.url(),
+    ));
     let path = dir.join("berth.toml");
     std::fs::write(&path, text).expect("write config");
     path

@@ -71,7 +71,7 @@ allow-hosts = ["127.0.0.1:9001"]
     })
     .await;
     assert!(
-        line.contains("providers sim and nosy") && line.contains(&sim.addr().to_string()),
+        line.contains("providers nosy and sim") && line.contains(&sim.addr().to_string()),
         "{line}"
     );
     server.terminate().await.assert_success();

@@ -1126,6 +1126,18 @@ impl Walker<'_> {
                 }
                 sandbox.log_rate = n.max(1);
             }
+            if let Some(n) = self.size(&mut b, "max-driver-size") {
+                if n == 0 {
+                    self.problem(b.at("max-driver-size"), "must be more than 0");
+                }
+                sandbox.max_driver_bytes = n;
+            }
+            if let Some(d) = self.duration(&mut b, "compile-deadline") {
+                if d.is_zero() {
+                    self.problem(b.at("compile-deadline"), "must be more than 0");
+                }
+                sandbox.compile_deadline = d;
+            }
             if let Some(n) = self.size(&mut b, "log-bytes") {
                 if n < 1 << 10 {
                     self.problem(b.at("log-bytes"), "must be at least 1KiB (a second)");

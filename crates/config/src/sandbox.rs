@@ -39,6 +39,12 @@ pub struct SandboxLimits {
     /// together (message and fields, and a fixed overhead per record for
     /// the line it becomes); more are dropped and counted.
     pub log_bytes: u64,
+    /// The largest driver file loaded; a larger one is refused before it
+    /// is read.
+    pub max_driver_bytes: u64,
+    /// How long loading waits for the driver to compile; past it the
+    /// provider's start fails (and is tried again).
+    pub compile_deadline: Duration,
 }
 
 impl Default for SandboxLimits {
@@ -53,6 +59,8 @@ impl Default for SandboxLimits {
             host_memory_bytes: 16 << 20,
             log_rate: 100,
             log_bytes: 64 << 10,
+            max_driver_bytes: 64 << 20,
+            compile_deadline: Duration::from_secs(120),
         }
     }
 }
