@@ -227,6 +227,25 @@ async fn a_tcp_check_only_needs_the_port_to_accept() {
     assert!(host_keys(&shown).is_empty(), "a TCP check learns no keys");
 }
 
+/// Makes the sim's first instance, once there is one, report `address`
+/// (port 22) as its own.
+async fn point_the_instance_at(sim: &SimServer, address: &str) {
+    let id = until(10, "the instance", || async {
+        sim.cloud.instances().first().map(|i| i.id.clone())
+    })
+    .await;
+    let (status, body) = http(
+        &sim.url(),
+        "PUT",
+        &format!("/sim/instances/{id}/endpoint"),
+        None,
+        Some(json!({"address": address, "port": 22})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 204, "{body}");
+}
+
 #[tokio::test]
 async fn a_probe_aimed_at_a_metadata_address_is_refused() {
     let sim = SimServer::start_with(berth::sim::Knobs {
@@ -239,22 +258,65 @@ async fn a_probe_aimed_at_a_metadata_address_is_refused() {
     berth.request(CI, &[("small", 1)]).await;
     // While it boots, the cloud starts to report the metadata address as
     // the instance's.
-    let id = until(10, "the instance", || async {
-        sim.cloud.instances().first().map(|i| i.id.clone())
-    })
-    .await;
-    let (status, body) = http(
-        &sim.url(),
-        "PUT",
-        &format!("/sim/instances/{id}/endpoint"),
-        None,
-        Some(json!({"address": "169.254.169.254", "port": 22})),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, 204, "{body}");
+    point_the_instance_at(&sim, "169.254.169.254").await;
     let refused = failed_probe(&berth, "169.254.169.254").await;
     let e = refused["probe"]["last_error"].as_str().unwrap();
     assert!(e.contains("never reachable"), "{e}");
     assert_eq!(refused["state"], "booting", "never ready: {refused}");
+}
+
+/// Regression: the sim cloud gave its instances private addresses
+/// (10.0.0.x), so with `ready = "ssh"` berth's probes of them went out
+/// through the default route, off the machine. Now each instance reports a
+/// loopback address of its own, which berth does not probe unless the
+/// provider's allow-list names it: the probe is refused and nothing is sent
+/// (the suite's switch, below, would fail the test on any probe off this
+/// host).
+#[tokio::test]
+async fn the_sims_machines_are_on_loopback_and_no_probe_leaves_the_host() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (berth, _) = berth_on(
+        &sim,
+        dir.path(),
+        "ready = \"ssh\"\nready-timeout = \"500ms\"",
+    )
+    .await;
+    berth.request(CI, &[("small", 1)]).await;
+    let refused = failed_probe(&berth, "this host's loopback").await;
+    assert_eq!(refused["state"], "booting", "never ready: {refused}");
+    let instances = sim.cloud.instances();
+    let address = &instances[0].private_ipv4;
+    let ip: std::net::IpAddr = address.parse().unwrap();
+    assert!(ip.is_loopback(), "the sim reports {address}");
+    berth.terminate().await.assert_success();
+}
+
+/// The suite's guard: every `berth serve` a test starts runs with the
+/// probes' loopback-only switch, under which a probe of an address off
+/// this host is refused and logged instead of sent, and the test fails when
+/// it ends. Here an instance's cloud starts to report a public address
+/// (TEST-NET-1, never routed) while it boots.
+#[tokio::test]
+async fn under_the_suites_switch_a_probe_off_this_host_is_refused_not_sent() {
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        boot_delay_ms: 1500,
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut berth, _) = berth_on(&sim, dir.path(), "ready = \"ssh\"").await;
+    berth.expect_off_host_probes();
+    berth.request(CI, &[("small", 1)]).await;
+    point_the_instance_at(&sim, "192.0.2.1").await;
+    let refused = failed_probe(&berth, "192.0.2.1").await;
+    let e = refused["probe"]["last_error"].as_str().unwrap();
+    assert!(e.contains(berth::runtime::probe::OFF_HOST_REFUSED), "{e}");
+    assert!(
+        berth
+            .log_text()
+            .contains(berth::runtime::probe::OFF_HOST_REFUSED),
+        "not in the log"
+    );
+    berth.terminate().await.assert_success();
 }

@@ -3,7 +3,8 @@
 //! the service, exhaust its descriptors or memory, lie its way into handing
 //! out a machine twice, stop the others from starting, flood or forge the
 //! log, read past `max-response`, or reach berth's own API. In each test a
-//! sim-cloud provider runs beside the hostile one and must keep serving.
+//! sim-cloud provider runs beside the hostile ones, listed (and so started)
+//! after them, and must keep serving.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -13,11 +14,20 @@ use serde_json::{Value, json};
 use crate::support::server::{Berth, Launch, run_berth, until};
 use crate::support::{SimServer, metric, plugin};
 
+mod addresses;
+mod allow_lists;
+mod credentials;
+mod invisible;
+mod log_bytes;
+mod start;
+
 /// One hostile provider's part of the config.
 struct Hostile<'a> {
     name: &'a str,
     /// The driver: `hostile` or `broken`.
     driver: &'a str,
+    /// A driver file to run instead of `driver`.
+    file: Option<&'a Path>,
     config: Value,
     allow: Vec<String>,
     /// TOML lines for `[providers.NAME.sandbox]`.
@@ -27,6 +37,8 @@ struct Hostile<'a> {
     min_ready: u32,
     /// `max-concurrent-calls`.
     calls: u32,
+    /// TOML lines of one `[[providers.NAME.credentials]]` table, if any.
+    credentials: &'a str,
 }
 
 impl<'a> Hostile<'a> {
@@ -34,18 +46,22 @@ impl<'a> Hostile<'a> {
         Hostile {
             name,
             driver: "hostile",
+            file: None,
             config,
             allow: Vec::new(),
             sandbox: "",
             max_instances: 20,
             min_ready: 1,
             calls: 4,
+            credentials: "",
         }
     }
 }
 
-/// A config with provider `sim` (label `small`, min-ready 1) and the hostile
-/// providers, each with a label named like it.
+/// A config with the hostile providers, each with a label named like it,
+/// and last provider `sim` (label `small`, min-ready 1): so that it is
+/// started last, and shows that nothing the hostile ones do at start holds
+/// it up.
 fn config(sim: &SimServer, dir: &Path, hostile: &[Hostile<'_>]) -> PathBuf {
     let mut text = format!(
         r#"
@@ -58,24 +74,8 @@ leak-grace = "1s"
 
 [api]
 listen = "127.0.0.1:0"
-
-[providers.sim]
-driver = {driver:?}
-allow-hosts = ["{addr}"]
-config = {{ endpoint = "{url}" }}
-
-[labels.small]
-min-ready = 1
-[labels.small.providers.sim]
-instance-type = "small"
-image = "img"
-vcpus = 1
-ram = "1GiB"
 "#,
         state = dir.join("state").display().to_string(),
-        driver = plugin("sim").display().to_string(),
-        addr = sim.addr(),
-        url = sim.url(),
     );
     for h in hostile {
         let allow: Vec<String> = h.allow.iter().map(|a| format!("{a:?}")).collect();
@@ -91,6 +91,7 @@ config = {config}
 {sandbox}
 [providers.{name}.limits]
 max-instances = {max}
+{credentials}
 
 [labels.{name}]
 min-ready = {min_ready}
@@ -101,14 +102,41 @@ vcpus = 1
 ram = "1GiB"
 "#,
             name = h.name,
-            driver = plugin(h.driver).display().to_string(),
+            driver = (h.file)
+                .map_or_else(|| plugin(h.driver), Path::to_path_buf)
+                .display()
+                .to_string(),
             allow = allow.join(", "),
             sandbox = h.sandbox,
             max = h.max_instances,
             min_ready = h.min_ready,
             calls = h.calls,
+            credentials = if h.credentials.is_empty() {
+                String::new()
+            } else {
+                format!("[[providers.{}.credentials]]\n{}", h.name, h.credentials)
+            },
         ));
     }
+    text.push_str(&format!(
+        r#"
+[providers.sim]
+driver = {driver:?}
+allow-hosts = ["{addr}"]
+config = {{ endpoint = "{url}" }}
+
+[labels.small]
+min-ready = 1
+[labels.small.providers.sim]
+instance-type = "small"
+image = "img"
+vcpus = 1
+ram = "1GiB"
+"#,
+        driver = plugin("sim").display().to_string(),
+        addr = sim.addr(),
+        url = sim.url(),
+    ));
     let path = dir.join("berth.toml");
     std::fs::write(&path, text).expect("write config");
     path
@@ -118,13 +146,26 @@ ram = "1GiB"
 /// on the config of `hostile` (see [`config`]); each lives as long as the
 /// test holds it.
 async fn start(hostile: &[Hostile<'_>], extra: &[&str]) -> (SimServer, tempfile::TempDir, Berth) {
+    start_with(hostile, extra, &[]).await
+}
+
+/// [`start`] with `env` in berth's environment.
+async fn start_with(
+    hostile: &[Hostile<'_>],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (SimServer, tempfile::TempDir, Berth) {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = config(&sim, dir.path(), hostile);
     let cfg = config.display().to_string();
     let mut args = vec!["--config", cfg.as_str()];
     args.extend_from_slice(extra);
-    let server = Berth::launch(Launch::new(&args, dir.path())).await;
+    let server = Berth::launch(Launch {
+        env,
+        ..Launch::new(&args, dir.path())
+    })
+    .await;
     (sim, dir, server)
 }
 

@@ -5,6 +5,8 @@
 // path, find them too.
 #[path = "support/disk.rs"]
 pub mod disk;
+#[path = "support/echo.rs"]
+pub mod echo;
 #[path = "support/fault_proxy.rs"]
 pub mod fault_proxy;
 // For the PostgreSQL store's tests (the store crate's tests include it by

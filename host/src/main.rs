@@ -365,11 +365,25 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             let env = |name: &str| std::env::var(name).ok();
             let problems = match berth::config::parse(&text, berth::config::base_dir(&file), &env) {
                 Ok(config) => {
+                    // Warnings: allowed, but worth changing; the exit code
+                    // stays 0 for them.
+                    let mut warnings = berth::config::warnings(&config);
+                    berth::config::locate(&text, &mut warnings);
+                    for w in &warnings {
+                        let at = (w.location)
+                            .map(|l| format!("{}:{}:", l.line, l.column))
+                            .unwrap_or_default();
+                        println!("{}:{at} warning: {}: {}", file.display(), w.path, w.message);
+                    }
                     let mut problems = berth::config::check_files(&config);
                     berth::config::locate(&text, &mut problems);
                     if problems.is_empty() {
+                        let warned = match warnings.len() {
+                            0 => String::new(),
+                            n => format!(", {}", count(n, "warning", "warnings")),
+                        };
                         println!(
-                            "{}: ok ({}, {})",
+                            "{}: ok ({}, {}){warned}",
                             file.display(),
                             count(config.pool.providers.len(), "provider", "providers"),
                             count(config.pool.labels.len(), "label", "labels")

@@ -4,6 +4,12 @@
 //! A test that fails while a [`Berth`] is alive, or that finds an exit status
 //! it did not expect, prints the child's exit status and the tail of its log,
 //! so a red run says why without a re-run.
+//!
+//! Every child runs with the probes' loopback-only switch set
+//! ([`LOOPBACK_ONLY_ENV`]): a readiness probe of an address off this host is
+//! refused and logged instead of sent, and the test that started the child
+//! fails when it ends (unless it said it expects one), so no test of the
+//! suite sends a packet off the machine.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -12,6 +18,7 @@ use std::time::Duration;
 
 use berth::client::Client;
 use berth::client::types::{NewRequest, Request};
+use berth::runtime::probe::{LOOPBACK_ONLY_ENV, OFF_HOST_REFUSED};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -29,6 +36,8 @@ pub struct Berth {
     pub log: PathBuf,
     /// Set once the test has looked at the exit status itself.
     reported: bool,
+    /// Whether the test makes a probe off this host refused on purpose.
+    off_host_expected: bool,
 }
 
 /// How to start a [`Berth`].
@@ -80,6 +89,7 @@ impl Berth {
         cmd.args(launch.args)
             .current_dir(launch.dir)
             .env("BERTH_LOG", launch.level)
+            .env(LOOPBACK_ONLY_ENV, "1")
             .stdout(Stdio::piped())
             .stderr(file)
             .kill_on_drop(true);
@@ -109,6 +119,7 @@ impl Berth {
                 base: String::new(),
                 log,
                 reported: false,
+                off_host_expected: false,
             },
         }
     }
@@ -223,10 +234,31 @@ impl Berth {
             }
         };
         self.reported = true;
+        if let Some(line) = self.probed_off_host() {
+            panic!("berth probed an address off this host:\n{line}");
+        }
         Exited {
             status,
             log: std::mem::take(&mut self.log),
         }
+    }
+
+    /// Says that this test makes berth refuse a probe off this host on
+    /// purpose (see the module's doc).
+    pub fn expect_off_host_probes(&mut self) {
+        self.off_host_expected = true;
+    }
+
+    /// The first log line saying a probe off this host was refused, unless
+    /// the test expects one.
+    fn probed_off_host(&self) -> Option<String> {
+        if self.off_host_expected {
+            return None;
+        }
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        log.lines()
+            .find(|l| l.contains(OFF_HOST_REFUSED))
+            .map(str::to_owned)
     }
 
     /// The child's log so far.
@@ -247,8 +279,14 @@ impl Berth {
 
 impl Drop for Berth {
     fn drop(&mut self) {
-        if std::thread::panicking() && !self.reported {
-            eprintln!("---- {}", self.report());
+        if std::thread::panicking() {
+            if !self.reported {
+                eprintln!("---- {}", self.report());
+            }
+        } else if !self.reported
+            && let Some(line) = self.probed_off_host()
+        {
+            panic!("berth probed an address off this host:\n{line}");
         }
     }
 }

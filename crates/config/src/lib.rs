@@ -23,8 +23,11 @@ pub use berth_core::config::{
 };
 pub use parse::{
     ConfigErrors, Location, Problem, base_dir, check_files, credentials, load, locate, parse,
+    warnings,
 };
-pub use sandbox::{AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret};
+pub use sandbox::{
+    AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret, canonical_ip,
+};
 
 /// A checked config file.
 #[derive(Clone, Debug)]

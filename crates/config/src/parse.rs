@@ -224,6 +224,44 @@ fn index_value(
     }
 }
 
+/// What a checked config allows but should not have: allow-lists of two
+/// providers that overlap (the same host and port, or a wildcard covering
+/// the other's host). A driver that can reach another provider's cloud can
+/// act on that provider's machines. Each is named at the later provider's
+/// entry, with the earlier one's.
+pub fn warnings(config: &Settings) -> Vec<Problem> {
+    let providers: Vec<(&str, &[AllowedHost])> = (config.pool.providers.iter())
+        .zip(&config.drivers)
+        .map(|(p, d)| (p.name.as_str(), d.allowed_hosts.as_slice()))
+        .collect();
+    let mut out = Vec::new();
+    for (i, (earlier, theirs)) in providers.iter().enumerate() {
+        for (later, mine) in &providers[i + 1..] {
+            for (m, host) in mine.iter().enumerate() {
+                for (t, other) in theirs.iter().enumerate() {
+                    if host.overlaps(other) {
+                        out.push(Problem {
+                            path: format!(
+                                "{}[{m}]",
+                                join(&join("providers", later), "allow-hosts")
+                            ),
+                            message: format!(
+                                "`{host}` overlaps `{other}` of provider {earlier} \
+                                 ({}[{t}]): the drivers of providers {earlier} and {later} \
+                                 can both reach that host, so each could act on the other's \
+                                 machines; providers' allow-lists must not overlap",
+                                join(&join("providers", earlier), "allow-hosts")
+                            ),
+                            location: None,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Problems a checked config has on this machine: driver files or the
 /// store's password file missing.
 pub fn check_files(config: &Settings) -> Vec<Problem> {
@@ -1087,6 +1125,24 @@ impl Walker<'_> {
                     self.problem(b.at("log-rate"), "must be 1 or more");
                 }
                 sandbox.log_rate = n.max(1);
+            }
+            if let Some(n) = self.size(&mut b, "max-driver-size") {
+                if n == 0 {
+                    self.problem(b.at("max-driver-size"), "must be more than 0");
+                }
+                sandbox.max_driver_bytes = n;
+            }
+            if let Some(d) = self.duration(&mut b, "compile-deadline") {
+                if d.is_zero() {
+                    self.problem(b.at("compile-deadline"), "must be more than 0");
+                }
+                sandbox.compile_deadline = d;
+            }
+            if let Some(n) = self.size(&mut b, "log-bytes") {
+                if n < 1 << 10 {
+                    self.problem(b.at("log-bytes"), "must be at least 1KiB (a second)");
+                }
+                sandbox.log_bytes = n.max(1 << 10);
             }
             self.finish(b);
         }

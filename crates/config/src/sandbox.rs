@@ -2,7 +2,9 @@
 //! the sandbox limits, the outbound allow-list, and the credentials. Plain
 //! settings; `berth-plugin` enforces them.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use http::header::HeaderName;
@@ -33,6 +35,16 @@ pub struct SandboxLimits {
     /// instances may write per second together; more are dropped and
     /// counted.
     pub log_rate: u32,
+    /// Bytes of log records the provider's instances may write per second
+    /// together (message and fields, and a fixed overhead per record for
+    /// the line it becomes); more are dropped and counted.
+    pub log_bytes: u64,
+    /// The largest driver file loaded; a larger one is refused before it
+    /// is read.
+    pub max_driver_bytes: u64,
+    /// How long loading waits for the driver to compile; past it the
+    /// provider's start fails (and is tried again).
+    pub compile_deadline: Duration,
 }
 
 impl Default for SandboxLimits {
@@ -46,6 +58,9 @@ impl Default for SandboxLimits {
             max_outbound_per_instance: 16,
             host_memory_bytes: 16 << 20,
             log_rate: 100,
+            log_bytes: 64 << 10,
+            max_driver_bytes: 64 << 20,
+            compile_deadline: Duration::from_secs(120),
         }
     }
 }
@@ -65,8 +80,65 @@ impl SandboxLimits {
     }
 }
 
+/// `ip` in its canonical form: an IPv4 address carried in any IPv6 form is
+/// that IPv4 address; any other address is itself. Every check of an
+/// address (allow-list literals, forbidden and internal ranges, berth's own
+/// API, probes) compares canonical forms, so that `[::ffff:127.0.0.1]`
+/// is `127.0.0.1` wherever it is named or met.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => embedded_v4(v6).map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The IPv4 address an IPv6 address carries, in the forms a host or a
+/// gateway would turn back into IPv4: mapped (`::ffff:a.b.c.d`), SIIT's
+/// translated form (`::ffff:0:a.b.c.d`), compatible (`::a.b.c.d`), NAT64
+/// (`64:ff9b::/96`, `64:ff9b:1::/48`) and 6to4 (`2002:AABB:CCDD::/48`).
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    if s[..6] == [0, 0, 0, 0, 0xffff, 0] {
+        return Some(low);
+    }
+    // `::` and `::1` are the unspecified and loopback addresses themselves.
+    if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
+        return Some(low);
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1) {
+        return Some(low);
+    }
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new(
+            (s[1] >> 8) as u8,
+            s[1] as u8,
+            (s[2] >> 8) as u8,
+            s[2] as u8,
+        ));
+    }
+    None
+}
+
+/// A host as it is compared: an IP literal (bracketed or not) in its
+/// [`canonical_ip`] text, a name as it is.
+fn host_key(host: &str) -> Cow<'_, str> {
+    match host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    {
+        Ok(ip) => Cow::Owned(canonical_ip(ip).to_string()),
+        Err(_) => Cow::Borrowed(host),
+    }
+}
+
 /// One allowed outbound destination: a host name or IP literal (with `*.` for
-/// any subdomain) and an optional port.
+/// any subdomain) and an optional port. A literal is kept in its canonical
+/// form ([`canonical_ip`]), and so are the literals it is compared with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AllowedHost {
     host: String,
@@ -109,7 +181,7 @@ impl AllowedHost {
             }
         };
         Ok(AllowedHost {
-            host: host.to_ascii_lowercase(),
+            host: host_key(&host.to_ascii_lowercase()).into_owned(),
             port,
         })
     }
@@ -132,23 +204,61 @@ impl AllowedHost {
         port && host
     }
 
+    /// Whether some request is allowed by both this entry and `other`: the
+    /// same host (or a wildcard covering the other's host, or two
+    /// wildcards one of which covers the other) on a port both allow.
+    pub fn overlaps(&self, other: &AllowedHost) -> bool {
+        let port = match (self.port, other.port) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        let host = match (self.host.strip_prefix("*."), other.host.strip_prefix("*.")) {
+            (None, None) => self.host == other.host,
+            (Some(domain), None) => within(&other.host, domain),
+            (None, Some(domain)) => within(&self.host, domain),
+            // `*.a.example.com` is within `*.example.com`.
+            (Some(mine), Some(theirs)) => {
+                mine == theirs || within(mine, theirs) || within(theirs, mine)
+            }
+        };
+        port && host
+    }
+
     /// Whether this entry names `host` itself (a literal or a name, not a
     /// wildcard), on whatever port.
     pub fn names(&self, host: &str) -> bool {
-        self.host == host
+        self.host == host_key(host)
     }
 
+    /// Whether a request to `host` (lower case) on `port` is allowed by
+    /// this entry.
     pub fn matches(&self, host: &str, port: u16) -> bool {
         if self.port.is_some_and(|p| p != port) {
             return false;
         }
+        let host = host_key(host);
         match self.host.strip_prefix("*.") {
-            Some(domain) => {
-                host.len() > domain.len() + 1
-                    && host.ends_with(domain)
-                    && host[..host.len() - domain.len()].ends_with('.')
-            }
+            Some(domain) => within(&host, domain),
             None => self.host == host,
+        }
+    }
+}
+
+/// Whether `name` is a subdomain of `domain`.
+fn within(name: &str, domain: &str) -> bool {
+    name.len() > domain.len() + 1
+        && name.ends_with(domain)
+        && name[..name.len() - domain.len()].ends_with('.')
+}
+
+/// As written in `allow-hosts`: `host`, `host:port`, `[v6]:port`.
+impl fmt::Display for AllowedHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.host.contains(':'), self.port) {
+            (true, Some(p)) => write!(f, "[{}]:{p}", self.host),
+            (true, None) => write!(f, "[{}]", self.host),
+            (false, Some(p)) => write!(f, "{}:{p}", self.host),
+            (false, None) => f.write_str(&self.host),
         }
     }
 }

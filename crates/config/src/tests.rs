@@ -758,3 +758,53 @@ fn readiness_defaults_to_ssh_can_be_set_for_the_file_and_per_label_and_is_checke
         ],
     );
 }
+
+#[test]
+fn overlapping_allow_lists_are_warned_of_naming_both_providers() {
+    let overlap = |a: &str, b: &str| {
+        AllowedHost::parse(a)
+            .unwrap()
+            .overlaps(&AllowedHost::parse(b).unwrap())
+    };
+    for (a, b, want) in [
+        ("api.example.com", "api.example.com", true),
+        ("api.example.com:443", "api.example.com", true),
+        ("api.example.com:443", "api.example.com:443", true),
+        ("api.example.com:443", "api.example.com:8443", false),
+        ("*.example.com", "api.example.com:443", true),
+        ("*.example.com", "example.com", false),
+        ("*.example.com", "*.eu.example.com", true),
+        ("*.example.com", "*.example.org", false),
+        ("127.0.0.1", "127.0.0.1:8181", true),
+        ("[::ffff:127.0.0.1]:8181", "127.0.0.1:8181", true),
+        ("127.0.0.1:8181", "127.0.0.2:8181", false),
+    ] {
+        assert_eq!(overlap(a, b), want, "{a} and {b}");
+        assert_eq!(overlap(b, a), want, "{b} and {a}");
+    }
+    let text = r#"
+pool-id = "p"
+[providers.east]
+driver = "a.wasm"
+allow-hosts = ["api.example.com:443", "127.0.0.1:9000"]
+[providers.west]
+driver = "a.wasm"
+allow-hosts = ["*.example.com"]
+[providers.lab]
+driver = "a.wasm"
+allow-hosts = ["127.0.0.1:9001"]
+"#;
+    let settings = parse(text, Path::new("/etc/berth"), &env).unwrap();
+    let mut warned = warnings(&settings);
+    locate(text, &mut warned);
+    let shown: Vec<String> = warned.iter().map(|w| w.to_string()).collect();
+    assert_eq!(shown.len(), 1, "{shown:#?}");
+    assert!(
+        shown[0].starts_with("8:")
+            && shown[0].contains(
+                "providers.west.allow-hosts[0]: `*.example.com` overlaps `api.example.com:443` of provider east (providers.east.allow-hosts[0])"
+            ),
+        "{shown:#?}"
+    );
+    assert!(shown[0].contains("east and west"), "{shown:#?}");
+}

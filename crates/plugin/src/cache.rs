@@ -18,6 +18,7 @@ pub enum LoadSource {
     Cache,
 }
 
+#[derive(Clone)]
 pub(crate) struct ArtifactCache {
     dir: PathBuf,
     engine_key: String,

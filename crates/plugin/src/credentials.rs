@@ -7,7 +7,8 @@
 //! finds the credential whose host matches, removes whatever the guest put
 //! in the headers that credential owns, and authenticates the request on the
 //! way out. The guest sees neither the secret nor the added headers: it holds
-//! only the response.
+//! only the response, from which the secrets are masked ([`crate::scrub`])
+//! in case the server echoes the request.
 //!
 //! Credentials are added only over HTTPS, or over plain HTTP to a loopback
 //! address (a local test server): a token must not cross a network in the
@@ -21,7 +22,7 @@ use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, si
 use aws_sigv4::sign::v4::SigningParams;
 use http::header::{AUTHORIZATION, HOST, HeaderName, HeaderValue};
 
-use berth_config::{Auth, Credential};
+use berth_config::{Auth, Credential, canonical_ip};
 
 /// The headers a credential owns: a guest's own values for them are
 /// removed before it is applied.
@@ -34,6 +35,35 @@ fn owned_headers(auth: &Auth) -> Vec<HeaderName> {
             HeaderName::from_static("x-amz-content-sha256"),
         ],
         Auth::Header { name, .. } => vec![name.clone()],
+    }
+}
+
+/// The secret bytes `auth` puts on a request, each as it goes out: what no
+/// response may show the guest ([`crate::scrub`]). A header's value, and for
+/// a value of the form `SCHEME CREDENTIALS` (`Bearer …`) the credentials
+/// alone too; for SigV4 the session token. A SigV4 signature is not among
+/// them: it is good for the one request it signs, and the key it is made
+/// with is never sent.
+pub fn sent_secrets(auth: &Auth) -> Vec<Vec<u8>> {
+    match auth {
+        Auth::Header { value, .. } => {
+            let value = value.expose();
+            let mut out = vec![value.as_bytes().to_vec()];
+            if let Some((scheme, rest)) = value.split_once(' ')
+                && !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !rest.trim().is_empty()
+            {
+                out.push(rest.trim().as_bytes().to_vec());
+            }
+            out
+        }
+        Auth::AwsSigV4 { session_token, .. } => session_token
+            .iter()
+            .map(|t| t.expose().as_bytes().to_vec())
+            .collect(),
     }
 }
 
@@ -68,7 +98,9 @@ pub fn may_send(host: &str, https: bool) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     https
         || host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        || host
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| canonical_ip(ip).is_loopback())
 }
 
 /// Authenticates `parts` (whose body is `body`) with `auth` at `now_ms`.
@@ -194,6 +226,26 @@ mod tests {
         }
     }
 
+    /// [`aws`] with temporary credentials: a session token.
+    fn temporary(service: &str, token: &str) -> Auth {
+        match aws(service) {
+            Auth::AwsSigV4 {
+                access_key_id,
+                secret_access_key,
+                region,
+                service,
+                ..
+            } => Auth::AwsSigV4 {
+                access_key_id,
+                secret_access_key,
+                session_token: Some(Secret::new(token)),
+                region,
+                service,
+            },
+            other => other,
+        }
+    }
+
     /// 2015-08-30T12:36:00Z, the instant of AWS's published examples.
     const EXAMPLE_MS: u64 = 1_440_938_160_000;
 
@@ -315,23 +367,7 @@ mod tests {
     #[test]
     fn sigv4_matches_the_published_session_token_example() {
         let token = "6e86291e8372ff2a2260956d9b8aae1d763fbf315fa00fa31553b73ebf194267";
-        let Auth::AwsSigV4 {
-            access_key_id,
-            secret_access_key,
-            region,
-            service,
-            ..
-        } = aws("service")
-        else {
-            unreachable!()
-        };
-        let auth = Auth::AwsSigV4 {
-            access_key_id,
-            secret_access_key,
-            session_token: Some(Secret::new(token)),
-            region,
-            service,
-        };
+        let auth = temporary("service", token);
         let guest = [
             ("host", "example.amazonaws.com"),
             ("x-amz-security-token", "guess"),
@@ -436,11 +472,34 @@ mod tests {
     }
 
     #[test]
+    fn the_secrets_sent_are_named_for_the_scrubber() {
+        let bearer = Auth::Header {
+            name: AUTHORIZATION,
+            value: Secret::new("Bearer abc.def"),
+        };
+        assert_eq!(
+            sent_secrets(&bearer),
+            [b"Bearer abc.def".to_vec(), b"abc.def".to_vec()]
+        );
+        let key = Auth::Header {
+            name: HeaderName::from_static("x-api-key"),
+            value: Secret::new("k3y"),
+        };
+        assert_eq!(sent_secrets(&key), [b"k3y".to_vec()]);
+        assert!(sent_secrets(&aws("ec2")).is_empty());
+        assert_eq!(
+            sent_secrets(&temporary("ec2", "session")),
+            [b"session".to_vec()]
+        );
+    }
+
+    #[test]
     fn credentials_go_only_where_they_may() {
         assert!(may_send("api.example.com", true));
         assert!(!may_send("api.example.com", false));
         assert!(may_send("127.0.0.1", false));
         assert!(may_send("[::1]", false));
+        assert!(may_send("[::ffff:127.0.0.1]", false));
         assert!(may_send("localhost", false));
         assert!(!may_send("10.0.0.1", false));
         let creds = vec![Credential {

@@ -1,11 +1,13 @@
 //! What a driver writes to the host's log: records of the `log` import and
 //! lines of its stdout and stderr.
 //!
-//! All of it is untrusted. Each provider has a rate limit shared by its
-//! instances (records beyond it are dropped and counted, and the next record
-//! let through says how many were); messages and fields are cut to a size;
-//! control and bidirectional characters are escaped, so a driver cannot
-//! forge a log line of the host's or hide what it wrote.
+//! All of it is untrusted. Each provider has two budgets shared by its
+//! instances, one of records and one of bytes (records beyond either are
+//! dropped and counted, and a record let through says, at most every ten
+//! seconds, how many records and bytes were); messages and fields are cut
+//! to a size; control, invisible and bidirectional characters are escaped,
+//! so a driver cannot forge a log line of the host's or hide what it
+//! wrote.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +30,11 @@ const MAX_FIELDS: usize = 32;
 const MAX_KEY: usize = 64;
 const MAX_VALUE: usize = 1024;
 
+/// What one record costs of the byte budget besides its message and
+/// fields: about the line the host's log makes of it (time, level, target,
+/// provider).
+pub(crate) const RECORD_OVERHEAD: u64 = 128;
+
 /// One provider's gate for driver log records.
 pub(crate) struct LogGate {
     provider: Arc<str>,
@@ -35,67 +42,131 @@ pub(crate) struct LogGate {
     /// Plain mutex: held only to take a token, never across an await.
     bucket: Mutex<Gate>,
     dropped_total: AtomicU64,
+    dropped_bytes_total: AtomicU64,
 }
 
 struct Gate {
+    /// Records.
     bucket: Bucket,
-    /// Dropped and not yet said.
-    dropped: u64,
+    /// Bytes.
+    bytes: ByteBudget,
+    /// Dropped and not yet said: records and their bytes.
+    dropped: Dropped,
     /// When the last summary was written.
     said: Option<Time>,
+}
+
+/// Records dropped, and their bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Dropped {
+    pub records: u64,
+    pub bytes: u64,
+}
+
+/// The bytes a provider's records may take: `rate` a second, `burst` at
+/// once. Unlike a token bucket it lets a record through whenever it is not
+/// in debt and charges the record in full, so that a record larger than
+/// the burst is not refused for ever; over any span of time what gets
+/// through stays within `burst + rate × span` and one record.
+struct ByteBudget {
+    rate: f64,
+    burst: f64,
+    /// Bytes that may be written now; below zero, owed.
+    level: f64,
+    last: Time,
+}
+
+impl ByteBudget {
+    fn new(rate: u64, burst: u64) -> ByteBudget {
+        ByteBudget {
+            rate: rate as f64,
+            burst: burst as f64,
+            level: burst as f64,
+            last: Time::ZERO,
+        }
+    }
+
+    fn level(&mut self, now: Time) -> f64 {
+        let secs = now.since(self.last).as_secs_f64();
+        self.level = (self.level + secs * self.rate).min(self.burst);
+        self.last = self.last.max(now);
+        self.level
+    }
 }
 
 /// How often at most a provider's dropped records are summed up in the log.
 const SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Seconds' worth of a budget a provider may spend at once.
+const BURST_SECONDS: u32 = 5;
+
 impl LogGate {
-    /// `rate` records per second, up to five seconds' worth at once.
-    pub fn new(provider: Arc<str>, rate: u32) -> LogGate {
-        let rate = f64::from(rate.max(1));
+    /// `rate` records and `bytes` bytes per second, up to
+    /// [`BURST_SECONDS`]' worth of each at once.
+    pub fn new(provider: Arc<str>, rate: u32, bytes: u64) -> LogGate {
+        let records = f64::from(rate.max(1));
+        let bytes = bytes.max(1);
         LogGate {
             provider,
             started: Instant::now(),
             bucket: Mutex::new(Gate {
-                bucket: Bucket::new(rate, (rate * 5.0).ceil() as u32),
-                dropped: 0,
+                bucket: Bucket::new(records, rate.max(1).saturating_mul(BURST_SECONDS)),
+                bytes: ByteBudget::new(bytes, bytes.saturating_mul(u64::from(BURST_SECONDS))),
+                dropped: Dropped::default(),
                 said: None,
             }),
             dropped_total: AtomicU64::new(0),
+            dropped_bytes_total: AtomicU64::new(0),
         }
     }
 
-    /// Whether one more record may be written now; `Some(n)`: yes, and say
-    /// first that `n` were dropped (at most once per [`SUMMARY_EVERY`]).
-    fn admit(&self) -> Option<u64> {
-        let now = Time(self.started.elapsed().as_millis() as u64);
+    /// Whether a record of `bytes` (message and fields as they would be
+    /// written) may be written now; `Some(d)`: yes, and say first that `d`
+    /// were dropped (at most once per [`SUMMARY_EVERY`]).
+    fn admit(&self, bytes: usize) -> Option<Dropped> {
+        self.admit_at(bytes, Time(self.started.elapsed().as_millis() as u64))
+    }
+
+    /// [`LogGate::admit`] at `now`.
+    fn admit_at(&self, bytes: usize, now: Time) -> Option<Dropped> {
+        let cost = bytes as u64 + RECORD_OVERHEAD;
         let mut gate = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
-        if gate.bucket.try_take(now) {
+        // The record token is taken only once the bytes are known to be
+        // there: a record the bytes refuse costs no record.
+        if gate.bytes.level(now) > 0.0 && gate.bucket.try_take(now) {
+            gate.bytes.level -= cost as f64;
             let due = gate.said.is_none_or(|t| now.since(t) >= SUMMARY_EVERY);
-            if gate.dropped > 0 && due {
+            if gate.dropped.records > 0 && due {
                 gate.said = Some(now);
                 Some(std::mem::take(&mut gate.dropped))
             } else {
-                Some(0)
+                Some(Dropped::default())
             }
         } else {
-            gate.dropped += 1;
+            gate.dropped.records += 1;
+            gate.dropped.bytes += cost;
             self.dropped_total.fetch_add(1, Ordering::Relaxed);
+            self.dropped_bytes_total.fetch_add(cost, Ordering::Relaxed);
             None
         }
     }
 
-    /// Records dropped so far.
-    pub fn dropped(&self) -> u64 {
-        self.dropped_total.load(Ordering::Relaxed)
+    /// Records dropped so far, and their bytes.
+    pub fn dropped(&self) -> Dropped {
+        Dropped {
+            records: self.dropped_total.load(Ordering::Relaxed),
+            bytes: self.dropped_bytes_total.load(Ordering::Relaxed),
+        }
     }
 
     /// Says, once a record gets through again, how many did not.
-    fn say_dropped(&self, n: u64) {
-        if n > 0 {
+    fn say_dropped(&self, d: Dropped) {
+        if d.records > 0 {
             tracing::warn!(
                 provider = %self.provider,
-                dropped = n,
-                "driver log over its rate limit: records dropped"
+                dropped = d.records,
+                dropped_bytes = d.bytes,
+                "driver log over its rate or byte limit: records dropped"
             );
         }
     }
@@ -114,10 +185,6 @@ impl bindings::berth::driver::log::Host for StoreState {
         fields: Vec<(String, String)>,
     ) -> wasmtime::Result<()> {
         use bindings::berth::driver::log::Level;
-        let Some(dropped) = self.log.admit() else {
-            return Ok(());
-        };
-        self.log.say_dropped(dropped);
         let message = clean(&message, MAX_MESSAGE);
         let mut fields: Vec<String> = fields
             .iter()
@@ -128,6 +195,10 @@ impl bindings::berth::driver::log::Host for StoreState {
             fields.push("…".into());
         }
         let fields = fields.join(" ");
+        let Some(dropped) = self.log.admit(message.len() + fields.len()) else {
+            return Ok(());
+        };
+        self.log.say_dropped(dropped);
         let p = &self.provider;
         match level {
             Level::Trace => tracing::trace!(provider = %p, %fields, "driver: {message}"),
@@ -186,8 +257,8 @@ impl LineLogger {
         {
             *last = clean(text, MAX_MESSAGE);
         }
-        if let Some(dropped) = self.out.gate.admit() {
-            let text = clean(text, MAX_MESSAGE);
+        let text = clean(text, MAX_MESSAGE);
+        if let Some(dropped) = self.out.gate.admit(text.len()) {
             tracing::dispatcher::with_default(&self.out.dispatch, || {
                 self.out.gate.say_dropped(dropped);
                 tracing::info!(provider = %self.out.provider, stream = self.out.stream, "driver: {text}");
@@ -222,5 +293,63 @@ impl tokio::io::AsyncWrite for LineLogger {
             self.emit();
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admit_at(gate: &LogGate, bytes: usize, now: Time) -> bool {
+        gate.admit_at(bytes, now).is_some()
+    }
+
+    #[test]
+    fn bytes_are_budgeted_as_well_as_records() {
+        // 1,000 records a second, 10,000 bytes: the bytes decide.
+        let gate = LogGate::new("p".into(), 1000, 10_000);
+        let record = 4096 - RECORD_OVERHEAD as usize;
+        let mut written = 0u64;
+        // Ten seconds of a driver writing as fast as it can.
+        for ms in 0..10_000u64 {
+            for _ in 0..10 {
+                if admit_at(&gate, record, Time(ms)) {
+                    written += 4096;
+                }
+            }
+        }
+        // At most the burst (five seconds' worth), ten seconds of the rate
+        // and one record.
+        let most = 50_000 + 10 * 10_000 + 4096;
+        assert!(written <= most, "{written} bytes written, at most {most}");
+        assert!(written >= 100_000, "{written} bytes written");
+    }
+
+    #[test]
+    fn a_record_larger_than_the_burst_still_gets_through() {
+        let gate = LogGate::new("p".into(), 100, 1000);
+        assert!(admit_at(&gate, 40_000, Time(0)));
+        // Then the debt is paid back before the next.
+        assert!(!admit_at(&gate, 10, Time(1000)));
+        assert!(admit_at(&gate, 10, Time(40_000)));
+    }
+
+    #[test]
+    fn what_is_dropped_is_counted_in_records_and_bytes() {
+        let gate = LogGate::new("p".into(), 1, 1_000_000);
+        let mut dropped = 0;
+        for _ in 0..20 {
+            if gate.admit(100).is_none() {
+                dropped += 1;
+            }
+        }
+        assert!(dropped >= 10, "{dropped}");
+        assert_eq!(
+            gate.dropped(),
+            Dropped {
+                records: dropped,
+                bytes: dropped * (100 + RECORD_OVERHEAD)
+            }
+        );
     }
 }

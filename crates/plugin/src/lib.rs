@@ -20,14 +20,17 @@ mod inspect;
 mod provider;
 mod sandbox;
 pub mod scaffold;
+mod scrub;
 mod state;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{HasSelf, Linker};
+use tokio::io::AsyncReadExt;
+use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use berth_core::driver::DriverInfo;
@@ -101,6 +104,43 @@ struct RuntimeInner {
     /// Where guest code runs, and the epoch ticker; every driver loaded
     /// here holds it too, so it outlives this value as long as they do.
     guests: Arc<Guests>,
+    /// Compiles under way, by the sha256 of their `.wasm`: a load of the
+    /// same bytes waits for the one there is rather than starting another.
+    /// Plain mutex: held only to look up or add an entry.
+    compiling: std::sync::Mutex<HashMap<String, Compiling>>,
+}
+
+/// A compile's outcome, once there is one.
+type Compiling = tokio::sync::watch::Receiver<Option<Result<(Component, LoadSource), String>>>;
+
+/// What loading one driver file may cost, checked before it is read and
+/// while it compiles (`max-driver-size` and `compile-deadline` in
+/// `[providers.NAME.sandbox]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadLimits {
+    /// The largest file read; a larger one is refused before it is read.
+    /// Compiling takes memory in step with the code's size, so this bounds
+    /// that too.
+    pub max_file_bytes: u64,
+    /// How long a load waits for the compile. Past it the load fails; the
+    /// compile cannot be stopped and ends on its own thread, and a later
+    /// load of the same bytes waits for it rather than starting another.
+    pub compile_deadline: Duration,
+}
+
+impl Default for LoadLimits {
+    fn default() -> Self {
+        LoadLimits::from(&SandboxLimits::default())
+    }
+}
+
+impl From<&SandboxLimits> for LoadLimits {
+    fn from(l: &SandboxLimits) -> Self {
+        LoadLimits {
+            max_file_bytes: l.max_driver_bytes,
+            compile_deadline: l.compile_deadline,
+        }
+    }
 }
 
 /// A driver file that could not be loaded, and why.
@@ -116,6 +156,14 @@ pub struct LoadError {
 pub enum LoadErrorKind {
     #[error("cannot read file: {0}")]
     Io(#[from] std::io::Error),
+    #[error(
+        "the file is {size} bytes, more than the {max} bytes a driver may be (max-driver-size); it was not read"
+    )]
+    TooLarge { size: u64, max: u64 },
+    #[error(
+        "compiling took longer than {0:?} (compile-deadline) and was given up; it ends in the background, and the next try waits for it"
+    )]
+    CompileDeadline(Duration),
     #[error("{0}")]
     Rejected(#[from] Rejection),
     #[error("does not compile: {0}")]
@@ -244,6 +292,7 @@ impl Runtime {
                 cache,
                 config,
                 guests,
+                compiling: std::sync::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -255,11 +304,20 @@ impl Runtime {
 
     /// Loads one driver file: checks it against the contract, compiles it (or
     /// loads it from the cache), links it and asks it to describe itself.
-    #[tracing::instrument(skip(self), fields(path = %path.as_ref().display()))]
     pub async fn load_file(&self, path: impl AsRef<Path>) -> Result<Driver, LoadError> {
+        self.load_file_within(path, LoadLimits::default()).await
+    }
+
+    /// [`Runtime::load_file`] within `limits`.
+    #[tracing::instrument(skip(self, limits), fields(path = %path.as_ref().display()))]
+    pub async fn load_file_within(
+        &self,
+        path: impl AsRef<Path>,
+        limits: LoadLimits,
+    ) -> Result<Driver, LoadError> {
         let path = path.as_ref().to_path_buf();
         let started = Instant::now();
-        let (pre, sha256, source) = self.compile_and_link(&path).await?;
+        let (pre, sha256, source) = self.compile_and_link(&path, limits).await?;
         let file_name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -296,7 +354,7 @@ impl Runtime {
     /// without running any of their code (the last part of `berth driver
     /// check`).
     pub async fn link_only(&self, bytes: Vec<u8>) -> Result<(), String> {
-        self.link(bytes)
+        self.link(bytes, LoadLimits::default())
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -305,33 +363,39 @@ impl Runtime {
     async fn compile_and_link(
         &self,
         path: &Path,
+        limits: LoadLimits,
     ) -> Result<(DriverPluginPre<StoreState>, String, LoadSource), LoadError> {
         let err = |kind: LoadErrorKind| LoadError {
             path: path.to_path_buf(),
             kind,
         };
-        let bytes = tokio::fs::read(path).await.map_err(|e| err(e.into()))?;
+        let bytes = read_at_most(path, limits.max_file_bytes)
+            .await
+            .map_err(err)?;
         inspect(&bytes).map_err(|e| err(e.into()))?;
-        self.link(bytes).await.map_err(err)
+        self.link(bytes, limits).await.map_err(err)
     }
 
-    /// Compiles (or loads from the cache) and links checked driver bytes.
+    /// Compiles (or loads from the cache) and links checked driver bytes,
+    /// waiting for the compile at most `limits.compile_deadline`.
     async fn link(
         &self,
         bytes: Vec<u8>,
+        limits: LoadLimits,
     ) -> Result<(DriverPluginPre<StoreState>, String, LoadSource), LoadErrorKind> {
         let sha256 = hex::encode(Sha256::digest(&bytes));
-        let this = self.clone();
-        let sha = sha256.clone();
-        // Compiling takes from milliseconds to seconds: keep it off the executor.
-        let compiled = tokio::task::spawn_blocking(move || match &this.inner.cache {
-            Some(cache) => cache.load(&this.inner.engine, &sha, &bytes),
-            None => wasmtime::component::Component::new(&this.inner.engine, &bytes)
-                .map(|c| (c, LoadSource::Compiled)),
-        })
-        .await
-        .map_err(|e| LoadErrorKind::Compile(e.to_string()))?;
-        let (component, source) = compiled.map_err(|e| LoadErrorKind::Compile(format!("{e:#}")))?;
+        let mut compiled = self.compile(&sha256, bytes);
+        let done =
+            tokio::time::timeout(limits.compile_deadline, compiled.wait_for(Option::is_some))
+                .await
+                .map_err(|_| LoadErrorKind::CompileDeadline(limits.compile_deadline))?
+                .map_err(|_| {
+                    LoadErrorKind::Compile("the compile's thread ended without an outcome".into())
+                })?
+                .clone();
+        let (component, source) = done
+            .unwrap_or_else(|| Err("no outcome".into()))
+            .map_err(LoadErrorKind::Compile)?;
         let instance_pre = self
             .inner
             .linker
@@ -340,6 +404,50 @@ impl Runtime {
         let pre = DriverPluginPre::new(instance_pre)
             .map_err(|e| LoadErrorKind::Link(format!("{e:#}")))?;
         Ok((pre, sha256, source))
+    }
+
+    /// The compile of `bytes` (or the cache load), under way on a thread
+    /// of its own: wasmtime cannot stop a compile, so a load that gives up
+    /// waiting leaves it to end there, and a load of the same bytes
+    /// meanwhile waits for this one instead of starting a second.
+    fn compile(&self, sha256: &str, bytes: Vec<u8>) -> Compiling {
+        let mut compiling = (self.inner.compiling.lock()).unwrap_or_else(|p| p.into_inner());
+        // One whose thread died without an outcome (it panicked) is
+        // started again.
+        if let Some(under_way) = compiling.get(sha256)
+            && under_way.has_changed().is_ok()
+        {
+            return under_way.clone();
+        }
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        compiling.insert(sha256.to_owned(), rx.clone());
+        // The thread holds the engine and the cache, not the runtime: a
+        // compile left running keeps no guest machinery alive.
+        let engine = self.inner.engine.clone();
+        let cache = self.inner.cache.clone();
+        let runtime = Arc::downgrade(&self.inner);
+        let sha = sha256.to_owned();
+        let spawned = std::thread::Builder::new()
+            .name("berth-compile".into())
+            .spawn(move || {
+                let outcome = match &cache {
+                    Some(cache) => cache.load(&engine, &sha, &bytes),
+                    None => Component::new(&engine, &bytes).map(|c| (c, LoadSource::Compiled)),
+                };
+                // Forgotten before the outcome is sent: a load that sees
+                // this one fail starts afresh next time.
+                if let Some(runtime) = runtime.upgrade() {
+                    (runtime.compiling.lock().unwrap_or_else(|p| p.into_inner())).remove(&sha);
+                }
+                tx.send_replace(Some(outcome.map_err(|e| format!("{e:#}"))));
+            });
+        if let Err(e) = spawned {
+            compiling.remove(sha256);
+            let (tx, rx) = tokio::sync::watch::channel(None);
+            tx.send_replace(Some(Err(format!("starting a thread to compile on: {e}"))));
+            return rx;
+        }
+        rx
     }
 
     /// Loads every `*.wasm` in `dir`. A file that fails to load is reported
@@ -369,5 +477,50 @@ impl Runtime {
             }
         }
         Ok((loaded, failed))
+    }
+}
+
+/// The file at `path`, if it is at most `max` bytes: its size is checked
+/// before anything is read, and no more than `max` bytes are read should
+/// it grow meanwhile.
+async fn read_at_most(path: &Path, max: u64) -> Result<Vec<u8>, LoadErrorKind> {
+    let file = tokio::fs::File::open(path).await?;
+    let size = file.metadata().await?.len();
+    if size > max {
+        return Err(LoadErrorKind::TooLarge { size, max });
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .await?;
+    let read = bytes.len() as u64;
+    if read > max {
+        return Err(LoadErrorKind::TooLarge { size: read, max });
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_file_over_the_limit_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.wasm");
+        // Holes only: nothing to read quickly if it were read.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(1 << 34)
+            .unwrap();
+        let refused = read_at_most(&path, 1 << 20).await.unwrap_err();
+        assert!(
+            matches!(refused, LoadErrorKind::TooLarge { size, max } if size == 1 << 34 && max == 1 << 20),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("max-driver-size"), "{refused}");
+        std::fs::write(&path, b"\0asm").unwrap();
+        assert_eq!(read_at_most(&path, 4).await.unwrap(), b"\0asm");
+        assert!(read_at_most(&path, 3).await.is_err());
     }
 }

@@ -266,7 +266,11 @@ impl Sandbox {
                 .state
                 .unwrap_or_else(DriverState::in_memory)
                 .space(&name),
-            log: Arc::new(LogGate::new(name.clone(), limits.log_rate)),
+            log: Arc::new(LogGate::new(
+                name.clone(),
+                limits.log_rate,
+                limits.log_bytes,
+            )),
             name,
             pool_id: config.pool_id,
             driver_config: config.driver_config,
@@ -322,9 +326,15 @@ impl Sandbox {
         self.shared.policy.answered()
     }
 
-    /// Log records of the driver dropped over its rate limit so far.
+    /// Log records of the driver dropped over its rate or byte limit so
+    /// far.
     pub fn log_dropped(&self) -> u64 {
-        self.shared.log.dropped()
+        self.shared.log.dropped().records
+    }
+
+    /// The bytes of those records (each with its line's overhead).
+    pub fn log_dropped_bytes(&self) -> u64 {
+        self.shared.log.dropped().bytes
     }
 
     /// Stops taking calls: calls already running finish, later ones fail
@@ -439,7 +449,11 @@ async fn describe_here(
     };
     let budget = limits.call_deadline;
     let state = DriverState::in_memory().space(&name);
-    let log = Arc::new(LogGate::new(name.clone(), limits.log_rate));
+    let log = Arc::new(LogGate::new(
+        name.clone(),
+        limits.log_rate,
+        limits.log_bytes,
+    ));
     let mut live = instantiate(pre, name.clone(), &limits, policy, state, log)
         .await
         .map_err(|e| err(CallErrorKind::Trap(classify(e, budget, None))))?;

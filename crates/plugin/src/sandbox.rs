@@ -16,20 +16,21 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
-use berth_config::{AllowedHost, Credential, FIELD_SIZE_LIMIT, SandboxLimits};
+use berth_config::{AllowedHost, Credential, FIELD_SIZE_LIMIT, SandboxLimits, canonical_ip};
 
 use super::credentials::{self, NotApplied};
 use super::gate::Gate;
 use super::guest_log::{GuestOutput, LogGate};
+use super::scrub::Scrubber;
 use super::state::StateSpace;
 
 /// Addresses a driver may never reach, whatever its allow-list says:
 /// link-local ranges (where clouds serve instance metadata and credentials),
-/// the unspecified address, broadcast and multicast; also in the IPv6 forms
-/// that carry an IPv4 address (mapped, compatible, NAT64, 6to4).
+/// the unspecified address, broadcast and multicast; also in every IPv6
+/// form that carries an IPv4 address ([`canonical_ip`]).
 pub fn is_forbidden_ip(ip: IpAddr) -> bool {
     const EC2_V6_METADATA: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
-    match ip {
+    match canonical_ip(ip) {
         IpAddr::V4(v4) => {
             v4.is_link_local()
                 || v4.is_unspecified()
@@ -38,9 +39,6 @@ pub fn is_forbidden_ip(ip: IpAddr) -> bool {
                 || v4.octets()[0] == 0
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = embedded_v4(v6) {
-                return is_forbidden_ip(IpAddr::V4(v4));
-            }
             v6 == EC2_V6_METADATA
                 || (v6.segments()[0] & 0xffc0) == 0xfe80
                 || v6.is_unspecified()
@@ -55,47 +53,16 @@ pub fn is_forbidden_ip(ip: IpAddr) -> bool {
 /// address as a literal; a name that resolves to one is refused, so that
 /// `*.example.com` cannot be pointed at berth's own host.
 pub fn is_internal_ip(ip: IpAddr) -> bool {
-    match ip {
+    match canonical_ip(ip) {
         IpAddr::V4(v4) => {
             let o = v4.octets();
             v4.is_loopback() || v4.is_private() || (o[0] == 100 && (o[1] & 0xc0) == 64)
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = embedded_v4(v6) {
-                return is_internal_ip(IpAddr::V4(v4));
-            }
             let first = v6.segments()[0];
             v6.is_loopback() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfec0
         }
     }
-}
-
-/// The IPv4 address an IPv6 address carries, in the forms a host or a
-/// gateway would turn back into IPv4: mapped (`::ffff:a.b.c.d`), compatible
-/// (`::a.b.c.d`), NAT64 (`64:ff9b::/96`, `64:ff9b:1::/48`) and 6to4
-/// (`2002:AABB:CCDD::/48`).
-fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
-    let s = v6.segments();
-    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return Some(v4);
-    }
-    // `::` and `::1` are the unspecified and loopback addresses themselves.
-    if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
-        return Some(low);
-    }
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1) {
-        return Some(low);
-    }
-    if s[0] == 0x2002 {
-        return Some(Ipv4Addr::new(
-            (s[1] >> 8) as u8,
-            s[1] as u8,
-            (s[2] >> 8) as u8,
-            s[2] as u8,
-        ));
-    }
-    None
 }
 
 /// The outbound HTTP policy of one provider.
@@ -106,6 +73,10 @@ pub struct HttpPolicy {
     /// Added to the requests of the hosts they name; the guest never sees
     /// them.
     credentials: Vec<Credential>,
+    /// Masks the secrets of `credentials` in every response, so that a
+    /// server echoing a request cannot hand them to the guest; `None`
+    /// without credentials.
+    scrubber: Option<Arc<Scrubber>>,
     /// berth's own listening addresses: never reachable, even when named.
     own: Vec<SocketAddr>,
     /// One permit per outbound request of the provider open at once.
@@ -196,6 +167,7 @@ impl HttpPolicy {
             provider,
             allowed,
             credentials: Vec::new(),
+            scrubber: None,
             own: Vec::new(),
             outbound: Arc::new(Semaphore::new(limits.max_outbound)),
             max_outbound: limits.max_outbound,
@@ -239,6 +211,12 @@ impl HttpPolicy {
 
     /// The same policy, with `credentials` added to the requests they name.
     pub fn with_credentials(mut self, credentials: Vec<Credential>) -> Self {
+        self.scrubber = Scrubber::new(
+            credentials
+                .iter()
+                .flat_map(|c| credentials::sent_secrets(&c.auth)),
+        )
+        .map(Arc::new);
         self.credentials = credentials;
         self
     }
@@ -301,6 +279,8 @@ impl HttpPolicy {
         {
             return Err(Denial::ForbiddenAddress(ip));
         }
+        // Allow-list entries are kept canonical, and so is `host` when they
+        // are compared (`AllowedHost::matches`).
         if !self.allowed.iter().any(|a| a.matches(&host, port)) {
             return Err(Denial::NotAllowed);
         }
@@ -351,13 +331,10 @@ impl HttpPolicy {
             if self.is_own(*a) {
                 return Err(Denial::OwnAddress(*a).to_string());
             }
-            let loopback = match ip {
-                IpAddr::V4(v4) => v4.is_loopback(),
-                IpAddr::V6(v6) => {
-                    v6.is_loopback() || embedded_v4(v6).is_some_and(|v4| v4.is_loopback())
-                }
-            };
-            if loopback && !self.allowed.iter().any(|h| h.names(&ip.to_string())) {
+            let canonical = canonical_ip(ip);
+            if canonical.is_loopback()
+                && !self.allowed.iter().any(|h| h.names(&canonical.to_string()))
+            {
                 return Err(format!(
                     "address {ip} is this host's loopback; a probe reaches it only where the provider's allowed hosts name it"
                 ));
@@ -369,20 +346,25 @@ impl HttpPolicy {
         Ok(addrs)
     }
 
-    /// Whether the allow-list names `ip` itself (for `port`).
+    /// Whether the allow-list names `ip` itself (in any of its forms, for
+    /// `port`).
     fn names_literal(&self, ip: IpAddr, port: u16) -> bool {
-        let text = ip.to_string();
+        let text = canonical_ip(ip).to_string();
         self.allowed.iter().any(|a| a.matches(&text, port))
     }
 
-    /// Whether `addr` is berth's own API: its address, or for an API
-    /// listening on every address, any address of this host on its port.
+    /// Whether `addr` is berth's own API: its address (in any of its
+    /// forms), or for an API listening on every address, any address of
+    /// this host on its port.
     fn is_own(&self, addr: SocketAddr) -> bool {
+        let ip = canonical_ip(addr.ip());
         self.own.iter().any(|own| {
+            let own_ip = canonical_ip(own.ip());
             own.port() == addr.port()
-                && (own.ip() == addr.ip()
-                    || (own.ip().is_unspecified()
-                        && (is_internal_ip(addr.ip()) || local_addresses().contains(&addr.ip()))))
+                && (own_ip == ip
+                    || (own_ip.is_unspecified()
+                        && (is_internal_ip(ip)
+                            || local_addresses().into_iter().any(|l| canonical_ip(l) == ip))))
         })
     }
 
@@ -552,7 +534,15 @@ impl WasiHttpHooks for Hooks {
             let (response, io) =
                 wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
             let max = policy.max_response_bytes;
-            let response = response.map(|body| limit_body(body, max));
+            let response = match &policy.scrubber {
+                Some(scrubber) => {
+                    let (mut parts, body) = response.into_parts();
+                    scrubber.headers(&mut parts.headers);
+                    let body = limit_body(scrubber.clone().body(body), max);
+                    http::Response::from_parts(parts, body)
+                }
+                None => response.map(|body| limit_body(body, max)),
+            };
             // The permits are held until the connection is done with.
             let io = async move {
                 let done = io.await;
@@ -872,16 +862,20 @@ mod tests {
                 .unwrap_err()
                 .contains("loopback")
         );
-        assert!(
-            p.probe_addresses("::1", 22)
-                .await
-                .unwrap_err()
-                .contains("loopback")
+        for other in ["::1", "::ffff:127.0.0.2", "::ffff:0:7f00:2"] {
+            let e = p.probe_addresses(other, 22).await.unwrap_err();
+            assert!(e.contains("loopback"), "{other}: {e}");
+        }
+        // The allow-listed loopback in another form is that address.
+        assert_eq!(
+            p.probe_addresses("::ffff:127.0.0.1", 2222).await,
+            Ok(ok("[::ffff:127.0.0.1]:2222"))
         );
         for bad in [
             "169.254.169.254",
             "[fd00:ec2::254]",
             "::ffff:169.254.169.254",
+            "::ffff:0:a9fe:a9fe",
             "0.0.0.0",
             "224.0.0.1",
         ] {
@@ -939,8 +933,11 @@ mod tests {
             "fd00:ec2::254",
             "ff02::1",
             "::ffff:169.254.169.254",
-            // IPv4-compatible, NAT64 and 6to4 forms of the metadata address.
+            // IPv4-compatible, SIIT, NAT64 and 6to4 forms of the metadata
+            // address.
             "::a9fe:a9fe",
+            "::ffff:0:a9fe:a9fe",
+            "::ffff:0:169.254.169.254",
             "64:ff9b::a9fe:a9fe",
             "64:ff9b:1::a9fe:a9fe",
             "2002:a9fe:a9fe::1",
@@ -961,6 +958,8 @@ mod tests {
             "fd12::1",
             "fec0::1",
             "::ffff:127.0.0.1",
+            "::ffff:0:127.0.0.1",
+            "0:0:0:0:0:ffff:7f00:1",
             "::7f00:1",
             "64:ff9b::7f00:1",
             "2002:7f00:1::",
@@ -979,6 +978,86 @@ mod tests {
                 "{ip} is public"
             );
         }
+    }
+
+    #[test]
+    fn every_ipv6_form_of_an_ipv4_address_is_that_address() {
+        let v4 = |s: &str| s.parse::<IpAddr>().unwrap();
+        for (form, want) in [
+            ("::ffff:127.0.0.1", "127.0.0.1"),
+            ("0:0:0:0:0:ffff:7f00:1", "127.0.0.1"),
+            ("::ffff:0:a9fe:a9fe", "169.254.169.254"),
+            ("::10.1.2.3", "10.1.2.3"),
+            ("64:ff9b::7f00:1", "127.0.0.1"),
+            ("64:ff9b:1::a9fe:a9fe", "169.254.169.254"),
+            ("2002:7f00:1::1", "127.0.0.1"),
+            ("127.0.0.1", "127.0.0.1"),
+            // Not IPv4 in another form: themselves.
+            ("::1", "::1"),
+            ("::", "::"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("fd00:ec2::254", "fd00:ec2::254"),
+        ] {
+            assert_eq!(canonical_ip(v4(form)), v4(want), "{form}");
+        }
+    }
+
+    /// Regression: berth's own address was compared with plain equality,
+    /// so `[::ffff:127.0.0.1]`, allow-listed, reached the API on
+    /// 127.0.0.1.
+    #[tokio::test]
+    async fn own_address_is_refused_in_every_form() {
+        let own: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        for form in [
+            "[::ffff:127.0.0.1]",
+            "[::ffff:7f00:1]",
+            "[0:0:0:0:0:ffff:7f00:1]",
+            "[::ffff:0:127.0.0.1]",
+            "[::127.0.0.1]",
+            "[64:ff9b::127.0.0.1]",
+        ] {
+            let p = policy(&[&format!("{form}:8080")]).denying(vec![own]);
+            let got = p
+                .authorize(&format!("http://{form}:8080/v1/nodes").parse().unwrap())
+                .await;
+            assert!(matches!(got, Err(Denial::OwnAddress(_))), "{form}: {got:?}");
+            let probe = p.probe_addresses(form, 8080).await;
+            assert!(
+                probe.as_ref().is_err_and(|e| e.contains("berth's own API")),
+                "{form}: {probe:?}"
+            );
+        }
+        // berth's own address given in a mapped form, met as IPv4.
+        let p = policy(&["127.0.0.1"]).denying(vec!["[::ffff:127.0.0.1]:8080".parse().unwrap()]);
+        assert!(matches!(
+            p.authorize(&"http://127.0.0.1:8080/".parse().unwrap())
+                .await,
+            Err(Denial::OwnAddress(_))
+        ));
+        // A literal is named in any of its forms: the allow-list's
+        // `127.0.0.1:9` is the request's `[::ffff:127.0.0.1]:9`, and the
+        // reverse.
+        assert!(
+            check(&["127.0.0.1:9"], "http://[::ffff:127.0.0.1]:9/")
+                .await
+                .is_ok()
+        );
+        assert!(
+            check(&["[::ffff:127.0.0.1]:9"], "http://127.0.0.1:9/")
+                .await
+                .is_ok()
+        );
+        // The metadata address in SIIT's form, allow-listed.
+        assert_eq!(
+            check(
+                &["*", "[::ffff:0:a9fe:a9fe]"],
+                "http://[::ffff:0:a9fe:a9fe]/"
+            )
+            .await,
+            Err(Denial::ForbiddenAddress(
+                "::ffff:0:a9fe:a9fe".parse().unwrap()
+            ))
+        );
     }
 
     #[tokio::test]

@@ -781,7 +781,7 @@ async fn create_request(
             return Err(ApiError::bad(
                 "labels",
                 format!(
-                    "`{}` is not a label name: names hold no control or direction-changing characters",
+                    "`{}` is not a label name: names hold no control, invisible or direction-changing characters",
                     berth_core::text::printable(name)
                 ),
             ));
@@ -813,7 +813,7 @@ async fn create_request(
         Some(_) => {
             return Err(ApiError::bad(
                 "requestor",
-                "must be 1 to 128 printable characters, with no control or direction-changing ones",
+                "must be 1 to 128 printable characters, with no control, invisible or direction-changing ones",
             ));
         }
     };

@@ -275,6 +275,9 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
             (settings, Some(sim))
         }
     };
+    for w in config::warnings(&settings) {
+        tracing::warn!(at = %w.path, "{}", w.message);
+    }
     let listen = options.listen.unwrap_or(settings.api.listen);
     if settings.api.tokens.is_empty() && !listen.ip().is_loopback() {
         anyhow::bail!(

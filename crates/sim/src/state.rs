@@ -166,10 +166,18 @@ impl Record {
 
     fn view(&self, knobs: &Knobs, now_ms: u64) -> Instance {
         let id = format_id(self.id);
-        // The low 24 bits of the counter give a unique 10.0.0.0/8 address for
-        // the first 16 million instances, and id 42 reads as 10.0.0.42.
+        // A loopback address of its own, so that nothing that probes a
+        // simulated machine (berth's readiness checks) sends a packet off
+        // this host. Outside 127.0.0.0/16, where this host's own services
+        // listen: id 42 reads as 127.1.0.42, unique for the first 16
+        // million instances.
         let n = self.id;
-        let own = format!("10.{}.{}.{}", (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff);
+        let own = format!(
+            "127.{}.{}.{}",
+            1 + (n >> 16) % 255,
+            (n >> 8) & 0xff,
+            n & 0xff
+        );
         let (private_ipv4, ssh_port) = match &self.endpoint {
             Some(e) => (e.address.clone(), e.port),
             None => (own, 22),

@@ -96,7 +96,8 @@ async fn create_list_tag_delete_lifecycle() {
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(first.body["id"], "i-0000000000000001");
     assert_eq!(first.body["state"], "running");
-    assert_eq!(first.body["private_ipv4"], "10.0.0.1");
+    // Loopback, outside 127.0.0.0/16: probing it sends nothing off the host.
+    assert_eq!(first.body["private_ipv4"], "127.1.0.1");
     assert_eq!(first.body["hostname"], "i-0000000000000001.sim.internal");
     assert_eq!(first.body["ssh_port"], 22);
     assert_eq!(first.body["username"], "berth");

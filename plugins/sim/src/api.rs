@@ -125,7 +125,7 @@ mod tests {
         let json = r#"{
           "id": "i-000000000000002a", "state": "pending", "instance_type": "small",
           "image": "ubuntu-24.04", "tags": {"berth-pool": "p1", "berth-node": "n-1"},
-          "created_at_ms": 1790000000000, "private_ipv4": "10.0.0.42", "public_ipv4": null,
+          "created_at_ms": 1790000000000, "private_ipv4": "127.1.0.42", "public_ipv4": null,
           "hostname": "i-000000000000002a.sim.internal", "ssh_port": 22, "username": "berth",
           "client_token": "n-1"
         }"#;
@@ -143,7 +143,7 @@ mod tests {
             ]
         );
         assert_eq!(i.created_at_ms, Some(1_790_000_000_000));
-        assert_eq!(i.addresses.private_ipv4.as_deref(), Some("10.0.0.42"));
+        assert_eq!(i.addresses.private_ipv4.as_deref(), Some("127.1.0.42"));
         assert_eq!(i.addresses.public_ipv4, None);
         assert_eq!(
             i.addresses.hostname.as_deref(),

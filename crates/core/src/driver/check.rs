@@ -130,7 +130,7 @@ fn text(what: &str, s: &str, max: usize) -> Result<(), String> {
     }
     if s.chars().any(is_unsafe) {
         return Err(format!(
-            "the {what} `{}` holds control or direction characters",
+            "the {what} `{}` holds control, invisible or direction characters",
             printable(&truncated(s, 64))
         ));
     }
@@ -199,6 +199,28 @@ mod tests {
                 Some("id"),
             ),
             ("a long id", |i| i.id = "x".repeat(MAX_ID + 1), Some("id")),
+            (
+                "a zero-width space in the id",
+                |i| i.id = "i-1\u{200b}".into(),
+                Some("id"),
+            ),
+            (
+                "a word joiner in a tag value",
+                |i| {
+                    i.tags.insert("owner".into(), "ci\u{2060}".into());
+                },
+                Some("tags"),
+            ),
+            (
+                "a byte order mark in the user name",
+                |i| i.connection.username = Some("\u{feff}berth".into()),
+                Some("connection"),
+            ),
+            (
+                "a soft hyphen in the type",
+                |i| i.instance_type = "sm\u{ad}all".into(),
+                Some("type"),
+            ),
             (
                 "a bidi override in the type",
                 |i| i.instance_type = "a\u{202e}b".into(),

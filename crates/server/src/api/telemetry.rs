@@ -135,6 +135,7 @@ pub struct Telemetry {
     quarantined: Family<ByProvider, Gauge>,
     pool_held: Gauge,
     log_dropped: Family<ByProvider, Counter>,
+    log_dropped_bytes: Family<ByProvider, Counter>,
     http_open: Gauge,
     http_closed: Family<Reason, Counter>,
     outbound_denied: Family<ByProvider, Counter>,
@@ -356,7 +357,13 @@ impl Telemetry {
             log_dropped: register(
                 r,
                 "berth_driver_log_dropped",
-                "Driver log records (log import and stdio lines) dropped over the provider's log-rate",
+                "Driver log records (log import and stdio lines) dropped over the provider's log-rate or log-bytes",
+                Family::default(),
+            ),
+            log_dropped_bytes: register(
+                r,
+                "berth_driver_log_dropped_bytes",
+                "Bytes of the driver log records dropped (message and fields, and 128 bytes a record for its line)",
                 Family::default(),
             ),
             http_open: register(
@@ -464,6 +471,11 @@ impl Telemetry {
         for (name, started) in providers.started() {
             let labels = ByProvider { provider: name };
             catch_up(&self.log_dropped, &labels, started.log_dropped());
+            catch_up(
+                &self.log_dropped_bytes,
+                &labels,
+                started.log_dropped_bytes(),
+            );
             catch_up(&self.outbound_denied, &labels, started.denied_requests());
         }
     }
@@ -796,8 +808,10 @@ ram = "4GiB"
 # TYPE berth_pool_held gauge
 # HELP berth_instances_quarantined Instances with this pool's tags that berth neither hands out nor deletes (the store cannot vouch for them, or their tags say they are in use), by provider: for a person to look at.
 # TYPE berth_instances_quarantined gauge
-# HELP berth_driver_log_dropped Driver log records (log import and stdio lines) dropped over the provider's log-rate.
+# HELP berth_driver_log_dropped Driver log records (log import and stdio lines) dropped over the provider's log-rate or log-bytes.
 # TYPE berth_driver_log_dropped counter
+# HELP berth_driver_log_dropped_bytes Bytes of the driver log records dropped (message and fields, and 128 bytes a record for its line).
+# TYPE berth_driver_log_dropped_bytes counter
 # HELP berth_http_connections Connections to the API open now.
 # TYPE berth_http_connections gauge
 # HELP berth_http_connections_closed API connections berth closed itself, by reason (header_timeout, body_timeout, evicted: idle, closed to make room at max-connections; refused: new at the cap, without a request or with every connection busy).
@@ -904,7 +918,7 @@ ram = "4GiB"
         ] {
             family.get_or_create(&ByProvider::new("p0")).set(1.0);
         }
-        for family in [&t.log_dropped, &t.outbound_denied] {
+        for family in [&t.log_dropped, &t.log_dropped_bytes, &t.outbound_denied] {
             family.get_or_create(&ByProvider::new("p0")).inc_by(4);
         }
         t

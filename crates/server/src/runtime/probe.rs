@@ -23,6 +23,16 @@ use tokio::task::JoinSet;
 /// Probes under way at once in one process, at most; more wait their turn.
 pub const MAX_PROBES: usize = 64;
 
+/// A switch for berth's own test suite, which sets it for every `berth
+/// serve` it starts: with it set, a probe connects to loopback addresses
+/// only, and refuses any other with an error line naming it
+/// ([`OFF_HOST_REFUSED`]), so that the suite can show that nothing it runs
+/// sends a packet off the machine.
+pub const LOOPBACK_ONLY_ENV: &str = "BERTH_TEST_PROBES_LOOPBACK_ONLY";
+
+/// What the log says when [`LOOPBACK_ONLY_ENV`] refuses a probe.
+pub const OFF_HOST_REFUSED: &str = "probe off this host refused";
+
 /// The host key families an SSH probe asks for, one key exchange each, as
 /// `ssh-keyscan` does: a server shows one host key per exchange.
 const KEY_FAMILIES: [&[Algorithm]; 3] = [
@@ -53,6 +63,8 @@ pub struct Prober {
     permits: Semaphore,
     /// Per provider, in the config's order: where its probes may go.
     policies: Vec<HttpPolicy>,
+    /// [`LOOPBACK_ONLY_ENV`] was set at start.
+    loopback_only: bool,
 }
 
 impl Prober {
@@ -66,6 +78,7 @@ impl Prober {
         Prober {
             permits: Semaphore::new(MAX_PROBES),
             policies,
+            loopback_only: std::env::var_os(LOOPBACK_ONLY_ENV).is_some_and(|v| v == "1"),
         }
     }
 
@@ -76,7 +89,8 @@ impl Prober {
             return Err("no such provider".into());
         };
         let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
-        match tokio::time::timeout(target.timeout, attempt(policy, target)).await {
+        let attempt = attempt(policy, target, self.loopback_only);
+        match tokio::time::timeout(target.timeout, attempt).await {
             Ok(r) => r,
             Err(_) => Err(format!(
                 "no answer within the ready-timeout ({:?})",
@@ -86,7 +100,11 @@ impl Prober {
     }
 }
 
-async fn attempt(policy: &HttpPolicy, target: &ProbeTarget) -> Result<Vec<String>, String> {
+async fn attempt(
+    policy: &HttpPolicy,
+    target: &ProbeTarget,
+    loopback_only: bool,
+) -> Result<Vec<String>, String> {
     let a = &target.addresses;
     let mut hosts: Vec<&str> = [&a.private_ipv4, &a.public_ipv4, &a.ipv6]
         .into_iter()
@@ -110,6 +128,16 @@ async fn attempt(policy: &HttpPolicy, target: &ProbeTarget) -> Result<Vec<String
     }
     if allowed.is_empty() {
         return Err(format!("refused: {}", refused.join("; ")));
+    }
+    if loopback_only
+        && let Some(off) = allowed
+            .iter()
+            .find(|a| !a.ip().to_canonical().is_loopback())
+    {
+        tracing::error!(address = %off, "{OFF_HOST_REFUSED} ({LOOPBACK_ONLY_ENV} is set)");
+        return Err(format!(
+            "{off}: {OFF_HOST_REFUSED} ({LOOPBACK_ONLY_ENV} is set)"
+        ));
     }
     let (addr, first) = connect_any(&allowed).await?;
     match target.check {

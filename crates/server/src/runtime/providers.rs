@@ -1,7 +1,8 @@
 //! The configured providers as the pool's task runs them. Each provider's
-//! driver is loaded and its first instance started in the background, so a
-//! driver that traps in `describe` or `configure`, or will not load at all,
-//! fails only its own provider: that one is shown failed (with the reason)
+//! driver is loaded and its first instance started in the background, on
+//! its own: a driver that traps in `describe` or `configure`, will not load
+//! at all, or is slow to compile, fails or holds up only its own provider
+//! (and those on the same file), which is shown failed (with the reason)
 //! and started again with backoff, while the others serve.
 
 use std::collections::HashMap;
@@ -16,7 +17,7 @@ use tokio::sync::watch;
 use berth_config::{ProviderIx, Settings};
 use berth_core::driver::{CreateSpec, Instance, Tags};
 use berth_plugin::{
-    CallError, Deletion, Driver, DriverState, Gate, Runtime, Sandbox, SandboxConfig,
+    CallError, Deletion, Driver, DriverState, Gate, LoadLimits, Runtime, Sandbox, SandboxConfig,
 };
 
 /// A boxed future that can move between threads.
@@ -104,8 +105,11 @@ struct Slot {
 /// Loads each driver file once, for all the providers on it.
 struct Loader {
     runtime: Runtime,
-    /// Held across a load, so that one file is compiled once.
-    loaded: tokio::sync::Mutex<HashMap<PathBuf, Driver>>,
+    /// Each file's driver, once loaded. A provider waits only for its own
+    /// file's load (the first of its providers to start it sets the
+    /// limits), never for another file's. Plain mutex: held only to find or
+    /// add a file's cell.
+    loaded: Mutex<HashMap<PathBuf, Arc<tokio::sync::OnceCell<Driver>>>>,
     /// The drivers of started providers, for [`Providers::drivers`]. Plain
     /// mutex: never held across an await.
     started: Mutex<Vec<LoadedDriver>>,
@@ -129,7 +133,7 @@ impl Providers {
     ) -> Arc<Providers> {
         let loader = Arc::new(Loader {
             runtime,
-            loaded: tokio::sync::Mutex::new(HashMap::new()),
+            loaded: Mutex::new(HashMap::new()),
             started: Mutex::new(Vec::new()),
         });
         let mut slots = Vec::new();
@@ -363,22 +367,19 @@ async fn start_one(
     config: SandboxConfig,
 ) -> Result<Sandbox, String> {
     let name = config.name.clone();
-    let driver = {
-        let mut loaded = loader.loaded.lock().await;
-        match loaded.get(path) {
-            Some(d) => d.clone(),
-            None => {
-                tracing::info!(provider = %name, driver = %path.display(), "loading a driver");
-                let d = loader
-                    .runtime
-                    .load_file(path)
-                    .await
-                    .map_err(|e| format!("loading its driver: {e}"))?;
-                loaded.insert(path.clone(), d.clone());
-                d
-            }
-        }
-    };
+    let cell = (loader.loaded.lock().unwrap_or_else(|p| p.into_inner()))
+        .entry(path.clone())
+        .or_default()
+        .clone();
+    let limits = LoadLimits::from(&config.limits);
+    let driver = cell
+        .get_or_try_init(|| async {
+            tracing::info!(provider = %name, driver = %path.display(), "loading a driver");
+            loader.runtime.load_file_within(path, limits).await
+        })
+        .await
+        .map_err(|e| format!("loading its driver: {e}"))?
+        .clone();
     let provider = Sandbox::start(&driver, config);
     provider
         .warm()
