@@ -1522,7 +1522,7 @@ async fn providers_moving_between_processes_are_said_in_a_line_per_move() {
     }
 }
 
-/// A process gives a provider up to one that joins while a slow create (4 s)
+/// A process gives a provider up to one that joins while a slow create (10 s)
 /// of that provider runs: it keeps renewing the provider's lease until the
 /// create has returned, and only then gives it up. Before: the lease was no
 /// longer renewed from the moment the provider was to be given up, lapsed,
@@ -1533,7 +1533,7 @@ async fn providers_moving_between_processes_are_said_in_a_line_per_move() {
 async fn a_provider_is_given_up_only_once_its_calls_in_flight_have_ended() {
     let sim = SimServer::start().await;
     let slow = SimServer::start_with(berth::sim::Knobs {
-        create_latency_ms: 4000,
+        create_latency_ms: 10_000,
         ..Default::default()
     })
     .await;
@@ -1569,9 +1569,16 @@ async fn a_provider_is_given_up_only_once_its_calls_in_flight_have_ended() {
         .until_ready(30, "b0 holds the pool and both providers")
         .await;
     let request = fleet.get(0).request(CI, &[("small", 1)]).await;
-    until(20, "the slow create sent", || async {
-        let sent = slow.cloud.calls().iter().any(|c| c.method == "POST");
-        sent.then_some(())
+    // Its node is stored as creating before the create is sent, and the
+    // create is sent at once (the sim records a call only once answered).
+    until(20, "the slow create on its way", || async {
+        let (_, nodes) = (fleet.get(0))
+            .call("GET", "/v1/nodes?state=creating", Some(OPS), None)
+            .await;
+        nodes
+            .as_array()
+            .is_some_and(|n| !n.is_empty())
+            .then_some(())
     })
     .await;
     fleet.start(1).await;
