@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use berth::config::{self, Config, LabelIx, ProviderIx};
 use berth::driver::{
-    Addresses, Connection, Instance, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG, Tags,
+    Addresses, Connection, IDLE_TAG, Instance, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG,
+    SIG_TAG, STORE_TAG, Tags,
 };
-use berth::pool::{Effect, NewRequest, NodeId, Pool, RequestState, Time};
+use berth::pool::{Effect, Identity, NewRequest, NodeId, Pool, RequestState, Signed, Time};
 
 const NODES: usize = 100_000;
 
@@ -61,12 +62,26 @@ ram = "4GiB"
         .pool
 }
 
+/// Instance `i` with the tags this pool's store gave it: signed with the
+/// identity a pool without a store has (`Identity::default`), so that the
+/// pool vouches for it.
 fn instance(i: usize) -> Instance {
     let node = NodeId(i as u64 + 1);
+    let identity = Identity::default();
+    let signature = identity.sign(Signed {
+        pool_id: "bench",
+        node,
+        label: "small",
+        instance_type: "small",
+        slots: None,
+    });
     let tags: Tags = [
         (POOL_TAG.to_string(), "bench".to_string()),
         (NODE_TAG.to_string(), node.to_string()),
         (LABEL_TAG.to_string(), "small".to_string()),
+        (IDLE_TAG.to_string(), "run".to_string()),
+        (STORE_TAG.to_string(), identity.generation.clone()),
+        (SIG_TAG.to_string(), signature),
     ]
     .into();
     Instance {
