@@ -86,10 +86,11 @@ pub struct Pool {
     /// When each node's tags were last confirmed set (a create's answer or
     /// a set-tags): a list that started earlier may show older ones.
     tagged_at: HashMap<NodeId, Time>,
-    /// Nodes whose tags a list showed differing from berth's and that were
-    /// set again since start: once each, so that a driver that cannot keep
-    /// a tag does not cost a call per list.
-    retagged: HashSet<NodeId>,
+    /// Nodes whose listed tags have been compared with berth's since
+    /// start: once each (and set again if they differed), so that a list
+    /// does not sign every node anew, and a driver that cannot keep a tag
+    /// does not cost a call per list.
+    tags_checked: HashSet<NodeId>,
     /// Take instances of the pool that the store cannot vouch for as they
     /// are, until every provider has been listed once (`berth serve
     /// --adopt-instances`).
@@ -399,7 +400,7 @@ impl Pool {
             last_tick: Time::ZERO,
             identity: Identity::default(),
             tagged_at: HashMap::new(),
-            retagged: HashSet::new(),
+            tags_checked: HashSet::new(),
             adopting: false,
             confirm_owed: false,
         }
@@ -907,7 +908,7 @@ impl Pool {
             self.unsure.remove(&id);
             self.probes.remove(&id);
             self.tagged_at.remove(&id);
-            self.retagged.remove(&id);
+            self.tags_checked.remove(&id);
             self.dirty_nodes.remove(&id);
             self.purged_nodes.push(id);
         }

@@ -772,6 +772,14 @@ impl Pool {
     /// is also how the first start with signed tags signs what the store
     /// knows).
     fn check_tags(&mut self, p: ProviderIx, id: NodeId, inst: &Instance, started: Time) {
+        // The common case, cheap: compared once already, and nothing on
+        // the instance says it is handed out.
+        if self.tags_checked.contains(&id)
+            && !inst.tags.contains_key(REQUEST_TAG)
+            && !inst.tags.contains_key(SLOTS_HELD_TAG)
+        {
+            return;
+        }
         let Some(n) = self.nodes.get(&id) else {
             return;
         };
@@ -800,11 +808,7 @@ impl Pool {
             });
             return;
         }
-        if self.retagged.contains(&id) {
-            return;
-        }
-        if self.tags_differ(&self.nodes[&id], inst) {
-            self.retagged.insert(id);
+        if self.tags_checked.insert(id) && self.tags_differ(&self.nodes[&id], inst) {
             self.owe_tags(id);
         }
     }
