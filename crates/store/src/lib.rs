@@ -391,6 +391,21 @@ impl Watched {
         })
     }
 
+    /// Whether the path still names the file opened, with something in
+    /// it: one `stat`, cheap enough for every commit.
+    fn check_file(&self) -> Result<(), StoreError> {
+        let gone = |what: String| StoreError::Vanished {
+            path: self.path.display().to_string(),
+            what,
+        };
+        match std::fs::metadata(&self.path) {
+            Ok(m) if file_id(&m) != self.file => Err(gone("was replaced by another file".into())),
+            Ok(m) if m.len() == 0 => Err(gone("was emptied or cut short".into())),
+            Ok(_) => Ok(()),
+            Err(e) => Err(gone(format!("is gone ({e})"))),
+        }
+    }
+
     /// Whether the directory and the file are the ones opened, and the file
     /// still starts as a SQLite database does.
     fn check(&self) -> Result<(), StoreError> {
@@ -415,11 +430,7 @@ impl Watched {
                 }
             }
         }
-        match std::fs::metadata(&self.path) {
-            Ok(m) if file_id(&m) == self.file => {}
-            Ok(_) => return Err(gone("was replaced by another file".into())),
-            Err(e) => return Err(gone(format!("is gone ({e})"))),
-        }
+        self.check_file()?;
         let mut header = [0u8; 16];
         let read = std::fs::File::open(&self.path)
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header));
@@ -669,8 +680,9 @@ impl SqliteStore {
         tx.commit().map_err(sql("committing"))?;
         self.versions.apply(plan);
         // Committed, but to the file the next start will read? Nothing is
-        // acted on unless so.
-        self.watch()
+        // acted on unless so. (The directory and the header are looked at
+        // by the periodic `check`.)
+        self.watched.as_ref().map_or(Ok(()), Watched::check_file)
     }
 
     /// Whether the store's file and directory are still the ones opened.
