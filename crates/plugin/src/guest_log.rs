@@ -48,8 +48,11 @@ pub(crate) struct LogGate {
 struct Gate {
     /// Records.
     bucket: Bucket,
-    /// Bytes.
-    bytes: ByteBudget,
+    /// Bytes. A record gets through whenever this is not in debt and is
+    /// charged in full ([`Bucket::charge`]), so that a record larger than
+    /// the burst is not refused for ever; over any span of time what gets
+    /// through stays within `burst + rate × span` and one record.
+    bytes: Bucket,
     /// Dropped and not yet said: records and their bytes.
     dropped: Dropped,
     /// When the last summary was written.
@@ -61,37 +64,6 @@ struct Gate {
 pub(crate) struct Dropped {
     pub records: u64,
     pub bytes: u64,
-}
-
-/// The bytes a provider's records may take: `rate` a second, `burst` at
-/// once. Unlike a token bucket it lets a record through whenever it is not
-/// in debt and charges the record in full, so that a record larger than
-/// the burst is not refused for ever; over any span of time what gets
-/// through stays within `burst + rate × span` and one record.
-struct ByteBudget {
-    rate: f64,
-    burst: f64,
-    /// Bytes that may be written now; below zero, owed.
-    level: f64,
-    last: Time,
-}
-
-impl ByteBudget {
-    fn new(rate: u64, burst: u64) -> ByteBudget {
-        ByteBudget {
-            rate: rate as f64,
-            burst: burst as f64,
-            level: burst as f64,
-            last: Time::ZERO,
-        }
-    }
-
-    fn level(&mut self, now: Time) -> f64 {
-        let secs = now.since(self.last).as_secs_f64();
-        self.level = (self.level + secs * self.rate).min(self.burst);
-        self.last = self.last.max(now);
-        self.level
-    }
 }
 
 /// How often at most a provider's dropped records are summed up in the log.
@@ -111,7 +83,11 @@ impl LogGate {
             started: Instant::now(),
             bucket: Mutex::new(Gate {
                 bucket: Bucket::new(records, rate.max(1).saturating_mul(BURST_SECONDS)),
-                bytes: ByteBudget::new(bytes, bytes.saturating_mul(u64::from(BURST_SECONDS))),
+                bytes: Bucket::new(
+                    bytes as f64,
+                    u32::try_from(bytes.saturating_mul(u64::from(BURST_SECONDS)))
+                        .unwrap_or(u32::MAX),
+                ),
                 dropped: Dropped::default(),
                 said: None,
             }),
@@ -133,8 +109,8 @@ impl LogGate {
         let mut gate = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
         // The record token is taken only once the bytes are known to be
         // there: a record the bytes refuse costs no record.
-        if gate.bytes.level(now) > 0.0 && gate.bucket.try_take(now) {
-            gate.bytes.level -= cost as f64;
+        if gate.bytes.available(now) > 0.0 && gate.bucket.try_take(now) {
+            gate.bytes.charge(cost as f64);
             let due = gate.said.is_none_or(|t| now.since(t) >= SUMMARY_EVERY);
             if gate.dropped.records > 0 && due {
                 gate.said = Some(now);

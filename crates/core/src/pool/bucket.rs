@@ -45,6 +45,20 @@ impl Bucket {
         }
     }
 
+    /// Tokens there at `now`; below zero, owed (see [`Bucket::charge`]).
+    pub fn available(&mut self, now: Time) -> f64 {
+        self.refill(now);
+        self.tokens
+    }
+
+    /// Spends `cost` tokens whether or not they are there, going into debt:
+    /// for a cost known only once something was let through (a log
+    /// record's bytes), paid back by the refill before anything else gets
+    /// through.
+    pub fn charge(&mut self, cost: f64) {
+        self.tokens -= cost;
+    }
+
     /// When the next token will be there (as of the last refill).
     pub fn next_token(&self) -> Time {
         if self.tokens >= 1.0 {
