@@ -983,20 +983,16 @@ async fn get_request(
     // a wait that ended, with a hint to come back in a second.
     let mut cut = false;
     if let Some(wait) = wait {
-        let slot = match api.inner.waits.get() {
-            Some(waits) => match waits.clone().try_acquire_owned() {
-                Ok(slot) => Some(Some(slot)),
-                Err(_) => None,
-            },
-            None => Some(None),
-        };
-        match slot {
+        // No budget set: every wait is held.
+        let slot = (api.inner.waits.get()).map(|waits| waits.clone().try_acquire_owned());
+        if let Some(Err(_)) = slot {
+            cut = !wait.is_zero();
+        } else {
             // The answer is the request's state when it stops pending or
-            // the wait ends, whichever is first.
-            Some(_slot) => {
-                let _ = tokio::time::timeout(wait, api.handle().wait(id)).await;
-            }
-            None => cut = !wait.is_zero(),
+            // the wait ends, whichever is first; the slot is held until
+            // then.
+            let _ = tokio::time::timeout(wait, api.handle().wait(id)).await;
+            drop(slot);
         }
     }
     let view = api

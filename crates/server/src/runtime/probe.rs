@@ -132,7 +132,7 @@ async fn attempt(
     if loopback_only
         && let Some(off) = allowed
             .iter()
-            .find(|a| !a.ip().to_canonical().is_loopback())
+            .find(|a| !berth_config::canonical_ip(a.ip()).is_loopback())
     {
         tracing::error!(address = %off, "{OFF_HOST_REFUSED} ({LOOPBACK_ONLY_ENV} is set)");
         return Err(format!(
