@@ -255,8 +255,8 @@ impl Berth {
         if self.off_host_expected {
             return None;
         }
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        log.lines()
+        self.log_text()
+            .lines()
             .find(|l| l.contains(OFF_HOST_REFUSED))
             .map(str::to_owned)
     }
