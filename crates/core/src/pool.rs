@@ -965,10 +965,9 @@ impl Pool {
     /// Whether `inst`'s tags under berth's prefix differ from what
     /// [`Pool::node_tags`] gives `node` now.
     fn tags_differ(&self, node: &Node, inst: &crate::driver::Instance) -> bool {
-        let berth_tags = (inst.tags.iter())
-            .filter(|(k, _)| k.starts_with(crate::driver::BERTH_TAG_PREFIX))
-            .map(|(k, v)| (k.clone(), v.clone()));
-        !berth_tags.eq(self.node_tags(node))
+        let berth_tags =
+            (inst.tags.iter()).filter(|(k, _)| k.starts_with(crate::driver::BERTH_TAG_PREFIX));
+        !berth_tags.eq(self.node_tags(node).iter())
     }
 
     fn create_spec(&self, node: &Node) -> Option<CreateSpec> {
