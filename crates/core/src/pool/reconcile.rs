@@ -741,16 +741,11 @@ impl Pool {
                 n.id
             ));
         }
-        if let Some(r) = inst.tags.get(REQUEST_TAG) {
-            let ended = (r.parse::<RequestId>().ok())
-                .and_then(|r| self.requests.get(&r))
-                .is_some_and(|req| node.is_some_and(|n| req.nodes.contains(&n)));
-            if !ended {
-                return Some(format!(
-                    "it is tagged as handed out to request {}, which the store does not have it handed to",
-                    shown(r)
-                ));
-            }
+        if let Some(r) = self.handed_out_unknown(inst, node) {
+            return Some(format!(
+                "it is tagged as handed out to request {}, which the store does not have it handed to",
+                shown(r)
+            ));
         }
         if let Some(held) = inst.tags.get(SLOTS_HELD_TAG)
             && held != "0"
@@ -813,20 +808,25 @@ impl Pool {
         }
     }
 
+    /// The request `inst`'s `berth-request` tag names, when the store does
+    /// not have `node` handed out to it (or the tag names no request).
+    fn handed_out_unknown<'i>(&self, inst: &'i Instance, node: Option<NodeId>) -> Option<&'i str> {
+        let r = inst.tags.get(REQUEST_TAG)?;
+        let known = (r.parse::<RequestId>().ok())
+            .and_then(|r| self.requests.get(&r))
+            .is_some_and(|req| node.is_some_and(|n| req.nodes.contains(&n)));
+        (!known).then_some(r.as_str())
+    }
+
     /// For a node the store has free: whether its instance's tags say it
     /// is handed out, to a request the store does not have it handed to
     /// (its hand-out was lost with a damaged store).
     fn handed_out_by_tags(&self, n: &Node, inst: &Instance) -> Option<String> {
-        if let Some(r) = inst.tags.get(REQUEST_TAG) {
-            let known = (r.parse::<RequestId>().ok())
-                .and_then(|r| self.requests.get(&r))
-                .is_some_and(|req| req.nodes.contains(&n.id));
-            if !known {
-                return Some(format!(
-                    "its instance is tagged as handed out to request {}, which the store does not have it handed to",
-                    shown(r)
-                ));
-            }
+        if let Some(r) = self.handed_out_unknown(inst, Some(n.id)) {
+            return Some(format!(
+                "its instance is tagged as handed out to request {}, which the store does not have it handed to",
+                shown(r)
+            ));
         }
         match inst.tags.get(SLOTS_HELD_TAG) {
             Some(held) if matches!(n.packing, Packing::Backing { .. }) && held != "0" => {
