@@ -225,15 +225,8 @@ async fn an_emptied_store_never_hands_a_machine_in_use_to_another_client() {
     );
     let wants = server.request(OTHER, &[("small", 1)]).await;
     lists_pass(&server, &sim, 5).await;
-    let (_, r) = server
-        .call(
-            "GET",
-            &format!("/v1/requests/{}", wants.id),
-            Some(OTHER),
-            None,
-        )
-        .await;
-    assert_eq!(r["state"], "pending", "{r}");
+    let r = server.client(OTHER).request(&wants.id, None).await.unwrap();
+    assert_eq!(r.state, "pending", "{r:?}");
     assert_eq!(
         crate::support::creates(&sim.cloud),
         creates,
