@@ -6,6 +6,7 @@
 //! configures a fresh one. Other instances and other providers are untouched.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -166,34 +167,102 @@ pub struct CallStats {
     pub traps: BTreeMap<&'static str, u64>,
 }
 
-enum Invocation {
-    /// Start and configure an instance if the task has none.
-    Warm,
-    Create(CreateSpec),
-    List(Tags),
-    Delete(String),
-    SetTags(String, Tags),
-    Limits,
+/// A guest's answer to one export: a value or the driver's error, or a
+/// trap (`Err` of the outer result).
+type GuestAnswer<T> = wasmtime::Result<Result<T, DriverError>>;
+
+type GuestFuture<'a, T> = Pin<Box<dyn Future<Output = GuestAnswer<T>> + Send + 'a>>;
+
+/// One of the contract's calls with its arguments, typed by what it
+/// answers: run on an instance that is checked out, started and
+/// configured, by [`Sandbox::call`] or [`DriverInstance::call`].
+trait Export: Send + 'static {
+    type Output: Send + 'static;
+    const CALL: Call;
+    fn run(self, live: &mut Live) -> GuestFuture<'_, Self::Output>;
 }
 
-impl Invocation {
-    fn call(&self) -> Call {
-        match self {
-            Invocation::Warm => Call::Configure,
-            Invocation::Create(_) => Call::Create,
-            Invocation::List(_) => Call::List,
-            Invocation::Delete(_) => Call::Delete,
-            Invocation::SetTags(..) => Call::SetTags,
-            Invocation::Limits => Call::Limits,
-        }
+/// Makes sure an instance is started and configured; calls nothing more.
+struct Warm;
+struct Create(CreateSpec);
+struct List(Tags);
+struct Delete(String);
+struct SetTags(String, Tags);
+struct Limits;
+
+impl Export for Warm {
+    type Output = ();
+    const CALL: Call = Call::Configure;
+    fn run(self, _live: &mut Live) -> GuestFuture<'_, ()> {
+        Box::pin(async { Ok(Ok(())) })
     }
 }
 
-enum Reply {
-    Instance(Instance),
-    Instances(Vec<Instance>),
-    Unit,
-    Limits(AccountLimits),
+impl Export for Create {
+    type Output = Instance;
+    const CALL: Call = Call::Create;
+    fn run(self, live: &mut Live) -> GuestFuture<'_, Instance> {
+        Box::pin(async move {
+            let answer = (live.plugin.berth_driver_driver())
+                .call_create(&mut live.store, &(&self.0).into())
+                .await?;
+            Ok(answer.map(Into::into).map_err(Into::into))
+        })
+    }
+}
+
+impl Export for List {
+    type Output = Vec<Instance>;
+    const CALL: Call = Call::List;
+    fn run(self, live: &mut Live) -> GuestFuture<'_, Vec<Instance>> {
+        Box::pin(async move {
+            let answer = (live.plugin.berth_driver_driver())
+                .call_list(&mut live.store, &tags_to_wit(&self.0))
+                .await?;
+            Ok(answer
+                .map(|all| all.into_iter().map(Into::into).collect())
+                .map_err(Into::into))
+        })
+    }
+}
+
+impl Export for Delete {
+    type Output = ();
+    const CALL: Call = Call::Delete;
+    fn run(self, live: &mut Live) -> GuestFuture<'_, ()> {
+        Box::pin(async move {
+            let answer = (live.plugin.berth_driver_driver())
+                .call_delete(&mut live.store, &self.0)
+                .await?;
+            Ok(answer.map_err(Into::into))
+        })
+    }
+}
+
+impl Export for SetTags {
+    type Output = ();
+    const CALL: Call = Call::SetTags;
+    fn run(self, live: &mut Live) -> GuestFuture<'_, ()> {
+        Box::pin(async move {
+            let answer = (live.plugin.berth_driver_driver())
+                .call_set_tags(&mut live.store, &self.0, &tags_to_wit(&self.1))
+                .await?;
+            Ok(answer.map_err(Into::into))
+        })
+    }
+}
+
+impl Export for Limits {
+    type Output = AccountLimits;
+    const CALL: Call = Call::Limits;
+    fn run(self, live: &mut Live) -> GuestFuture<'_, AccountLimits> {
+        Box::pin(async move {
+            let answer = (live.plugin.berth_driver_driver())
+                .call_limits(&mut live.store)
+                .await?;
+            Ok(answer.map(Into::into).map_err(Into::into))
+        })
+    }
 }
 
 struct Shared {
@@ -343,8 +412,8 @@ impl Sandbox {
         self.spare.permits.close();
     }
 
-    async fn call(&self, request: Invocation) -> Result<Reply, CallError> {
-        let call = request.call();
+    async fn call<E: Export>(&self, export: E) -> Result<E::Output, CallError> {
+        let call = E::CALL;
         let err = |kind| CallError {
             provider: self.shared.name.clone(),
             call,
@@ -372,7 +441,7 @@ impl Sandbox {
                     live: None,
                     _guests: None,
                 });
-            let result = instance.dispatch(request).await;
+            let result = instance.dispatch(export).await;
             if let Ok(mut spare) = spare.instances.lock() {
                 spare.push(instance);
             }
@@ -388,11 +457,6 @@ impl Sandbox {
                 )))))
             }
         }
-    }
-
-    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
-    pub async fn delete(&self, instance_id: &str) -> Result<Deletion, CallError> {
-        deletion(self.delete_raw(instance_id).await)
     }
 
     /// A driver instance of this provider (same config, limits and
@@ -564,11 +628,11 @@ pub struct DriverInstance {
 }
 
 impl DriverInstance {
-    async fn dispatch(&mut self, request: Invocation) -> Result<Reply, CallErrorKind> {
-        let call = request.call();
+    async fn dispatch<E: Export>(&mut self, export: E) -> Result<E::Output, CallErrorKind> {
+        let call = E::CALL;
         let span = tracing::info_span!("driver_call", provider = %self.shared.name, call = %call);
         let started = Instant::now();
-        let result = self.run(request).instrument(span.clone()).await;
+        let result = self.run(export).instrument(span.clone()).await;
         let micros = started.elapsed().as_micros() as u64;
         let outcome = result.as_ref().err().map_or("ok", CallErrorKind::outcome);
         // A driver's error value is an expected outcome (not-found on a
@@ -589,110 +653,108 @@ impl DriverInstance {
         result
     }
 
-    async fn call(&mut self, request: Invocation) -> Result<Reply, CallError> {
-        let call = request.call();
-        self.dispatch(request).await.map_err(|kind| CallError {
+    async fn call<E: Export>(&mut self, export: E) -> Result<E::Output, CallError> {
+        self.dispatch(export).await.map_err(|kind| CallError {
             provider: self.shared.name.clone(),
-            call,
+            call: E::CALL,
             kind,
         })
     }
 
-    async fn run(&mut self, request: Invocation) -> Result<Reply, CallErrorKind> {
+    async fn run<E: Export>(&mut self, export: E) -> Result<E::Output, CallErrorKind> {
         let shared = &*self.shared;
-        if self.live.is_none() {
-            let warming = matches!(request, Invocation::Warm);
-            self.live = Some(start(shared).await.map_err(|k| {
-                if warming {
+        let live = match self.live.take() {
+            Some(live) => live,
+            // A failed start of `warm` is the call's own failure; of any
+            // other call, a failed start before it.
+            None => start(shared).await.map_err(|k| {
+                if E::CALL == Call::Configure {
                     k
                 } else {
                     CallErrorKind::Start(Box::new(k))
                 }
-            })?);
-        }
-        let Some(live) = self.live.as_mut() else {
-            unreachable!("instance started above")
+            })?,
         };
-        let outcome = guarded(
+        let live = self.live.insert(live);
+        match guarded(
             live,
             shared.limits.call_deadline,
-            async |live: &mut Live| {
-                let guest = live.plugin.berth_driver_driver();
-                let store = &mut live.store;
-                Ok(match request {
-                    Invocation::Warm => Ok(Reply::Unit),
-                    Invocation::Create(spec) => guest
-                        .call_create(&mut *store, &(&spec).into())
-                        .await?
-                        .map(|i| Reply::Instance(i.into())),
-                    Invocation::List(filter) => guest
-                        .call_list(&mut *store, &tags_to_wit(&filter))
-                        .await?
-                        .map(|v| Reply::Instances(v.into_iter().map(Into::into).collect())),
-                    Invocation::Delete(id) => guest
-                        .call_delete(&mut *store, &id)
-                        .await?
-                        .map(|()| Reply::Unit),
-                    Invocation::SetTags(id, tags) => guest
-                        .call_set_tags(&mut *store, &id, &tags_to_wit(&tags))
-                        .await?
-                        .map(|()| Reply::Unit),
-                    Invocation::Limits => guest
-                        .call_limits(&mut *store)
-                        .await?
-                        .map(|l| Reply::Limits(l.into())),
-                })
-            },
+            async |live: &mut Live| export.run(live).await,
         )
-        .await;
-        match outcome {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(driver_error)) => Err(CallErrorKind::Driver(driver_error.into())),
+        .await
+        {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(driver_error)) => Err(CallErrorKind::Driver(driver_error)),
             Err(trap) => {
                 self.live = None;
                 Err(CallErrorKind::Trap(trap))
             }
         }
     }
-}
 
-macro_rules! typed_calls {
-    ($($(#[$doc:meta])* $vis:vis async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty = $req:expr, $resp:pat => $val:expr;)*) => {
-        impl Sandbox {
-            $($(#[$doc])* $vis async fn $name(&self $(, $arg: $ty)*) -> Result<$ret, CallError> {
-                match self.call($req).await? {
-                    $resp => Ok($val),
-                    #[allow(unreachable_patterns)]
-                    _ => unreachable!("the answer matches the request"),
-                }
-            })*
-        }
-        impl DriverInstance {
-            $($(#[$doc])* $vis async fn $name(&mut self $(, $arg: $ty)*) -> Result<$ret, CallError> {
-                match self.call($req).await? {
-                    $resp => Ok($val),
-                    #[allow(unreachable_patterns)]
-                    _ => unreachable!("the answer matches the request"),
-                }
-            })*
-        }
-    };
-}
-
-typed_calls! {
     /// Makes sure a driver instance is started and configured, so a bad
     /// config surfaces now rather than on the first real call.
-    pub async fn warm(&self) -> () = Invocation::Warm, Reply::Unit => ();
+    pub async fn warm(&mut self) -> Result<(), CallError> {
+        self.call(Warm).await
+    }
+
     /// Creates an instance.
-    pub async fn create(&self, spec: CreateSpec) -> Instance = Invocation::Create(spec), Reply::Instance(i) => i;
+    pub async fn create(&mut self, spec: CreateSpec) -> Result<Instance, CallError> {
+        self.call(Create(spec)).await
+    }
+
     /// Lists instances carrying every tag of `filter`.
-    pub async fn list(&self, filter: Tags) -> Vec<Instance> = Invocation::List(filter), Reply::Instances(v) => v;
+    pub async fn list(&mut self, filter: Tags) -> Result<Vec<Instance>, CallError> {
+        self.call(List(filter)).await
+    }
+
     /// Replaces the instance's berth tags.
-    pub async fn set_tags(&self, instance_id: &str, tags: Tags) -> () = Invocation::SetTags(instance_id.to_string(), tags), Reply::Unit => ();
+    pub async fn set_tags(&mut self, instance_id: &str, tags: Tags) -> Result<(), CallError> {
+        self.call(SetTags(instance_id.to_owned(), tags)).await
+    }
+
     /// The account's limits, if the driver declares that capability.
-    pub async fn limits(&self) -> AccountLimits = Invocation::Limits, Reply::Limits(l) => l;
-    /// Deletes an instance. Prefer `delete`, which treats `not-found` as success.
-    async fn delete_raw(&self, instance_id: &str) -> () = Invocation::Delete(instance_id.to_string()), Reply::Unit => ();
+    pub async fn limits(&mut self) -> Result<AccountLimits, CallError> {
+        self.call(Limits).await
+    }
+
+    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
+    pub async fn delete(&mut self, instance_id: &str) -> Result<Deletion, CallError> {
+        deletion(self.call(Delete(instance_id.to_owned())).await)
+    }
+}
+
+impl Sandbox {
+    /// Makes sure a driver instance is started and configured, so a bad
+    /// config surfaces now rather than on the first real call.
+    pub async fn warm(&self) -> Result<(), CallError> {
+        self.call(Warm).await
+    }
+
+    /// Creates an instance.
+    pub async fn create(&self, spec: CreateSpec) -> Result<Instance, CallError> {
+        self.call(Create(spec)).await
+    }
+
+    /// Lists instances carrying every tag of `filter`.
+    pub async fn list(&self, filter: Tags) -> Result<Vec<Instance>, CallError> {
+        self.call(List(filter)).await
+    }
+
+    /// Replaces the instance's berth tags.
+    pub async fn set_tags(&self, instance_id: &str, tags: Tags) -> Result<(), CallError> {
+        self.call(SetTags(instance_id.to_owned(), tags)).await
+    }
+
+    /// The account's limits, if the driver declares that capability.
+    pub async fn limits(&self) -> Result<AccountLimits, CallError> {
+        self.call(Limits).await
+    }
+
+    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
+    pub async fn delete(&self, instance_id: &str) -> Result<Deletion, CallError> {
+        deletion(self.call(Delete(instance_id.to_owned())).await)
+    }
 }
 
 fn deletion(result: Result<(), CallError>) -> Result<Deletion, CallError> {
@@ -703,13 +765,6 @@ fn deletion(result: Result<(), CallError>) -> Result<Deletion, CallError> {
             ..
         }) => Ok(Deletion::AlreadyGone),
         Err(e) => Err(e),
-    }
-}
-
-impl DriverInstance {
-    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
-    pub async fn delete(&mut self, instance_id: &str) -> Result<Deletion, CallError> {
-        deletion(self.delete_raw(instance_id).await)
     }
 }
 
