@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 pub use auth::Caller;
 pub use telemetry::Telemetry;
 
-use crate::runtime::{Change, Done, Handle, Health, ServiceError};
+use crate::runtime::{Handle, Health, ServiceError, change};
 use berth_core::pool::{Conflict, Idle, ListHealth, NewRequest, NodeId, Refused, RequestId};
 
 pub use berth_client::MAX_WAIT;
@@ -842,7 +842,7 @@ async fn create_request(
         api.inner.telemetry.request_inboxed();
         (id, views::pending(&config, &request))
     } else {
-        let change = Change::Submit {
+        let change = change::Submit {
             new,
             lease: Some(config.lease_ttl),
             id: given_id(&api, &headers)?,
@@ -850,9 +850,8 @@ async fn create_request(
         let c = caller.clone();
         let (id, view) = api
             .handle()
-            .act(caller, change, move |pool, done| match done {
-                Done::Submitted(id) => (id, views::request(pool, id, &c)),
-                other => unreachable!("a request answered {other:?}"),
+            .act(caller, change, move |pool, id| {
+                (id, views::request(pool, id, &c))
             })
             .await?;
         let view = view.ok_or_else(|| ApiError::not_found("the request was forgotten at once"))?;
@@ -1056,7 +1055,7 @@ async fn cancel_request(
         let (api, caller, c) = (api.clone(), caller.clone(), caller.clone());
         async move {
             api.handle()
-                .act(caller, Change::Cancel(id), move |pool, _| {
+                .act(caller, change::Cancel(id), move |pool, _| {
                     views::owned_request(pool, id, &c)
                 })
                 .await?
@@ -1185,12 +1184,17 @@ async fn release_node(
     let caller = api.caller(&headers)?;
     api.refuse_if_stopping()?;
     let id = node_id(&id)?;
-    node_change(&api, caller, Change::Release(id), id).await
+    node_change(&api, caller, change::Release(id), id).await
 }
 
 /// Makes `change` to node `id` for `caller`; the node as it stands once
 /// the change is stored.
-async fn node_change(api: &Api, caller: Caller, change: Change, id: NodeId) -> Result<Response> {
+async fn node_change(
+    api: &Api,
+    caller: Caller,
+    change: impl change::Change<Output = ()>,
+    id: NodeId,
+) -> Result<Response> {
     let c = caller.clone();
     let view = api
         .handle()
@@ -1243,7 +1247,7 @@ async fn set_idle(
             ),
         )
     })?;
-    node_change(&api, caller, Change::SetIdle(id, idle), id).await
+    node_change(&api, caller, change::SetIdle(id, idle), id).await
 }
 
 #[utoipa::path(
@@ -1276,7 +1280,7 @@ async fn delete_node(
     let caller = api.caller(&headers)?;
     api.refuse_if_stopping()?;
     let id = node_id(&id)?;
-    node_change(&api, caller, Change::Delete(id), id).await
+    node_change(&api, caller, change::Delete(id), id).await
 }
 
 // ---- configuration and health ----------------------------------------------
@@ -1399,16 +1403,13 @@ async fn renew_lease(
         .cloned()
         .unwrap_or_else(|| caller.name().to_owned());
     let ttl = api.handle().config().lease_ttl;
-    let change = Change::Renew {
+    let change = change::Renew {
         requestor: requestor.clone(),
         ttl,
     };
     let expires = api
         .handle()
-        .act(caller, change, |_, done| match done {
-            Done::Renewed(at) => at,
-            other => unreachable!("a renewal answered {other:?}"),
-        })
+        .act(caller, change, |_, expires| expires)
         .await?;
     Ok(json(
         StatusCode::OK,

@@ -17,7 +17,7 @@
 //! the lease is free the task takes the pool over and reloads it from the
 //! store, as after a restart: list first, then act.
 
-mod commands;
+pub mod change;
 pub mod probe;
 mod providers;
 pub mod shards;
@@ -38,13 +38,13 @@ use berth_config::{Config, ProviderIx, Settings};
 use berth_core::driver::check::{self, BadAnswer};
 use berth_core::driver::{Instance, POOL_TAG, Tags};
 use berth_core::pool::{
-    Changes, Conflict, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Refusal, Refused,
-    Request, RequestId, RequestState, TakenIn, Time,
+    Changes, Conflict, DriverCall, Effect, Failure, Idle, NewRequest, NodeId, Notice, Pool, Probe,
+    Refusal, Refused, Request, RequestId, RequestState, TakenIn, Time,
 };
 use berth_plugin::{CallError, CallErrorKind, DriverState, Gate, Runtime, RuntimeConfig};
 use berth_store::{Claimant, InboxEntry, PgInbox, PgStore, SqliteStore, Store, StoreError, Tenure};
 
-pub use commands::{Caller, Change, Done};
+pub use change::{Caller, Change};
 pub use providers::{BoxFuture, Cloud, Health, LoadedDriver, Providers};
 pub use shards::Shards;
 
@@ -135,22 +135,6 @@ pub enum PoolError {
     Panicked(String),
 }
 
-/// A driver call, as reported to an [`Observer`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr)]
-#[strum(serialize_all = "kebab-case")]
-pub enum CallKind {
-    Create,
-    List,
-    Delete,
-    SetTags,
-}
-
-impl CallKind {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
 /// How a driver call ended, in a word: `ok` or
 /// [`CallErrorKind::outcome`]'s.
 pub fn outcome_name(result: Result<(), &CallError>) -> &'static str {
@@ -164,7 +148,7 @@ pub trait Observer: Send + Sync {
     fn call(
         &self,
         _provider: &str,
-        _call: CallKind,
+        _call: berth_core::driver::Call,
         _result: Result<(), &CallError>,
         _took: Duration,
     ) {
@@ -202,28 +186,80 @@ impl Observer for Deaf {}
 enum Command {
     /// A change and its caller, checked and made in one step; answered
     /// once the change is stored.
-    Act(Caller, Change, Answer),
+    Act(Box<dyn Act>),
     /// Answer once the request is no longer pending.
     Wait(RequestId, oneshot::Sender<Option<Request>>),
     Inspect(Box<dyn FnOnce(&Pool) + Send>),
     /// Take in what waits in the store's inbox; answer once all of it is
     /// stored.
-    TakeIn(Answer),
+    TakeIn(Reply),
 }
 
-/// How a change is answered: with the pool as it stands once the change
-/// is stored, or with why it was not made.
-type Answer = Box<dyn FnOnce(Result<(&Pool, Done), ServiceError>) + Send>;
+/// A change, its caller and the way to answer them, as the queue carries
+/// it (the change's type is known only to [`Handle::act`]).
+trait Act: Send {
+    /// Checks and makes the change; returns how to answer once the step's
+    /// changes are stored.
+    fn apply(self: Box<Self>, pool: &mut Pool, now: Time) -> Reply;
+    /// Answers with `why`, making nothing.
+    fn refuse(self: Box<Self>, why: ServiceError);
+}
 
-/// What a driver call brought back. As many as there are calls in flight,
-/// which the core bounds.
+/// How a step's change is answered: with the pool as it stands once the
+/// step is stored, or with why it was not.
+type Reply = Box<dyn FnOnce(Result<&Pool, ServiceError>) + Send>;
+
+/// A change of type `C` asked through [`Handle::act`].
+struct Acting<C: Change, F, R> {
+    caller: Caller,
+    change: C,
+    then: F,
+    tx: oneshot::Sender<Result<R, ServiceError>>,
+}
+
+impl<C, F, R> Act for Acting<C, F, R>
+where
+    C: Change,
+    F: FnOnce(&Pool, C::Output) -> R + Send + 'static,
+    R: Send + 'static,
+{
+    fn apply(self: Box<Self>, pool: &mut Pool, now: Time) -> Reply {
+        let Acting {
+            caller,
+            change,
+            then,
+            tx,
+        } = *self;
+        let made = change.apply(pool, now, &caller);
+        Box::new(move |stored| {
+            let _ = tx.send(stored.and_then(|pool| made.map(|out| then(pool, out))));
+        })
+    }
+
+    fn refuse(self: Box<Self>, why: ServiceError) {
+        let _ = self.tx.send(Err(why));
+    }
+}
+
+/// What came back from outside the pool's task.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "an outcome moves once through a channel; boxing it would add an allocation per call"
+)]
 enum Outcome {
+    /// A driver call ended. As many as there are calls in flight, which the
+    /// core bounds.
+    Called(Called),
+    /// A readiness probe ended (not a driver call: not counted in flight).
+    Probed(NodeId, Result<Vec<String>, String>),
+}
+
+/// What a driver call brought back.
+enum Called {
     Created(NodeId, Result<Instance, Failure>),
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
     Listed(ProviderIx, Time, Result<Vec<Instance>, Failure>),
     Tagged(NodeId, Result<(), Failure>),
-    /// A readiness probe (not a driver call: not counted in flight).
-    Probed(NodeId, Result<Vec<String>, String>),
 }
 
 /// Commands queued for the pool's task at most; one more is refused with
@@ -283,24 +319,26 @@ impl Handle {
     /// Makes `change` for `caller`, if the caller may, in one step of the
     /// pool; once the change is stored, `then` reads the pool for the
     /// answer (on the pool's task: keep it short).
-    pub async fn act<R: Send + 'static>(
+    pub async fn act<C: Change, R: Send + 'static>(
         &self,
         caller: Caller,
-        change: Change,
-        then: impl FnOnce(&Pool, Done) -> R + Send + 'static,
+        change: C,
+        then: impl FnOnce(&Pool, C::Output) -> R + Send + 'static,
     ) -> Result<R, ServiceError> {
         let (tx, rx) = oneshot::channel();
-        let answer: Answer = Box::new(move |result| {
-            let _ = tx.send(result.map(|(pool, done)| then(pool, done)));
-        });
-        self.send(Command::Act(caller, change, answer))?;
+        self.send(Command::Act(Box::new(Acting {
+            caller,
+            change,
+            then,
+            tx,
+        })))?;
         rx.await.map_err(|_| self.gone())?
     }
 
     /// [`Handle::act`] as the embedding program, answered with what the
-    /// change did.
-    async fn embedder(&self, change: Change) -> Result<Done, ServiceError> {
-        self.act(Caller::embedder(), change, |_, done| done).await
+    /// change answers.
+    async fn embedder<C: Change>(&self, change: C) -> Result<C::Output, ServiceError> {
+        self.act(Caller::embedder(), change, |_, out| out).await
     }
 
     fn send(&self, command: Command) -> Result<(), ServiceError> {
@@ -313,10 +351,7 @@ impl Handle {
     /// Renews `requestor`'s lease for `ttl` (see [`Pool::renew`]); returns
     /// when it now expires.
     pub async fn renew(&self, requestor: String, ttl: Duration) -> Result<Time, ServiceError> {
-        match self.embedder(Change::Renew { requestor, ttl }).await? {
-            Done::Renewed(t) => Ok(t),
-            other => unreachable!("a renewal answered {other:?}"),
-        }
+        self.embedder(change::Renew { requestor, ttl }).await
     }
 
     /// Why a command could not reach the pool.
@@ -378,7 +413,7 @@ impl Handle {
     /// what the pool's holder checks, checked here first by a process
     /// standing by.
     pub fn check(&self, caller: &Caller, new: &NewRequest) -> Result<(), ServiceError> {
-        commands::may_submit(caller, new)?;
+        change::may_submit(caller, new)?;
         Ok(berth_core::pool::check(&self.config, new)?)
     }
 
@@ -436,10 +471,10 @@ impl Handle {
             return Ok(());
         }
         let (tx, rx) = oneshot::channel();
-        let answer: Answer = Box::new(move |result| {
-            let _ = tx.send(result.map(drop));
+        let reply: Reply = Box::new(move |stored| {
+            let _ = tx.send(stored.map(drop));
         });
-        self.send(Command::TakeIn(answer))?;
+        self.send(Command::TakeIn(reply))?;
         rx.await.map_err(|_| self.gone())?
     }
 
@@ -463,33 +498,28 @@ impl Handle {
         new: NewRequest,
         lease: Option<Duration>,
     ) -> Result<RequestId, ServiceError> {
-        match self
-            .embedder(Change::Submit {
-                new,
-                lease,
-                id: None,
-            })
-            .await?
-        {
-            Done::Submitted(id) => Ok(id),
-            other => unreachable!("a request answered {other:?}"),
-        }
+        self.embedder(change::Submit {
+            new,
+            lease,
+            id: None,
+        })
+        .await
     }
 
     pub async fn cancel(&self, id: RequestId) -> Result<(), ServiceError> {
-        self.embedder(Change::Cancel(id)).await.map(drop)
+        self.embedder(change::Cancel(id)).await
     }
 
     pub async fn release(&self, id: NodeId) -> Result<(), ServiceError> {
-        self.embedder(Change::Release(id)).await.map(drop)
+        self.embedder(change::Release(id)).await
     }
 
     pub async fn set_idle(&self, id: NodeId, idle: Idle) -> Result<(), ServiceError> {
-        self.embedder(Change::SetIdle(id, idle)).await.map(drop)
+        self.embedder(change::SetIdle(id, idle)).await
     }
 
     pub async fn delete(&self, id: NodeId) -> Result<(), ServiceError> {
-        self.embedder(Change::Delete(id)).await.map(drop)
+        self.embedder(change::Delete(id)).await
     }
 
     /// Waits until a request is fulfilled, failed or cancelled; `None` if
@@ -828,9 +858,9 @@ struct Loop {
     outcomes: mpsc::UnboundedSender<Outcome>,
     waiters: HashMap<RequestId, Vec<oneshot::Sender<Option<Request>>>>,
     effects: Vec<Effect>,
-    /// Changes made this step and how each went, answered once the step's
-    /// changes are stored.
-    replies: Vec<(Answer, Result<Done, ServiceError>)>,
+    /// How to answer the changes made this step, once the step's changes
+    /// are stored.
+    replies: Vec<Reply>,
     /// Driver calls started whose outcome has not come back.
     in_flight: usize,
     /// The store's inbox is to be read at the next step: requests were
@@ -838,7 +868,7 @@ struct Loop {
     /// the pool.
     inbox_due: bool,
     /// [`Command::TakeIn`]s, answered once a read finds the inbox drained.
-    taking_in: Vec<Answer>,
+    taking_in: Vec<Reply>,
 }
 
 /// How often a process standing by asks whether the pool's lease is free,
@@ -1005,13 +1035,8 @@ impl Loop {
         );
         let failed = ServiceError::StoreFailed(e.to_string().into());
         let _ = self.ended.set(failed.clone());
-        for answer in self
-            .replies
-            .drain(..)
-            .map(|(a, _)| a)
-            .chain(self.taking_in.drain(..))
-        {
-            answer(Err(failed.clone()));
+        for reply in self.replies.drain(..).chain(self.taking_in.drain(..)) {
+            reply(Err(failed.clone()));
         }
         inbox.close(&failed);
         self.waiters.clear();
@@ -1040,13 +1065,8 @@ impl Loop {
         self.gate.shut_now();
         self.show_lease();
         self.set_down(Some(why.clone()));
-        for answer in self
-            .replies
-            .drain(..)
-            .map(|(a, _)| a)
-            .chain(self.taking_in.drain(..))
-        {
-            answer(Err(why.clone()));
+        for reply in self.replies.drain(..).chain(self.taking_in.drain(..)) {
+            reply(Err(why.clone()));
         }
         self.effects.clear();
         self.waiters.clear();
@@ -1253,8 +1273,8 @@ impl Loop {
     /// survives a crash.
     fn answer(&mut self) {
         let pool = &self.pool;
-        for (answer, result) in self.replies.drain(..) {
-            answer(result.map(|done| (pool, done)));
+        for reply in self.replies.drain(..) {
+            reply(Ok(pool));
         }
     }
 
@@ -1279,17 +1299,16 @@ impl Loop {
     fn outcome(&mut self, outcome: Outcome) {
         let now = self.clock.now();
         let pool = &mut self.pool;
-        if let Outcome::Probed(id, r) = outcome {
-            pool.probed(id, r, now);
-            return;
-        }
+        let called = match outcome {
+            Outcome::Probed(id, r) => return pool.probed(id, r, now),
+            Outcome::Called(called) => called,
+        };
         self.in_flight -= 1;
-        match outcome {
-            Outcome::Probed(..) => unreachable!("taken above"),
-            Outcome::Created(id, r) => pool.created(now, id, r),
-            Outcome::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
-            Outcome::Listed(p, started, r) => pool.listed(now, p, started, r),
-            Outcome::Tagged(id, r) => pool.tagged(now, id, r),
+        match called {
+            Called::Created(id, r) => pool.created(now, id, r),
+            Called::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
+            Called::Listed(p, started, r) => pool.listed(now, p, started, r),
+            Called::Tagged(id, r) => pool.tagged(now, id, r),
         }
     }
 
@@ -1297,10 +1316,7 @@ impl Loop {
         let now = self.clock.now();
         let pool = &mut self.pool;
         match command {
-            Command::Act(caller, change, answer) => {
-                let result = commands::apply(pool, now, &caller, change);
-                self.replies.push((answer, result));
-            }
+            Command::Act(act) => self.replies.push(act.apply(pool, now)),
             Command::Wait(id, reply) => match pool.request(id) {
                 None => {
                     let _ = reply.send(None);
@@ -1311,9 +1327,9 @@ impl Loop {
                 Some(_) => self.waiters.entry(id).or_default().push(reply),
             },
             Command::Inspect(f) => f(pool),
-            Command::TakeIn(answer) => {
+            Command::TakeIn(reply) => {
                 self.inbox_due = true;
-                self.taking_in.push(answer);
+                self.taking_in.push(reply);
             }
         }
     }
@@ -1330,9 +1346,7 @@ impl Loop {
             // More wait: the next step reads on.
             self.inbox_due = true;
         } else {
-            for answer in self.taking_in.drain(..) {
-                self.replies.push((answer, Ok(Done::Changed)));
-            }
+            self.replies.append(&mut self.taking_in);
         }
         let now = self.clock.now();
         let config = self.pool.config().clone();
@@ -1439,26 +1453,27 @@ impl Loop {
             });
         }
         for effect in self.effects.drain(..) {
-            if let Effect::Probe { .. } = effect {
-                probe(
-                    effect,
+            match effect {
+                Effect::Probe(p) => probe(
+                    p,
                     &self.providers,
                     self.outcomes.clone(),
                     self.observer.clone(),
-                );
-                continue;
+                ),
+                Effect::Call(c) => {
+                    self.in_flight += 1;
+                    let route = (self.shards.clone()).zip(self.store.holding().map(|h| h.epoch));
+                    call(
+                        c,
+                        &self.providers,
+                        route,
+                        &self.pool.config().pool_id,
+                        self.clock,
+                        self.outcomes.clone(),
+                        self.observer.clone(),
+                    );
+                }
             }
-            self.in_flight += 1;
-            let route = (self.shards.clone()).zip(self.store.holding().map(|h| h.epoch));
-            call(
-                effect,
-                &self.providers,
-                route,
-                &self.pool.config().pool_id,
-                self.clock,
-                self.outcomes.clone(),
-                self.observer.clone(),
-            );
         }
         Ok(())
     }
@@ -1658,27 +1673,21 @@ fn failure(e: CallError) -> Failure {
     }
 }
 
-/// Why [`call`] never sees a probe.
-const NOT_A_CALL: &str = "a readiness probe is not a driver call: `probe` makes it";
-
 /// Makes one readiness probe on its own task; the outcome comes back as an
 /// event. Not a driver call: the stop does not wait for it, and a pool that
 /// stood by meanwhile never hears it.
 fn probe(
-    effect: Effect,
+    probe: Probe,
     providers: &Arc<Providers>,
     outcomes: mpsc::UnboundedSender<Outcome>,
     observer: Arc<dyn Observer>,
 ) {
-    let Effect::Probe {
+    let Probe {
         provider,
         node,
         instance,
         target,
-    } = effect
-    else {
-        return;
-    };
+    } = probe;
     let providers = providers.clone();
     tokio::spawn(async move {
         let started = tokio::time::Instant::now();
@@ -1701,7 +1710,7 @@ fn probe(
 /// Carries out one driver call on its own task; the outcome comes back as
 /// an event.
 fn call(
-    effect: Effect,
+    call: DriverCall,
     providers: &Arc<Providers>,
     route: Option<(Arc<Shards>, i64)>,
     pool_id: &str,
@@ -1709,20 +1718,15 @@ fn call(
     outcomes: mpsc::UnboundedSender<Outcome>,
     observer: Arc<dyn Observer>,
 ) {
-    let p = match &effect {
-        Effect::Create { provider, .. }
-        | Effect::Delete { provider, .. }
-        | Effect::List { provider }
-        | Effect::SetTags { provider, .. } => *provider,
-        Effect::Probe { .. } => unreachable!("{NOT_A_CALL}"),
-    };
+    let p = call.provider();
     let providers = providers.clone();
     let name: Arc<str> = providers_name(&providers, p);
     let pool_id = pool_id.to_owned();
     tokio::spawn(async move {
         let started = tokio::time::Instant::now();
-        let heard = |kind: CallKind, r: Result<(), &CallError>| {
-            observer.call(&name, kind, r, started.elapsed());
+        let what = call.name();
+        let heard = |r: Result<(), &CallError>| {
+            observer.call(&name, what, r, started.elapsed());
         };
         // A provider still starting is waited for; one whose start failed
         // fails the call at once, and the core treats it as any failed call.
@@ -1732,97 +1736,100 @@ fn call(
             Some((shards, epoch)) => Ok(shards.cloud(p, providers.clone(), epoch)),
             None => providers.get(p).await,
         };
-        let provider = match provider {
-            Ok(provider) => provider,
+        let called = match provider {
+            Ok(provider) => make(call, &*provider, &name, &pool_id, clock, &observer, heard).await,
             Err(why) => {
-                let (kind, call) = match &effect {
-                    Effect::Create { .. } => (CallKind::Create, berth_core::driver::Call::Create),
-                    Effect::Delete { .. } => (CallKind::Delete, berth_core::driver::Call::Delete),
-                    Effect::List { .. } => (CallKind::List, berth_core::driver::Call::List),
-                    Effect::SetTags { .. } => {
-                        (CallKind::SetTags, berth_core::driver::Call::SetTags)
-                    }
-                    Effect::Probe { .. } => unreachable!("{NOT_A_CALL}"),
-                };
                 let e = CallError {
                     provider: name.clone(),
-                    call,
+                    call: what,
                     kind: CallErrorKind::NotStarted(why),
                 };
-                heard(kind, Err(&e));
+                heard(Err(&e));
                 let failed = failure(e);
-                let outcome = match effect {
-                    Effect::Create { node, .. } => Outcome::Created(node, Err(failed)),
-                    Effect::Delete { node, instance, .. } => {
-                        Outcome::Deleted(p, node, instance, Err(failed))
+                match call {
+                    DriverCall::Create { node, .. } => Called::Created(node, Err(failed)),
+                    DriverCall::Delete { node, instance, .. } => {
+                        Called::Deleted(p, node, instance, Err(failed))
                     }
-                    Effect::List { .. } => Outcome::Listed(p, clock.now(), Err(failed)),
-                    Effect::SetTags { node, .. } => Outcome::Tagged(node, Err(failed)),
-                    Effect::Probe { .. } => unreachable!("{NOT_A_CALL}"),
-                };
-                let _ = outcomes.send(outcome);
-                return;
+                    DriverCall::List { .. } => Called::Listed(p, clock.now(), Err(failed)),
+                    DriverCall::SetTags { node, .. } => Called::Tagged(node, Err(failed)),
+                }
             }
-        };
-        // What the driver answers is checked before the pool sees it.
-        let refused = |r: &[BadAnswer]| {
-            if !r.is_empty() {
-                tracing::warn!(
-                    provider = %name,
-                    count = r.len(),
-                    first = %r[0],
-                    "refused what the driver answered: the pool acts as if it had not been said"
-                );
-                observer.refused(&name, r);
-            }
-        };
-        let outcome = match effect {
-            Effect::Create { node, spec, .. } => {
-                let r = provider.create(spec).await;
-                heard(CallKind::Create, r.as_ref().map(|_| ()));
-                let r = r
-                    .map_err(failure)
-                    .and_then(|inst| match check::instance(&inst) {
-                        Ok(()) => Ok(inst),
-                        Err(bad) => {
-                            refused(std::slice::from_ref(&bad));
-                            Err(Failure::Host(format!("the driver answered {bad}")))
-                        }
-                    });
-                Outcome::Created(node, r)
-            }
-            Effect::Delete { node, instance, .. } => {
-                let r = provider.delete(&instance).await;
-                heard(CallKind::Delete, r.as_ref().map(|_| ()));
-                Outcome::Deleted(p, node, instance, r.map(|_| ()).map_err(failure))
-            }
-            Effect::List { .. } => {
-                let listed_from = clock.now();
-                let filter: Tags = [(POOL_TAG.to_owned(), pool_id)].into();
-                let r = provider.list(filter).await;
-                heard(CallKind::List, r.as_ref().map(|_| ()));
-                let r = r.map_err(failure).map(|all| {
-                    let (kept, bad) = check::listing(all);
-                    refused(&bad);
-                    kept
-                });
-                Outcome::Listed(p, listed_from, r)
-            }
-            Effect::SetTags {
-                node,
-                instance,
-                tags,
-                ..
-            } => {
-                let r = provider.set_tags(&instance, tags).await;
-                heard(CallKind::SetTags, r.as_ref().map(|_| ()));
-                Outcome::Tagged(node, r.map_err(failure))
-            }
-            Effect::Probe { .. } => unreachable!("{NOT_A_CALL}"),
         };
         // The pool may have stopped; its stored intents cover the outcome.
-        let _ = outcomes.send(outcome);
+        let _ = outcomes.send(Outcome::Called(called));
     });
+}
+
+/// Makes `call` on `provider`'s driver, and checks what it answers before
+/// the pool sees it.
+async fn make(
+    call: DriverCall,
+    provider: &dyn Cloud,
+    name: &str,
+    pool_id: &str,
+    clock: Clock,
+    observer: &Arc<dyn Observer>,
+    heard: impl Fn(Result<(), &CallError>),
+) -> Called {
+    let refused = |r: &[BadAnswer]| {
+        if !r.is_empty() {
+            tracing::warn!(
+                provider = %name,
+                count = r.len(),
+                first = %r[0],
+                "refused what the driver answered: the pool acts as if it had not been said"
+            );
+            observer.refused(name, r);
+        }
+    };
+    match call {
+        DriverCall::Create { node, spec, .. } => {
+            let r = provider.create(spec).await;
+            heard(r.as_ref().map(|_| ()));
+            let r = r
+                .map_err(failure)
+                .and_then(|inst| match check::instance(&inst) {
+                    Ok(()) => Ok(inst),
+                    Err(bad) => {
+                        refused(std::slice::from_ref(&bad));
+                        Err(Failure::Host(format!("the driver answered {bad}")))
+                    }
+                });
+            Called::Created(node, r)
+        }
+        DriverCall::Delete {
+            provider: p,
+            node,
+            instance,
+        } => {
+            let r = provider.delete(&instance).await;
+            heard(r.as_ref().map(|_| ()));
+            Called::Deleted(p, node, instance, r.map(|_| ()).map_err(failure))
+        }
+        DriverCall::List { provider: p } => {
+            let listed_from = clock.now();
+            let filter: Tags = [(POOL_TAG.to_owned(), pool_id.to_owned())].into();
+            let r = provider.list(filter).await;
+            heard(r.as_ref().map(|_| ()));
+            let r = r.map_err(failure).map(|all| {
+                let (kept, bad) = check::listing(all);
+                refused(&bad);
+                kept
+            });
+            Called::Listed(p, listed_from, r)
+        }
+        DriverCall::SetTags {
+            node,
+            instance,
+            tags,
+            ..
+        } => {
+            let r = provider.set_tags(&instance, tags).await;
+            heard(r.as_ref().map(|_| ()));
+            Called::Tagged(node, r.map_err(failure))
+        }
+    }
 }
 
 fn providers_name(providers: &Providers, p: ProviderIx) -> Arc<str> {
@@ -1832,7 +1839,8 @@ fn providers_name(providers: &Providers, p: ProviderIx) -> Arc<str> {
 /// Answers a command the pool no longer takes with `why`.
 fn refuse(command: Command, why: &ServiceError) {
     match command {
-        Command::Act(_, _, answer) | Command::TakeIn(answer) => answer(Err(why.clone())),
+        Command::Act(act) => act.refuse(why.clone()),
+        Command::TakeIn(reply) => reply(Err(why.clone())),
         Command::Wait(_, reply) => drop(reply),
         Command::Inspect(_) => {}
     }

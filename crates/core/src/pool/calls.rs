@@ -36,23 +36,23 @@ impl Pool {
                     break;
                 }
                 self.ix.providers[p].in_flight += 1;
-                out.push(effect);
+                out.push(Effect::Call(effect));
             }
         }
     }
 
     /// Claims the next call a provider owes (marking it in flight).
-    fn next_call(&mut self, p: ProviderIx, now: Time) -> Option<Effect> {
+    fn next_call(&mut self, p: ProviderIx, now: Time) -> Option<DriverCall> {
         let rt = &mut self.ix.providers[p.0 as usize];
         if !rt.list_busy && rt.next_list <= now {
             rt.list_busy = true;
             rt.lists_started += 1;
-            return Some(Effect::List { provider: p });
+            return Some(DriverCall::List { provider: p });
         }
         if let Some(&id) = rt.want_delete.first() {
             let instance = self.nodes.get(&id).and_then(|n| n.instance.clone())?;
             self.set_busy(id, true);
-            return Some(Effect::Delete {
+            return Some(DriverCall::Delete {
                 provider: p,
                 node: Some(id),
                 instance,
@@ -65,7 +65,7 @@ impl Pool {
                 rt.leaks.iter_mut().find(|(_, l)| !l.busy && l.due <= now)
         {
             leak.busy = true;
-            return Some(Effect::Delete {
+            return Some(DriverCall::Delete {
                 provider: p,
                 node: leak.node,
                 instance: instance.clone(),
@@ -88,7 +88,7 @@ impl Pool {
                 );
                 return self.next_call(p, now);
             };
-            return Some(Effect::Create {
+            return Some(DriverCall::Create {
                 provider: p,
                 node: id,
                 spec,
@@ -116,7 +116,7 @@ impl Pool {
             }
             let tags = self.node_tags(node);
             self.set_busy(id, true);
-            call = Some(Effect::SetTags {
+            call = Some(DriverCall::SetTags {
                 provider: p,
                 node: id,
                 instance,
@@ -129,10 +129,12 @@ impl Pool {
     }
 
     /// Returns a claimed call to the owed set.
-    fn unclaim(&mut self, effect: &Effect) {
-        match effect {
-            Effect::List { provider } => self.ix.providers[provider.0 as usize].list_busy = false,
-            Effect::Delete {
+    fn unclaim(&mut self, call: &DriverCall) {
+        match call {
+            DriverCall::List { provider } => {
+                self.ix.providers[provider.0 as usize].list_busy = false
+            }
+            DriverCall::Delete {
                 provider,
                 node,
                 instance,
@@ -147,14 +149,13 @@ impl Pool {
                     }
                 }
             },
-            Effect::Create { node, .. } => self.set_busy(*node, false),
-            Effect::SetTags { provider, node, .. } => {
+            DriverCall::Create { node, .. } => self.set_busy(*node, false),
+            DriverCall::SetTags { provider, node, .. } => {
                 self.set_busy(*node, false);
                 self.ix.providers[provider.0 as usize]
                     .want_tags
                     .insert(*node);
             }
-            Effect::Probe { .. } => unreachable!("a probe is not a provider's call"),
         }
     }
 
@@ -189,7 +190,7 @@ impl Pool {
         self.timer(now + wait, Timer::Retry(id));
     }
 
-    /// The outcome of an [`Effect::Create`].
+    /// The outcome of an [`DriverCall::Create`].
     pub fn created(&mut self, now: Time, id: NodeId, result: Result<Instance, Failure>) {
         let Some(node) = self.nodes.get(&id) else {
             return;
@@ -398,7 +399,7 @@ impl Pool {
         }
     }
 
-    /// The outcome of an [`Effect::Delete`]. `Ok` includes "already gone".
+    /// The outcome of an [`DriverCall::Delete`]. `Ok` includes "already gone".
     pub fn deleted(
         &mut self,
         now: Time,
@@ -454,7 +455,7 @@ impl Pool {
         }
     }
 
-    /// The outcome of an [`Effect::SetTags`].
+    /// The outcome of an [`DriverCall::SetTags`].
     pub fn tagged(&mut self, now: Time, id: NodeId, result: Result<(), Failure>) {
         let Some(node) = self.nodes.get(&id) else {
             return;

@@ -421,10 +421,21 @@ impl fmt::Display for Failure {
     }
 }
 
-/// A driver call the core wants made. The runtime makes it and reports the
-/// outcome back with the matching `Pool` method.
+/// What the core wants done outside itself: a driver call, or a readiness
+/// probe the host makes. The runtime carries it out and reports the outcome
+/// back with the matching `Pool` method.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
+    /// A call to a provider's driver, counted in the provider's calls in
+    /// flight until its outcome comes back.
+    Call(DriverCall),
+    /// A readiness probe: not a driver call, not counted in flight.
+    Probe(Probe),
+}
+
+/// A call to a provider's driver that the core wants made.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DriverCall {
     /// Launch `node`; report with [`super::Pool::created`].
     Create {
         provider: ProviderIx,
@@ -449,15 +460,39 @@ pub enum Effect {
         instance: String,
         tags: Tags,
     },
-    /// Probe whether a running node's instance is ready (`ready = "tcp"` or
-    /// `"ssh"`). Not a driver call: the host makes it. Report with
-    /// [`super::Pool::probed`].
-    Probe {
-        provider: ProviderIx,
-        node: NodeId,
-        instance: String,
-        target: super::ProbeTarget,
-    },
+}
+
+impl DriverCall {
+    /// The provider whose driver the call goes to.
+    pub fn provider(&self) -> ProviderIx {
+        match self {
+            DriverCall::Create { provider, .. }
+            | DriverCall::Delete { provider, .. }
+            | DriverCall::List { provider }
+            | DriverCall::SetTags { provider, .. } => *provider,
+        }
+    }
+
+    /// The contract's name for the call.
+    pub fn name(&self) -> crate::driver::Call {
+        use crate::driver::Call;
+        match self {
+            DriverCall::Create { .. } => Call::Create,
+            DriverCall::Delete { .. } => Call::Delete,
+            DriverCall::List { .. } => Call::List,
+            DriverCall::SetTags { .. } => Call::SetTags,
+        }
+    }
+}
+
+/// Probe whether a running node's instance is ready (`ready = "tcp"` or
+/// `"ssh"`). The host makes it; report with [`super::Pool::probed`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Probe {
+    pub provider: ProviderIx,
+    pub node: NodeId,
+    pub instance: String,
+    pub target: super::ProbeTarget,
 }
 
 /// Something worth a log line, which the core cannot write itself.

@@ -123,12 +123,12 @@ impl Pool {
                 continue;
             };
             let node = &self.nodes[&id];
-            out.push(Effect::Probe {
+            out.push(Effect::Probe(Probe {
                 provider: node.provider,
                 node: id,
                 instance: node.instance.clone().unwrap_or_default(),
                 target,
-            });
+            }));
             if let Some(p) = self.probes.get_mut(&id) {
                 p.in_flight = true;
             }

@@ -499,7 +499,7 @@ fn run(ops: &[Op], c: &Cloudiness) -> Result<(), TestCaseError> {
         .map_err(|e| TestCaseError::fail(format!("after quiet time: {e}")))?;
     for id in &run.unsigned {
         let touched = h.log.iter().any(|(_, e)| {
-            matches!(e, Effect::Delete { instance, .. } | Effect::SetTags { instance, .. } if instance == id)
+            matches!(e, Effect::Call(DriverCall::Delete { instance, .. }) | Effect::Call(DriverCall::SetTags { instance, .. }) if instance == id)
         });
         let held = h.pool.nodes().any(|n| n.instance.as_deref() == Some(id));
         if touched || held {

@@ -45,7 +45,7 @@ struct Adoptable {
 const QUARANTINE_NAMED: usize = 5;
 
 impl Pool {
-    /// The outcome of an [`Effect::List`] that started at `started`.
+    /// The outcome of an [`DriverCall::List`] that started at `started`.
     pub fn listed(
         &mut self,
         now: Time,

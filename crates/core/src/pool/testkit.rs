@@ -90,11 +90,17 @@ pub(super) enum Call {
 impl Call {
     pub(super) fn of(effect: &Effect) -> Call {
         match effect {
-            Effect::Create { .. } => Call::Create,
-            Effect::List { .. } => Call::List,
-            Effect::Delete { .. } => Call::Delete,
-            Effect::SetTags { .. } => Call::SetTags,
-            Effect::Probe { .. } => Call::Probe,
+            Effect::Call(call) => Call::driver(call),
+            Effect::Probe(_) => Call::Probe,
+        }
+    }
+
+    fn driver(call: &DriverCall) -> Call {
+        match call {
+            DriverCall::Create { .. } => Call::Create,
+            DriverCall::List { .. } => Call::List,
+            DriverCall::Delete { .. } => Call::Delete,
+            DriverCall::SetTags { .. } => Call::SetTags,
         }
     }
 }
@@ -230,11 +236,8 @@ impl Outcome {
 
 pub(super) fn effect_provider(e: &Effect) -> ProviderIx {
     match e {
-        Effect::Create { provider, .. }
-        | Effect::Delete { provider, .. }
-        | Effect::List { provider }
-        | Effect::SetTags { provider, .. }
-        | Effect::Probe { provider, .. } => *provider,
+        Effect::Call(call) => call.provider(),
+        Effect::Probe(probe) => probe.provider,
     }
 }
 
@@ -308,10 +311,15 @@ impl Cloud {
     /// Carries out a call at `now`.
     pub(super) fn carry_out(&mut self, now: Time, effect: &Effect) -> Outcome {
         let p = effect_provider(effect).0 as usize;
-        if let Effect::Probe { node, instance, .. } = effect {
-            return self.probe(p, *node, instance, now);
+        match effect {
+            Effect::Probe(probe) => self.probe(p, probe.node, &probe.instance, now),
+            Effect::Call(call) => self.call(p, now, call),
         }
-        let call = Call::of(effect);
+    }
+
+    /// Carries out a driver call to provider `p` at `now`.
+    fn call(&mut self, p: usize, now: Time, effect: &DriverCall) -> Outcome {
+        let call = Call::driver(effect);
         // Terminated instances stay listed for a while, then go.
         let linger = self.providers[p].linger;
         self.providers[p]
@@ -324,26 +332,25 @@ impl Cloud {
         {
             let e = f.failure.clone();
             return match effect {
-                Effect::Create { node, .. } => Outcome::Created(*node, Err(e)),
-                Effect::Delete {
+                DriverCall::Create { node, .. } => Outcome::Created(*node, Err(e)),
+                DriverCall::Delete {
                     provider,
                     node,
                     instance,
                 } => Outcome::Deleted(*provider, *node, instance.clone(), Err(e)),
-                Effect::List { provider } => Outcome::Listed(*provider, Err(e)),
-                Effect::SetTags { node, .. } => Outcome::Tagged(*node, Err(e)),
-                Effect::Probe { .. } => unreachable!("answered above"),
+                DriverCall::List { provider } => Outcome::Listed(*provider, Err(e)),
+                DriverCall::SetTags { node, .. } => Outcome::Tagged(*node, Err(e)),
             };
         }
         let lie = self.providers[p].lie(call);
         let outcome = match effect {
-            Effect::Create { node, .. }
+            DriverCall::Create { node, .. }
                 if lie == Some(Lie::HeldCreate)
                     && let Some(held) = self.owned_live(p).next() =>
             {
                 Outcome::Created(*node, Ok(self.report(p, held, now)))
             }
-            Effect::Create { node, spec, .. } => {
+            DriverCall::Create { node, spec, .. } => {
                 let fp = &self.providers[p];
                 let result = if fp.quota.is_some_and(|q| fp.live().count() as u32 >= q) {
                     Err(Failure::Driver(DriverError::QuotaExceeded(
@@ -363,7 +370,7 @@ impl Cloud {
                 };
                 Outcome::Created(*node, result)
             }
-            Effect::List { provider } => {
+            DriverCall::List { provider } => {
                 let fp = &self.providers[p];
                 let mut all: Vec<Instance> = fp
                     .instances
@@ -375,7 +382,7 @@ impl Cloud {
                 }
                 Outcome::Listed(*provider, Ok(all))
             }
-            Effect::Delete {
+            DriverCall::Delete {
                 provider,
                 node,
                 instance,
@@ -389,7 +396,7 @@ impl Cloud {
                 };
                 Outcome::Deleted(*provider, *node, instance.clone(), result)
             }
-            Effect::SetTags {
+            DriverCall::SetTags {
                 node,
                 instance,
                 tags,
@@ -406,7 +413,6 @@ impl Cloud {
                 };
                 Outcome::Tagged(*node, result)
             }
-            Effect::Probe { .. } => unreachable!("answered above"),
         };
         match fault {
             // It went through, and then the answer was lost or wrong.
@@ -699,7 +705,7 @@ impl Harness {
     }
 
     fn make(&mut self, effect: Effect) {
-        if let Effect::Probe { .. } = effect {
+        if let Effect::Probe(_) = effect {
             // The host's own call: no driver, no provider limit.
             self.log.push((self.now, effect.clone()));
             self.in_flight.push(InFlight {
@@ -730,7 +736,7 @@ impl Harness {
             ));
         }
         // A node in use never loses its instance to berth, whatever lists say.
-        if let Effect::Delete { instance, .. } = &effect
+        if let Effect::Call(DriverCall::Delete { instance, .. }) = &effect
             && let Some(holder) = self.pool.holder(effect_provider(&effect), instance)
             && self
                 .pool

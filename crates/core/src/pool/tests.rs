@@ -54,7 +54,7 @@ fn creates(h: &Harness) -> Vec<(u16, NodeId)> {
     h.log
         .iter()
         .filter_map(|(_, e)| match e {
-            Effect::Create { provider, node, .. } => Some((provider.0, *node)),
+            Effect::Call(DriverCall::Create { provider, node, .. }) => Some((provider.0, *node)),
             _ => None,
         })
         .collect()
@@ -804,7 +804,7 @@ fn boot_timeout_deletes_and_relaunches() {
     assert!(
         h.log
             .iter()
-            .any(|(_, e)| matches!(e, Effect::Delete { node: Some(n), .. } if *n == first.id))
+            .any(|(_, e)| matches!(e, Effect::Call(DriverCall::Delete { node: Some(n), .. }) if *n == first.id))
     );
     assert_eq!(h.live(0), 1);
 }
@@ -1262,7 +1262,7 @@ fn owned_instances_are_adopted_and_foreign_ones_left_alone() {
         }]
     );
     for f in &foreign {
-        assert!(!h.log.iter().any(|(_, e)| matches!(e, Effect::Delete { instance, .. } | Effect::SetTags { instance, .. } if instance == f)));
+        assert!(!h.log.iter().any(|(_, e)| matches!(e, Effect::Call(DriverCall::Delete { instance, .. }) | Effect::Call(DriverCall::SetTags { instance, .. }) if instance == f)));
         assert!(h.cloud.providers[0].instances[f].terminated.is_none());
     }
     assert!(h.calls(0, Call::List).len() >= 5);
@@ -1382,16 +1382,22 @@ fn an_instance_listed_before_its_create_returned_is_counted_once() {
     h.latency = secs(100);
     let r = h.submit(&[("a", 1)], 0);
     h.step();
-    assert!(matches!(h.in_flight[0].effect, Effect::List { .. }));
+    assert!(matches!(
+        h.in_flight[0].effect,
+        Effect::Call(DriverCall::List { .. })
+    ));
     h.deliver(0);
     h.tick();
-    assert!(matches!(h.in_flight[0].effect, Effect::Create { .. }));
+    assert!(matches!(
+        h.in_flight[0].effect,
+        Effect::Call(DriverCall::Create { .. })
+    ));
     h.now = h.now + h.config.timings.sync_interval;
     h.tick();
     let list = h
         .in_flight
         .iter()
-        .position(|c| matches!(c.effect, Effect::List { .. }))
+        .position(|c| matches!(c.effect, Effect::Call(DriverCall::List { .. })))
         .expect("a list");
     h.deliver(list);
     h.tick();
@@ -1403,7 +1409,7 @@ fn an_instance_listed_before_its_create_returned_is_counted_once() {
     let create = h
         .in_flight
         .iter()
-        .position(|c| matches!(c.effect, Effect::Create { .. }))
+        .position(|c| matches!(c.effect, Effect::Call(DriverCall::Create { .. })))
         .unwrap();
     h.deliver(create);
     h.tick();
@@ -1459,7 +1465,7 @@ fn restore_resolves_creates_and_deletes_left_in_flight() {
         assert!(
             h.in_flight
                 .iter()
-                .any(|c| matches!(c.effect, Effect::Delete { .. }))
+                .any(|c| matches!(c.effect, Effect::Call(DriverCall::Delete { .. })))
         );
         h.crash();
         h.latency = Duration::ZERO;
@@ -1958,7 +1964,7 @@ fn failed_lists_back_off_and_are_said_once_a_minute() {
 fn probes(h: &Harness) -> usize {
     h.log
         .iter()
-        .filter(|(_, e)| matches!(e, Effect::Probe { .. }))
+        .filter(|(_, e)| matches!(e, Effect::Probe(_)))
         .count()
 }
 
@@ -2122,7 +2128,7 @@ fn handed_out(h: &mut Harness) -> (RequestId, NodeId) {
 /// Whether any delete or set-tags call went to `instance`.
 fn touched(h: &Harness, instance: &str) -> bool {
     h.log.iter().any(|(_, e)| {
-        matches!(e, Effect::Delete { instance: i, .. } | Effect::SetTags { instance: i, .. } if i == instance)
+        matches!(e, Effect::Call(DriverCall::Delete { instance: i, .. }) | Effect::Call(DriverCall::SetTags { instance: i, .. }) if i == instance)
     })
 }
 

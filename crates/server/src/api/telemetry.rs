@@ -20,8 +20,9 @@ use prometheus_client::registry::Registry;
 use super::types::{self, rfc3339};
 use super::views;
 use crate::metrics::{self, Gauge, Histograms, register};
-use crate::runtime::{CallKind, Health, Observer, Providers, outcome_name};
+use crate::runtime::{Health, Observer, Providers, outcome_name};
 use berth_config::{Config, ProviderIx};
+use berth_core::driver::Call;
 use berth_core::pool::{NodeState, Notice, Packing, Pool, Request, RequestState};
 use berth_plugin::CallError;
 
@@ -572,7 +573,7 @@ fn catch_up(family: &Family<ByProvider, Counter>, labels: &ByProvider, total: u6
 }
 
 impl Observer for Telemetry {
-    fn call(&self, provider: &str, call: CallKind, result: Result<(), &CallError>, took: Duration) {
+    fn call(&self, provider: &str, call: Call, result: Result<(), &CallError>, took: Duration) {
         let outcome = outcome_name(result);
         let call_name = call.as_str();
         self.calls
@@ -850,11 +851,11 @@ ram = "4GiB"
         let t = Telemetry::new(&config);
         // Powers of two, so that the sum is exact.
         let secs = Duration::from_secs_f64;
-        t.call("p0", CallKind::Create, Ok(()), secs(0.001953125));
-        t.call("p0", CallKind::Create, Ok(()), secs(0.03125));
+        t.call("p0", Call::Create, Ok(()), secs(0.001953125));
+        t.call("p0", Call::Create, Ok(()), secs(0.03125));
         let deadline = trap(Trap::Deadline(Duration::from_secs(10)));
-        t.call("p0", CallKind::Create, Err(&deadline), secs(0.5));
-        t.call("p1", CallKind::List, Ok(()), secs(0.001));
+        t.call("p0", Call::Create, Err(&deadline), secs(0.5));
+        t.call("p1", Call::List, Ok(()), secs(0.001));
         let at = Time::from_millis(0);
         for notice in [
             Notice::QuotaPaused {

@@ -1,7 +1,7 @@
 //! What callers ask the pool to change, and who may ask it.
 //!
 //! A change reaches the pool's task as one message carrying its caller, and
-//! [`apply`] checks "may this caller do this to this node or request" and
+//! [`Change::apply`] checks "may this caller do this to this node or request" and
 //! makes the change in the same step, with nothing in between: a node
 //! cannot change hands between "is it yours?" and "release it".
 
@@ -57,38 +57,54 @@ impl Caller {
     }
 }
 
-/// A change to the pool.
-#[derive(Clone, Debug)]
-pub enum Change {
-    /// A new request; with `lease`, its requestor's lease is renewed for
-    /// that long in the same step (a refused request renews nothing). With
-    /// `id`, it is taken under that id, drawn by a process standing by
-    /// that relayed it ([`Pool::submit_under`]); a request the pool has
-    /// under that id already is the same one.
-    Submit {
-        new: NewRequest,
-        lease: Option<Duration>,
-        id: Option<RequestId>,
-    },
-    /// Withdraws a pending request (its requestor or an admin).
-    Cancel(RequestId),
-    /// Gives a node back (its holder or an admin).
-    Release(NodeId),
-    /// Sets a node's idle behaviour (admins).
-    SetIdle(NodeId, Idle),
-    /// Deletes a node whatever it is doing (admins).
-    Delete(NodeId),
-    /// Renews `requestor`'s lease for `ttl` (that requestor or an admin).
-    Renew { requestor: String, ttl: Duration },
+/// A change a caller asks of the pool: checked against the caller and made
+/// in one step of the pool, answered with its `Output` once stored.
+pub trait Change: Send + 'static {
+    /// What the change answers once it is stored.
+    type Output: Send + 'static;
+    /// Checks that `caller` may make the change, and makes it.
+    fn apply(
+        self,
+        pool: &mut Pool,
+        now: Time,
+        caller: &Caller,
+    ) -> Result<Self::Output, ServiceError>;
 }
 
-/// What a change did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Done {
-    Submitted(RequestId),
-    /// The lease now expires at this time.
-    Renewed(Time),
-    Changed,
+/// A new request; with `lease`, its requestor's lease is renewed for that
+/// long in the same step (a refused request renews nothing). With `id`, it
+/// is taken under that id, drawn by a process standing by that relayed it
+/// ([`Pool::submit_under`]); a request the pool has under that id already
+/// is the same one. Answers the request's id.
+#[derive(Clone, Debug)]
+pub struct Submit {
+    pub new: NewRequest,
+    pub lease: Option<Duration>,
+    pub id: Option<RequestId>,
+}
+
+/// Withdraws a pending request (its requestor or an admin).
+#[derive(Clone, Copy, Debug)]
+pub struct Cancel(pub RequestId);
+
+/// Gives a node back (its holder or an admin).
+#[derive(Clone, Copy, Debug)]
+pub struct Release(pub NodeId);
+
+/// Sets a node's idle behaviour (admins).
+#[derive(Clone, Copy, Debug)]
+pub struct SetIdle(pub NodeId, pub Idle);
+
+/// Deletes a node whatever it is doing (admins).
+#[derive(Clone, Copy, Debug)]
+pub struct Delete(pub NodeId);
+
+/// Renews `requestor`'s lease for `ttl` (that requestor or an admin).
+/// Answers when the lease now expires.
+#[derive(Clone, Debug)]
+pub struct Renew {
+    pub requestor: String,
+    pub ttl: Duration,
 }
 
 /// Whether `caller` may ask for `new`: a client token only as its own
@@ -103,76 +119,88 @@ pub(super) fn may_submit(caller: &Caller, new: &NewRequest) -> Result<(), Servic
     )))
 }
 
-/// Checks that `caller` may make `change`, and makes it.
-pub(super) fn apply(
-    pool: &mut Pool,
-    now: Time,
-    caller: &Caller,
-    change: Change,
-) -> Result<Done, ServiceError> {
-    match change {
-        Change::Submit { new, lease, id } => {
-            may_submit(caller, &new)?;
-            let requestor = new.requestor.clone();
-            let id = match id {
-                None => pool.submit(now, new)?,
-                Some(id) => {
-                    if pool.request(id).is_some_and(|r| r.requestor != requestor) {
-                        return Err(ServiceError::Forbidden(format!(
-                            "request {id} belongs to another requestor"
-                        )));
-                    }
-                    pool.submit_under(now, id, new)?;
-                    id
+impl Change for Submit {
+    type Output = RequestId;
+    fn apply(self, pool: &mut Pool, now: Time, caller: &Caller) -> Result<RequestId, ServiceError> {
+        let Submit { new, lease, id } = self;
+        may_submit(caller, &new)?;
+        let requestor = new.requestor.clone();
+        let id = match id {
+            None => pool.submit(now, new)?,
+            Some(id) => {
+                if pool.request(id).is_some_and(|r| r.requestor != requestor) {
+                    return Err(ServiceError::Forbidden(format!(
+                        "request {id} belongs to another requestor"
+                    )));
                 }
-            };
-            if let Some(ttl) = lease {
-                pool.renew(now, &requestor, ttl);
+                pool.submit_under(now, id, new)?;
+                id
             }
-            Ok(Done::Submitted(id))
+        };
+        if let Some(ttl) = lease {
+            pool.renew(now, &requestor, ttl);
         }
-        Change::Cancel(id) => {
-            let owner = pool.request(id).map(|r| caller.may_act_for(&r.requestor));
-            if owner == Some(false) {
-                return Err(ServiceError::Forbidden(format!(
-                    "request {id} belongs to another requestor"
-                )));
-            }
-            pool.cancel(now, id)?;
-            Ok(Done::Changed)
+        Ok(id)
+    }
+}
+
+impl Change for Cancel {
+    type Output = ();
+    fn apply(self, pool: &mut Pool, now: Time, caller: &Caller) -> Result<(), ServiceError> {
+        let Cancel(id) = self;
+        let owner = pool.request(id).map(|r| caller.may_act_for(&r.requestor));
+        if owner == Some(false) {
+            return Err(ServiceError::Forbidden(format!(
+                "request {id} belongs to another requestor"
+            )));
         }
-        Change::Release(id) => {
-            // A node nobody holds is not the caller's to release either,
-            // but the pool says why (409): it is not in use.
-            if let Some(holder) = pool.requestor_of(id)
-                && !caller.may_act_for(holder)
-            {
-                return Err(ServiceError::Forbidden(format!(
-                    "node {id} is not held by requestor `{}`",
-                    caller.name()
-                )));
-            }
-            pool.release(now, id)?;
-            Ok(Done::Changed)
+        Ok(pool.cancel(now, id)?)
+    }
+}
+
+impl Change for Release {
+    type Output = ();
+    fn apply(self, pool: &mut Pool, now: Time, caller: &Caller) -> Result<(), ServiceError> {
+        let Release(id) = self;
+        // A node nobody holds is not the caller's to release either, but
+        // the pool says why (409): it is not in use.
+        if let Some(holder) = pool.requestor_of(id)
+            && !caller.may_act_for(holder)
+        {
+            return Err(ServiceError::Forbidden(format!(
+                "node {id} is not held by requestor `{}`",
+                caller.name()
+            )));
         }
-        Change::SetIdle(id, idle) => {
-            caller.must_be_admin("setting a node's idle behaviour")?;
-            pool.set_idle(now, id, idle)?;
-            Ok(Done::Changed)
+        Ok(pool.release(now, id)?)
+    }
+}
+
+impl Change for SetIdle {
+    type Output = ();
+    fn apply(self, pool: &mut Pool, now: Time, caller: &Caller) -> Result<(), ServiceError> {
+        caller.must_be_admin("setting a node's idle behaviour")?;
+        Ok(pool.set_idle(now, self.0, self.1)?)
+    }
+}
+
+impl Change for Delete {
+    type Output = ();
+    fn apply(self, pool: &mut Pool, now: Time, caller: &Caller) -> Result<(), ServiceError> {
+        caller.must_be_admin("deleting a node")?;
+        Ok(pool.delete(now, self.0)?)
+    }
+}
+
+impl Change for Renew {
+    type Output = Time;
+    fn apply(self, pool: &mut Pool, now: Time, caller: &Caller) -> Result<Time, ServiceError> {
+        if !caller.may_act_for(&self.requestor) {
+            return Err(ServiceError::Forbidden(format!(
+                "a client token renews only its own lease (`{}`)",
+                caller.name()
+            )));
         }
-        Change::Delete(id) => {
-            caller.must_be_admin("deleting a node")?;
-            pool.delete(now, id)?;
-            Ok(Done::Changed)
-        }
-        Change::Renew { requestor, ttl } => {
-            if !caller.may_act_for(&requestor) {
-                return Err(ServiceError::Forbidden(format!(
-                    "a client token renews only its own lease (`{}`)",
-                    caller.name()
-                )));
-            }
-            Ok(Done::Renewed(pool.renew(now, &requestor, ttl)))
-        }
+        Ok(pool.renew(now, &self.requestor, self.ttl))
     }
 }
