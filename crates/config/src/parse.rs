@@ -7,6 +7,7 @@
 //! helpers here are short; most of this file is checks serde would not make
 //! (ranges, cross-references, secrets from the environment only).
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
