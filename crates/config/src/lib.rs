@@ -9,6 +9,7 @@
 //! interpolation and are never printed: their `Debug` shows them redacted.
 
 mod parse;
+mod problem;
 mod sandbox;
 mod settings;
 #[cfg(test)]
@@ -18,10 +19,8 @@ pub use berth_core::config::{
     Check, Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, ProviderLimits,
     Readiness, Timings,
 };
-pub use parse::{
-    ConfigErrors, Location, Problem, base_dir, check_files, credentials, load, locate, parse,
-    warnings,
-};
+pub use parse::{base_dir, check_files, credentials, load, locate, parse, warnings};
+pub use problem::{ConfigErrors, Location, Problem};
 pub use sandbox::{
     AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret, canonical_ip,
 };
