@@ -14,6 +14,7 @@ mod sandbox;
 mod settings;
 #[cfg(test)]
 mod tests;
+mod walker;
 
 pub use berth_core::config::{
     Check, Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, ProviderLimits,

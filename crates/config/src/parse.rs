@@ -1,11 +1,6 @@
 //! From TOML text to a checked [`Config`], walking the document by hand so
 //! that every problem is found in one pass, each with its dotted path and
 //! the line and column the path starts at.
-//!
-//! Why a walker and not serde derive: a derived `Deserialize` stops at the
-//! first problem, and `berth config check` names them all. The reading
-//! helpers here are short; most of this file is checks serde would not make
-//! (ranges, cross-references, secrets from the environment only).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,7 +9,12 @@ use toml::{Table, Value};
 
 use super::*;
 use crate::problem::{ConfigErrors, Location, Problem};
+use crate::walker::{Section, Walker, join, valid_name};
 use crate::{AllowedHost, Auth, Credential, SandboxLimits, Secret};
+
+/// The size reader, where the tests have always named it.
+#[cfg(test)]
+pub(crate) use crate::walker::parse_size;
 
 /// Reads and checks a config file. Relative paths in it are relative to the
 /// file's directory; `${ENV}` comes from the process environment.
@@ -240,228 +240,7 @@ pub fn check_files(config: &Settings) -> Vec<Problem> {
     problems
 }
 
-struct Walker<'a> {
-    problems: Vec<Problem>,
-    env: &'a dyn Fn(&str) -> Option<String>,
-}
-
-/// A table being read: remembers the keys taken so the rest can be named as
-/// unknown.
-struct Section<'t> {
-    path: String,
-    table: &'t Table,
-    known: Vec<&'static str>,
-}
-
-/// `path.key`, the key quoted as TOML would write it when it is not a bare
-/// key, so that a name with a dot (`providers."a.b".driver`) stays unambiguous.
-fn join(path: &str, key: &str) -> String {
-    let bare = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
-    let key = if bare {
-        key.to_owned()
-    } else {
-        format!("{key:?}")
-    };
-    if path.is_empty() {
-        key
-    } else {
-        format!("{path}.{key}")
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::String(_) => "a string",
-        Value::Integer(_) => "an integer",
-        Value::Float(_) => "a number",
-        Value::Boolean(_) => "a boolean",
-        Value::Datetime(_) => "a date",
-        Value::Array(_) => "an array",
-        Value::Table(_) => "a table",
-    }
-}
-
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
-impl<'t> Section<'t> {
-    fn new(path: String, table: &'t Table) -> Self {
-        Section {
-            path,
-            table,
-            known: Vec::new(),
-        }
-    }
-
-    fn get(&mut self, key: &'static str) -> Option<&'t Value> {
-        self.known.push(key);
-        self.table.get(key)
-    }
-
-    fn at(&self, key: &str) -> String {
-        join(&self.path, key)
-    }
-}
-
 impl Walker<'_> {
-    fn problem(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.problems.push(Problem {
-            path: path.into(),
-            message: message.into(),
-            location: None,
-        });
-    }
-
-    fn wrong_type(&mut self, path: String, want: &str, v: &Value) {
-        self.problem(path, format!("expected {want}, found {}", type_name(v)));
-    }
-
-    /// Names every key of `s` that was never asked for.
-    fn finish(&mut self, s: Section<'_>) {
-        for key in s.table.keys() {
-            if !s.known.contains(&key.as_str()) {
-                let mut known = s.known.clone();
-                known.sort_unstable();
-                self.problem(
-                    s.at(key),
-                    format!("unknown key; expected one of {}", known.join(", ")),
-                );
-            }
-        }
-    }
-
-    fn string(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<String> {
-        match s.get(key)? {
-            Value::String(v) => Some(v.clone()),
-            v => {
-                self.wrong_type(s.at(key), "a string", v);
-                None
-            }
-        }
-    }
-
-    fn required_string(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<String> {
-        if s.table.get(key).is_none() {
-            s.known.push(key);
-            self.problem(s.at(key), "missing; it is required");
-            return None;
-        }
-        self.string(s, key)
-    }
-
-    fn bool(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<bool> {
-        match s.get(key)? {
-            Value::Boolean(v) => Some(*v),
-            v => {
-                self.wrong_type(s.at(key), "true or false", v);
-                None
-            }
-        }
-    }
-
-    fn int<T: TryFrom<i64>>(
-        &mut self,
-        s: &mut Section<'_>,
-        key: &'static str,
-        range: &str,
-    ) -> Option<T> {
-        match s.get(key)? {
-            Value::Integer(v) => match T::try_from(*v) {
-                Ok(v) => Some(v),
-                Err(_) => {
-                    self.problem(s.at(key), format!("{v} is out of range; expected {range}"));
-                    None
-                }
-            },
-            v => {
-                self.wrong_type(s.at(key), "an integer", v);
-                None
-            }
-        }
-    }
-
-    fn number(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<f64> {
-        match s.get(key)? {
-            Value::Integer(v) => Some(*v as f64),
-            Value::Float(v) => Some(*v),
-            v => {
-                self.wrong_type(s.at(key), "a number", v);
-                None
-            }
-        }
-    }
-
-    /// A readiness check: `running`, `tcp` or `ssh`.
-    fn check(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<Check> {
-        let text = self.string(s, key)?;
-        match text.parse::<Check>() {
-            Ok(c) => Some(c),
-            Err(_) => {
-                self.problem(s.at(key), format!("`{text}` is not running, tcp or ssh"));
-                None
-            }
-        }
-    }
-
-    fn duration(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<Duration> {
-        let text = self.string(s, key)?;
-        match berth_core::duration::parse(&text) {
-            Ok(d) => Some(d),
-            Err(e) => {
-                self.problem(s.at(key), e.to_string());
-                None
-            }
-        }
-    }
-
-    fn size(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<u64> {
-        let text = self.string(s, key)?;
-        match parse_size(&text) {
-            Ok(b) => Some(b),
-            Err(e) => {
-                self.problem(s.at(key), e);
-                None
-            }
-        }
-    }
-
-    fn table<'t>(&mut self, s: &mut Section<'t>, key: &'static str) -> Option<&'t Table> {
-        match s.get(key)? {
-            Value::Table(t) => Some(t),
-            v => {
-                self.wrong_type(s.at(key), "a table", v);
-                None
-            }
-        }
-    }
-
-    /// The sub-tables of a table of named tables (`[providers.NAME]`).
-    fn named<'t>(&mut self, path: &str, t: &'t Table) -> Vec<(String, &'t Table)> {
-        let mut out = Vec::new();
-        for (name, v) in t {
-            let at = join(path, name);
-            if !valid_name(name) {
-                self.problem(
-                    at.clone(),
-                    "names are 1 to 64 of A-Z, a-z, 0-9, `.`, `_`, `-`",
-                );
-            }
-            match v {
-                Value::Table(t) => out.push((name.clone(), t)),
-                v => self.wrong_type(at, "a table", v),
-            }
-        }
-        out
-    }
-
     /// A TOML table as JSON text, `${ENV}` substituted in strings when
     /// `interpolate`.
     fn json(&mut self, path: &str, t: &Table, interpolate: bool) -> String {
@@ -1380,34 +1159,4 @@ impl Walker<'_> {
             price,
         })
     }
-}
-
-/// `512MiB`, `4GiB`, `64KiB`, `1TiB`, `100B`.
-pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("size `{text}` does not start with a whole number"))?;
-    let shift = match unit {
-        "B" => 0,
-        "KiB" => 10,
-        "MiB" => 20,
-        "GiB" => 30,
-        "TiB" => 40,
-        "" => {
-            return Err(format!(
-                "size `{text}` has no unit; use B, KiB, MiB, GiB or TiB"
-            ));
-        }
-        _ => {
-            return Err(format!(
-                "size `{text}` has an unknown unit; use B, KiB, MiB, GiB or TiB"
-            ));
-        }
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size `{text}` is too large"))
 }
