@@ -9,6 +9,7 @@
 //! interpolation and are never printed: their `Debug` shows them redacted.
 
 mod interpolate;
+mod locate;
 mod parse;
 mod problem;
 mod sandbox;
@@ -21,7 +22,8 @@ pub use berth_core::config::{
     Check, Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, ProviderLimits,
     Readiness, Timings,
 };
-pub use parse::{base_dir, check_files, credentials, load, locate, parse, warnings};
+pub use locate::locate;
+pub use parse::{base_dir, check_files, credentials, load, parse, warnings};
 pub use problem::{ConfigErrors, Location, Problem};
 pub use sandbox::{
     AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret, canonical_ip,
