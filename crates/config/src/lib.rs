@@ -8,6 +8,7 @@
 //! reach the driver config, credentials and API tokens through `${ENV}`
 //! interpolation and are never printed: their `Debug` shows them redacted.
 
+mod checks;
 mod interpolate;
 mod locate;
 mod parse;
@@ -22,8 +23,9 @@ pub use berth_core::config::{
     Check, Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, ProviderLimits,
     Readiness, Timings,
 };
+pub use checks::{check_files, warnings};
 pub use locate::locate;
-pub use parse::{base_dir, check_files, credentials, load, parse, warnings};
+pub use parse::{base_dir, credentials, load, parse};
 pub use problem::{ConfigErrors, Location, Problem};
 pub use sandbox::{
     AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret, canonical_ip,
