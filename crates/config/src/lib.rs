@@ -15,6 +15,7 @@ mod parse;
 mod problem;
 mod sandbox;
 mod settings;
+mod store;
 #[cfg(test)]
 mod tests;
 mod walker;
