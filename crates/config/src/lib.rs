@@ -8,6 +8,7 @@
 //! reach the driver config, credentials and API tokens through `${ENV}`
 //! interpolation and are never printed: their `Debug` shows them redacted.
 
+mod api;
 mod checks;
 mod interpolate;
 mod locate;
