@@ -10,6 +10,7 @@
 
 mod api;
 mod checks;
+mod credentials;
 mod interpolate;
 mod locate;
 mod parse;
@@ -26,8 +27,9 @@ pub use berth_core::config::{
     Readiness, Timings,
 };
 pub use checks::{check_files, warnings};
+pub use credentials::credentials;
 pub use locate::locate;
-pub use parse::{base_dir, credentials, load, parse};
+pub use parse::{base_dir, load, parse};
 pub use problem::{ConfigErrors, Location, Problem};
 pub use sandbox::{
     AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret, canonical_ip,
