@@ -15,6 +15,7 @@ mod interpolate;
 mod locate;
 mod parse;
 mod problem;
+mod providers;
 mod sandbox;
 mod settings;
 mod store;
