@@ -12,6 +12,7 @@ mod api;
 mod checks;
 mod credentials;
 mod interpolate;
+mod labels;
 mod locate;
 mod parse;
 mod problem;
