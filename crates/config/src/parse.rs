@@ -1,14 +1,20 @@
 //! From TOML text to a checked [`Config`], walking the document by hand so
 //! that every problem is found in one pass, each with its dotted path and
 //! the line and column the path starts at.
+//!
+//! Here: the entry points, and the walk of the document's top level
+//! (`pool-id`, the directories, the timings, the default readiness check),
+//! which hands each section to the module that reads it and then resolves
+//! slot labels' backing labels.
 
 use std::path::Path;
 
+use berth_core::config::{Config, LabelIx, LabelKind, Readiness, Timings};
 use toml::Table;
 
-use super::*;
 use crate::locate::locate;
 use crate::problem::{ConfigErrors, Location, Problem};
+use crate::settings::{Api, Settings, StoreSettings};
 use crate::walker::{Section, Walker, join, valid_name};
 
 /// The size reader, where the tests have always named it.
