@@ -1,0 +1,141 @@
+//! `[api]`: where the service listens and is reached, its timeouts and
+//! connection cap, its tokens, and the pool's lease TTL.
+
+use std::time::Duration;
+
+use berth_core::config::Config;
+use toml::Table;
+
+use crate::settings::{Api, Role, Token};
+use crate::walker::{Section, Walker, join};
+
+impl Walker<'_> {
+    /// `[api]`, and the pool's lease TTL that it holds.
+    pub(crate) fn api(&mut self, t: &Table) -> (Api, Duration) {
+        let mut s = Section::new("api".into(), t);
+        let d = Api::default();
+        let listen = match self.string(&mut s, "listen") {
+            None => d.listen,
+            Some(text) => match text.parse::<std::net::SocketAddr>() {
+                Ok(a) => a,
+                Err(_) => {
+                    self.problem(
+                        "api.listen",
+                        format!("`{text}` is not an address and port such as 127.0.0.1:8080"),
+                    );
+                    d.listen
+                }
+            },
+        };
+        let advertise = self.string(&mut s, "advertise");
+        if let Some(text) = &advertise {
+            self.advertise_url(text);
+        }
+        let lease_ttl = self
+            .duration(&mut s, "lease-ttl")
+            .unwrap_or(Config::DEFAULT_LEASE_TTL);
+        if lease_ttl.is_zero() {
+            self.problem("api.lease-ttl", "must be more than zero");
+        }
+        let mut positive = |w: &mut Self, key: &'static str, default: Duration| {
+            let d = w.duration(&mut s, key).unwrap_or(default);
+            if d.is_zero() {
+                w.problem(format!("api.{key}"), "must be more than zero");
+            }
+            d
+        };
+        let header_timeout = positive(self, "header-timeout", d.header_timeout);
+        let body_timeout = positive(self, "body-timeout", d.body_timeout);
+        let max_connections = self
+            .int::<usize>(&mut s, "max-connections", "1 or more")
+            .unwrap_or(d.max_connections);
+        if max_connections == 0 {
+            self.problem("api.max-connections", "must be 1 or more");
+        }
+        let mut tokens: Vec<Token> = Vec::new();
+        if let Some(t) = self.table(&mut s, "tokens") {
+            for (name, t) in self.named("api.tokens", t) {
+                if let Some(token) = self.token(name, t) {
+                    tokens.push(token);
+                }
+            }
+        }
+        self.finish(s);
+        for (i, t) in tokens.iter().enumerate() {
+            if tokens[..i].iter().any(|o| o.secret == t.secret) {
+                self.problem(
+                    format!("api.tokens.{}.token", t.name),
+                    "the same secret as another token; each token needs its own",
+                );
+            }
+        }
+        if tokens.is_empty() && !listen.ip().is_loopback() {
+            self.problem(
+                "api.listen",
+                format!(
+                    "{listen} is not a loopback address and no api.tokens are configured: anyone \
+                     who reaches it could take and delete nodes; add tokens or listen on 127.0.0.1"
+                ),
+            );
+        }
+        let api = Api {
+            listen,
+            tokens,
+            header_timeout,
+            body_timeout,
+            max_connections: max_connections.max(1),
+            advertise,
+        };
+        (api, lease_ttl)
+    }
+
+    /// Checks `api.advertise`: an http url of a host and port, nothing else.
+    fn advertise_url(&mut self, text: &str) {
+        let problem = match url::Url::parse(text) {
+            Err(e) => Some(format!(
+                "`{text}` is not a url such as http://10.0.0.5:8080: {e}"
+            )),
+            Ok(u) if u.scheme() != "http" => Some(format!(
+                "`{text}`: berth's API is plain http (put TLS in front of it), so this starts \
+                 with http://"
+            )),
+            Ok(u) if u.host_str().is_none_or(str::is_empty) => {
+                Some(format!("`{text}` names no host"))
+            }
+            Ok(u) if u.path() != "/" || u.query().is_some() || !u.username().is_empty() => {
+                Some(format!("`{text}`: give only http://HOST:PORT"))
+            }
+            Ok(_) => None,
+        };
+        if let Some(p) = problem {
+            self.problem("api.advertise", p);
+        }
+    }
+
+    fn token(&mut self, name: String, t: &Table) -> Option<Token> {
+        let mut s = Section::new(join("api.tokens", &name), t);
+        let role = self.required_string(&mut s, "role");
+        let secret = self.required_string(&mut s, "token");
+        let at = s.path.clone();
+        self.finish(s);
+        let role = match role.as_deref()? {
+            "client" => Role::Client,
+            "admin" => Role::Admin,
+            other => {
+                self.problem(
+                    join(&at, "role"),
+                    format!("`{other}` is not a role; expected client or admin"),
+                );
+                return None;
+            }
+        };
+        let path = join(&at, "token");
+        let secret = self.interpolate(&path, &secret?);
+        if secret.chars().count() < 16 {
+            // The length of an interpolated secret says little; it is not shown.
+            self.problem(path, "a token must be at least 16 characters");
+            return None;
+        }
+        Some(Token { name, role, secret })
+    }
+}

@@ -1,0 +1,87 @@
+//! What is found in a config that has passed the check: what it allows
+//! but should not ([`warnings`]), and the files it names that this machine
+//! lacks ([`check_files`]).
+
+use crate::problem::Problem;
+use crate::sandbox::AllowedHost;
+use crate::settings::{Password, Settings};
+use crate::walker::join;
+
+/// What a checked config allows but should not have: allow-lists of two
+/// providers that overlap (the same host and port, or a wildcard covering
+/// the other's host). A driver that can reach another provider's cloud can
+/// act on that provider's machines. Each is named at the later provider's
+/// entry, with the earlier one's.
+pub fn warnings(config: &Settings) -> Vec<Problem> {
+    let providers: Vec<(&str, &[AllowedHost])> = (config.pool.providers.iter())
+        .zip(&config.drivers)
+        .map(|(p, d)| (p.name.as_str(), d.allowed_hosts.as_slice()))
+        .collect();
+    let mut out = Vec::new();
+    for (i, (earlier, theirs)) in providers.iter().enumerate() {
+        for (later, mine) in &providers[i + 1..] {
+            for (m, host) in mine.iter().enumerate() {
+                for (t, other) in theirs.iter().enumerate() {
+                    if host.overlaps(other) {
+                        out.push(Problem {
+                            path: format!(
+                                "{}[{m}]",
+                                join(&join("providers", later), "allow-hosts")
+                            ),
+                            message: format!(
+                                "`{host}` overlaps `{other}` of provider {earlier} \
+                                 ({}[{t}]): the drivers of providers {earlier} and {later} \
+                                 can both reach that host, so each could act on the other's \
+                                 machines; providers' allow-lists must not overlap",
+                                join(&join("providers", earlier), "allow-hosts")
+                            ),
+                            location: None,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Problems a checked config has on this machine: driver files or the
+/// store's password file missing.
+pub fn check_files(config: &Settings) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let store_files = config.store.postgres.iter().flat_map(|pg| {
+        let password = match &pg.password {
+            Some(Password::File(file)) => Some(("store.password-file", file)),
+            _ => None,
+        };
+        password
+            .into_iter()
+            .chain(pg.ca_file.iter().map(|f| ("store.ca-file", f)))
+    });
+    for (path, file) in store_files {
+        if let Err(e) = std::fs::File::open(file) {
+            problems.push(Problem {
+                path: path.into(),
+                message: format!("cannot read {}: {e}", file.display()),
+                location: None,
+            });
+        }
+    }
+    for (p, d) in config.pool.providers.iter().zip(&config.drivers) {
+        let shown = d.driver.display();
+        let message = match std::fs::metadata(&d.driver) {
+            Ok(meta) if meta.is_file() => continue,
+            Ok(_) => format!("not a file: {shown}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                format!("no such file: {shown}")
+            }
+            Err(e) => format!("cannot read {shown}: {e}"),
+        };
+        problems.push(Problem {
+            path: join(&join("providers", &p.name), "driver"),
+            message,
+            location: None,
+        });
+    }
+    problems
+}
