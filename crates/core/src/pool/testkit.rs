@@ -766,11 +766,14 @@ impl Harness {
             None => self.cloud.carry_out(self.now, &call.effect),
         };
         let p = effect_provider(&call.effect);
-        if let Outcome::Probed(id, r) = outcome {
-            self.pool.probed(id, r, self.now);
-            self.persist();
-            return;
-        }
+        let outcome = match outcome {
+            Outcome::Probed(id, r) => {
+                self.pool.probed(id, r, self.now);
+                self.persist();
+                return;
+            }
+            called => called,
+        };
         let fp = &mut self.cloud.providers[p.0 as usize];
         fp.in_flight = fp.in_flight.saturating_sub(1);
         if let Some(Failure::Driver(DriverError::RateLimited { retry_after, .. })) =
@@ -795,7 +798,8 @@ impl Harness {
                 self.pool.listed(now, p, call.made, r)
             }
             Outcome::Tagged(id, r) => self.pool.tagged(now, id, r),
-            Outcome::Probed(..) => unreachable!("answered above"),
+            // A probe's outcome returned above; it is not a driver call.
+            Outcome::Probed(..) => {}
         }
         self.persist();
     }
