@@ -675,7 +675,7 @@ async fn churn_child() {
             .await;
         match pending {
             Ok(pending) => break pending,
-            Err(e @ runtime::ServiceError::Standby { .. }) => {
+            Err(e @ runtime::ServiceError::Standby(_)) => {
                 assert!(tokio::time::Instant::now() < taken, "{e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }

@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 pub use auth::Caller;
 pub use telemetry::Telemetry;
 
-use crate::runtime::{Handle, Health, ServiceError, change};
+use crate::runtime::{Handle, Health, Mode, ServiceError, change};
 use berth_core::pool::{Conflict, Idle, ListHealth, NewRequest, NodeId, Refused, RequestId};
 
 pub use berth_client::MAX_WAIT;
@@ -442,7 +442,7 @@ impl From<ServiceError> for ApiError {
                 "store_unavailable",
                 message,
             ),
-            ServiceError::Standby { .. } => {
+            ServiceError::Standby(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "standby", message)
             }
             ServiceError::Refused(Refused::Empty) => ApiError::bad("labels", message),
@@ -661,7 +661,7 @@ async fn readyz(State(api): State<Api>) -> Response {
         ),
     });
     match waiting {
-        Err(e @ ServiceError::Standby { .. }) => {
+        Err(e @ ServiceError::Standby(_)) => {
             let mut e = ApiError::from(e);
             e.message.push_str(held.as_deref().unwrap_or_default());
             e.into_response()
@@ -712,7 +712,7 @@ async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Result<Response>
         Ok(text) => text,
         // Every process serves its own metrics: one standing by, or whose
         // store is out of reach, without the pool's gauges.
-        Err(ServiceError::Standby { .. } | ServiceError::StoreUnavailable(_)) => {
+        Err(ServiceError::Standby(_) | ServiceError::StoreUnavailable(_)) => {
             telemetry.render_alone(api.handle().config(), &providers)
         }
         Err(e) => return Err(e.into()),
@@ -824,18 +824,21 @@ async fn create_request(
         priority,
         wants,
     };
-    let standby = api.handle().standby().filter(|_| api.handle().shared());
-    let (id, view) = if let Some((holder, address)) = standby {
+    let standby = match api.handle().mode() {
+        Mode::Standby(holder) if api.handle().shared() => Some(holder),
+        _ => None,
+    };
+    let (id, view) = if let Some(holder) = standby {
         // Another process holds the pool. Offered to it under an id drawn
         // here; taken here, into the store's inbox under the same id, if
         // it does not answer in time.
         if headers.contains_key(&forward::RELAYED) {
             // Two processes that each think the other holds the pool.
-            return Err(ServiceError::Standby { holder, address }.into());
+            return Err(ServiceError::Standby(holder).into());
         }
         api.handle().check(&caller, &new)?;
         let id = RequestId(rand::random());
-        if let Some(answer) = forward::offer(&api, (&holder, &address), &headers, body, id).await {
+        if let Some(answer) = forward::offer(&api, holder.as_ref(), &headers, body, id).await {
             return Ok(answer);
         }
         let request = api.handle().send_to_inbox(id, new).await?;

@@ -23,7 +23,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::{Api, ApiError};
-use crate::runtime::ServiceError;
+use crate::runtime::{Holder, Mode, ServiceError};
 
 /// Marks a call relayed from a process standing by.
 pub(super) const RELAYED: HeaderName = HeaderName::from_static("x-berth-relayed");
@@ -85,7 +85,7 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
     if !request.uri().path().starts_with("/v1/") {
         return next.run(request).await;
     }
-    let Some((holder, address)) = api.handle().standby() else {
+    let Mode::Standby(holder) = api.handle().mode() else {
         return next.run(request).await;
     };
     // A new request is offered to the holder by the handler, and taken
@@ -96,13 +96,16 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
     {
         return next.run(request).await;
     }
-    let standby = || ServiceError::Standby {
-        holder: holder.clone(),
-        address: address.clone(),
-    };
-    if address.is_empty() || request.headers().contains_key(&RELAYED) {
+    let standby = || ServiceError::Standby(holder.clone());
+    let Some(Holder {
+        name: holder,
+        address,
+    }) = holder
+        .clone()
+        .filter(|h| !h.address.is_empty() && !request.headers().contains_key(&RELAYED))
+    else {
         return ApiError::from(standby()).into_response();
-    }
+    };
     let path = request
         .uri()
         .path_and_query()
@@ -166,12 +169,16 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
 /// then only removed).
 pub(super) async fn offer(
     api: &Api,
-    (holder, address): (&str, &str),
+    holder: Option<&Holder>,
     headers: &axum::http::HeaderMap,
     body: axum::body::Bytes,
     id: berth_core::pool::RequestId,
 ) -> Option<Response> {
     let secret = api.handle().shards()?.peer_secret();
+    let Holder {
+        name: holder,
+        address,
+    } = holder?;
     if address.is_empty() {
         return None;
     }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::ServiceError;
+use super::mode::ServiceError;
 use berth_core::pool::{Idle, NewRequest, NodeId, Pool, RequestId, Time};
 
 /// Who asks: a client, acting only as the requestor of its name, or an

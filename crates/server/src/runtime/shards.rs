@@ -47,7 +47,7 @@ use berth_core::driver::{Call as Which, CreateSpec, Instance, Tags};
 use berth_plugin::{CallError, CallErrorKind, Deletion, Gate};
 use berth_store::{Lease, PgShards, Roster};
 
-use super::Observer;
+use super::observer::Observer;
 use super::providers::{BoxFuture, Cloud, Providers};
 use super::wire::{self, Answer};
 

@@ -5,15 +5,20 @@
 //! sleep that hopes.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use super::observer::Deaf;
 use super::*;
-use berth_config::{Label, LabelIx, LabelKind, Offer, Provider, Timings};
+use berth_config::{Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, Timings};
 use berth_core::driver::{
     Addresses, Call, CapacityScope, Connection, CreateSpec, DriverError, InstanceState,
 };
+use berth_core::driver::{Instance, Tags};
+use berth_core::pool::{NewRequest, Pool, Time};
 use berth_core::pool::{NodeState, RequestState};
 use berth_plugin::Deletion;
+use berth_plugin::{CallError, CallErrorKind};
 use berth_store::SqliteStore;
 
 /// Where every test's wall clock starts.
@@ -151,10 +156,7 @@ fn start(fake: &Arc<Fake>, lease_ttl: Duration) -> Service {
         clock: Clock::starting_at(T0),
         observer: Arc::new(Deaf),
         gate: Arc::new(berth_plugin::Gate::always()),
-        standby: None,
-        shards: None,
-        beating: None,
-        inbox: None,
+        backend: Backend::Embedded,
     };
     Service::spawn(Pool::new(config, 7), parts)
 }

@@ -1,0 +1,210 @@
+//! The effects the core asks for, carried out on tasks of their own:
+//! driver calls (checked before the pool sees their answer) and readiness
+//! probes, whose outcomes come back to the pool's task.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use berth_config::ProviderIx;
+use berth_core::driver::check::{self, BadAnswer};
+use berth_core::driver::{Instance, POOL_TAG, Tags};
+use berth_core::pool::{DriverCall, Failure, NodeId, Probe, Time};
+use berth_plugin::{CallError, CallErrorKind};
+
+use super::clock::Clock;
+use super::observer::Observer;
+use super::providers::{Cloud, Providers};
+use super::shards::Shards;
+
+/// What came back from outside the pool's task.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "an outcome moves once through a channel; boxing it would add an allocation per call"
+)]
+pub(super) enum Outcome {
+    /// A driver call ended. As many as there are calls in flight, which the
+    /// core bounds.
+    Called(Called),
+    /// A readiness probe ended (not a driver call: not counted in flight).
+    Probed(NodeId, Result<Vec<String>, String>),
+}
+
+/// What a driver call brought back.
+pub(super) enum Called {
+    Created(NodeId, Result<Instance, Failure>),
+    Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
+    Listed(ProviderIx, Time, Result<Vec<Instance>, Failure>),
+    Tagged(NodeId, Result<(), Failure>),
+}
+
+pub(super) fn failure(e: CallError) -> Failure {
+    match e.kind {
+        CallErrorKind::Driver(d) => Failure::Driver(d),
+        CallErrorKind::PeerLost(_) => Failure::Unknown(e.to_string()),
+        _ => Failure::Host(e.to_string()),
+    }
+}
+
+/// Makes one readiness probe on its own task; the outcome comes back as an
+/// event. Not a driver call: the stop does not wait for it, and a pool that
+/// stood by meanwhile never hears it.
+pub(super) fn probe(
+    probe: Probe,
+    providers: &Arc<Providers>,
+    outcomes: mpsc::UnboundedSender<Outcome>,
+    observer: Arc<dyn Observer>,
+) {
+    let Probe {
+        provider,
+        node,
+        instance,
+        target,
+    } = probe;
+    let providers = providers.clone();
+    tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let r = providers.prober().probe(provider, &target).await;
+        let name = providers.name(provider);
+        let check = target.check;
+        observer.probed(
+            name,
+            check,
+            r.as_ref().map(|_| ()).map_err(String::as_str),
+            started.elapsed(),
+        );
+        if let Err(why) = &r {
+            tracing::debug!(provider = name, %node, %instance, check = check.as_str(), error = %why, "not ready yet");
+        }
+        let _ = outcomes.send(Outcome::Probed(node, r));
+    });
+}
+
+/// Carries out one driver call on its own task; the outcome comes back as
+/// an event.
+pub(super) fn call(
+    call: DriverCall,
+    providers: &Arc<Providers>,
+    route: Option<(Arc<Shards>, i64)>,
+    pool_id: &str,
+    clock: Clock,
+    outcomes: mpsc::UnboundedSender<Outcome>,
+    observer: Arc<dyn Observer>,
+) {
+    let p = call.provider();
+    let providers = providers.clone();
+    let name: Arc<str> = providers_name(&providers, p);
+    let pool_id = pool_id.to_owned();
+    tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let what = call.name();
+        let heard = |r: Result<(), &CallError>| {
+            observer.call(&name, what, r, started.elapsed());
+        };
+        // A provider still starting is waited for; one whose start failed
+        // fails the call at once, and the core treats it as any failed call.
+        // With the providers shared out, the call goes to the provider's
+        // holder (this process or another).
+        let provider = match route {
+            Some((shards, epoch)) => Ok(shards.cloud(p, providers.clone(), epoch)),
+            None => providers.get(p).await,
+        };
+        let called = match provider {
+            Ok(provider) => make(call, &*provider, &name, &pool_id, clock, &observer, heard).await,
+            Err(why) => {
+                let e = CallError {
+                    provider: name.clone(),
+                    call: what,
+                    kind: CallErrorKind::NotStarted(why),
+                };
+                heard(Err(&e));
+                let failed = failure(e);
+                match call {
+                    DriverCall::Create { node, .. } => Called::Created(node, Err(failed)),
+                    DriverCall::Delete { node, instance, .. } => {
+                        Called::Deleted(p, node, instance, Err(failed))
+                    }
+                    DriverCall::List { .. } => Called::Listed(p, clock.now(), Err(failed)),
+                    DriverCall::SetTags { node, .. } => Called::Tagged(node, Err(failed)),
+                }
+            }
+        };
+        // The pool may have stopped; its stored intents cover the outcome.
+        let _ = outcomes.send(Outcome::Called(called));
+    });
+}
+
+/// Makes `call` on `provider`'s driver, and checks what it answers before
+/// the pool sees it.
+pub(super) async fn make(
+    call: DriverCall,
+    provider: &dyn Cloud,
+    name: &str,
+    pool_id: &str,
+    clock: Clock,
+    observer: &Arc<dyn Observer>,
+    heard: impl Fn(Result<(), &CallError>),
+) -> Called {
+    let refused = |r: &[BadAnswer]| {
+        if !r.is_empty() {
+            tracing::warn!(
+                provider = %name,
+                count = r.len(),
+                first = %r[0],
+                "refused what the driver answered: the pool acts as if it had not been said"
+            );
+            observer.refused(name, r);
+        }
+    };
+    match call {
+        DriverCall::Create { node, spec, .. } => {
+            let r = provider.create(spec).await;
+            heard(r.as_ref().map(|_| ()));
+            let r = r
+                .map_err(failure)
+                .and_then(|inst| match check::instance(&inst) {
+                    Ok(()) => Ok(inst),
+                    Err(bad) => {
+                        refused(std::slice::from_ref(&bad));
+                        Err(Failure::Host(format!("the driver answered {bad}")))
+                    }
+                });
+            Called::Created(node, r)
+        }
+        DriverCall::Delete {
+            provider: p,
+            node,
+            instance,
+        } => {
+            let r = provider.delete(&instance).await;
+            heard(r.as_ref().map(|_| ()));
+            Called::Deleted(p, node, instance, r.map(|_| ()).map_err(failure))
+        }
+        DriverCall::List { provider: p } => {
+            let listed_from = clock.now();
+            let filter: Tags = [(POOL_TAG.to_owned(), pool_id.to_owned())].into();
+            let r = provider.list(filter).await;
+            heard(r.as_ref().map(|_| ()));
+            let r = r.map_err(failure).map(|all| {
+                let (kept, bad) = check::listing(all);
+                refused(&bad);
+                kept
+            });
+            Called::Listed(p, listed_from, r)
+        }
+        DriverCall::SetTags {
+            node,
+            instance,
+            tags,
+            ..
+        } => {
+            let r = provider.set_tags(&instance, tags).await;
+            heard(r.as_ref().map(|_| ()));
+            Called::Tagged(node, r.map_err(failure))
+        }
+    }
+}
+
+pub(super) fn providers_name(providers: &Providers, p: ProviderIx) -> Arc<str> {
+    providers.name(p).into()
+}
