@@ -400,6 +400,37 @@ mod tests {
         assert_eq!(rfc3339(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
     }
 
+    /// `as_str` is what the server writes, serde what clients read: both
+    /// must spell every code the same.
+    #[test]
+    fn error_codes_spell_as_serde_does() {
+        let all = [
+            ErrorCode::BadRequest,
+            ErrorCode::Unauthorized,
+            ErrorCode::Forbidden,
+            ErrorCode::NotFound,
+            ErrorCode::MethodNotAllowed,
+            ErrorCode::BodyTimeout,
+            ErrorCode::Conflict,
+            ErrorCode::TooLarge,
+            ErrorCode::UnsupportedMediaType,
+            ErrorCode::UnknownLabel,
+            ErrorCode::UnknownProvider,
+            ErrorCode::Unsatisfiable,
+            ErrorCode::Stopping,
+            ErrorCode::Busy,
+            ErrorCode::NotReady,
+            ErrorCode::StoreUnwritable,
+            ErrorCode::StoreUnavailable,
+            ErrorCode::Standby,
+            ErrorCode::Internal,
+        ];
+        for code in all {
+            let json = serde_json::to_string(&code).unwrap();
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+        }
+    }
+
     #[test]
     fn a_new_request_refuses_unknown_fields() {
         let e =
@@ -455,4 +486,40 @@ pub enum ErrorCode {
     StoreUnavailable,
     Standby,
     Internal,
+}
+
+impl ErrorCode {
+    /// The code as an error body spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::BodyTimeout => "body_timeout",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::UnknownLabel => "unknown_label",
+            ErrorCode::UnknownProvider => "unknown_provider",
+            ErrorCode::Unsatisfiable => "unsatisfiable",
+            ErrorCode::Stopping => "stopping",
+            ErrorCode::Busy => "busy",
+            ErrorCode::NotReady => "not_ready",
+            ErrorCode::StoreUnwritable => "store_unwritable",
+            ErrorCode::StoreUnavailable => "store_unavailable",
+            ErrorCode::Standby => "standby",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// Whether the same call is worth making again in a moment, unchanged
+    /// (the answer carries `Retry-After`).
+    pub fn try_again_soon(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::Busy | ErrorCode::StoreUnavailable | ErrorCode::Standby
+        )
+    }
 }

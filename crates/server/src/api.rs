@@ -30,6 +30,7 @@ pub use auth::Caller;
 pub use telemetry::Telemetry;
 
 use crate::runtime::{Handle, Health, Mode, ServiceError, change};
+use berth_client::types::ErrorCode;
 use berth_core::pool::{Conflict, Idle, ListHealth, NewRequest, NodeId, Refused, RequestId};
 
 pub use berth_client::MAX_WAIT;
@@ -161,7 +162,7 @@ async fn no_query_where_none_is_taken(
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         format!(
             "{method} is not allowed on {}; see /openapi.json",
             uri.path()
@@ -217,7 +218,7 @@ async fn bounded_body(
             field: Some("body".into()),
             ..ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
+                ErrorCode::TooLarge,
                 format!("body: larger than the {MAX_BODY} bytes any request of this API needs"),
             )
         })
@@ -244,7 +245,7 @@ async fn bounded_body(
             field: Some("Content-Type".into()),
             ..ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ErrorCode::UnsupportedMediaType,
                 match sent {
                     Some(t) => format!("Content-Type: `{t}`; bodies are application/json"),
                     None => "Content-Type: missing; bodies are application/json".to_owned(),
@@ -259,7 +260,7 @@ async fn bounded_body(
                 field: Some("body".into()),
                 ..ApiError::new(
                     StatusCode::REQUEST_TIMEOUT,
-                    "body_timeout",
+                    ErrorCode::BodyTimeout,
                     format!("body: not received whole within {within:?} (body-timeout)"),
                 )
             })
@@ -336,15 +337,19 @@ async fn errors_as_json(req: axum::extract::Request, next: axum::middleware::Nex
     };
     let e = match status {
         StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::TooLarge, message)
         }
         s if s.is_server_error() => ApiError {
             status,
-            ..ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            ..ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                message,
+            )
         },
         _ => ApiError {
             status,
-            ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+            ..ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
         },
     };
     let mut r = e.into_response();
@@ -360,13 +365,13 @@ async fn errors_as_json(req: axum::extract::Request, next: axum::middleware::Nex
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
     field: Option<String>,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             code,
@@ -380,22 +385,22 @@ impl ApiError {
         let message = format!("{field}: {}", message.into());
         ApiError {
             field: Some(field),
-            ..ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+            ..ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
         }
     }
 
     fn not_found(what: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", what)
+        ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, what)
     }
 
     fn forbidden(what: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::FORBIDDEN, "forbidden", what)
+        ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Forbidden, what)
     }
 
     fn stopping() -> ApiError {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "stopping",
+            ErrorCode::Stopping,
             "berth is shutting down; try again once it is back",
         )
     }
@@ -405,7 +410,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = types::ErrorBody {
             error: types::ErrorDetail {
-                code: self.code.to_owned(),
+                code: self.code.as_str().to_owned(),
                 message: self.message,
                 field: self.field,
             },
@@ -417,7 +422,7 @@ impl IntoResponse for ApiError {
                 header::HeaderValue::from_static("Bearer realm=\"berth\""),
             );
         }
-        if matches!(self.code, "busy" | "store_unavailable" | "standby") {
+        if self.code.try_again_soon() {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }
@@ -432,28 +437,34 @@ impl From<ServiceError> for ApiError {
             ServiceError::Stopped => ApiError::stopping(),
             ServiceError::Forbidden(m) => ApiError::forbidden(m),
             ServiceError::Busy(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Busy, message)
             }
-            ServiceError::StoreFailed(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unwritable", message)
-            }
+            ServiceError::StoreFailed(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::StoreUnwritable,
+                message,
+            ),
             ServiceError::StoreUnavailable(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
+                ErrorCode::StoreUnavailable,
                 message,
             ),
             ServiceError::Standby(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "standby", message)
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Standby, message)
             }
             ServiceError::Refused(Refused::Empty) => ApiError::bad("labels", message),
             ServiceError::Refused(Refused::DuplicateLabel(_)) => ApiError::bad("labels", message),
-            ServiceError::Refused(Refused::TooMany { .. }) => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unsatisfiable", message)
-            }
+            ServiceError::Refused(Refused::TooMany { .. }) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorCode::Unsatisfiable,
+                message,
+            ),
             ServiceError::Conflict(Conflict::NoSuchNode | Conflict::NoSuchRequest) => {
                 ApiError::not_found(message)
             }
-            ServiceError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
+            ServiceError::Conflict(_) => {
+                ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message)
+            }
         }
     }
 }
@@ -592,7 +603,7 @@ async fn readyz(State(api): State<Api>) -> Response {
     if let Some(late) = api.handle().lease_uncertain() {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
+            ErrorCode::StoreUnavailable,
             format!(
                 "the pool's lease has not been renewed for {:.1}s past the time it was certain: \
                  the database does not answer, and this process calls no cloud until it does",
@@ -644,7 +655,7 @@ async fn readyz(State(api): State<Api>) -> Response {
     let Ok(waiting) = tokio::time::timeout(READYZ_WAIT, waiting).await else {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "busy",
+            ErrorCode::Busy,
             format!(
                 "the pool's task has not answered for {}s: it is waiting on its store or overloaded",
                 READYZ_WAIT.as_secs()
@@ -677,7 +688,7 @@ async fn readyz(State(api): State<Api>) -> Response {
         },
         Ok(w) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
+            ErrorCode::NotReady,
             format!(
                 "providers not ready: {}; nothing is created on a provider until it has been listed",
                 w.join("; ")
@@ -799,7 +810,7 @@ async fn create_request(
                 field: Some(field),
                 ..ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
-                    "unknown_label",
+                    ErrorCode::UnknownLabel,
                     format!("no label `{name}`; labels are {}", known.join(", ")),
                 )
             });
@@ -1076,7 +1087,7 @@ where
     F: std::future::Future<Output = Result<T>>,
 {
     match look().await {
-        Err(e) if e.code == "not_found" && api.handle().shared() => {
+        Err(e) if e.code == ErrorCode::NotFound && api.handle().shared() => {
             api.handle().take_in().await?;
             look().await
         }

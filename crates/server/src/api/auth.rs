@@ -7,6 +7,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 
 use super::ApiError;
 pub use crate::runtime::Caller;
+use berth_client::types::ErrorCode;
 use berth_config::{Role, Token};
 
 /// The caller a request's `Authorization: Bearer …` header names.
@@ -16,8 +17,13 @@ pub(super) fn authenticate(tokens: &[Token], headers: &HeaderMap) -> Result<Call
             name: "anonymous".into(),
         });
     }
-    let unauthorized =
-        |message: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message.to_owned());
+    let unauthorized = |message: &str| {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::Unauthorized,
+            message.to_owned(),
+        )
+    };
     let value = headers
         .get(header::AUTHORIZATION)
         .ok_or_else(|| unauthorized("send `Authorization: Bearer <token>`"))?;

@@ -24,6 +24,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::{Api, ApiError};
 use crate::runtime::{Holder, Mode, ServiceError};
+use berth_client::types::ErrorCode;
 
 /// Marks a call relayed from a process standing by.
 pub(super) const RELAYED: HeaderName = HeaderName::from_static("x-berth-relayed");
@@ -132,7 +133,7 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
             tracing::warn!(%holder, %address, "the pool changed hands while a call was relayed to its old holder");
             return ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "standby",
+                ErrorCode::Standby,
                 format!(
                     "the pool changed hands while this call was relayed to {holder} ({address}), \
                      which did not answer; whether it was carried out is not known: look before \
@@ -148,7 +149,7 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
             tracing::warn!(%holder, %address, error = %e, "could not relay a call to the pool's holder");
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "standby",
+                ErrorCode::Standby,
                 format!(
                     "this berth process stands by, and the pool's holder {holder} ({address}) \
                      did not answer ({e}); nothing was changed here; try again shortly"

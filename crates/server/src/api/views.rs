@@ -8,6 +8,7 @@ use super::types::{self, rfc3339};
 use super::{ApiError, Caller, Telemetry, no_other_params};
 use crate::runtime::{Health, LoadedDriver, Providers};
 use axum::http::StatusCode;
+use berth_client::types::ErrorCode;
 use berth_config::{Config, LabelIx, LabelKind, ProviderIx};
 use berth_core::pool::{
     ListHealth, Node, NodeId, NodeState, Packing, Pool, Request, RequestId, RequestState,
@@ -225,7 +226,7 @@ impl NodeFilter {
                 field: Some("label".into()),
                 ..ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
-                    "unknown_label",
+                    ErrorCode::UnknownLabel,
                     format!("no label `{l}`"),
                 )
             })?),
@@ -236,7 +237,7 @@ impl NodeFilter {
                 field: Some("provider".into()),
                 ..ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
-                    "unknown_provider",
+                    ErrorCode::UnknownProvider,
                     format!("no provider `{p}`"),
                 )
             })?),
