@@ -232,9 +232,10 @@ impl Pool {
             }
         });
         let result = match (result, wrong) {
-            (Ok(_), Some(what)) => Err(Failure::Host(format!(
-                "the driver answered this create with {what}"
-            ))),
+            (Ok(_), Some(what)) => Err(Failure::host(
+                HostFailureKind::BadAnswer,
+                format!("the driver answered this create with {what}"),
+            )),
             (result, _) => result,
         };
         match result {

@@ -401,9 +401,10 @@ pub struct NewRequest {
 pub enum Failure {
     /// The driver answered with a typed error.
     Driver(DriverError),
-    /// The host could not get an answer: a trap, a deadline, a driver that
-    /// would not start. The call may or may not have reached the cloud.
-    Host(String),
+    /// The host could not get an answer it could use: a trap, a deadline,
+    /// a driver that would not start, an answer that failed berth's checks.
+    /// The call may or may not have reached the cloud.
+    Host(HostFailure),
     /// The call was handed on to be carried out (another berth process
     /// holds the provider) and its answer was lost: it may well have been
     /// carried out. A create that ends so is not made again, here or on
@@ -416,9 +417,44 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Failure::Driver(e) => write!(f, "{e}"),
-            Failure::Host(m) | Failure::Unknown(m) => f.write_str(m),
+            Failure::Host(h) => f.write_str(&h.message),
+            Failure::Unknown(m) => f.write_str(m),
         }
     }
+}
+
+impl Failure {
+    /// A host failure of `kind`, said in `message`.
+    pub fn host(kind: HostFailureKind, message: impl Into<String>) -> Failure {
+        Failure::Host(HostFailure {
+            kind,
+            message: message.into(),
+        })
+    }
+}
+
+/// Why the host got no answer it could use from a driver call: its kind,
+/// for decisions and counts, and the source error in words (the core does
+/// not know the sandbox's error types).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostFailure {
+    pub kind: HostFailureKind,
+    pub message: String,
+}
+
+/// The kinds of [`HostFailure`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostFailureKind {
+    /// The driver instance trapped (a deadline, its memory cap, a panic, a
+    /// crash) or could not be started or configured.
+    Trap,
+    /// The provider's driver has not started, or has stopped.
+    NotStarted,
+    /// The driver answered, and the answer failed berth's checks.
+    BadAnswer,
+    /// Another berth process was to carry the call out, and did not take it
+    /// or failed before anything was sent to the cloud.
+    Peer,
 }
 
 /// What the core wants done outside itself: a driver call, or a readiness

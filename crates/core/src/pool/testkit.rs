@@ -495,7 +495,7 @@ pub(super) fn capacity(ty: &str) -> Failure {
 }
 
 pub(super) fn trap() -> Failure {
-    Failure::Host("driver trapped: unreachable".into())
+    Failure::host(HostFailureKind::Trap, "driver trapped: unreachable")
 }
 
 /// What kind of instance a test plants in the cloud behind berth's back.
@@ -788,7 +788,7 @@ impl Harness {
             Outcome::Created(id, r) => {
                 let r = r.and_then(|i| match crate::driver::check::instance(&i) {
                     Ok(()) => Ok(i),
-                    Err(bad) => Err(Failure::Host(bad.to_string())),
+                    Err(bad) => Err(Failure::host(HostFailureKind::BadAnswer, bad.to_string())),
                 });
                 self.pool.created(now, id, r)
             }

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use berth_config::ProviderIx;
 use berth_core::driver::check::{self, BadAnswer};
 use berth_core::driver::{Instance, POOL_TAG, Tags};
-use berth_core::pool::{DriverCall, Failure, NodeId, Probe, Time};
+use berth_core::pool::{DriverCall, Failure, HostFailureKind, NodeId, Probe, Time};
 use berth_plugin::{CallError, CallErrorKind};
 
 use super::clock::Clock;
@@ -39,11 +39,14 @@ pub(super) enum Called {
 }
 
 pub(super) fn failure(e: CallError) -> Failure {
-    match e.kind {
-        CallErrorKind::Driver(d) => Failure::Driver(d),
-        CallErrorKind::PeerLost(_) => Failure::Unknown(e.to_string()),
-        _ => Failure::Host(e.to_string()),
-    }
+    let kind = match e.kind {
+        CallErrorKind::Driver(d) => return Failure::Driver(d),
+        CallErrorKind::PeerLost(_) => return Failure::Unknown(e.to_string()),
+        CallErrorKind::Trap(_) | CallErrorKind::Start(_) => HostFailureKind::Trap,
+        CallErrorKind::NotStarted(_) | CallErrorKind::Stopped => HostFailureKind::NotStarted,
+        CallErrorKind::Peer(_) => HostFailureKind::Peer,
+    };
+    Failure::host(kind, e.to_string())
 }
 
 /// Makes one readiness probe on its own task; the outcome comes back as an
@@ -166,7 +169,10 @@ pub(super) async fn make(
                     Ok(()) => Ok(inst),
                     Err(bad) => {
                         refused(std::slice::from_ref(&bad));
-                        Err(Failure::Host(format!("the driver answered {bad}")))
+                        Err(Failure::host(
+                            HostFailureKind::BadAnswer,
+                            format!("the driver answered {bad}"),
+                        ))
                     }
                 });
             Called::Created(node, r)
