@@ -16,3 +16,4 @@ pub mod embedded;
 pub mod metrics;
 pub mod runtime;
 pub mod serve;
+pub mod telemetry;

@@ -2,7 +2,7 @@
 //! metrics and writes them out for `/metrics` in the OpenMetrics text format:
 //! the latency buckets, an `f64` gauge, registration and the content type.
 //!
-//! The crate's conventions, which [`crate::api::Telemetry`] follows: a
+//! The crate's conventions, which [`crate::telemetry::Telemetry`] follows: a
 //! counter is registered without the `_total` its samples carry, a help text
 //! without its final full stop (both are added when written out), and a
 //! family with no children yet is left out. Children of a family come out in

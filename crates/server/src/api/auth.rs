@@ -5,7 +5,7 @@
 
 use axum::http::{HeaderMap, StatusCode, header};
 
-use super::ApiError;
+use super::error::ApiError;
 pub use crate::runtime::Caller;
 use berth_client::types::ErrorCode;
 use berth_config::{Role, Token};

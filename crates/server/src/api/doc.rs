@@ -7,10 +7,13 @@
 
 use std::sync::LazyLock;
 
-use super::types::ErrorBody;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::responses::{TakesNoQuery, Unauthorized, Unavailable};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{self, OpenApi as Document};
-use utoipa::{Modify, OpenApi, ToResponse};
+use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -39,38 +42,13 @@ impl Modify for BearerAuth {
     }
 }
 
-// Answers many operations share, described once (`#/components/responses`).
-// Only their schemas are read, so the types are never built.
-
-/// No valid bearer token (code `unauthorized`).
-#[derive(ToResponse)]
-#[response(
-    description = "No valid bearer token (code `unauthorized`). Carries `WWW-Authenticate: Bearer realm=\"berth\"`.",
-    headers(("WWW-Authenticate" = String, description = "Always `Bearer realm=\"berth\"`."))
-)]
-#[allow(dead_code)]
-pub(super) struct Unauthorized(ErrorBody);
-
-/// A query parameter sent to an operation that takes none.
-#[derive(ToResponse)]
-#[response(
-    description = "A query parameter: this operation takes none (code `bad_request`, `field` the parameter)."
-)]
-#[allow(dead_code)]
-pub(super) struct TakesNoQuery(ErrorBody);
-
-/// The pool cannot take the call now: every operation that reaches it.
-#[derive(ToResponse)]
-#[response(
-    description = "berth is shutting down (code `stopping`), its store could not be written (code `store_unwritable`), its PostgreSQL store is out of reach (code `store_unavailable`, with `Retry-After: 1`), this process stands by and the pool's holder could not be reached or is changing hands (code `standby`, with `Retry-After: 1`), or its command queue is full (code `busy`, with `Retry-After: 1`); try again shortly."
-)]
-#[allow(dead_code)]
-pub(super) struct Unavailable(ErrorBody);
-
 /// Every route with its handler, and what each is documented to take and
 /// answer.
-pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<super::Api> {
-    use super::*;
+pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<super::state::Api> {
+    use super::health::*;
+    use super::nodes::*;
+    use super::pool::*;
+    use super::requests::*;
     use utoipa_axum::routes;
     utoipa_axum::router::OpenApiRouter::with_openapi(Info::openapi())
         .routes(routes!(healthz))
@@ -111,4 +89,64 @@ pub(super) fn operations(
     ]
     .into_iter()
     .filter_map(|(m, op)| op.as_ref().map(|op| (m, op)))
+}
+
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "openapi",
+    tag = "health",
+    summary = "This document",
+    security(()),
+    extensions(("x-berth-roles" = json!([]))),
+    responses(
+        (status = 200, description = "This OpenAPI document.", body = Object),
+        (status = 400, response = TakesNoQuery)
+    )
+)]
+pub(super) async fn openapi() -> Response {
+    axum::Json(document()).into_response()
+}
+
+/// The operations that take no query parameters, read from the generated
+/// OpenAPI document: a parameter sent to one of them is a mistake worth a
+/// 400, not something to ignore. Operations that take parameters check them
+/// themselves.
+pub(super) fn takes_no_query(method: &axum::http::Method, path: &str) -> bool {
+    use utoipa::openapi::path::ParameterIn;
+    static NONE: std::sync::LazyLock<std::collections::HashSet<(&str, &str)>> =
+        std::sync::LazyLock::new(|| {
+            let mut none = std::collections::HashSet::new();
+            for (path, item) in &document().paths.paths {
+                for (method, op) in operations(item) {
+                    let query = op
+                        .parameters
+                        .iter()
+                        .flatten()
+                        .any(|p| matches!(p.parameter_in, ParameterIn::Query));
+                    if !query {
+                        none.insert((method, path.as_str()));
+                    }
+                }
+            }
+            none
+        });
+    NONE.contains(&(method.as_str(), path))
+}
+
+pub(super) async fn no_query_where_none_is_taken(
+    path: axum::extract::MatchedPath,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(q) = req.uri().query()
+        && let Some(name) = q
+            .split('&')
+            .map(|kv| kv.split('=').next().unwrap_or(""))
+            .find(|k| !k.is_empty())
+        && takes_no_query(req.method(), path.as_str())
+    {
+        return ApiError::bad(name, "unknown parameter; this takes none").into_response();
+    }
+    next.run(req).await
 }

@@ -18,11 +18,9 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
-use super::{Api, ApiError};
+use super::error::ApiError;
+use super::state::Api;
 use crate::runtime::{Holder, Mode, ServiceError};
 use berth_client::types::ErrorCode;
 
@@ -38,27 +36,6 @@ pub(super) const REQUEST_ID: HeaderName = HeaderName::from_static("x-berth-reque
 /// inbox instead. A hand-out takes milliseconds; a holder this late is
 /// stalled, stopped or gone.
 const PATIENCE: Duration = Duration::from_millis(250);
-
-/// How long connecting to the holder may take before the call is answered
-/// 503: the holder's host is down, and a new holder is coming.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The HTTP client that relays calls; one per API, keeping connections to
-/// the holder open.
-pub(super) struct Relay {
-    client: Client<HttpConnector, Body>,
-}
-
-impl Relay {
-    pub(super) fn new() -> Relay {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_nodelay(true);
-        Relay {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-        }
-    }
-}
 
 /// Headers that belong to one connection, not to the call (RFC 9110
 /// section 7.6.1), and `host`, which is the holder's own.

@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::Api;
+use super::state::Api;
 use crate::runtime::shards::{self, PEER_HEADER};
 
 pub(super) async fn calls(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {

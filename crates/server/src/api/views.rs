@@ -2,13 +2,16 @@
 //! node's addresses and connection details are shown only to an admin or to
 //! the requestor holding it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use super::types::{self, rfc3339};
-use super::{ApiError, Caller, Telemetry, no_other_params};
+use super::auth::Caller;
+use super::edge::no_other_params;
+use super::error::ApiError;
 use crate::runtime::{Health, LoadedDriver, Providers};
+use crate::telemetry::Telemetry;
 use axum::http::StatusCode;
 use berth_client::types::ErrorCode;
+use berth_client::types::{self, rfc3339};
 use berth_config::{Config, LabelIx, LabelKind, ProviderIx};
 use berth_core::pool::{
     ListHealth, Node, NodeId, NodeState, Packing, Pool, Request, RequestId, RequestState,
@@ -446,15 +449,4 @@ pub(super) fn drivers(loaded: &[LoadedDriver]) -> Vec<types::Driver> {
             }
         })
         .collect()
-}
-
-/// Live nodes counted by (label, provider, state), for metrics.
-pub(super) fn node_counts(pool: &Pool) -> HashMap<(LabelIx, ProviderIx, &'static str), u64> {
-    let mut counts = HashMap::new();
-    for n in pool.nodes() {
-        *counts
-            .entry((n.label, n.provider, n.state.name()))
-            .or_default() += 1;
-    }
-    counts
 }

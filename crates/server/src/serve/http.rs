@@ -40,7 +40,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
-use crate::api::Telemetry;
+use crate::telemetry::Telemetry;
 
 /// How long a stop waits for answers in progress.
 pub const STOP_WAIT: Duration = Duration::from_secs(10);

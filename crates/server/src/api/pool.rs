@@ -1,0 +1,153 @@
+//! `/v1/labels`, `/v1/providers`, `/v1/drivers`, and the requestor's
+//! lease (`/v1/lease`).
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+
+use super::edge::{json, no_other_params};
+use super::error::Result;
+use super::state::Api;
+use super::{responses, views};
+use crate::runtime::change;
+use berth_client::types::{self};
+
+// ---- configuration and health ----------------------------------------------
+
+#[utoipa::path(
+    get,
+    path = "/v1/labels",
+    operation_id = "labels",
+    tag = "config",
+    summary = "Configured labels",
+    description = "Every configured label with what the pool has of it now.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    responses(
+        (status = 200, description = "The labels, in configuration order.", body = [types::Label]),
+        (status = 400, response = responses::TakesNoQuery),
+        (status = 401, response = responses::Unauthorized),
+        (status = 503, response = responses::Unavailable)
+    )
+)]
+pub(super) async fn labels(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
+    api.caller(&headers)?;
+    let list = api.handle().inspect(views::labels).await?;
+    Ok(json(StatusCode::OK, list))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/providers",
+    operation_id = "providers",
+    tag = "config",
+    summary = "Configured providers",
+    description = "Every configured provider with its limits, usage and health.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    responses(
+        (status = 200, description = "The providers, in configuration order.", body = [types::Provider]),
+        (status = 400, response = responses::TakesNoQuery),
+        (status = 401, response = responses::Unauthorized),
+        (status = 503, response = responses::Unavailable)
+    )
+)]
+pub(super) async fn providers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
+    api.caller(&headers)?;
+    let telemetry = api.inner.telemetry.clone();
+    let providers = api.handle().providers().clone();
+    let mut list = api
+        .handle()
+        .inspect(move |pool| views::providers(pool, &telemetry, &providers))
+        .await?;
+    // Each provider's lease, as this process (the pool's holder) last read
+    // it: the process that carries out the provider's calls.
+    if let Some(shards) = api.handle().shards() {
+        let roster = shards.roster();
+        for (p, lease) in list.iter_mut().zip(&roster.providers) {
+            let Some(lease) = lease else { continue };
+            p.holder = Some(lease.holder.clone());
+            p.lease_expires = lease
+                .expires
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| types::rfc3339(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+                .ok();
+        }
+    }
+    Ok(json(StatusCode::OK, list))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/drivers",
+    operation_id = "drivers",
+    tag = "config",
+    summary = "Loaded drivers",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    responses(
+        (status = 200, description = "The loaded drivers.", body = [types::Driver]),
+        (status = 400, response = responses::TakesNoQuery),
+        (status = 401, response = responses::Unauthorized)
+    )
+)]
+pub(super) async fn drivers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
+    api.caller(&headers)?;
+    Ok(json(
+        StatusCode::OK,
+        views::drivers(&api.handle().drivers()),
+    ))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/lease",
+    operation_id = "renew_lease",
+    tag = "requests",
+    summary = "Renew a lease (heartbeat)",
+    description = "Renews the requestor's lease until now plus `api.lease-ttl`. A requestor that lets its lease expire has its pending requests failed and its nodes in use taken back. A client renews only its own lease. No body.",
+    security(("bearerAuth" = [])),
+    extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    params(
+        ("requestor" = Option<String>, Query, description = "Whose lease; default the token's name. Only an admin may name another.")
+    ),
+    responses(
+        (status = 200, description = "The renewed lease.", body = types::Lease),
+        (status = 400, description = "An unknown parameter (code `bad_request`, `field` set).", body = types::ErrorBody),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, description = "A client token named a requestor other than itself (code `forbidden`).", body = types::ErrorBody),
+        (status = 503, response = responses::Unavailable)
+    )
+)]
+pub(super) async fn renew_lease(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response> {
+    let caller = api.caller(&headers)?;
+    api.refuse_if_stopping()?;
+    no_other_params(&q, &["requestor"])?;
+    let requestor = q
+        .get("requestor")
+        .cloned()
+        .unwrap_or_else(|| caller.name().to_owned());
+    let ttl = api.handle().config().lease_ttl;
+    let change = change::Renew {
+        requestor: requestor.clone(),
+        ttl,
+    };
+    let expires = api
+        .handle()
+        .act(caller, change, |_, expires| expires)
+        .await?;
+    Ok(json(
+        StatusCode::OK,
+        types::Lease {
+            requestor,
+            expires: types::rfc3339(expires.as_millis()),
+            ttl_seconds: ttl.as_secs(),
+        },
+    ))
+}

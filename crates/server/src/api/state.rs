@@ -1,0 +1,112 @@
+//! What every handler shares: the pool's handle, the telemetry, the
+//! `[api]` settings, whether the service is stopping, the relay.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::auth;
+use super::auth::Caller;
+use super::error::{ApiError, Result};
+use crate::runtime::Handle;
+use crate::telemetry::Telemetry;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct Api {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    pub(super) handle: Handle,
+    pub(super) telemetry: Arc<Telemetry>,
+    /// `[api]`: tokens and limits.
+    pub(super) settings: berth_config::Api,
+    pub(super) stopping: AtomicBool,
+    /// Passes calls to the pool's holder while this process stands by.
+    pub(super) relay: Relay,
+    /// Long-polls that may wait at once: fewer than the connections the
+    /// server takes, so that clients waiting on their requests never hold
+    /// every connection and health checks and admin calls always find
+    /// room ([`Api::limit_waits`]). Without a limit, unbounded.
+    pub(super) waits: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
+}
+
+impl Api {
+    pub fn new(handle: Handle, telemetry: Arc<Telemetry>, settings: berth_config::Api) -> Api {
+        Api {
+            inner: Arc::new(Inner {
+                handle,
+                telemetry,
+                settings,
+                stopping: AtomicBool::new(false),
+                relay: Relay::new(),
+                waits: std::sync::OnceLock::new(),
+            }),
+        }
+    }
+
+    /// At most `n` long-polls wait at once; one more is answered at once
+    /// with the request's state (and `Retry-After: 1`), as a wait that has
+    /// ended. Set once, by the server that knows its connection cap.
+    pub fn limit_waits(&self, n: usize) {
+        let _ = (self.inner.waits).set(Arc::new(tokio::sync::Semaphore::new(n)));
+    }
+
+    /// `[api]`: tokens and limits.
+    pub fn settings(&self) -> &berth_config::Api {
+        &self.inner.settings
+    }
+
+    /// From now on, `/readyz` says 503 and changes are refused: the service
+    /// is shutting down.
+    pub fn stopping(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+    }
+
+    pub(super) fn handle(&self) -> &Handle {
+        &self.inner.handle
+    }
+}
+
+impl Api {
+    pub(super) fn refuse_if_stopping(&self) -> Result<()> {
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            Err(ApiError::stopping())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(super) fn caller(&self, headers: &HeaderMap) -> Result<Caller> {
+        auth::authenticate(&self.inner.settings.tokens, headers)
+    }
+}
+
+/// How long connecting to the holder may take before the call is answered
+/// 503: the holder's host is down, and a new holder is coming.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The HTTP client that relays calls; one per API, keeping connections to
+/// the holder open.
+pub(super) struct Relay {
+    pub(super) client: Client<HttpConnector, Body>,
+}
+
+impl Relay {
+    pub(super) fn new() -> Relay {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        Relay {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+}
