@@ -62,3 +62,27 @@ fn the_check_sees_the_stacks_where_they_are() {
     // the core's own and not a tree the check failed to read.
     assert_eq!(heavy_in("berth-server"), HEAVY.to_vec());
 }
+
+/// HTTP client crates the service must not pull in: it reaches other berth
+/// processes through hyper, which it serves with anyway, and takes the
+/// API's bodies from `berth-types`, not from the client crate.
+const CLIENTS: &[&str] = &["reqwest", "berth-client"];
+
+#[test]
+fn the_service_pulls_in_no_http_client_crate() {
+    let deps = normal_dependencies("berth-server");
+    let found: Vec<&str> = CLIENTS
+        .iter()
+        .copied()
+        .filter(|c| deps.contains(*c))
+        .collect();
+    assert_eq!(
+        found,
+        Vec::<&str>::new(),
+        "berth-server must not depend on these; `cargo tree -p berth-server -e normal -i NAME` \
+         shows the path"
+    );
+    // The client crate does pull one in, so an empty answer above is the
+    // service's own and not a tree the check failed to read.
+    assert!(normal_dependencies("berth-client").contains("reqwest"));
+}

@@ -28,7 +28,7 @@
 //! service itself, which derives its OpenAPI document from their schemas.
 
 mod client;
-pub mod types;
+pub use berth_types as types;
 
 pub use berth_core::pool::Idle;
 pub use client::{Client, Error, NodeFilter, RequestFilter};

@@ -25,8 +25,8 @@ mod views;
 
 pub use crate::telemetry::Telemetry;
 pub use auth::Caller;
-pub use berth_client::MAX_WAIT;
-pub use berth_client::types;
+pub use berth_types as types;
+pub use berth_types::MAX_WAIT;
 pub use edge::MAX_BODY;
 pub use error::ApiError;
 pub use state::Api;

@@ -19,11 +19,11 @@ use prometheus_client::registry::Registry;
 
 use crate::metrics::{self, Gauge, Histograms, register};
 use crate::runtime::{Health, Observer, Providers, outcome_name};
-use berth_client::types::{self, rfc3339};
 use berth_config::{Config, LabelIx, ProviderIx};
 use berth_core::driver::Call;
 use berth_core::pool::{NodeState, Notice, Packing, Pool, Request, RequestState};
 use berth_plugin::CallError;
+use berth_types::{self as types, rfc3339};
 
 /// How many recent calls per provider `/v1/providers` summarises.
 const RECENT: usize = 200;

@@ -7,8 +7,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 
 use super::error::ApiError;
 pub use crate::runtime::Caller;
-use berth_client::types::ErrorCode;
 use berth_config::{Role, Token};
+use berth_types::ErrorCode;
 
 /// The caller a request's `Authorization: Bearer …` header names.
 pub(super) fn authenticate(tokens: &[Token], headers: &HeaderMap) -> Result<Caller, ApiError> {

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, Result};
 use super::state::Api;
-use berth_client::types::ErrorCode;
 use berth_core::pool::{NodeId, RequestId};
+use berth_types::ErrorCode;
 
 pub(super) async fn method_not_allowed(
     method: axum::http::Method,

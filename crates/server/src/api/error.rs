@@ -5,8 +5,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::runtime::ServiceError;
-use berth_client::types::{self, ErrorCode};
 use berth_core::pool::{Conflict, Refused};
+use berth_types::{self as types, ErrorCode};
 
 // ---- errors -------------------------------------------------------------
 

@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use super::state::Api;
 use crate::runtime::{Holder, Mode, ServiceError};
-use berth_client::types::ErrorCode;
+use berth_types::ErrorCode;
 
 /// Marks a call relayed from a process standing by.
 pub(super) const RELAYED: HeaderName = HeaderName::from_static("x-berth-relayed");

@@ -11,8 +11,8 @@ use super::error::{ApiError, Result};
 use super::responses;
 use super::state::Api;
 use crate::runtime::{Health, ServiceError};
-use berth_client::types::{self, ErrorCode};
 use berth_core::pool::ListHealth;
+use berth_types::{self as types, ErrorCode};
 
 // ---- health, metrics, the description -----------------------------------
 

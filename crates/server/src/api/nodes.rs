@@ -13,8 +13,8 @@ use super::error::{ApiError, Result};
 use super::state::Api;
 use super::{responses, views};
 use crate::runtime::change;
-use berth_client::types::{self};
 use berth_core::pool::{Idle, NodeId};
+use berth_types as types;
 
 // ---- nodes ----------------------------------------------------------------
 

@@ -12,7 +12,7 @@ use super::error::Result;
 use super::state::Api;
 use super::{responses, views};
 use crate::runtime::change;
-use berth_client::types::{self};
+use berth_types as types;
 
 // ---- configuration and health ----------------------------------------------
 

@@ -13,9 +13,9 @@ use super::error::{ApiError, Result};
 use super::state::Api;
 use super::{forward, responses, views};
 use crate::runtime::{Mode, ServiceError, change};
-use berth_client::MAX_WAIT;
-use berth_client::types::{self, ErrorCode};
 use berth_core::pool::{NewRequest, RequestId};
+use berth_types::MAX_WAIT;
+use berth_types::{self as types, ErrorCode};
 
 // ---- requests -------------------------------------------------------------
 

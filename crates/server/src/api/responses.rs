@@ -2,7 +2,7 @@
 //! (`#/components/responses`). Only their schemas are read, so the types
 //! are never built.
 
-use berth_client::types::ErrorBody;
+use berth_types::ErrorBody;
 use utoipa::ToResponse;
 
 /// No valid bearer token (code `unauthorized`).

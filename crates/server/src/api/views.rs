@@ -10,12 +10,12 @@ use super::error::ApiError;
 use crate::runtime::{Health, LoadedDriver, Providers};
 use crate::telemetry::Telemetry;
 use axum::http::StatusCode;
-use berth_client::types::ErrorCode;
-use berth_client::types::{self, rfc3339};
 use berth_config::{Config, LabelIx, LabelKind, ProviderIx};
 use berth_core::pool::{
     ListHealth, Node, NodeId, NodeState, Packing, Pool, Request, RequestId, RequestState,
 };
+use berth_types::ErrorCode;
+use berth_types::{self as types, rfc3339};
 
 /// Node `id` as `caller` sees it; 404 if the pool does not have it.
 pub(super) fn node_by_id(
