@@ -13,6 +13,7 @@
 //! `purge`), which keeps the indexes (free ready nodes per label, usage per
 //! provider, the calls each provider owes) true; nothing else touches them.
 
+mod asked;
 mod bucket;
 mod calls;
 mod identity;
@@ -37,6 +38,7 @@ use crate::driver::{
     SLOTS_HELD_TAG, SLOTS_TAG, STORE_TAG, Tags,
 };
 
+pub use asked::{MAX_COUNT, Unreadable, read_request};
 pub use bucket::Bucket;
 pub use identity::{Identity, Signed, is_generation};
 pub use model::*;

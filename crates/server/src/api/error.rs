@@ -5,7 +5,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::runtime::ServiceError;
-use berth_core::pool::{Conflict, Refused};
+use berth_core::pool::{Conflict, Refused, Unreadable};
 use berth_types::{self as types, ErrorCode};
 
 // ---- errors -------------------------------------------------------------
@@ -119,3 +119,19 @@ impl From<ServiceError> for ApiError {
 }
 
 pub(super) type Result<T> = std::result::Result<T, ApiError>;
+
+impl From<Unreadable> for ApiError {
+    fn from(e: Unreadable) -> ApiError {
+        match e {
+            Unreadable::UnknownLabel { .. } => ApiError {
+                field: Some(e.field()),
+                ..ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ErrorCode::UnknownLabel,
+                    e.to_string(),
+                )
+            },
+            e => ApiError::bad(e.field(), e.to_string()),
+        }
+    }
+}

@@ -13,7 +13,7 @@ use super::error::{ApiError, Result};
 use super::state::Api;
 use super::{forward, responses, views};
 use crate::runtime::{Mode, ServiceError, change};
-use berth_core::pool::{NewRequest, RequestId};
+use berth_core::pool::RequestId;
 use berth_types::MAX_WAIT;
 use berth_types::{self as types, ErrorCode};
 
@@ -48,58 +48,15 @@ pub(super) async fn create_request(
     api.refuse_if_stopping()?;
     let asked: types::NewRequest = self::body(&body)?;
     let config = api.handle().config().clone();
-    if asked.labels.is_empty() {
-        return Err(ApiError::bad("labels", "ask for at least one node"));
-    }
-    let mut wants = Vec::new();
-    for (name, &count) in &asked.labels {
-        if name.is_empty() || name.chars().any(berth_core::text::is_unsafe) {
-            return Err(ApiError::bad(
-                "labels",
-                format!(
-                    "`{}` is not a label name: names hold no control, invisible or direction-changing characters",
-                    berth_core::text::printable(name)
-                ),
-            ));
-        }
-        let field = format!("labels.{name}");
-        if !(1..=10_000).contains(&count) {
-            return Err(ApiError::bad(
-                &field,
-                "must be a whole number from 1 to 10000",
-            ));
-        }
-        let Some(ix) = config.label(name) else {
-            let known: Vec<&str> = config.labels.iter().map(|l| l.name.as_str()).collect();
-            return Err(ApiError {
-                field: Some(field),
-                ..ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    ErrorCode::UnknownLabel,
-                    format!("no label `{name}`; labels are {}", known.join(", ")),
-                )
-            });
-        };
-        wants.push((ix, count));
-    }
-    let priority = asked.priority;
-    let requestor = match asked.requestor {
-        None => caller.name().to_owned(),
-        Some(r) if berth_core::text::is_requestor(&r) => r,
-        Some(_) => {
-            return Err(ApiError::bad(
-                "requestor",
-                "must be 1 to 128 printable characters, with no control, invisible or direction-changing ones",
-            ));
-        }
-    };
+    let new = berth_core::pool::read_request(
+        &config,
+        asked.requestor,
+        caller.name(),
+        asked.priority,
+        asked.labels.iter().map(|(name, n)| (name.as_str(), *n)),
+    )?;
     // A request taken is a sign of life: its requestor's lease is renewed
     // with it (a refused one renews nothing).
-    let new = NewRequest {
-        requestor,
-        priority,
-        wants,
-    };
     let standby = match api.handle().mode() {
         Mode::Standby(holder) if api.handle().shared() => Some(holder),
         _ => None,

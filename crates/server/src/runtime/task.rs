@@ -11,7 +11,9 @@ use tokio::sync::{mpsc, oneshot};
 use berth_config::Config;
 use berth_core::pool::{
     Changes, Effect, NewRequest, Pool, Refusal, Request, RequestId, RequestState, TakenIn,
+    Unreadable, read_request,
 };
+use berth_core::text::printable;
 use berth_plugin::Gate;
 use berth_store::{InboxEntry, Store, StoreError};
 
@@ -466,27 +468,26 @@ impl Loop {
     }
 }
 
-/// An inbox entry as the pool takes it in: its labels named in this pool's
-/// config, or refused with why.
+/// An inbox entry as the pool takes it in: read as a request to this
+/// pool's config, or refused with why.
 pub(super) fn inbox_request(config: &Config, entry: InboxEntry) -> Result<NewRequest, Refusal> {
-    let mut wants = Vec::with_capacity(entry.wants.len());
-    for (name, count) in &entry.wants {
-        let Some(label) = config.label(name) else {
-            return Err(Refusal {
-                requestor: entry.requestor,
-                priority: entry.priority,
-                reason: format!(
-                    "no label `{}` in this process's config",
-                    berth_core::text::printable(name)
-                ),
-            });
-        };
-        wants.push((label, *count));
-    }
-    Ok(NewRequest {
-        requestor: entry.requestor,
-        priority: entry.priority,
+    let wants = entry.wants.iter().map(|(name, n)| (name.as_str(), *n));
+    read_request(
+        config,
+        Some(entry.requestor.clone()),
+        "",
+        entry.priority,
         wants,
+    )
+    .map_err(|e| Refusal {
+        requestor: entry.requestor.clone(),
+        priority: entry.priority,
+        reason: match e {
+            Unreadable::UnknownLabel { name, .. } => {
+                format!("no label `{}` in this process's config", printable(&name))
+            }
+            e => e.to_string(),
+        },
     })
 }
 
