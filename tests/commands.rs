@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use crate::serve::{CI, OPS, OTHER, code, serve_config_with};
+use crate::support::config::{CI, OPS, OTHER, code, serve_config_with};
 use crate::support::server::{Berth, http, until};
 use crate::support::{SimServer, plugin};
 

@@ -29,7 +29,7 @@ use berth::runtime::{self, Service, StartOptions};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use super::pool::{fulfil, live_nodes, until};
+use crate::support::pool::{fulfil, live_nodes, until_pool};
 use crate::support::{KIT_STEPS, LogCapture, plugin, workspace};
 
 const REGION: &str = "us-east-1";
@@ -668,7 +668,7 @@ fn driver_error<T: std::fmt::Debug>(result: Result<T, CallError>) -> DriverError
 
 /// The berth config for one aws-ec2 provider `ec2` behind `proxy`, one
 /// label `ci` with `min_ready`, the secret as `${secret_var}`, and the
-/// store the tests run on (`crate::pool::test_store`).
+/// store the tests run on (`crate::support::config::test_store`).
 fn pool_config_text(
     moto: &MotoServer,
     proxy: &Proxy,
@@ -717,7 +717,7 @@ ram = "1GiB"
         proxy = proxy.addr,
         key = moto.key_id,
         ami = moto.ami,
-    ) + &crate::pool::test_store(state)
+    ) + &crate::support::config::test_store(state)
 }
 
 fn parse_config(text: &str, state: &Path, secret_var: &str, secret: &str) -> Settings {
@@ -1070,7 +1070,7 @@ async fn berth_keeps_an_ec2_pool_through_the_proxy() {
     let service = start(config.clone()).await;
     let h = service.handle.clone();
     // Prewarm: two ready nodes, launched by berth with their tags at once.
-    until(&h, 90, "two ready nodes", move |p| p.free_ready(ci) == 2).await;
+    until_pool(&h, 90, "two ready nodes", move |p| p.free_ready(ci) == 2).await;
     assert_eq!(proxy.count("RunInstances"), 2, "{:?}", proxy.calls());
     let ours = |all: &BTreeMap<String, MotoInstance>| -> BTreeMap<String, MotoInstance> {
         all.iter()
@@ -1098,7 +1098,7 @@ async fn berth_keeps_an_ec2_pool_through_the_proxy() {
 
     // Released: single use, so its instance is terminated in moto.
     h.release(node).await.expect("release");
-    until(&h, 60, "released node gone", move |p| {
+    until_pool(&h, 60, "released node gone", move |p| {
         p.node(node)
             .is_some_and(|n| matches!(n.state, NodeState::Gone { .. }))
     })
@@ -1114,7 +1114,7 @@ async fn berth_keeps_an_ec2_pool_through_the_proxy() {
         .await;
     assert_eq!(moto.instances().await[&instance].state, "terminated");
     // min-ready refills.
-    until(&h, 60, "refill", move |p| p.free_ready(ci) == 2).await;
+    until_pool(&h, 60, "refill", move |p| p.free_ready(ci) == 2).await;
     assert_eq!(proxy.count("RunInstances"), 3);
 
     // An instance with the pool's tag that berth never made (no signature)
@@ -1141,7 +1141,7 @@ async fn berth_keeps_an_ec2_pool_through_the_proxy() {
             (SIG_TAG, &signature),
         ])
         .await;
-    until(&h, 60, "leak deleted", |p| {
+    until_pool(&h, 60, "leak deleted", |p| {
         p.provider_status(ProviderIx(0)).leaks_deleted == 1
     })
     .await;
@@ -1184,7 +1184,7 @@ async fn berth_keeps_an_ec2_pool_through_the_proxy() {
     let describes = count("DescribeInstances");
     let service = start(config).await;
     let h = service.handle.clone();
-    until(&h, 60, "listed after restart", move |p| {
+    until_pool(&h, 60, "listed after restart", move |p| {
         p.provider_status(ProviderIx(0)).listed && p.free_ready(ci) == 2
     })
     .await;
@@ -1251,7 +1251,7 @@ async fn ec2_api_calls_per_node_lifecycle() {
     for n in &req.nodes {
         h.release(*n).await.expect("release");
     }
-    until(&h, 60, "every node deleted", |p| {
+    until_pool(&h, 60, "every node deleted", |p| {
         p.nodes().count() == NODES as usize
             && p.nodes().all(|n| matches!(n.state, NodeState::Gone { .. }))
     })

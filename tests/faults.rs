@@ -79,7 +79,7 @@ ram = "1GiB"
             .map(|d| format!("missing-confirm = \"{d}\""))
             .unwrap_or_default(),
     );
-    let text = text + &crate::pool::test_store(dir.path());
+    let text = text + &crate::support::config::test_store(dir.path());
     let config = dir.path().join("berth.toml");
     std::fs::write(&config, text).unwrap();
     let cfg = config.display().to_string();

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use crate::pg_store::{database, store_table};
-use crate::serve::{CI, OPS, serve_config_for, set_lease_ttl};
+use crate::support::config::{CI, OPS, serve_config_for, set_lease_ttl};
+use crate::support::config::{database, store_table};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, http, until};
 use crate::support::{SimServer, live, metric, plugin};
@@ -1133,7 +1133,7 @@ async fn a_static_pool_keeps_its_hosts_when_another_process_takes_it_over() {
     }
     let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
     let allow: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
-    let hosts = toml::Value::try_from(crate::static_hosts::hosts(&addrs, 1)).unwrap();
+    let hosts = toml::Value::try_from(crate::support::config::hosts(&addrs, 1)).unwrap();
     let provider = format!("allow-hosts = [{}]\nconfig = {hosts}", allow.join(", "));
     let mut fleet = Fleet::on_driver(
         SimServer::start().await,

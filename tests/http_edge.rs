@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::serve::{CI, OPS, code, serve_config};
 use crate::support::SimServer;
+use crate::support::config::{CI, OPS, code, serve_config};
 use crate::support::server::{Berth, Launch, http, http_raw, until};
 
 /// The open-file limit berth runs under here: small, so that a flood would
@@ -370,7 +370,7 @@ async fn long_polls_at_the_connection_cap_leave_room_for_health_and_admin_calls(
         .await;
         let dir = tempfile::tempdir().unwrap();
         let config = serve_config(&sim, dir.path());
-        crate::serve::set_lease_ttl(&config, "10m");
+        crate::support::config::set_lease_ttl(&config, "10m");
         let cfg = config.display().to_string();
         let server = Berth::launch(Launch {
             nofile: Some(nofile),

@@ -9,7 +9,7 @@ use std::path::Path;
 use berth::config::{self, LabelIx};
 use berth::pool::NodeState;
 
-use super::pool::{fulfil, live_instances, live_nodes, start, until};
+use crate::support::pool::{fulfil, live_instances, live_nodes, start, until_pool};
 use crate::support::{SimServer, plugin, scripted_plugin};
 
 /// The config: one provider `p` on `driver` with `provider` TOML (its
@@ -52,7 +52,7 @@ async fn one_round(name: &str, text: &str, state: &Path) -> Vec<String> {
     let service = start(config.clone()).await;
     let h = service.handle.clone();
     // Cold starts compile the driver (seconds for Python or JavaScript).
-    until(&h, 120, "two ready nodes", move |p| {
+    until_pool(&h, 120, "two ready nodes", move |p| {
         p.free_ready(small) == 2
     })
     .await;
@@ -62,12 +62,12 @@ async fn one_round(name: &str, text: &str, state: &Path) -> Vec<String> {
     let node = fulfil(&h, "ci", vec![(small, 1)]).await.nodes[0];
     assert!(ready.contains_key(&node), "{name}: {node} was not ready");
     h.release(node).await.expect("release");
-    until(&h, 30, "released node gone", move |p| {
+    until_pool(&h, 30, "released node gone", move |p| {
         p.node(node)
             .is_some_and(|n| matches!(n.state, NodeState::Gone { .. }))
     })
     .await;
-    until(&h, 30, "refilled", move |p| p.free_ready(small) == 2).await;
+    until_pool(&h, 30, "refilled", move |p| p.free_ready(small) == 2).await;
     let before = h.inspect(live_nodes).await.unwrap();
     service.stop().await.expect("clean stop");
 
@@ -75,7 +75,7 @@ async fn one_round(name: &str, text: &str, state: &Path) -> Vec<String> {
     // driver's list; nothing launched.
     let service = start(config).await;
     let h = service.handle.clone();
-    until(&h, 60, "listed after the restart", move |p| {
+    until_pool(&h, 60, "listed after the restart", move |p| {
         p.provider_status(berth::config::ProviderIx(0)).listed && p.free_ready(small) == 2
     })
     .await;
@@ -130,7 +130,7 @@ async fn berth_keeps_a_pool_on_the_static_driver() {
     let provider = format!(
         "allow-hosts = [{}]\nconfig = {}",
         allow.join(", "),
-        toml::Value::try_from(crate::static_hosts::hosts(&addrs, 1)).expect("TOML")
+        toml::Value::try_from(crate::support::config::hosts(&addrs, 1)).expect("TOML")
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let text = config_text(dir.path(), &plugin("static"), &provider, "small");

@@ -28,61 +28,14 @@ use std::ffi::OsStr;
 use std::time::Duration;
 
 use berth::conformance::{self, TestConfig};
-use berth::driver::{CreateSpec, DriverError, POOL_TAG};
+use berth::driver::{DriverError, POOL_TAG};
 use berth::plugin::{
     AllowedHost, CallErrorKind, LoadErrorKind, LoadSource, Rejection, Runtime, RuntimeConfig,
     Sandbox, SandboxConfig, SandboxLimits, Trap,
 };
+use support::sandbox::{provider, runtime, spec};
 use support::server::run_berth;
 use support::{KIT_STEPS, LogCapture, SimServer, plugin};
-
-fn runtime() -> Runtime {
-    Runtime::new(RuntimeConfig::default()).expect("runtime")
-}
-
-fn spec(node: &str) -> CreateSpec {
-    CreateSpec {
-        node_id: node.into(),
-        instance_type: "small".into(),
-        image: "img".into(),
-        tags: [(POOL_TAG.to_string(), "pool".to_string())].into(),
-        user_data: None,
-        ssh_public_key: None,
-        options: "{}".into(),
-    }
-}
-
-/// A provider named `name` on the plugin `plugin_name`.
-async fn provider(
-    runtime: &Runtime,
-    plugin_name: &str,
-    name: &str,
-    config: serde_json::Value,
-    limits: SandboxLimits,
-    allow: &[&str],
-) -> Sandbox {
-    let driver = runtime
-        .load_file(plugin(plugin_name))
-        .await
-        .expect("plugin loads");
-    Sandbox::start(
-        &driver,
-        SandboxConfig {
-            name: name.into(),
-            pool_id: "pool".into(),
-            driver_config: config.to_string(),
-            allowed_hosts: allow
-                .iter()
-                .map(|h| AllowedHost::parse(h).expect("host"))
-                .collect(),
-            limits,
-            credentials: Vec::new(),
-            state: None,
-            deny: Vec::new(),
-            gate: None,
-        },
-    )
-}
 
 async fn hostile(
     runtime: &Runtime,

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use crate::serve::{CI, OPS, OTHER, serve_config_with};
+use crate::support::config::{CI, OPS, OTHER, serve_config_with};
 use crate::support::server::{Berth, until};
 use crate::support::{SimServer, plugin};
 

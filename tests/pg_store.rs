@@ -10,41 +10,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::serve::{CI, OPS, OTHER, serve_config_with, set_lease_ttl};
+use crate::support::config::{CI, OPS, OTHER, serve_config_with, set_lease_ttl};
+use crate::support::config::{database, store_table};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, Launch, http_raw, until};
 use crate::support::{SimServer, creates, live, metric, plugin, workspace};
-
-/// A fresh database: its url with the password (for psql) and a `[store]`
-/// table that names it without one and reads the password from a file in
-/// `dir`.
-pub(crate) fn database(dir: &Path, password: Option<&str>) -> (String, String) {
-    let cluster = PgCluster::shared(&workspace());
-    let url = cluster.fresh_database("serve");
-    let store = store_table(cluster, &url, dir, password);
-    (url, store)
-}
-
-/// A `[store]` table for the database at `url` of `cluster`: the url
-/// without its password, which goes into `dir/pgpass` (`password`, or the
-/// cluster's own).
-pub(crate) fn store_table(
-    cluster: &PgCluster,
-    url: &str,
-    dir: &Path,
-    password: Option<&str>,
-) -> String {
-    let bare = url.replacen(&format!("berth:{}@", cluster.password()), "berth@", 1);
-    assert_ne!(bare, url);
-    std::fs::write(
-        dir.join("pgpass"),
-        format!("{}\n", password.unwrap_or(cluster.password())),
-    )
-    .unwrap();
-    // A short lease, so that a process restarted after a SIGKILL takes its
-    // pool back in seconds.
-    format!("[store]\nurl = {bare:?}\npassword-file = \"pgpass\"\npool-lease-ttl = \"1s\"\n")
-}
 
 fn config(sim: &SimServer, dir: &Path, store: &str) -> String {
     serve_config_with(sim, dir, &plugin("sim"), "min-ready = 2", store)

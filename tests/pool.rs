@@ -11,61 +11,20 @@ use std::time::Duration;
 
 use berth::config::{self, LabelIx, Settings};
 use berth::driver::{LABEL_TAG, NODE_TAG, POOL_TAG, SIG_TAG, STORE_TAG};
-use berth::pool::{NewRequest, NodeId, NodeState, Pool, Request, RequestState};
-use berth::runtime::{self, Handle, Service, StartOptions};
+use berth::pool::{NewRequest, NodeId, NodeState, Pool, RequestState};
+use berth::runtime::{self, Handle, StartOptions};
 use berth::sim::{Knobs, SimCloud};
 
+use crate::support::config::test_store;
+use crate::support::pool::{fulfil, live_instances, pool_config, start, until_pool};
 use crate::support::{SimServer, live, plugin};
-
-/// A config for one sim provider (plus `extra` TOML), with short timings.
-pub fn pool_config(sim: &SimServer, state: &Path, extra: &str) -> Settings {
-    let text = format!(
-        r#"
-pool-id = "itest"
-ready = "running"
-state-dir = {state:?}
-sync-interval = "1s"
-boot-poll-interval = "100ms"
-leak-grace = "1s"
-delete-retry = "1s"
-quota-pause = "1h"
-capacity-pause = "1h"
-
-[providers.sim]
-driver = {driver:?}
-max-concurrent-calls = 4
-allow-hosts = ["{addr}"]
-config = {{ endpoint = "{url}" }}
-
-{extra}
-"#,
-        state = state.display().to_string(),
-        driver = plugin("sim").display().to_string(),
-        addr = sim.addr(),
-        url = sim.url(),
-    );
-    let text = text + &test_store(state);
-    config::parse(&text, state, &|_| None).unwrap_or_else(|e| panic!("config: {e}\n{text}"))
-}
-
-/// The `[store]` table these tests add to a config in `dir`: none (the
-/// SQLite store in the state directory), or with `BERTH_TEST_STORE=postgres`
-/// a fresh database of the test process's PostgreSQL cluster, its password
-/// in `dir`.
-pub fn test_store(dir: &Path) -> String {
-    if crate::serve::on_postgres() {
-        crate::pg_store::database(dir, None).1
-    } else {
-        String::new()
-    }
-}
 
 /// Opens the store that `settings` name, as `berth serve` would, without
 /// claiming the pool: for reading what a stopped pool left behind.
 async fn open_store(settings: &Settings) -> Box<dyn berth::store::Store> {
     assert_eq!(
         settings.store.postgres.is_some(),
-        crate::serve::on_postgres(),
+        crate::support::config::on_postgres(),
         "the test runs on the store it was asked to"
     );
     let config = Arc::new(settings.pool.clone());
@@ -86,91 +45,8 @@ async fn open_store(settings: &Settings) -> Box<dyn berth::store::Store> {
     }
 }
 
-pub async fn start(config: Settings) -> Service {
-    runtime::start(
-        config,
-        StartOptions {
-            seed: Some(7),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("pool starts")
-}
-
-/// Polls `check` on the pool every 20 ms until it holds (at most `secs`).
-pub async fn until<F>(handle: &Handle, secs: u64, what: &str, check: F)
-where
-    F: Fn(&Pool) -> bool + Clone + Send + 'static,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if handle.inspect(check.clone()).await.expect("pool runs") {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let state = handle
-                .inspect(|p| {
-                    p.nodes()
-                        .map(|n| {
-                            format!("{} {} {} {:?}", n.id, n.state.name(), n.label.0, n.instance)
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .await;
-            let providers = handle
-                .inspect(|p| {
-                    (0..p.config().providers.len())
-                        .map(|i| {
-                            format!(
-                                "{:?}",
-                                p.provider_status(berth::config::ProviderIx(i as u16))
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .await;
-            panic!("timed out waiting for {what}; nodes: {state:?}; providers: {providers:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Live nodes (not gone or failed) by id, with their instance ids.
-pub fn live_nodes(p: &Pool) -> BTreeMap<NodeId, Option<String>> {
-    p.nodes()
-        .filter(|n| !matches!(n.state, NodeState::Gone { .. } | NodeState::Failed { .. }))
-        .map(|n| (n.id, n.instance.clone()))
-        .collect()
-}
-
-/// Submits a request of `requestor` for `wants`, waits for it and checks
-/// it was fulfilled.
-pub async fn fulfil(h: &Handle, requestor: &str, wants: Vec<(LabelIx, u32)>) -> Request {
-    let id = h
-        .submit(NewRequest {
-            requestor: requestor.into(),
-            priority: 0,
-            wants,
-        })
-        .await
-        .expect("request taken");
-    let r = h.wait(id).await.unwrap().expect("request exists");
-    assert!(matches!(r.state, RequestState::Fulfilled { .. }), "{r:?}");
-    r
-}
-
 fn label(handle: &Handle, name: &str) -> LabelIx {
     handle.config().label(name).expect("label")
-}
-
-/// Live (not terminated) instances of this pool in the sim cloud, by node tag.
-pub fn live_instances(cloud: &SimCloud) -> BTreeMap<String, String> {
-    live(cloud)
-        .into_iter()
-        .filter(|i| i.tags.get(POOL_TAG).map(String::as_str) == Some("itest"))
-        .map(|i| (i.tags.get(NODE_TAG).cloned().unwrap_or_default(), i.id))
-        .collect()
 }
 
 fn ready_of(pool: &Pool, label: LabelIx) -> Vec<NodeId> {
@@ -213,7 +89,7 @@ async fn prewarm_fills_and_a_request_is_served_from_ready_nodes() {
     }
     let h = service.handle.clone();
     let small = label(&h, "small");
-    until(&h, 20, "three ready nodes", |p| {
+    until_pool(&h, 20, "three ready nodes", |p| {
         p.free_ready(LabelIx(0)) == 3
     })
     .await;
@@ -241,14 +117,14 @@ async fn prewarm_fills_and_a_request_is_served_from_ready_nodes() {
     assert_eq!(given, oldest);
 
     // min-ready refills in the background: 2 in use + 3 ready.
-    until(&h, 20, "refill", |p| p.free_ready(LabelIx(0)) == 3).await;
+    until_pool(&h, 20, "refill", |p| p.free_ready(LabelIx(0)) == 3).await;
     assert_eq!(live_instances(&sim.cloud).len(), 5);
 
     // Single use: a released node's instance is deleted.
     for n in &req.nodes {
         h.release(*n).await.expect("release");
     }
-    until(&h, 20, "released nodes gone", |p| {
+    until_pool(&h, 20, "released nodes gone", |p| {
         p.nodes()
             .filter(|n| matches!(n.state, NodeState::Gone { .. }))
             .count()
@@ -274,7 +150,7 @@ async fn quota_exceeded_pauses_creates_on_the_provider() {
     let extra = SMALL.replace("min-ready = 3", "min-ready = 4");
     let service = start(pool_config(&sim, dir.path(), &extra)).await;
     let h = service.handle.clone();
-    until(&h, 20, "two ready and a quota pause", |p| {
+    until_pool(&h, 20, "two ready and a quota pause", |p| {
         p.free_ready(LabelIx(0)) == 2
             && p.provider_status(berth::config::ProviderIx(0))
                 .quota_paused_until
@@ -311,7 +187,7 @@ async fn rate_limited_holds_every_call_until_retry_after() {
     config.pool.providers[0].max_calls = 1;
     let service = start(config).await;
     let h = service.handle.clone();
-    until(&h, 30, "twelve ready", |p| p.free_ready(LabelIx(0)) == 12).await;
+    until_pool(&h, 30, "twelve ready", |p| p.free_ready(LabelIx(0)) == 12).await;
     let calls = sim.cloud.calls();
     let limited: Vec<_> = calls.iter().filter(|c| c.status == 429).collect();
     assert!(!limited.is_empty(), "the sim never rate limited: {calls:?}");
@@ -367,7 +243,7 @@ ram = "32GiB"
     // Once both providers are listed (they start in the background, in
     // either order), two large nodes are asked for: the preferred `sim`
     // first, which has no capacity for `big`.
-    until(&h, 20, "both providers listed", |p| {
+    until_pool(&h, 20, "both providers listed", |p| {
         (0..2).all(|i| p.provider_status(berth::config::ProviderIx(i)).listed)
     })
     .await;
@@ -450,7 +326,7 @@ async fn slots_pack_onto_backing_instances_and_are_released_after_grace() {
     for n in nodes {
         h.release(n).await.expect("release");
     }
-    until(&h, 20, "backing instances released after grace", |p| {
+    until_pool(&h, 20, "backing instances released after grace", |p| {
         p.provider_status(berth::config::ProviderIx(0))
             .usage
             .instances
@@ -475,7 +351,7 @@ async fn a_signed_instance_is_adopted_a_leak_deleted_and_a_forged_one_left_alone
     let config = pool_config(&sim, dir.path(), &extra);
     let service = start(config).await;
     let h = service.handle.clone();
-    until(&h, 20, "the store confirmed", |p| p.identity().confirmed).await;
+    until_pool(&h, 20, "the store confirmed", |p| p.identity().confirmed).await;
     let identity = h.inspect(|p| p.identity().clone()).await.unwrap();
     let runtime = berth::plugin::Runtime::new(Default::default()).unwrap();
     let driver = runtime.load_file(plugin("sim")).await.unwrap();
@@ -543,12 +419,12 @@ async fn a_signed_instance_is_adopted_a_leak_deleted_and_a_forged_one_left_alone
         .expect("foreign");
     drop(p);
 
-    until(&h, 20, "adopted node ready", move |p| {
+    until_pool(&h, 20, "adopted node ready", move |p| {
         p.node(adoptable)
             .is_some_and(|n| matches!(n.state, NodeState::Ready { .. }))
     })
     .await;
-    until(&h, 20, "leak deleted", |p| {
+    until_pool(&h, 20, "leak deleted", |p| {
         p.provider_status(berth::config::ProviderIx(0))
             .leaks_deleted
             == 1
@@ -595,7 +471,7 @@ async fn a_restart_resumes_from_the_store_without_leaks_or_duplicates() {
     let service = start(config.clone()).await;
     let h = service.handle.clone();
     let small = label(&h, "small");
-    until(&h, 20, "three ready", |p| p.free_ready(LabelIx(0)) == 3).await;
+    until_pool(&h, 20, "three ready", |p| p.free_ready(LabelIx(0)) == 3).await;
     let id = h
         .submit(NewRequest {
             requestor: "ci".into(),
@@ -611,7 +487,7 @@ async fn a_restart_resumes_from_the_store_without_leaks_or_duplicates() {
     let service = start(config).await;
     let h = service.handle.clone();
     // The in-use node is still in use; ready ones are still ready; nothing new.
-    until(&h, 20, "settled", |p| p.free_ready(LabelIx(0)) == 3).await;
+    until_pool(&h, 20, "settled", |p| p.free_ready(LabelIx(0)) == 3).await;
     let state = h
         .inspect(move |p| p.node(in_use).map(|n| n.state.name()))
         .await

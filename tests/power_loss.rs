@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use berth::client::types::{Node, Request};
 
-use crate::serve::{CI, OPS, OTHER, serve_config};
 use crate::support::SimServer;
+use crate::support::config::{CI, OPS, OTHER, serve_config};
 use crate::support::disk::{LoopFs, skip};
 use crate::support::server::{Berth, until};
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::serve::{CI, OPS, serve_config_with, set_lease_ttl};
+use crate::support::config::{CI, OPS, serve_config_with, set_lease_ttl};
 use crate::support::server::{Berth, SIGTERM, http, run_berth, until};
 use crate::support::sshd::{Sshd, banner};
 use crate::support::{SimServer, creates, plugin};

@@ -1,126 +1,18 @@
 //! `berth serve` end to end: the real binary on 127.0.0.1:0, a sim cloud in
 //! this test process, and plain HTTP. Every wait is a bounded poll.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::support::config::{
+    CI, OPS, OTHER, code, on_postgres, serve_config, serve_config_on, serve_config_with,
+    set_lease_ttl,
+};
 use crate::support::disk::{Tmpfs, skip};
 use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
 use crate::support::{SimServer, creates, live, plugin, scripted_plugin};
-
-pub(crate) const CI: &str = "ci-token-0123456789abcdef";
-pub(crate) const OTHER: &str = "other-token-0123456789ab";
-pub(crate) const OPS: &str = "ops-token-0123456789abcde";
-
-/// A config for `berth serve` against `sim`, with client tokens `ci` and
-/// `other`, admin `ops`, and a 3 s lease.
-pub(crate) fn serve_config(sim: &SimServer, dir: &Path) -> std::path::PathBuf {
-    serve_config_on(sim, dir, &plugin("sim"))
-}
-
-/// [`serve_config`] with the provider on `driver`, a driver of the sim
-/// cloud's API.
-fn serve_config_on(sim: &SimServer, dir: &Path, driver: &Path) -> std::path::PathBuf {
-    serve_config_with(sim, dir, driver, "min-ready = 2", "")
-}
-
-/// [`serve_config_on`] with `small` as the keys of `[labels.small]` and
-/// `extra` appended (tables such as `[providers.sim.limits]`).
-pub(crate) fn serve_config_with(
-    sim: &SimServer,
-    dir: &Path,
-    driver: &Path,
-    small: &str,
-    extra: &str,
-) -> std::path::PathBuf {
-    let keys = format!(
-        "allow-hosts = [\"{}\"]\nconfig = {{ endpoint = \"{}\" }}",
-        sim.addr(),
-        sim.url()
-    );
-    serve_config_for(dir, driver, &keys, small, extra)
-}
-
-/// Sets the requestors' `lease-ttl` of the config at `path`, written by
-/// [`serve_config_for`] (3 s there), to `ttl`.
-pub(crate) fn set_lease_ttl(path: &Path, ttl: &str) {
-    let text = std::fs::read_to_string(path).unwrap();
-    let set = text.replace("lease-ttl = \"3s\"", &format!("lease-ttl = {ttl:?}"));
-    assert_ne!(set, text);
-    std::fs::write(path, set).unwrap();
-}
-
-/// The config of [`serve_config_with`] for any driver: provider `sim` on
-/// `driver` with `provider` as its other keys (`allow-hosts`, `config`).
-pub(crate) fn serve_config_for(
-    dir: &Path,
-    driver: &Path,
-    provider: &str,
-    small: &str,
-    extra: &str,
-) -> std::path::PathBuf {
-    let text = format!(
-        r#"
-pool-id = "serve-test"
-ready = "running"
-state-dir = {state:?}
-sync-interval = "1s"
-boot-poll-interval = "100ms"
-leak-grace = "1s"
-
-[api]
-listen = "127.0.0.1:0"
-lease-ttl = "3s"
-[api.tokens.ci]
-role = "client"
-token = "{CI}"
-[api.tokens.other]
-role = "client"
-token = "{OTHER}"
-[api.tokens.ops]
-role = "admin"
-token = "{OPS}"
-
-[providers.sim]
-driver = {driver:?}
-{provider}
-
-[labels.small]
-{small}
-[labels.small.providers.sim]
-instance-type = "small"
-image = "img"
-vcpus = 1
-ram = "1GiB"
-price = 0.1
-{extra}
-"#,
-        state = dir.join("state").display().to_string(),
-        driver = driver.display().to_string(),
-    );
-    let text = if extra.contains("[store]") {
-        text
-    } else {
-        text + &crate::pool::test_store(dir)
-    };
-    let path = dir.join("berth.toml");
-    std::fs::write(&path, text).expect("write config");
-    path
-}
-
-/// Whether these tests run with the pool on PostgreSQL
-/// (`BERTH_TEST_STORE=postgres`, as `scripts/test` runs them a second time):
-/// each config gets a fresh database of the test process's cluster.
-pub(crate) fn on_postgres() -> bool {
-    std::env::var("BERTH_TEST_STORE").is_ok_and(|v| v == "postgres")
-}
-
-pub(crate) fn code(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_end_to_end_through_the_binary() {

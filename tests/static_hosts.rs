@@ -8,29 +8,9 @@ use berth::driver::{InstanceState, POOL_TAG};
 use berth::plugin::SandboxLimits;
 use serde_json::json;
 
-use super::{provider, runtime, spec};
+use crate::support::config::hosts;
 use crate::support::plugin;
-
-/// A config of one host per address (`build-N`), each serving `small`
-/// with `jobs` slots and a ready check of its port.
-pub(crate) fn hosts(addrs: &[std::net::SocketAddr], jobs: u32) -> serde_json::Value {
-    let hosts: Vec<_> = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            json!({
-                "name": format!("build-{i}"),
-                "address": a.ip().to_string(),
-                "port": a.port(),
-                "labels": ["small"],
-                "max-parallel-jobs": jobs,
-                "username": "ci",
-                "ready-check": {"timeout-ms": 500},
-            })
-        })
-        .collect();
-    json!({ "hosts": hosts })
-}
+use crate::support::sandbox::{provider, runtime, spec};
 
 #[tokio::test]
 async fn static_driver_passes_the_conformance_kit() {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::serve::{CI, OPS, OTHER, serve_config, set_lease_ttl};
 use crate::support::SimServer;
+use crate::support::config::{CI, OPS, OTHER, serve_config, set_lease_ttl};
 use crate::support::server::{Berth, http, until};
 
 /// A config of [`serve_config`] whose clients' leases outlast the test:

@@ -3,6 +3,10 @@
 
 // Paths relative to this file, so that the benchmarks, which include it by
 // path, find them too.
+// The configs the tests write.
+#[path = "support/config.rs"]
+#[allow(dead_code)]
+pub mod config;
 #[path = "support/disk.rs"]
 pub mod disk;
 #[path = "support/echo.rs"]
@@ -11,9 +15,15 @@ pub mod echo;
 pub mod fault_proxy;
 // For the PostgreSQL store's tests (the store crate's tests include it by
 // path too).
+#[path = "support/pool.rs"]
+#[allow(dead_code)]
+pub mod pool;
 #[path = "support/postgres.rs"]
 #[allow(dead_code)]
 pub mod postgres;
+#[path = "support/sandbox.rs"]
+#[allow(dead_code)]
+pub mod sandbox;
 #[path = "support/server.rs"]
 pub mod server;
 #[path = "support/sshd.rs"]

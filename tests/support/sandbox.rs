@@ -1,0 +1,55 @@
+//! A driver run in its sandbox in the test process: the runtime, a
+//! provider on a built plugin, a create spec.
+
+use berth::driver::{CreateSpec, POOL_TAG};
+use berth::plugin::{AllowedHost, Runtime, RuntimeConfig, Sandbox, SandboxConfig, SandboxLimits};
+
+use crate::support::plugin;
+
+pub fn runtime() -> Runtime {
+    Runtime::new(RuntimeConfig::default()).expect("runtime")
+}
+
+pub fn spec(node: &str) -> CreateSpec {
+    CreateSpec {
+        node_id: node.into(),
+        instance_type: "small".into(),
+        image: "img".into(),
+        tags: [(POOL_TAG.to_string(), "pool".to_string())].into(),
+        user_data: None,
+        ssh_public_key: None,
+        options: "{}".into(),
+    }
+}
+
+/// A provider named `name` on the plugin `plugin_name`.
+pub async fn provider(
+    runtime: &Runtime,
+    plugin_name: &str,
+    name: &str,
+    config: serde_json::Value,
+    limits: SandboxLimits,
+    allow: &[&str],
+) -> Sandbox {
+    let driver = runtime
+        .load_file(plugin(plugin_name))
+        .await
+        .expect("plugin loads");
+    Sandbox::start(
+        &driver,
+        SandboxConfig {
+            name: name.into(),
+            pool_id: "pool".into(),
+            driver_config: config.to_string(),
+            allowed_hosts: allow
+                .iter()
+                .map(|h| AllowedHost::parse(h).expect("host"))
+                .collect(),
+            limits,
+            credentials: Vec::new(),
+            state: None,
+            deny: Vec::new(),
+            gate: None,
+        },
+    )
+}
