@@ -15,6 +15,7 @@
 
 mod bucket;
 mod calls;
+mod choice;
 mod identity;
 mod leases;
 mod model;
