@@ -20,6 +20,7 @@ mod identity;
 mod leases;
 mod model;
 mod plan;
+mod prewarm;
 mod probes;
 #[cfg(test)]
 mod prop;

@@ -1,10 +1,11 @@
-//! Decisions: serving requests, prewarming, and what happens to a node when
-//! it is returned, lost, timed out or deleted. Choosing a provider is
-//! `choice.rs`.
+//! Decisions: serving requests, and what happens to a node when it is
+//! returned, lost, timed out or deleted. Choosing a provider is `choice.rs`,
+//! prewarming `prewarm.rs`.
 
 use std::collections::HashSet;
 
 use super::choice::Tally;
+use super::prewarm::prewarm_label;
 use super::*;
 use crate::config::Offer;
 
@@ -294,7 +295,7 @@ impl Pool {
     }
 
     /// Creates the record of a node to launch; the create follows from it.
-    fn launch(
+    pub(super) fn launch(
         &mut self,
         label: LabelIx,
         offer: &Offer,
@@ -450,51 +451,6 @@ impl Pool {
         if let Some(r) = self.requests.get_mut(&req) {
             r.nodes.retain(|n| *n != id);
             self.dirty_requests.insert(req);
-        }
-    }
-
-    /// Keeps `min-ready` nodes (or free slots) per label.
-    fn prewarm(&mut self, label: LabelIx, wanted: &Tally, now: Time) {
-        let cfg = &self.config[label];
-        let min_ready = cfg.min_ready;
-        if min_ready == 0 {
-            return;
-        }
-        let rt = &self.ix.labels[label.0 as usize];
-        if rt.backoff_until > now {
-            return;
-        }
-        let tally = Tally {
-            closed: wanted.closed.clone(),
-            ..self.tally()
-        };
-        match &cfg.kind {
-            LabelKind::Machine { .. } => {
-                let have = (rt.free_ready.len() + rt.free_launching.len()) as u32;
-                for _ in have..min_ready {
-                    let Some(offer) = self.pick_offer(label, None, &tally, now) else {
-                        return;
-                    };
-                    let offer = self.machine_offers(label)[offer].clone();
-                    self.launch(label, &offer, Packing::Plain, None, now);
-                }
-            }
-            &LabelKind::Slots { slots, backing, .. } => {
-                let mut have = self.free_slots(label, false) as u32;
-                while have < min_ready {
-                    let Some(offer) = self.pick_offer(backing, None, &tally, now) else {
-                        return;
-                    };
-                    let offer = self.machine_offers(backing)[offer].clone();
-                    let packing = Packing::Backing {
-                        slot_label: label,
-                        slots: vec![None; usize::from(slots)],
-                        free_since: Some(now),
-                    };
-                    self.launch(backing, &offer, packing, None, now);
-                    have += u32::from(slots);
-                }
-            }
         }
     }
 
@@ -1102,15 +1058,5 @@ fn request_end(r: &Request) -> Option<Time> {
         RequestState::Fulfilled { at }
         | RequestState::Failed { at, .. }
         | RequestState::Cancelled { at } => Some(at),
-    }
-}
-
-/// The label whose prewarming a node's launch serves: a backing node's slot
-/// label, a plain node's own; none for a slot node, which launches nothing.
-fn prewarm_label(node: &Node) -> Option<LabelIx> {
-    match node.packing {
-        Packing::Plain => Some(node.label),
-        Packing::Backing { slot_label, .. } => Some(slot_label),
-        Packing::Slot { .. } => None,
     }
 }
