@@ -16,6 +16,7 @@
 mod bucket;
 mod calls;
 mod choice;
+mod events;
 mod identity;
 mod leases;
 mod model;
