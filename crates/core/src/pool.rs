@@ -30,6 +30,7 @@ mod reconcile;
 mod testkit;
 #[cfg(test)]
 mod tests;
+mod timers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -44,6 +45,7 @@ pub use bucket::Bucket;
 pub use identity::{Identity, Signed, is_generation};
 pub use model::*;
 pub use probes::{ProbeTarget, Probing};
+use timers::Timer;
 
 /// The pool's state and decisions. See the module docs.
 pub struct Pool {
@@ -256,20 +258,6 @@ pub struct ProviderStatus {
     /// Why nothing is created on the provider: the store is not the one its
     /// instances were made by, as far as it can tell.
     pub mismatch: Option<String>,
-}
-
-/// Something to look at again at a time. A timer is checked against the
-/// current state when it fires, so stale timers are harmless.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Timer {
-    BootTimeout(NodeId),
-    ReadyAge(NodeId),
-    IdleTimeout(NodeId),
-    SlotGrace(NodeId),
-    /// A node's failed call may be made again.
-    Retry(NodeId),
-    PurgeNode(NodeId),
-    PurgeRequest(RequestId),
 }
 
 /// Node and request ids: unpredictable across processes and restarts (so two
@@ -915,10 +903,6 @@ impl Pool {
             self.dirty_nodes.remove(&id);
             self.purged_nodes.push(id);
         }
-    }
-
-    fn timer(&mut self, at: Time, timer: Timer) {
-        self.timers.insert((at, timer));
     }
 
     /// The tags a node's instance carries: what a restart needs, signed
