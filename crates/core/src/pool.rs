@@ -13,6 +13,7 @@
 //! `purge`), which keeps the indexes (free ready nodes per label, usage per
 //! provider, the calls each provider owes) true; nothing else touches them.
 
+mod adopt;
 mod bucket;
 mod calls;
 mod choice;

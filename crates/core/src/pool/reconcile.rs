@@ -32,15 +32,6 @@ use super::*;
 use crate::driver::{Instance, InstanceState};
 use crate::text::{printable, truncated};
 
-/// What an owned instance's tags say it is, if berth can take it back.
-struct Adoptable {
-    id: NodeId,
-    label: LabelIx,
-    idle: Idle,
-    /// For a backing instance: the slot label and slot count.
-    slots: Option<(LabelIx, u16)>,
-}
-
 /// Most instances a quarantine notice names; the rest are counted.
 const QUARANTINE_NAMED: usize = 5;
 
@@ -483,7 +474,7 @@ impl Pool {
 
     /// Brings a node in line with its listed instance. Returns whether the
     /// instance is accounted for.
-    fn observe(&mut self, id: NodeId, inst: &Instance, live: bool, now: Time) -> bool {
+    pub(super) fn observe(&mut self, id: NodeId, inst: &Instance, live: bool, now: Time) -> bool {
         let state = self.nodes[&id].state.clone();
         match state {
             NodeState::Creating { since, .. } => {
@@ -530,133 +521,6 @@ impl Pool {
                 true
             }
             NodeState::Gone { .. } | NodeState::Failed { .. } => !live,
-        }
-    }
-
-    /// Whether an owned instance unknown to berth can be taken back: its tags
-    /// name a node id and a label this provider serves.
-    fn adoptable(&self, p: ProviderIx, inst: &Instance) -> Option<Adoptable> {
-        let id: NodeId = inst.tags.get(NODE_TAG)?.parse().ok()?;
-        let label = self.config.label(inst.tags.get(LABEL_TAG)?)?;
-        self.offer_for(label, p)?;
-        let idle = inst
-            .tags
-            .get(IDLE_TAG)
-            .and_then(|t| t.parse::<Idle>().ok())
-            .unwrap_or_default();
-        let slots = match (inst.tags.get(SLOT_LABEL_TAG), inst.tags.get(SLOTS_TAG)) {
-            (None, None) => None,
-            (Some(name), Some(count)) => {
-                let slot_label = self.config.label(name)?;
-                let count: u16 = count.parse().ok().filter(|c| *c > 0)?;
-                match self.config[slot_label].kind {
-                    LabelKind::Slots { backing, .. } if backing == label => {}
-                    _ => return None,
-                }
-                Some((slot_label, count))
-            }
-            _ => return None,
-        };
-        Some(Adoptable {
-            id,
-            label,
-            idle,
-            slots,
-        })
-    }
-
-    /// The offer an adopted instance is counted as.
-    fn adopted_offer(
-        &self,
-        p: ProviderIx,
-        inst: &Instance,
-        a: &Adoptable,
-    ) -> Option<crate::config::Offer> {
-        self.machine_offers(a.label)
-            .iter()
-            .filter(|o| o.provider == p)
-            .find(|o| o.instance_type == inst.instance_type)
-            .or_else(|| self.offer_for(a.label, p))
-            .cloned()
-    }
-
-    /// Whether taking `inst` back keeps provider `p` within its limits.
-    fn fits(&self, p: ProviderIx, inst: &Instance, a: &Adoptable) -> bool {
-        let Some(offer) = self.adopted_offer(p, inst, a) else {
-            return false;
-        };
-        self.room_for(p, Resources::from(&offer))
-    }
-
-    /// Whether one more instance of `r` keeps provider `p` within its limits.
-    fn room_for(&self, p: ProviderIx, r: Resources) -> bool {
-        let u = self.ix.providers[p.0 as usize].usage;
-        let l = &self.config[p].limits;
-        l.max_instances.is_none_or(|m| u.instances < m)
-            && l.max_cores.is_none_or(|m| u.vcpus + r.vcpus <= m)
-            && l.max_ram_mib.is_none_or(|m| u.ram_mib + r.ram_mib <= m)
-    }
-
-    /// Takes an instance back as the node its tags name. One whose tags
-    /// say it is in use (`held`: the store does not know by whom) is taken
-    /// on hold: never handed out nor recycled until an operator says so.
-    fn adopt(
-        &mut self,
-        p: ProviderIx,
-        inst: &Instance,
-        a: Adoptable,
-        held: Option<String>,
-        now: Time,
-    ) {
-        let Some(offer) = self.adopted_offer(p, inst, &a) else {
-            return;
-        };
-        let packing = match a.slots {
-            None => Packing::Plain,
-            Some((slot_label, count)) => Packing::Backing {
-                slot_label,
-                slots: vec![None; usize::from(count)],
-                free_since: None,
-            },
-        };
-        self.insert(Node {
-            id: a.id,
-            label: a.label,
-            provider: p,
-            instance_type: inst.instance_type.clone(),
-            resources: Resources::from(&offer),
-            price: offer.price,
-            instance: None,
-            state: NodeState::Creating {
-                since: now,
-                attempt: 0,
-            },
-            idle: if held.is_some() { Idle::Hold } else { a.idle },
-            packing,
-            assigned: None,
-            created: inst.created_at_ms.map_or(now, Time),
-            endpoint: None,
-        });
-        self.notices.push(Notice::Adopted {
-            node: a.id,
-            instance: inst.id.clone(),
-        });
-        if let Some(why) = held {
-            self.notices.push(Notice::HeldByTags {
-                node: a.id,
-                instance: inst.id.clone(),
-                why,
-            });
-        }
-        // Not busy and creating: observe resolves it like a lost create.
-        self.observe(a.id, inst, true, now);
-        // Its tags become this store's (signed anew, on hold if held).
-        if self
-            .nodes
-            .get(&a.id)
-            .is_some_and(|n| self.tags_differ(n, inst))
-        {
-            self.owe_tags(a.id);
         }
     }
 }
