@@ -32,6 +32,7 @@ mod testkit;
 #[cfg(test)]
 mod tests;
 mod timers;
+mod vouch;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

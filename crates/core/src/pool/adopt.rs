@@ -1,7 +1,7 @@
 //! Adoption: an owned instance no live node holds, that the store vouches
-//! for, taken back as the node its tags name, if its tags name a label the
-//! provider serves and the provider's limits have room for it; on hold if
-//! its tags say it is in use.
+//! for (`vouch.rs`), taken back as the node its tags name, if its tags name
+//! a label the provider serves and the provider's limits have room for it;
+//! on hold if its tags say it is in use.
 
 use super::*;
 use crate::driver::Instance;
