@@ -41,6 +41,17 @@ impl Pool {
         }
     }
 
+    pub(super) fn offer_for(
+        &self,
+        label: LabelIx,
+        provider: ProviderIx,
+    ) -> Option<&crate::config::Offer> {
+        match &self.config[label].kind {
+            LabelKind::Machine { offers } => offers.iter().find(|o| o.provider == provider),
+            LabelKind::Slots { .. } => None,
+        }
+    }
+
     /// The offer to launch `label` from: the preferred provider (lowest
     /// priority value, then lowest price) among those not paused and with
     /// room under their limits. `avoid` is tried last.
