@@ -378,7 +378,6 @@ impl Pool {
         self.timer(now + calls::backoff(attempt), Timer::Retry(id));
     }
 
-    /// A node's instance is no longer there.
     /// Whether someone uses the node: it is in use, or it is a backing node
     /// one of whose slots is.
     pub(super) fn in_use(&self, node: &Node) -> bool {
@@ -392,6 +391,7 @@ impl Pool {
         }
     }
 
+    /// A node's instance is no longer there.
     pub(super) fn lost(&mut self, id: NodeId, now: Time) {
         let Some(node) = self.nodes.get(&id) else {
             return;
