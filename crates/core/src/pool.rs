@@ -5,7 +5,7 @@
 //! wants done comes out as [`Effect`]s (driver calls) and [`Changes`] (records
 //! to store), and outcomes come back through [`Pool::created`],
 //! [`Pool::deleted`], [`Pool::listed`] and [`Pool::tagged`]. The runtime
-//! (`crate::runtime`) writes the changes to the store *before* it carries out
+//! (`berth_server::runtime`) writes the changes to the store *before* it carries out
 //! the effects, so a crash at any point leaves an intent the next start can
 //! resolve.
 //!
@@ -13,21 +13,30 @@
 //! `purge`), which keeps the indexes (free ready nodes per label, usage per
 //! provider, the calls each provider owes) true; nothing else touches them.
 
+mod adopt;
 mod asked;
+mod bookkeeping;
 mod bucket;
 mod calls;
+mod choice;
+mod commands;
+mod events;
 mod identity;
 mod leases;
 mod model;
 mod plan;
+mod prewarm;
 mod probes;
 #[cfg(test)]
 mod prop;
 mod reconcile;
+mod tags;
 #[cfg(test)]
 mod testkit;
 #[cfg(test)]
 mod tests;
+mod timers;
+mod vouch;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -40,9 +49,11 @@ use crate::driver::{
 
 pub use asked::{MAX_COUNT, Unreadable, read_request};
 pub use bucket::Bucket;
+pub use commands::check;
 pub use identity::{Identity, Signed, is_generation};
 pub use model::*;
 pub use probes::{ProbeTarget, Probing};
+use timers::Timer;
 
 /// The pool's state and decisions. See the module docs.
 pub struct Pool {
@@ -257,20 +268,6 @@ pub struct ProviderStatus {
     pub mismatch: Option<String>,
 }
 
-/// Something to look at again at a time. A timer is checked against the
-/// current state when it fires, so stale timers are harmless.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Timer {
-    BootTimeout(NodeId),
-    ReadyAge(NodeId),
-    IdleTimeout(NodeId),
-    SlotGrace(NodeId),
-    /// A node's failed call may be made again.
-    Retry(NodeId),
-    PurgeNode(NodeId),
-    PurgeRequest(RequestId),
-}
-
 /// Node and request ids: unpredictable across processes and restarts (so two
 /// berths, or a berth and its own past, never hand out the same id), yet
 /// reproducible from the seed for tests.
@@ -291,51 +288,6 @@ fn splitmix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// Whether `new` can ever be served under `config`: what [`Pool::submit`]
-/// checks before it takes a request. A process standing by checks with it
-/// before it accepts a request into the store's inbox.
-pub fn check(config: &Config, new: &NewRequest) -> Result<(), Refused> {
-    if new.wants.is_empty() || new.wants.iter().all(|(_, n)| *n == 0) {
-        return Err(Refused::Empty);
-    }
-    let mut seen = HashSet::new();
-    for (label, count) in &new.wants {
-        if !seen.insert(*label) {
-            return Err(Refused::DuplicateLabel(config[*label].name.clone()));
-        }
-        let possible = max_possible(config, *label);
-        if u64::from(*count) > possible {
-            return Err(Refused::TooMany {
-                label: config[*label].name.clone(),
-                wanted: *count,
-                possible,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// How many nodes of `label` the configured limits allow at once at most.
-fn max_possible(config: &Config, label: LabelIx) -> u64 {
-    match &config[label].kind {
-        LabelKind::Machine { offers } => offers
-            .iter()
-            .map(|o| {
-                let l = &config[o.provider].limits;
-                let by_instances = l.max_instances.map_or(u64::MAX, u64::from);
-                let by_cores = l
-                    .max_cores
-                    .map_or(u64::MAX, |m| u64::from(m) / u64::from(o.vcpus.max(1)));
-                let by_ram = l.max_ram_mib.map_or(u64::MAX, |m| m / o.ram_mib.max(1));
-                by_instances.min(by_cores).min(by_ram)
-            })
-            .fold(0u64, u64::saturating_add),
-        &LabelKind::Slots { slots, backing, .. } => {
-            max_possible(config, backing).saturating_mul(u64::from(slots))
-        }
-    }
 }
 
 impl Pool {
@@ -575,173 +527,6 @@ impl Pool {
         std::mem::take(&mut self.notices)
     }
 
-    // ---- client and operator commands ---------------------------------
-
-    /// Takes a request. It is served on the next [`Pool::tick`].
-    pub fn submit(&mut self, now: Time, new: NewRequest) -> Result<RequestId, Refused> {
-        check(&self.config, &new)?;
-        let id = loop {
-            let id = RequestId(self.ids.next());
-            if !self.requests.contains_key(&id) {
-                break id;
-            }
-        };
-        self.insert_request(id, now, new);
-        Ok(id)
-    }
-
-    /// Takes a request under `id`, which another process drew for it: a
-    /// process standing by relays a request to the pool's holder with an
-    /// id, and puts it into the store's inbox under the same id if the
-    /// holder does not answer in time. Checked as [`Pool::submit`] checks.
-    /// An id the pool already has is that request, taken already by the
-    /// other way: nothing is taken again, and `Ok(false)` says so (whose
-    /// it is, is for the caller to check).
-    pub fn submit_under(
-        &mut self,
-        now: Time,
-        id: RequestId,
-        new: NewRequest,
-    ) -> Result<bool, Refused> {
-        check(&self.config, &new)?;
-        if self.requests.contains_key(&id) {
-            return Ok(false);
-        }
-        self.insert_request(id, now, new);
-        Ok(true)
-    }
-
-    /// Takes a request that another process accepted and gave `id`
-    /// (`created` is when): a process standing by puts a request into the
-    /// store's inbox, and the pool's holder takes it in. It is checked as
-    /// [`Pool::submit`] checks, against this pool's config, and one that
-    /// does not pass (the other process read another config) is taken in
-    /// as failed, with the reason. Either way the commit that stores it
-    /// removes its inbox entry ([`Changes::taken_in`]). An id the pool
-    /// already has is not taken in again: its entry is only removed.
-    pub fn take_in(
-        &mut self,
-        now: Time,
-        id: RequestId,
-        created: Time,
-        new: Result<NewRequest, Refusal>,
-    ) -> TakenIn {
-        self.taken_in.push(id);
-        if self.requests.contains_key(&id) {
-            return TakenIn::Known;
-        }
-        let refusal = match new {
-            Ok(new) => match check(&self.config, &new) {
-                Ok(()) => {
-                    self.insert_request(id, created, new);
-                    return TakenIn::Pending;
-                }
-                Err(why) => Refusal {
-                    requestor: new.requestor,
-                    priority: new.priority,
-                    reason: why.to_string(),
-                },
-            },
-            Err(refusal) => refusal,
-        };
-        let reason = format!(
-            "refused by the process holding the pool: {}",
-            refusal.reason
-        );
-        let new = NewRequest {
-            requestor: refusal.requestor,
-            priority: refusal.priority,
-            wants: Vec::new(),
-        };
-        self.insert_request(id, created, new);
-        self.finish_request(
-            id,
-            RequestState::Failed {
-                at: now,
-                reason: reason.clone(),
-            },
-            now,
-        );
-        TakenIn::Failed(reason)
-    }
-
-    fn insert_request(&mut self, id: RequestId, created: Time, new: NewRequest) {
-        let req = Request {
-            id,
-            requestor: new.requestor,
-            priority: new.priority,
-            created,
-            wants: new.wants.into_iter().filter(|(_, n)| *n > 0).collect(),
-            state: RequestState::Pending,
-            nodes: Vec::new(),
-            failures: 0,
-        };
-        self.pending.insert((req.priority, req.created, id));
-        self.requests.insert(id, req);
-        self.dirty_requests.insert(id);
-    }
-
-    /// Withdraws a pending request; the nodes set aside for it go back to
-    /// the pool.
-    pub fn cancel(&mut self, now: Time, id: RequestId) -> Result<(), Conflict> {
-        let req = self.requests.get(&id).ok_or(Conflict::NoSuchRequest)?;
-        if req.state != RequestState::Pending {
-            return Err(Conflict::NotPending(req.state.name()));
-        }
-        self.finish_request(id, RequestState::Cancelled { at: now }, now);
-        Ok(())
-    }
-
-    /// A client gives a node back.
-    pub fn release(&mut self, now: Time, id: NodeId) -> Result<(), Conflict> {
-        let node = self.nodes.get(&id).ok_or(Conflict::NoSuchNode)?;
-        if !matches!(node.state, NodeState::InUse { .. }) {
-            return Err(Conflict::NotInUse(node.state.name()));
-        }
-        self.update(id, |n| n.state = NodeState::Used { since: now });
-        self.settle_used(id, now);
-        Ok(())
-    }
-
-    /// Sets a node's idle behaviour (and its tag).
-    pub fn set_idle(&mut self, now: Time, id: NodeId, idle: Idle) -> Result<(), Conflict> {
-        let node = self.nodes.get(&id).ok_or(Conflict::NoSuchNode)?;
-        if node.state.is_final() {
-            return Err(Conflict::AlreadyFinal(node.state.name()));
-        }
-        if node.idle == idle {
-            return Ok(());
-        }
-        // Its tag follows (`update`).
-        self.update(id, |n| n.idle = idle);
-        let state = self.nodes[&id].state.clone();
-        match (idle, state) {
-            (Idle::Drain, NodeState::Ready { .. }) if self.nodes[&id].assigned.is_none() => {
-                self.begin_delete(id, DeleteReason::Drained, now)
-            }
-            (Idle::Drain | Idle::Run, NodeState::Used { .. }) => self.settle_used(id, now),
-            (Idle::Run, NodeState::Ready { since }) => {
-                self.ready_timers(id, since);
-                self.check_backing_idle(id, now);
-            }
-            (Idle::Drain, _) if matches!(self.nodes[&id].packing, Packing::Backing { .. }) => {
-                self.check_backing_idle(id, now)
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
-    /// An operator deletes a node, whatever it is doing.
-    pub fn delete(&mut self, now: Time, id: NodeId) -> Result<(), Conflict> {
-        let node = self.nodes.get(&id).ok_or(Conflict::NoSuchNode)?;
-        if node.state.is_final() || matches!(node.state, NodeState::Deleting { .. }) {
-            return Err(Conflict::AlreadyFinal(node.state.name()));
-        }
-        self.begin_delete(id, DeleteReason::Admin, now);
-        Ok(())
-    }
-
     // ---- the step -----------------------------------------------------
 
     /// Advances the pool to `now`: fires due timers, serves requests, keeps
@@ -815,265 +600,5 @@ impl Pool {
             at(t);
         }
         next
-    }
-
-    // ---- node bookkeeping ---------------------------------------------
-
-    /// Changes a node through `f`, keeping every index true and marking it
-    /// for the store. The one way a stored node changes.
-    ///
-    /// What the node's tags say (its idle behaviour, whether it is handed
-    /// out) is owed to its instance once it changes: a set-tags follows
-    /// the commit, for the node or, for a slot node, its backing node.
-    fn update<R>(&mut self, id: NodeId, f: impl FnOnce(&mut Node) -> R) -> Option<R> {
-        let node = self.nodes.get_mut(&id)?;
-        let busy = self.busy.contains(&id);
-        let tagged = tag_view(node);
-        self.ix.remove(node, busy);
-        let r = f(node);
-        self.ix.add(node, busy);
-        self.dirty_nodes.insert(id);
-        let now_tagged = tag_view(node);
-        match node.packing {
-            // A slot node's backing instance shows how many of its slots
-            // are handed out.
-            Packing::Slot { backing, .. } if now_tagged.1.is_some() != tagged.1.is_some() => {
-                self.owe_tags(backing)
-            }
-            Packing::Slot { .. } => {}
-            _ if now_tagged != tagged => self.owe_tags(id),
-            _ => {}
-        }
-        Some(r)
-    }
-
-    /// Owes node `id`'s instance its tags as they now are: sent once no
-    /// other call is in flight for it. A node whose instance is not known
-    /// yet gets them with its create (and `created` owes them again if
-    /// they changed meanwhile); one being deleted needs none.
-    fn owe_tags(&mut self, id: NodeId) {
-        let Some(n) = self.nodes.get(&id) else {
-            return;
-        };
-        let deleting = matches!(n.state, NodeState::Deleting { .. });
-        if n.instance.is_none() || n.state.is_final() || deleting {
-            return;
-        }
-        if matches!(n.packing, Packing::Slot { .. }) {
-            return;
-        }
-        let p = n.provider.0 as usize;
-        self.ix.providers[p].want_tags.insert(id);
-    }
-
-    /// Marks a node's call in flight (or done), which changes what it owes.
-    fn set_busy(&mut self, id: NodeId, busy: bool) {
-        let Some(node) = self.nodes.get(&id) else {
-            return;
-        };
-        let was = self.busy.contains(&id);
-        if was == busy {
-            return;
-        }
-        self.ix.remove(node, was);
-        if busy {
-            self.busy.insert(id);
-        } else {
-            self.busy.remove(&id);
-        }
-        self.ix.add(node, busy);
-    }
-
-    fn insert(&mut self, node: Node) {
-        let busy = self.busy.contains(&node.id);
-        self.ix.add(&node, busy);
-        self.dirty_nodes.insert(node.id);
-        self.nodes.insert(node.id, node);
-    }
-
-    fn fresh_node_id(&mut self) -> NodeId {
-        loop {
-            let id = NodeId(self.ids.next());
-            if !self.nodes.contains_key(&id) {
-                return id;
-            }
-        }
-    }
-
-    fn purge_node(&mut self, id: NodeId) {
-        if let Some(node) = self.nodes.remove(&id) {
-            let busy = self.busy.remove(&id);
-            self.ix.remove(&node, busy);
-            self.attached_at.remove(&id);
-            self.tries.remove(&id);
-            self.create_waits.remove(&id);
-            self.unsure.remove(&id);
-            self.probes.remove(&id);
-            self.tagged_at.remove(&id);
-            self.tags_checked.remove(&id);
-            self.dirty_nodes.remove(&id);
-            self.purged_nodes.push(id);
-        }
-    }
-
-    fn timer(&mut self, at: Time, timer: Timer) {
-        self.timers.insert((at, timer));
-    }
-
-    /// The tags a node's instance carries: what a restart needs, signed
-    /// with the store's key (`identity.rs`), and whether it is handed out.
-    fn node_tags(&self, node: &Node) -> Tags {
-        let mut tags = Tags::new();
-        let label = &self.config[node.label].name;
-        tags.insert(POOL_TAG.into(), self.config.pool_id.clone());
-        tags.insert(NODE_TAG.into(), node.id.to_string());
-        tags.insert(LABEL_TAG.into(), label.clone());
-        tags.insert(IDLE_TAG.into(), node.idle.as_str().into());
-        tags.insert(STORE_TAG.into(), self.identity.generation.clone());
-        let mut slot_tags = None;
-        if let Packing::Backing {
-            slot_label, slots, ..
-        } = &node.packing
-        {
-            let slot_label = &self.config[*slot_label].name;
-            let count = u16::try_from(slots.len()).unwrap_or(u16::MAX);
-            tags.insert(SLOTS_TAG.into(), count.to_string());
-            tags.insert(SLOT_LABEL_TAG.into(), slot_label.clone());
-            slot_tags = Some((slot_label.as_str(), count));
-            let held = slots
-                .iter()
-                .flatten()
-                .filter_map(|s| self.nodes.get(s))
-                .filter(|s| matches!(s.state, NodeState::InUse { .. }))
-                .count();
-            if held > 0 {
-                tags.insert(SLOTS_HELD_TAG.into(), held.to_string());
-            }
-        }
-        if let NodeState::InUse { request, .. } = node.state {
-            tags.insert(REQUEST_TAG.into(), request.to_string());
-        }
-        let signature = self.identity.sign(Signed {
-            pool_id: &self.config.pool_id,
-            node: node.id,
-            label,
-            instance_type: &node.instance_type,
-            slots: slot_tags,
-        });
-        tags.insert(SIG_TAG.into(), signature);
-        tags
-    }
-
-    /// Whether `inst`'s tags under berth's prefix differ from what
-    /// [`Pool::node_tags`] gives `node` now.
-    fn tags_differ(&self, node: &Node, inst: &crate::driver::Instance) -> bool {
-        let berth_tags =
-            (inst.tags.iter()).filter(|(k, _)| k.starts_with(crate::driver::BERTH_TAG_PREFIX));
-        !berth_tags.eq(self.node_tags(node).iter())
-    }
-
-    fn create_spec(&self, node: &Node) -> Option<CreateSpec> {
-        let offer = self.offer_for(node.label, node.provider)?;
-        Some(CreateSpec {
-            node_id: node.id.to_string(),
-            instance_type: offer.instance_type.clone(),
-            image: offer.image.clone(),
-            tags: self.node_tags(node),
-            user_data: None,
-            ssh_public_key: None,
-            options: offer.options.clone(),
-        })
-    }
-
-    fn offer_for(&self, label: LabelIx, provider: ProviderIx) -> Option<&crate::config::Offer> {
-        match &self.config[label].kind {
-            LabelKind::Machine { offers } => offers.iter().find(|o| o.provider == provider),
-            LabelKind::Slots { .. } => None,
-        }
-    }
-}
-
-/// What of a node its tags show beyond what never changes: its idle
-/// behaviour and the request it is handed out to.
-fn tag_view(n: &Node) -> (Idle, Option<RequestId>) {
-    match n.state {
-        NodeState::InUse { request, .. } => (n.idle, Some(request)),
-        _ => (n.idle, None),
-    }
-}
-
-impl Indexes {
-    fn remove(&mut self, n: &Node, busy: bool) {
-        self.touch(n, busy, false);
-    }
-
-    fn add(&mut self, n: &Node, busy: bool) {
-        self.touch(n, busy, true);
-    }
-
-    /// Adds `n` to (or removes it from) every index it belongs in. One
-    /// function for both directions so the two can never disagree.
-    fn touch(&mut self, n: &Node, busy: bool, add: bool) {
-        fn set<T: Ord>(s: &mut BTreeSet<T>, v: T, add: bool) {
-            if add {
-                s.insert(v);
-            } else {
-                s.remove(&v);
-            }
-        }
-        let label = &mut self.labels[n.label.0 as usize];
-        let plain = n.packing == Packing::Plain;
-        let free = plain && n.assigned.is_none() && n.idle == Idle::Run;
-        match n.state {
-            NodeState::Ready { since } if free => set(&mut label.free_ready, (since, n.id), add),
-            NodeState::Creating { .. } | NodeState::Booting { .. } if free => {
-                set(&mut label.free_launching, n.id, add)
-            }
-            _ => {}
-        }
-        if let Packing::Backing { slot_label, .. } = &n.packing
-            && n.state.holds_instance()
-            && !matches!(n.state, NodeState::Deleting { .. })
-        {
-            set(&mut self.labels[slot_label.0 as usize].backings, n.id, add);
-        }
-        let p = &mut self.providers[n.provider.0 as usize];
-        if matches!(n.packing, Packing::Slot { .. }) {
-            return;
-        }
-        if n.state.holds_instance() {
-            let deleting = matches!(n.state, NodeState::Deleting { .. });
-            if add {
-                p.usage.add(n.resources);
-                if deleting {
-                    p.deleting.add(n.resources);
-                }
-            } else {
-                p.usage.sub(n.resources);
-                if deleting {
-                    p.deleting.sub(n.resources);
-                }
-            }
-            if let Some(instance) = &n.instance {
-                if add {
-                    p.with_instance.insert(n.id);
-                    p.holders.insert(instance.clone(), n.id);
-                } else {
-                    p.with_instance.remove(&n.id);
-                    if p.holders.get(instance) == Some(&n.id) {
-                        p.holders.remove(instance);
-                    }
-                }
-            }
-        }
-        if !busy {
-            match n.state {
-                NodeState::Creating { .. } => set(&mut p.want_create, n.id, add),
-                NodeState::Deleting { .. } if n.instance.is_some() => {
-                    set(&mut p.want_delete, n.id, add)
-                }
-                _ => {}
-            }
-        }
     }
 }
