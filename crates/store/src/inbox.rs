@@ -14,8 +14,8 @@
 use berth_core::pool::{RequestId, Time};
 use berth_core::text::{is_requestor, printable};
 
-use crate::StoreError;
-use crate::pg::{LEASES_CHANNEL, LazyClient, Login, NOTIFY_REQUESTS, pg};
+use crate::error::{StoreError, pg};
+use crate::pg::{LEASES_CHANNEL, LazyClient, Login, NOTIFY_REQUESTS};
 
 /// A request accepted by a process standing by, waiting for the pool's
 /// holder to take it in.

@@ -17,10 +17,10 @@ use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, IsolationLevel, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::error::{StoreError, describe, pg};
 use super::value::{Cells, Val};
 use super::{
-    Claimant, Holding, InboxEntry, Loaded, Store, StoreError, StoreFuture, Tenure, inbox, load,
-    write,
+    Claimant, Holding, InboxEntry, Loaded, Store, StoreFuture, Tenure, inbox, load, write,
 };
 use berth_core::config::Config;
 use berth_core::pool::Changes;
@@ -383,29 +383,6 @@ const UNACKNOWLEDGED_LIMIT: std::time::Duration = std::time::Duration::from_secs
 /// The advisory lock key that migrations hold, so that processes starting
 /// together migrate one after the other ("berth" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0062_6572_7468;
-
-/// A driver error in one line, with what the server said: its own
-/// `Display` is only "db error" for everything the server refused.
-pub(super) fn describe(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        let mut text = format!("{}: {}", db.severity(), db.message());
-        if let Some(detail) = db.detail() {
-            text.push_str(&format!(" ({detail})"));
-        }
-        return text;
-    }
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        text.push_str(&format!(": {c}"));
-        cause = c.source();
-    }
-    text
-}
-
-pub(super) fn pg(doing: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
-    move |error| StoreError::Postgres { doing, error }
-}
 
 /// [`pg`] for a statement that runs `berth_fence`: its own refusal is
 /// [`StoreError::Fenced`] (the epoch is filled in by the store).
@@ -1301,21 +1278,6 @@ impl Store for PgStore {
         Box::pin(self.within("reading the inbox", after, async move |s| {
             s.inbox_now(limit).await
         }))
-    }
-}
-
-/// Whether `e` means the connection is gone (closed, refused, reset, timed
-/// out, or ended by the server: classes 08 and 57), not that a statement
-/// was refused or a value could not be sent.
-pub(super) fn lost(e: &tokio_postgres::Error) -> bool {
-    match e.as_db_error() {
-        None => {
-            e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
-        }
-        Some(db) => {
-            let code = db.code().code();
-            code.starts_with("08") || code.starts_with("57")
-        }
     }
 }
 

@@ -17,10 +17,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::{Client, Statement};
 
+use crate::Claimant;
+use crate::error::{StoreError, lost};
 use crate::pg::{
     LEASES_CHANNEL, Login, NOTIFY_POOL, NOTIFY_PROVIDERS, NOTIFY_REQUESTS, connect_listening,
 };
-use crate::{Claimant, StoreError};
 
 /// A heartbeat's statement: see the module docs and migration step 4.
 const BEAT: &str = "SELECT provider, holder, address, epoch, expires, remaining_ms, members \
@@ -237,7 +238,7 @@ impl PgShards {
                 });
             }
             Ok(Err(error)) => {
-                if crate::pg::lost(&error) {
+                if lost(&error) {
                     self.disconnect();
                 }
                 return Err(StoreError::Postgres {
