@@ -20,6 +20,7 @@
 //! ARCHITECTURE.md ("Several berth processes, one pool") has the whole
 //! story.
 
+mod connect;
 mod copy;
 mod error;
 mod identity;
