@@ -2,7 +2,7 @@
 //! (`berth store migrate`: the embedded SQLite file onto PostgreSQL).
 
 use super::error::StoreError;
-use super::{Loaded, Store};
+use super::store::{Loaded, Store};
 use berth_core::config::Config;
 use berth_core::pool::Changes;
 

@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use super::Loaded;
 use super::error::StoreError;
 use super::rows::{NodeRow, RawNodeRow, RequestRow};
+use super::store::Loaded;
 use super::value::{Cells, Reader};
 use super::write::{Versioned, Versions};
 use berth_core::config::Config;

@@ -25,10 +25,10 @@ pub(super) use self::migrations::{MIGRATIONS, migrate};
 use self::pipeline::{pg_text, pipeline};
 use super::connect::{DEADLINE_MIN, LEASES_CHANNEL, Login, NOTIFY_POOL, connect};
 use super::error::{StoreError, pg};
+use super::inbox::InboxEntry;
+use super::store::{Claimant, Holding, Loaded, Store, StoreFuture, Tenure};
 use super::value::{Cells, Val};
-use super::{
-    Claimant, Holding, InboxEntry, Loaded, Store, StoreFuture, Tenure, inbox, load, write,
-};
+use super::{inbox, load, write};
 use berth_core::config::Config;
 use berth_core::pool::Changes;
 use strum::IntoEnumIterator;

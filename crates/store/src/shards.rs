@@ -17,12 +17,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::{Client, Statement};
 
-use crate::Claimant;
 use crate::connect::{
     DEADLINE_MIN, LEASES_CHANNEL, Login, NOTIFY_POOL, NOTIFY_PROVIDERS, NOTIFY_REQUESTS,
     connect_listening,
 };
 use crate::error::{StoreError, lost};
+use crate::store::Claimant;
 
 /// A heartbeat's statement: see the module docs and migration step 4.
 const BEAT: &str = "SELECT provider, holder, address, epoch, expires, remaining_ms, members \

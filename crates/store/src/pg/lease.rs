@@ -2,10 +2,9 @@
 //! holds it, what `berth_fence` is called with while this process holds
 //! it, and how the fence's refusal reads ([`StoreError::Fenced`]).
 
-use crate::Claimant;
-use crate::Holding;
 use crate::connect::FENCED;
 use crate::error::StoreError;
+use crate::store::{Claimant, Holding};
 
 /// Takes the pool's lease when it is free, expired, or already this
 /// process's under the epoch it holds ($4); a takeover bumps the epoch.
