@@ -32,6 +32,7 @@ mod rows;
 mod schema;
 mod shards;
 mod sqlite;
+mod sqlite_records;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -45,4 +46,5 @@ pub use pg::PgStore;
 pub use records::PgRecords;
 pub use shards::{Announced, Lease, PgShards, Roster};
 pub use sqlite::SqliteStore;
+pub use sqlite_records::SqliteRecords;
 pub use store::{Claimant, Holding, Loaded, Store, StoreFuture, Tenure};
