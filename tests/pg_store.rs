@@ -855,9 +855,10 @@ async fn store_migrate_moves_a_sqlite_pool_onto_postgres() {
     server.terminate().await.assert_success();
     // A driver's record beside the store, as the static driver keeps its
     // hosts: it goes along.
-    let records = berth::plugin::DriverState::open(&dir.path().join("state/driver-state.sqlite"))
-        .unwrap()
-        .space("sim");
+    let records = berth::plugin::DriverState::on(std::sync::Arc::new(
+        berth::store::SqliteRecords::open(&dir.path().join("state/driver-state.sqlite")).unwrap(),
+    ))
+    .space("sim");
     let stored = records
         .compare_and_swap("host/a".into(), None, Some("node 1".into()))
         .await;

@@ -334,7 +334,9 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             let records_file = from.with_file_name("driver-state.sqlite");
             let mut records = 0;
             if records_file.is_file() {
-                let source = berth::plugin::DriverState::open(&records_file)?;
+                let source = berth::plugin::DriverState::on(std::sync::Arc::new(
+                    berth::store::SqliteRecords::open(&records_file)?,
+                ));
                 let target = berth::plugin::DriverState::on(std::sync::Arc::new(target.records()));
                 let providers = settings.pool.providers.iter().map(|p| p.name.as_str());
                 records = source.copy_into(&target, providers).await.map_err(|e| {

@@ -1,21 +1,22 @@
 //! The `state` and `net` imports of the driver world: durable key/value
 //! records per provider, and a TCP probe under the provider's allow-list.
 //!
-//! Records are kept by a [`Records`]: by default a SQLite file of their own
-//! (`driver-state.sqlite` in the state directory), apart from the pool's
-//! store, as drivers write to it from their own calls, concurrently with the
-//! pool's commits, and a driver can never reach the pool's tables. With the
-//! pool on PostgreSQL the records are kept there instead (the store's
-//! `PgRecords`), shared by every process. Every provider has its own key
-//! space.
+//! Records are kept by the [`Records`] the caller gives
+//! ([`DriverState::on`]): the service's is the store's `SqliteRecords`, a
+//! SQLite file of their own (`driver-state.sqlite` in the state directory),
+//! apart from the pool's store, as drivers write to it from their own calls,
+//! concurrently with the pool's commits, and a driver can never reach the
+//! pool's tables. With the pool on PostgreSQL the records are kept there
+//! instead (the store's `PgRecords`), shared by every process.
+//! [`DriverState::in_memory`] keeps them in memory, for `berth driver test`
+//! and tests. Every provider has its own key space.
 
-use std::path::Path;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use berth_core::driver::records::{MAX_KEY, MAX_KEYS, MAX_VALUE, Records, RecordsFuture};
 use berth_core::driver::records::{over_budget, too_many_keys};
-use rusqlite::{Connection, OptionalExtension, params};
 
 use super::bindings;
 use super::sandbox::StoreState;
@@ -36,17 +37,9 @@ impl std::fmt::Debug for DriverState {
 }
 
 impl DriverState {
-    /// Opens (creating if needed) the records file at `path`.
-    pub fn open(path: &Path) -> anyhow::Result<DriverState> {
-        Ok(Self::on(Arc::new(SqliteRecords::open(path)?)))
-    }
-
     /// Records that live as long as the value: `berth driver test`, tests.
     pub fn in_memory() -> DriverState {
-        Self::on(Arc::new(
-            SqliteRecords::setup(Connection::open_in_memory().expect("in-memory SQLite"))
-                .expect("in-memory driver state"),
-        ))
+        Self::on(Arc::new(MemoryRecords::default()))
     }
 
     /// Records kept by `records`.
@@ -144,65 +137,32 @@ impl StateSpace {
     }
 }
 
-/// Records in a SQLite file of this process's own.
-struct SqliteRecords {
-    conn: Arc<Mutex<Connection>>,
+/// Each provider's records, by key in byte order.
+type Spaces = BTreeMap<Arc<str>, BTreeMap<String, String>>;
+
+/// Records in this process's memory, as long as the value lives. They
+/// answer as the store's `SqliteRecords` does: the same compare-and-swap,
+/// keys in byte order, the same scan budget and the same key limit.
+#[derive(Default)]
+struct MemoryRecords {
+    spaces: Mutex<Spaces>,
 }
 
-impl SqliteRecords {
-    fn open(path: &Path) -> anyhow::Result<SqliteRecords> {
-        let conn = Connection::open(path)
-            .map_err(|e| anyhow::anyhow!("opening driver state {}: {e}", path.display()))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        // A record a driver has been told it stored (a host it allocated)
-        // survives power loss, as the pool's own records do by default.
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        Self::setup(conn)
-    }
-
-    fn setup(conn: Connection) -> anyhow::Result<SqliteRecords> {
-        conn.busy_timeout(Duration::from_secs(5))?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS records (
-                provider TEXT NOT NULL,
-                key TEXT NOT NULL,
-                value TEXT NOT NULL,
-                PRIMARY KEY (provider, key)
-            ) WITHOUT ROWID;",
-        )?;
-        Ok(SqliteRecords {
-            conn: Arc::new(Mutex::new(conn)),
-        })
-    }
-
-    fn with<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<Result<T, String>> + Send + 'static,
-    ) -> RecordsFuture<'static, T> {
-        let conn = self.conn.clone();
+impl MemoryRecords {
+    fn with<'a, T>(
+        &'a self,
+        f: impl FnOnce(&mut Spaces) -> Result<T, String> + Send + 'a,
+    ) -> RecordsFuture<'a, T> {
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || {
-                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-                f(&mut conn)
-            })
-            .await
-            .map_err(|e| format!("driver state: {e}"))?
-            .map_err(|e| format!("driver state: {e}"))?
+            let mut spaces = self.spaces.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut spaces)
         })
     }
 }
 
-impl Records for SqliteRecords {
+impl Records for MemoryRecords {
     fn get(&self, provider: Arc<str>, key: String) -> RecordsFuture<'_, Option<String>> {
-        self.with(move |c| {
-            c.query_row(
-                "SELECT value FROM records WHERE provider = ?1 AND key = ?2",
-                params![&*provider, key],
-                |r| r.get(0),
-            )
-            .optional()
-            .map(Ok)
-        })
+        self.with(move |spaces| Ok(spaces.get(&provider).and_then(|s| s.get(&key)).cloned()))
     }
 
     fn scan(
@@ -211,24 +171,26 @@ impl Records for SqliteRecords {
         prefix: String,
         max_bytes: u64,
     ) -> RecordsFuture<'_, Vec<(String, String)>> {
-        self.with(move |c| {
-            // `substr` rather than LIKE: keys may hold `%` and `_`.
-            let mut st = c.prepare_cached(
-                "SELECT key, value FROM records WHERE provider = ?1
-                 AND substr(key, 1, length(?2)) = ?2 ORDER BY key",
-            )?;
-            let mut rows = st.query(params![&*provider, prefix])?;
+        self.with(move |spaces| {
             let mut out = Vec::new();
+            // A prefix holding NUL finds nothing, as in the file: there,
+            // SQLite's `length` counts the characters before the first NUL.
+            if prefix.contains('\0') {
+                return Ok(out);
+            }
             let mut bytes = 0u64;
-            while let Some(row) = rows.next()? {
-                let (key, value): (String, String) = (row.get(0)?, row.get(1)?);
+            let held = spaces
+                .get(&provider)
+                .into_iter()
+                .flat_map(|s| s.range(prefix.clone()..));
+            for (key, value) in held.take_while(|(key, _)| key.starts_with(&prefix)) {
                 bytes += (key.len() + value.len()) as u64;
                 if bytes > max_bytes {
-                    return Ok(Err(over_budget(max_bytes)));
+                    return Err(over_budget(max_bytes));
                 }
-                out.push((key, value));
+                out.push((key.clone(), value.clone()));
             }
-            Ok(Ok(out))
+            Ok(out)
         })
     }
 
@@ -239,45 +201,27 @@ impl Records for SqliteRecords {
         expected: Option<String>,
         value: Option<String>,
     ) -> RecordsFuture<'_, bool> {
-        self.with(move |c| {
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let current: Option<String> = tx
-                .query_row(
-                    "SELECT value FROM records WHERE provider = ?1 AND key = ?2",
-                    params![&*provider, key],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            if current != expected {
-                return Ok(Ok(false));
+        self.with(move |spaces| {
+            let space = spaces.entry(provider).or_default();
+            let current = space.get(&key);
+            if current != expected.as_ref() {
+                return Ok(false);
             }
             match value {
                 None => {
-                    tx.execute(
-                        "DELETE FROM records WHERE provider = ?1 AND key = ?2",
-                        params![&*provider, key],
-                    )?;
+                    space.remove(&key);
                 }
                 Some(v) => {
                     if current.is_none() {
-                        let n: u64 = tx.query_row(
-                            "SELECT count(*) FROM records WHERE provider = ?1",
-                            params![&*provider],
-                            |r| r.get(0),
-                        )?;
+                        let n = space.len() as u64;
                         if n >= MAX_KEYS {
-                            return Ok(Err(too_many_keys(n)));
+                            return Err(too_many_keys(n));
                         }
                     }
-                    tx.execute(
-                        "INSERT INTO records (provider, key, value) VALUES (?1, ?2, ?3)
-                         ON CONFLICT (provider, key) DO UPDATE SET value = excluded.value",
-                        params![&*provider, key, v],
-                    )?;
+                    space.insert(key, v);
                 }
             }
-            tx.commit()?;
-            Ok(Ok(true))
+            Ok(true)
         })
     }
 }
@@ -427,16 +371,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn records_survive_reopening_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("driver-state.sqlite");
-        {
-            let s = DriverState::open(&path).unwrap().space("p");
-            s.compare_and_swap("host/a".into(), None, Some("node-1".into()))
-                .await
-                .unwrap();
+    async fn a_new_key_past_the_most_allowed_is_refused_and_held_keys_still_change() {
+        let a = DriverState::in_memory().space("a");
+        for i in 1..=MAX_KEYS {
+            let stored = a.compare_and_swap(format!("h/{i}"), None, Some("v".into()));
+            assert_eq!(stored.await, Ok(true));
         }
-        let s = DriverState::open(&path).unwrap().space("p");
-        assert_eq!(s.get("host/a".into()).await, Ok(Some("node-1".into())));
+        assert_eq!(
+            a.compare_and_swap("new".into(), None, Some("v".into()))
+                .await,
+            Err(too_many_keys(MAX_KEYS))
+        );
+        assert_eq!(
+            a.compare_and_swap("h/1".into(), Some("v".into()), Some("w".into()))
+                .await,
+            Ok(true)
+        );
+        assert_eq!(
+            a.compare_and_swap("h/1".into(), Some("w".into()), None)
+                .await,
+            Ok(true)
+        );
+        assert_eq!(
+            a.compare_and_swap("new".into(), None, Some("v".into()))
+                .await,
+            Ok(true)
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! Moving a pool's records from one store into another, empty one
 //! (`berth store migrate`: the embedded SQLite file onto PostgreSQL).
 
-use super::{Loaded, Store, StoreError};
+use super::error::StoreError;
+use super::store::{Loaded, Store};
 use berth_core::config::Config;
 use berth_core::pool::Changes;
 

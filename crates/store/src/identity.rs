@@ -5,7 +5,7 @@
 
 use berth_core::pool::{Identity, is_generation};
 
-use super::StoreError;
+use super::error::StoreError;
 use super::value::{Cells, Reader, Val};
 
 /// Puts an identity into a store that has none yet: a new generation and

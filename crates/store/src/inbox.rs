@@ -14,8 +14,8 @@
 use berth_core::pool::{RequestId, Time};
 use berth_core::text::{is_requestor, printable};
 
-use crate::StoreError;
-use crate::pg::{LEASES_CHANNEL, LazyClient, Login, NOTIFY_REQUESTS, pg};
+use crate::connect::{DEADLINE_MIN, LEASES_CHANNEL, LazyClient, Login, NOTIFY_REQUESTS};
+use crate::error::{StoreError, pg};
 
 /// A request accepted by a process standing by, waiting for the pool's
 /// holder to take it in.
@@ -92,7 +92,7 @@ impl PgInbox {
         ];
         // A database that stops answering fails the send (the client is
         // answered 503) instead of holding it.
-        let after = crate::pg::DEADLINE_MIN * 2;
+        let after = DEADLINE_MIN * 2;
         let doing = "putting a request into the inbox";
         let rows = match tokio::time::timeout(after, client.query(SEND, &params)).await {
             Ok(rows) => rows.map_err(pg(doing))?,

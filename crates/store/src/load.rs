@@ -6,10 +6,11 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
+use super::error::StoreError;
 use super::rows::{NodeRow, RawNodeRow, RequestRow};
+use super::store::Loaded;
 use super::value::{Cells, Reader};
 use super::write::{Versioned, Versions};
-use super::{Loaded, StoreError};
 use berth_core::config::Config;
 use berth_core::pool::{
     GoneReason, Identity, Lease, Node, NodeId, NodeState, Packing, Request, RequestId,

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use berth_core::driver::records::{MAX_KEYS, Records, RecordsFuture, over_budget, too_many_keys};
 use tokio_postgres::Client;
 
-use crate::StoreError;
-use crate::pg::{FENCED, LazyClient, Login, describe};
+use crate::connect::{FENCED, LazyClient, Login};
+use crate::error::{StoreError, describe};
 
 /// Driver records in the pool's PostgreSQL database ([`crate::PgStore::records`]).
 pub struct PgRecords {

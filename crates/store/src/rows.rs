@@ -3,7 +3,7 @@
 //! `Idle::as_str`…), read back through the same names (`NodeStateName`,
 //! `Idle`'s `FromStr`), so the two directions cannot drift apart.
 
-use super::StoreError;
+use super::error::StoreError;
 use super::value::{Cells, Reader, Val, big};
 use berth_core::config::{Config, LabelIx, ProviderIx};
 use berth_core::driver::{Addresses, Connection as Login};

@@ -3,7 +3,7 @@
 
 use rusqlite::Connection;
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// Schema steps, in order; step `i` takes the database to version `i + 1`,
 /// kept in `PRAGMA user_version`. A step that has shipped is never edited: a

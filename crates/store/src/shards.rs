@@ -17,10 +17,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::{Client, Statement};
 
-use crate::pg::{
-    LEASES_CHANNEL, Login, NOTIFY_POOL, NOTIFY_PROVIDERS, NOTIFY_REQUESTS, connect_listening,
+use crate::connect::{
+    DEADLINE_MIN, LEASES_CHANNEL, Login, NOTIFY_POOL, NOTIFY_PROVIDERS, NOTIFY_REQUESTS,
+    connect_listening,
 };
-use crate::{Claimant, StoreError};
+use crate::error::{StoreError, lost};
+use crate::store::Claimant;
 
 /// A heartbeat's statement: see the module docs and migration step 4.
 const BEAT: &str = "SELECT provider, holder, address, epoch, expires, remaining_ms, members \
@@ -220,7 +222,7 @@ impl PgShards {
         // A database that stops answering is a lost connection after this,
         // not a heartbeat that never ends (the gates shut meanwhile, when
         // the leases could lapse).
-        let after = (self.me.ttl * 2).max(crate::pg::DEADLINE_MIN);
+        let after = (self.me.ttl * 2).max(DEADLINE_MIN);
         let rows = {
             let (client, _, beat) = self.connection().await?;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
@@ -237,7 +239,7 @@ impl PgShards {
                 });
             }
             Ok(Err(error)) => {
-                if crate::pg::lost(&error) {
+                if lost(&error) {
                     self.disconnect();
                 }
                 return Err(StoreError::Postgres {

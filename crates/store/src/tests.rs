@@ -10,14 +10,19 @@
 //! `user_version`, PostgreSQL's `berth_schema` and migration lock) is tested
 //! on that one.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
+use rusqlite::Connection;
+
 use super::*;
-use berth_core::config::{Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, Timings};
+use berth_config::StoreSync;
+use berth_core::config::{Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, Timings};
 use berth_core::driver::{Addresses, Connection as Login};
 use berth_core::pool::{
-    DeleteReason, Endpoint, GoneReason, Identity, Idle, Lease, Node, NodeId, NodeState, Packing,
-    Request, RequestId, RequestState, Resources, Time,
+    Changes, DeleteReason, Endpoint, GoneReason, Identity, Idle, Lease, Node, NodeId, NodeState,
+    Packing, Request, RequestId, RequestState, Resources, Time,
 };
 
 const BIG: LabelIx = LabelIx(0);

@@ -3,7 +3,7 @@
 //! assembles ([`super::load`]) are written once, and a backend only moves
 //! [`Val`]s in and out of its own driver.
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// One column's value. Integers are 64-bit in every backend's schema.
 #[derive(Clone, Debug, PartialEq)]

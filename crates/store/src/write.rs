@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 
 use strum::IntoEnumIterator;
 
-use super::StoreError;
+use super::error::StoreError;
 use super::rows::{NodeRow, RequestRow, label_name};
 use super::value::Val;
 use berth_core::config::Config;

@@ -127,8 +127,10 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
         Some(records) => records,
         None => {
             let path = state_dir.join("driver-state.sqlite");
-            DriverState::open(&path)
-                .with_context(|| format!("opening the driver records {}", path.display()))?
+            DriverState::on(Arc::new(
+                berth_store::SqliteRecords::open(&path)
+                    .with_context(|| format!("opening the driver records {}", path.display()))?,
+            ))
         }
     };
     // In the background: a driver that fails to start costs its own
