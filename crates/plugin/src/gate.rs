@@ -8,9 +8,13 @@
 //! paused (SIGSTOP, a stalled VM) past its lease sends nothing when it
 //! resumes, whatever it was doing when it stopped: the check reads the
 //! monotonic clock, which runs on while the process is stopped.
+//!
+//! The clock is tokio's: the monotonic clock itself in a running berth, and
+//! one that tests on paused time move, like the lease it follows.
 
 use std::sync::Mutex;
-use std::time::Instant;
+
+use tokio::time::Instant;
 
 /// The gate; share it behind an `Arc`.
 #[derive(Debug)]
@@ -59,7 +63,8 @@ impl Gate {
         }
     }
 
-    /// Whether a request may be sent now.
+    /// Whether a request may be sent now. Read on any thread: outside a
+    /// runtime with paused time, tokio's clock is the monotonic clock.
     pub fn is_open(&self) -> bool {
         self.is_open_at(Instant::now())
     }

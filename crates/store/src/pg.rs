@@ -147,7 +147,7 @@ impl PgStore {
             return Ok(Tenure::Alone);
         };
         let held = self.holding.map_or(-1, |h| h.epoch);
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         let row = self
             .client
             .query_opt(CLAIM, &[&me.holder, &me.address, &ttl_ms(&me), &held])
@@ -192,7 +192,7 @@ impl PgStore {
         let Some(fence) = fence_args(&self.claimant, self.holding)? else {
             return self.ping().await;
         };
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         let renewed = self
             .client
             .query_one(&self.fence, &[&fence.0, &fence.1, &fence.2])
@@ -207,7 +207,7 @@ impl PgStore {
     /// another process's now, and this store no longer holds it.
     fn confirmed(
         &mut self,
-        sent: std::time::Instant,
+        sent: tokio::time::Instant,
         result: Result<Option<std::time::SystemTime>, StoreError>,
     ) -> Result<(), StoreError> {
         match result {
@@ -367,7 +367,7 @@ impl PgStore {
         let fence = fence_args(&self.claimant, self.holding)?;
         let (taken, count) = inbox::claim_args(&changes.taken_in);
         let claim = (!taken.is_empty()).then_some((&self.claim, (taken.as_slice(), count)));
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         let committed = pipeline(
             &mut self.client,
             &self.statements,

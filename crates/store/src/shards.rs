@@ -13,7 +13,9 @@
 //! other), and answers every lease as it now stands, the pool's too. A
 //! takeover bumps the lease's epoch.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use tokio_postgres::{Client, Statement};
 
@@ -61,7 +63,8 @@ pub struct Announced {
 /// Every lease as one heartbeat found it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Roster {
-    /// When the heartbeat's statement was sent, by the monotonic clock;
+    /// When the heartbeat's statement was sent, by the monotonic clock as
+    /// tokio reads it;
     /// `None` before the first one.
     pub sent: Option<Instant>,
     /// Processes whose membership has not expired, this one included.

@@ -4,6 +4,7 @@
 //! ([`Claimant`]).
 
 use std::time::Duration;
+use tokio::time::Instant;
 
 use berth_core::config::Config;
 use berth_core::pool::{Changes, Snapshot};
@@ -83,7 +84,7 @@ impl Claimant {
     /// certainly still holds: no other process can take the pool over
     /// before `sent + ttl` by the server's clock, and a fifth of the TTL is
     /// kept back for clocks that do not run quite alike.
-    pub fn valid_until(&self, sent: std::time::Instant) -> std::time::Instant {
+    pub fn valid_until(&self, sent: Instant) -> Instant {
         sent + self.ttl - self.ttl / 5
     }
 }
@@ -110,11 +111,12 @@ pub struct Holding {
     /// The fencing token: bumped at each takeover, and checked by every
     /// commit.
     pub epoch: i64,
-    /// When the confirming statement was sent, by the monotonic clock.
-    pub renewed: std::time::Instant,
-    /// By this process's monotonic clock, the moment before which no other
-    /// process can have taken the pool over ([`Claimant::valid_until`]).
-    pub valid_until: std::time::Instant,
+    /// When the confirming statement was sent, by the monotonic clock as
+    /// tokio reads it (which tests on paused time control).
+    pub renewed: Instant,
+    /// By the same clock, the moment before which no other process can
+    /// have taken the pool over ([`Claimant::valid_until`]).
+    pub valid_until: Instant,
     /// When the lease expires unrenewed, by the database's clock.
     pub expires: std::time::SystemTime,
 }

@@ -203,7 +203,7 @@ impl Handle {
     /// none is held.
     pub fn lease_uncertain(&self) -> Option<Duration> {
         let held = (*self.lease.lock().ok()?)?;
-        std::time::Instant::now().checked_duration_since(held.valid_until)
+        tokio::time::Instant::now().checked_duration_since(held.valid_until)
     }
 
     /// Whether the pool is shared by several processes (a PostgreSQL

@@ -175,7 +175,6 @@ impl Loop {
     /// halfway through the time it is certain for.
     pub(super) fn renewal_due(&self) -> Option<tokio::time::Instant> {
         let held = self.store.holding()?;
-        let due = held.renewed + held.valid_until.saturating_duration_since(held.renewed) / 2;
-        Some(tokio::time::Instant::from_std(due))
+        Some(held.renewed + held.valid_until.saturating_duration_since(held.renewed) / 2)
     }
 }

@@ -21,6 +21,8 @@ use berth_plugin::Deletion;
 use berth_plugin::{CallError, CallErrorKind};
 use berth_store::SqliteStore;
 
+mod failover;
+
 /// Where every test's wall clock starts.
 const T0: Time = Time(1_700_000_000_000);
 
@@ -122,6 +124,23 @@ impl Cloud for Fake {
 /// One provider `fake`, one label `small` on it (single use, nothing kept
 /// ready), and the pool's task running on them with an in-memory store.
 fn start(fake: &Arc<Fake>, lease_ttl: Duration) -> Service {
+    let config = config(lease_ttl);
+    let store = SqliteStore::open_in_memory(config.clone()).expect("store");
+    let cloud: Arc<dyn Cloud> = fake.clone();
+    let parts = Parts {
+        providers: Providers::fixed(vec![("fake".into(), cloud)]),
+        store: Box::new(store),
+        clock: Clock::starting_at(T0),
+        observer: Arc::new(Deaf),
+        gate: Arc::new(berth_plugin::Gate::always()),
+        backend: Backend::Embedded,
+    };
+    Service::spawn(Pool::new(config, 7), parts)
+}
+
+/// The config of [`start`]: provider `fake`, label `small`, requestor
+/// leases of `lease_ttl`.
+fn config(lease_ttl: Duration) -> Arc<Config> {
     let offer = Offer {
         provider: ProviderIx(0),
         instance_type: "s".into(),
@@ -141,24 +160,13 @@ fn start(fake: &Arc<Fake>, lease_ttl: Duration) -> Service {
             },
         )
     };
-    let config = Arc::new(Config {
+    Arc::new(Config {
         pool_id: "paused".into(),
         timings: Timings::default(),
         providers: vec![Provider::new("fake")],
         labels: vec![label],
         lease_ttl,
-    });
-    let store = SqliteStore::open_in_memory(config.clone()).expect("store");
-    let cloud: Arc<dyn Cloud> = fake.clone();
-    let parts = Parts {
-        providers: Providers::fixed(vec![("fake".into(), cloud)]),
-        store: Box::new(store),
-        clock: Clock::starting_at(T0),
-        observer: Arc::new(Deaf),
-        gate: Arc::new(berth_plugin::Gate::always()),
-        backend: Backend::Embedded,
-    };
-    Service::spawn(Pool::new(config, 7), parts)
+    })
 }
 
 fn one_small() -> NewRequest {
