@@ -6,14 +6,14 @@ use std::time::Duration;
 use berth_core::config::Config;
 use toml::Table;
 
-use crate::settings::{Api, Role, Token};
+use crate::settings::{ApiSettings, Role, Token};
 use crate::walker::{Section, Walker, join};
 
 impl Walker<'_> {
     /// `[api]`, and the pool's lease TTL that it holds.
-    pub(crate) fn api(&mut self, t: &Table) -> (Api, Duration) {
+    pub(crate) fn api(&mut self, t: &Table) -> (ApiSettings, Duration) {
         let mut s = Section::new("api".into(), t);
-        let d = Api::default();
+        let d = ApiSettings::default();
         let listen = match self.string(&mut s, "listen") {
             None => d.listen,
             Some(text) => match text.parse::<std::net::SocketAddr>() {
@@ -78,7 +78,7 @@ impl Walker<'_> {
                 ),
             );
         }
-        let api = Api {
+        let api = ApiSettings {
             listen,
             tokens,
             header_timeout,

@@ -4,7 +4,7 @@
 //! The settings are plain data, split by who reads them: the pool core gets
 //! [`Config`] (labels, offers, limits, timings) and nothing else; the
 //! runtime gets each provider's [`DriverSettings`] (driver file, driver
-//! config, sandbox limits, credentials); the service gets [`Api`]. Secrets
+//! config, sandbox limits, credentials); the service gets [`ApiSettings`]. Secrets
 //! reach the driver config, credentials and API tokens through `${ENV}`
 //! interpolation and are never printed: their `Debug` shows them redacted.
 
@@ -37,5 +37,6 @@ pub use sandbox::{
     AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret, canonical_ip,
 };
 pub use settings::{
-    Api, DriverSettings, Password, Postgres, Role, Settings, StoreSettings, StoreSync, Token,
+    ApiSettings, DriverSettings, Password, Postgres, Role, Settings, StoreSettings, StoreSync,
+    Token,
 };

@@ -14,7 +14,7 @@ use toml::Table;
 
 use crate::locate::locate;
 use crate::problem::{ConfigErrors, Location, Problem};
-use crate::settings::{Api, Settings, StoreSettings};
+use crate::settings::{ApiSettings, Settings, StoreSettings};
 use crate::walker::{Section, Walker, join, valid_name};
 
 /// The size reader, where the tests have always named it.
@@ -105,7 +105,7 @@ impl Walker<'_> {
         let labels_table = self.table(&mut s, "labels");
         let (api, lease_ttl) = match self.table(&mut s, "api") {
             Some(t) => self.api(t),
-            None => (Api::default(), Config::DEFAULT_LEASE_TTL),
+            None => (ApiSettings::default(), Config::DEFAULT_LEASE_TTL),
         };
         let store = match self.table(&mut s, "store") {
             Some(t) => self.store(t, base),

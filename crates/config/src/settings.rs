@@ -1,6 +1,6 @@
 //! The checked settings, plain data split by who reads them: the pool
 //! core's `Config`, each provider's [`DriverSettings`], the service's
-//! [`Api`] and the [`StoreSettings`]. Secrets in them print redacted.
+//! [`ApiSettings`] and the [`StoreSettings`]. Secrets in them print redacted.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -22,7 +22,7 @@ pub struct Settings {
     /// Each provider's driver and sandbox, in the order of `pool.providers`.
     pub drivers: Vec<DriverSettings>,
     /// The HTTP service: where it listens, tokens, limits.
-    pub api: Api,
+    pub api: ApiSettings,
     /// The pool's store (`[store]`).
     pub store: StoreSettings,
 }
@@ -116,7 +116,7 @@ pub enum StoreSync {
 
 /// The HTTP service's settings (`[api]`; its `lease-ttl` is the pool's).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Api {
+pub struct ApiSettings {
     /// Where `berth serve` listens unless `--listen` says otherwise.
     pub listen: std::net::SocketAddr,
     /// Bearer tokens (`[api.tokens.NAME]`). None configured: every caller is
@@ -137,7 +137,7 @@ pub struct Api {
     pub advertise: Option<String>,
 }
 
-impl Api {
+impl ApiSettings {
     pub const DEFAULT_LISTEN: std::net::SocketAddr = std::net::SocketAddr::V4(
         std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 8080),
     );
@@ -146,9 +146,9 @@ impl Api {
     pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 }
 
-impl Default for Api {
+impl Default for ApiSettings {
     fn default() -> Self {
-        Api {
+        ApiSettings {
             listen: Self::DEFAULT_LISTEN,
             tokens: Vec::new(),
             header_timeout: Self::DEFAULT_HEADER_TIMEOUT,

@@ -437,7 +437,7 @@ token = "admin-0123456789abcdef"
     assert!(!shown.contains("ci-token-0123") && !shown.contains("admin-0123"));
 
     let d = parse("pool-id = \"p\"", Path::new("."), &env).expect("valid");
-    assert_eq!(d.api, Api::default());
+    assert_eq!(d.api, ApiSettings::default());
     assert!(d.api.listen.ip().is_loopback());
 }
 

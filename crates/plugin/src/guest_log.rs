@@ -36,7 +36,7 @@ const MAX_VALUE: usize = 1024;
 pub(crate) const RECORD_OVERHEAD: u64 = 128;
 
 /// One provider's gate for driver log records.
-pub(crate) struct LogGate {
+pub(crate) struct LogBudget {
     provider: Arc<str>,
     started: Instant,
     /// Plain mutex: held only to take a token, never across an await.
@@ -72,13 +72,13 @@ const SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 /// Seconds' worth of a budget a provider may spend at once.
 const BURST_SECONDS: u32 = 5;
 
-impl LogGate {
+impl LogBudget {
     /// `rate` records and `bytes` bytes per second, up to
     /// [`BURST_SECONDS`]' worth of each at once.
-    pub fn new(provider: Arc<str>, rate: u32, bytes: u64) -> LogGate {
+    pub fn new(provider: Arc<str>, rate: u32, bytes: u64) -> LogBudget {
         let records = f64::from(rate.max(1));
         let bytes = bytes.max(1);
-        LogGate {
+        LogBudget {
             provider,
             started: Instant::now(),
             bucket: Mutex::new(Gate {
@@ -103,7 +103,7 @@ impl LogGate {
         self.admit_at(bytes, Time(self.started.elapsed().as_millis() as u64))
     }
 
-    /// [`LogGate::admit`] at `now`.
+    /// [`LogBudget::admit`] at `now`.
     fn admit_at(&self, bytes: usize, now: Time) -> Option<Dropped> {
         let cost = bytes as u64 + RECORD_OVERHEAD;
         let mut gate = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,7 +192,7 @@ impl bindings::berth::driver::log::Host for StoreState {
 pub(crate) struct GuestOutput {
     pub provider: Arc<str>,
     pub stream: &'static str,
-    pub gate: Arc<LogGate>,
+    pub gate: Arc<LogBudget>,
     /// Where the instance's caller logs (stdio is written from a task of
     /// its own).
     pub dispatch: tracing::Dispatch,
@@ -276,14 +276,14 @@ impl tokio::io::AsyncWrite for LineLogger {
 mod tests {
     use super::*;
 
-    fn admit_at(gate: &LogGate, bytes: usize, now: Time) -> bool {
+    fn admit_at(gate: &LogBudget, bytes: usize, now: Time) -> bool {
         gate.admit_at(bytes, now).is_some()
     }
 
     #[test]
     fn bytes_are_budgeted_as_well_as_records() {
         // 1,000 records a second, 10,000 bytes: the bytes decide.
-        let gate = LogGate::new("p".into(), 1000, 10_000);
+        let gate = LogBudget::new("p".into(), 1000, 10_000);
         let record = 4096 - RECORD_OVERHEAD as usize;
         let mut written = 0u64;
         // Ten seconds of a driver writing as fast as it can.
@@ -303,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_record_larger_than_the_burst_still_gets_through() {
-        let gate = LogGate::new("p".into(), 100, 1000);
+        let gate = LogBudget::new("p".into(), 100, 1000);
         assert!(admit_at(&gate, 40_000, Time(0)));
         // Then the debt is paid back before the next.
         assert!(!admit_at(&gate, 10, Time(1000)));
@@ -312,7 +312,7 @@ mod tests {
 
     #[test]
     fn what_is_dropped_is_counted_in_records_and_bytes() {
-        let gate = LogGate::new("p".into(), 1, 1_000_000);
+        let gate = LogBudget::new("p".into(), 1, 1_000_000);
         let mut dropped = 0;
         for _ in 0..20 {
             if gate.admit(100).is_none() {

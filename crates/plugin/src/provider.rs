@@ -16,7 +16,7 @@ use wasmtime::Store;
 
 use super::Driver;
 use super::bindings::{DriverPlugin, DriverPluginPre, tags_to_wit};
-use super::guest_log::LogGate;
+use super::guest_log::LogBudget;
 use super::guests::{Guests, TaskLost};
 use super::sandbox::{DeadlineExceeded, HttpPolicy, MemoryCapExceeded, StoreState};
 use super::state::{DriverState, StateSpace};
@@ -274,7 +274,7 @@ struct Shared {
     state: StateSpace,
     pre: DriverPluginPre<StoreState>,
     /// What the driver may log, shared by its instances.
-    log: Arc<LogGate>,
+    log: Arc<LogBudget>,
     /// Plain mutex: held only to bump counters, never across an await.
     stats: Mutex<CallStats>,
 }
@@ -335,7 +335,7 @@ impl Sandbox {
                 .state
                 .unwrap_or_else(DriverState::in_memory)
                 .space(&name),
-            log: Arc::new(LogGate::new(
+            log: Arc::new(LogBudget::new(
                 name.clone(),
                 limits.log_rate,
                 limits.log_bytes,
@@ -513,7 +513,7 @@ async fn describe_here(
     };
     let budget = limits.call_deadline;
     let state = DriverState::in_memory().space(&name);
-    let log = Arc::new(LogGate::new(
+    let log = Arc::new(LogBudget::new(
         name.clone(),
         limits.log_rate,
         limits.log_bytes,
@@ -538,7 +538,7 @@ async fn instantiate(
     limits: &SandboxLimits,
     policy: Arc<HttpPolicy>,
     state: StateSpace,
-    log: Arc<LogGate>,
+    log: Arc<LogBudget>,
 ) -> wasmtime::Result<Live> {
     let mut store = Store::new(
         pre.engine(),

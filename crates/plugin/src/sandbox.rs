@@ -20,7 +20,7 @@ use berth_config::{AllowedHost, Credential, FIELD_SIZE_LIMIT, SandboxLimits, can
 
 use super::credentials::{self, NotApplied};
 use super::gate::Gate;
-use super::guest_log::{GuestOutput, LogGate};
+use super::guest_log::{GuestOutput, LogBudget};
 use super::scrub::Scrubber;
 use super::state::StateSpace;
 
@@ -688,7 +688,7 @@ pub(crate) struct StoreState {
     /// callback.
     pub deadline: Instant,
     /// The provider's gate for what the driver logs.
-    pub log: Arc<LogGate>,
+    pub log: Arc<LogBudget>,
     /// The last line the guest wrote to stderr (a Rust panic message).
     stderr_tail: Arc<std::sync::Mutex<String>>,
 }
@@ -699,7 +699,7 @@ impl StoreState {
         limits: &SandboxLimits,
         policy: Arc<HttpPolicy>,
         state: StateSpace,
-        log: Arc<LogGate>,
+        log: Arc<LogBudget>,
     ) -> Self {
         // No preopened directories, no environment, no arguments, no network
         // sockets (the builder's defaults deny every address); stdio goes to

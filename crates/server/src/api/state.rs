@@ -28,7 +28,7 @@ pub(super) struct Inner {
     pub(super) handle: Handle,
     pub(super) telemetry: Arc<Telemetry>,
     /// `[api]`: tokens and limits.
-    pub(super) settings: berth_config::Api,
+    pub(super) settings: berth_config::ApiSettings,
     pub(super) stopping: AtomicBool,
     /// Passes calls to the pool's holder while this process stands by.
     pub(super) relay: Relay,
@@ -40,7 +40,11 @@ pub(super) struct Inner {
 }
 
 impl Api {
-    pub fn new(handle: Handle, telemetry: Arc<Telemetry>, settings: berth_config::Api) -> Api {
+    pub fn new(
+        handle: Handle,
+        telemetry: Arc<Telemetry>,
+        settings: berth_config::ApiSettings,
+    ) -> Api {
         Api {
             inner: Arc::new(Inner {
                 handle,
@@ -61,7 +65,7 @@ impl Api {
     }
 
     /// `[api]`: tokens and limits.
-    pub fn settings(&self) -> &berth_config::Api {
+    pub fn settings(&self) -> &berth_config::ApiSettings {
         &self.inner.settings
     }
 

@@ -196,7 +196,7 @@ impl Shards {
             client: Client::builder(TokioExecutor::new()).build(connector),
         });
         let first = pg.beat(&[]).await?;
-        shards.take_in(first);
+        shards.read_roster(first);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(keep_beating(shards.clone(), pg, observer, stopped));
         Ok((
@@ -323,7 +323,7 @@ impl Shards {
     /// A heartbeat's answer: opens the gates of the providers held here
     /// until shortly before their lease or the pool's could lapse, shuts the
     /// others, and gives up what is beyond this process's share.
-    fn take_in(&self, roster: Roster) {
+    fn read_roster(&self, roster: Roster) {
         let before = self.roster();
         let sent = roster.sent.unwrap_or_else(Instant::now);
         let margin = self.ttl / 5;
@@ -475,7 +475,7 @@ async fn keep_beating(
                     tracing::info!("the providers' leases are renewed again");
                 }
                 failing = false;
-                shards.take_in(roster);
+                shards.read_roster(roster);
             }
             Err(e) => {
                 // The gates shut on their own when the leases could lapse.
@@ -519,7 +519,7 @@ async fn keep_beating(
                         shards.pool_given_up.notify_waiters();
                     }
                     if seen.pool || seen.providers {
-                        // What it changes here is said by `take_in`.
+                        // What it changes here is said by `read_roster`.
                         tracing::debug!(pool = seen.pool, providers = seen.providers, "a berth process gave leases up: looking at the leases now");
                         break None;
                     }
