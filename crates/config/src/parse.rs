@@ -165,7 +165,7 @@ impl Walker<'_> {
                 timings,
                 providers,
                 labels,
-                lease_ttl,
+                requestor_lease_ttl: lease_ttl,
             },
             state_dir,
             plugins_dir,

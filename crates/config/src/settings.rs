@@ -82,7 +82,7 @@ pub struct Postgres {
     pub password: Option<Password>,
     /// How long the pool's lease lasts unrenewed (`pool-lease-ttl`): how
     /// long after its holder dies another process takes the pool over.
-    pub lease_ttl: Duration,
+    pub pool_lease_ttl: Duration,
     /// `ca-file`: the certificates (PEM) that the server's certificate must
     /// chain to when the url asks for TLS, in place of the system's roots.
     pub ca_file: Option<PathBuf>,

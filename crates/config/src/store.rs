@@ -88,7 +88,7 @@ impl Walker<'_> {
                 Some(Postgres {
                     url,
                     password,
-                    lease_ttl,
+                    pool_lease_ttl: lease_ttl,
                     ca_file: ca_file.map(|f| base.join(f)),
                 })
             }

@@ -424,7 +424,7 @@ token = "admin-0123456789abcdef"
 "#;
     let c = parse(text, Path::new("."), &env).expect("valid");
     assert_eq!(c.api.listen.to_string(), "0.0.0.0:9000");
-    assert_eq!(c.pool.lease_ttl, Duration::from_secs(90));
+    assert_eq!(c.pool.requestor_lease_ttl, Duration::from_secs(90));
     let names: Vec<(&str, Role)> = c
         .api
         .tokens
@@ -579,7 +579,7 @@ fn a_postgres_store_takes_its_password_from_the_environment_or_a_file() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        c.store.postgres.as_ref().unwrap().lease_ttl,
+        c.store.postgres.as_ref().unwrap().pool_lease_ttl,
         Postgres::DEFAULT_LEASE_TTL
     );
     assert_eq!(c.store.postgres.as_ref().unwrap().ca_file, None);
@@ -614,7 +614,7 @@ fn processes_sharing_a_pool_set_their_lease_and_where_they_are_reached() {
     let c = parse(text, Path::new("."), &env).expect("valid");
     assert_eq!(c.api.advertise.as_deref(), Some("http://10.0.0.5:8080"));
     assert_eq!(
-        c.store.postgres.unwrap().lease_ttl,
+        c.store.postgres.unwrap().pool_lease_ttl,
         std::time::Duration::from_secs(3)
     );
     let store = "[store]\nurl = \"postgres://berth@db/berth\"\n";

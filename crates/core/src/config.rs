@@ -26,7 +26,7 @@ pub struct Config {
     pub labels: Vec<Label>,
     /// How long a requestor's lease lasts after its last call or heartbeat
     /// (`api.lease-ttl`).
-    pub lease_ttl: Duration,
+    pub requestor_lease_ttl: Duration,
 }
 
 impl Config {

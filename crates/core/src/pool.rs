@@ -71,7 +71,7 @@ pub struct Pool {
     timers: BTreeSet<(Time, Timer)>,
     /// Failed delete and tag calls per node in a row, for their backoff.
     tries: HashMap<NodeId, u32>,
-    leases: leases::Leases,
+    leases: leases::RequestorLeases,
     /// Creating nodes whose create's outcome is not known
     /// ([`Failure::Unknown`]): the first of the provider's lists (by
     /// `ProviderRt::lists_started`) that started after it ended, and how it
@@ -343,7 +343,7 @@ impl Pool {
             create_waits: HashSet::new(),
             probes: HashMap::new(),
             unsure: HashMap::new(),
-            leases: leases::Leases::default(),
+            leases: leases::RequestorLeases::default(),
             dirty_nodes: HashSet::new(),
             dirty_requests: HashSet::new(),
             purged_nodes: Vec::new(),
@@ -364,7 +364,7 @@ impl Pool {
     /// left creating or deleting are resolved after each provider's first list.
     ///
     /// Every requestor's lease runs exactly as long from `now` as its last
-    /// renewal made it last (`Lease::ttl`, the API's `lease-ttl`): while no
+    /// renewal made it last (`RequestorLease::ttl`, the API's `lease-ttl`): while no
     /// process decided (berth was down, a failover, the store out of
     /// reach) renewals were refused, and a requestor that kept trying must
     /// not lose its nodes for that; one that stopped renewing loses them

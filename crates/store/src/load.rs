@@ -13,8 +13,8 @@ use super::value::{Cells, Reader};
 use super::write::{Versioned, Versions};
 use berth_core::config::Config;
 use berth_core::pool::{
-    GoneReason, Identity, Lease, Node, NodeId, NodeState, Packing, Request, RequestId,
-    RequestState, Snapshot, Time,
+    GoneReason, Identity, Node, NodeId, NodeState, Packing, Request, RequestId, RequestState,
+    RequestorLease, Snapshot, Time,
 };
 
 /// The queries a load runs, in one read transaction, in this order;
@@ -37,7 +37,11 @@ pub(super) fn queries() -> [String; 10] {
 }
 
 /// The versioned tables, in the order [`queries`] reads their versions.
-const VERSIONED: [Versioned; 3] = [Versioned::Nodes, Versioned::Requests, Versioned::Leases];
+const VERSIONED: [Versioned; 3] = [
+    Versioned::Nodes,
+    Versioned::Requests,
+    Versioned::RequestorLeases,
+];
 
 /// Every stored row, as read, before any of it is checked.
 #[derive(Default)]
@@ -124,10 +128,10 @@ pub(super) fn assemble(tables: Tables, config: &Config) -> Result<Loaded, StoreE
     untangle(&mut nodes, &mut requests, &ended, &failed);
     let leases = leases
         .into_iter()
-        .map(|(requestor, expires, ttl)| Lease {
+        .map(|(requestor, expires, ttl)| RequestorLease {
             requestor,
             expires,
-            ttl: ttl.map_or(config.lease_ttl, Duration::from_millis),
+            ttl: ttl.map_or(config.requestor_lease_ttl, Duration::from_millis),
         })
         .collect();
     Ok(Loaded {

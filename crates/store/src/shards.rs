@@ -71,14 +71,14 @@ pub struct Roster {
     pub members: u32,
     /// Each configured provider's lease, in the config's order: `None`
     /// while nobody holds it.
-    pub providers: Vec<Option<Lease>>,
+    pub providers: Vec<Option<RosterLease>>,
     /// The pool's lease (the process that decides), if anybody holds it.
-    pub pool: Option<Lease>,
+    pub pool: Option<RosterLease>,
 }
 
 /// A lease that has not expired.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
+pub struct RosterLease {
     pub holder: String,
     /// Where the holder's API is reached.
     pub address: String,
@@ -260,7 +260,7 @@ impl PgShards {
             let name: Option<String> = row.get(0);
             roster.members = u32::try_from(row.get::<_, i64>(6)).unwrap_or(u32::MAX);
             let expires: Option<SystemTime> = row.get(4);
-            let lease = expires.map(|expires| Lease {
+            let lease = expires.map(|expires| RosterLease {
                 holder: row.get(1),
                 address: row.get(2),
                 epoch: row.get(3),

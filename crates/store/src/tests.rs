@@ -21,8 +21,8 @@ use berth_config::StoreSync;
 use berth_core::config::{Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, Timings};
 use berth_core::driver::{Addresses, Connection as Login};
 use berth_core::pool::{
-    Changes, DeleteReason, Endpoint, GoneReason, Identity, Idle, Lease, Node, NodeId, NodeState,
-    Packing, Request, RequestId, RequestState, Resources, Time,
+    Changes, DeleteReason, Endpoint, GoneReason, Identity, Idle, Node, NodeId, NodeState, Packing,
+    Request, RequestId, RequestState, RequestorLease, Resources, Time,
 };
 
 const BIG: LabelIx = LabelIx(0);
@@ -73,7 +73,7 @@ fn config() -> Config {
             ),
             label("small", machine(B)),
         ],
-        lease_ttl: Config::DEFAULT_LEASE_TTL,
+        requestor_lease_ttl: Config::DEFAULT_LEASE_TTL,
     }
 }
 
@@ -1073,7 +1073,7 @@ async fn ten_thousand_nodes_commit_and_load_back(backend: Backend) {
 
 async fn leases_round_trip_and_expired_ones_are_removed(backend: Backend) {
     let mut store = backend.fresh().await;
-    let lease = |r: &str, t: u64| Lease {
+    let lease = |r: &str, t: u64| RequestorLease {
         requestor: r.into(),
         expires: Time(t),
         ttl: Duration::from_millis(t * 1000 + 7),
@@ -1137,10 +1137,10 @@ async fn a_lease_stored_without_its_ttl_is_read_as_the_configured_one() {
     let mut store = SqliteStore::open(&path, Arc::new(config.clone()), StoreSync::Full).unwrap();
     assert_eq!(
         load(&mut store).await.snapshot.leases,
-        vec![Lease {
+        vec![RequestorLease {
             requestor: "ci".into(),
             expires: Time(40),
-            ttl: config.lease_ttl,
+            ttl: config.requestor_lease_ttl,
         }]
     );
 }
@@ -1291,7 +1291,7 @@ async fn pg_open(url: &str, who: &Claimant) -> PgStore {
     let settings = berth_config::Postgres {
         url: url.to_owned(),
         password: None,
-        lease_ttl: who.ttl,
+        pool_lease_ttl: who.ttl,
         ca_file: None,
     };
     PgStore::open(&settings, Arc::new(config()), Some(who.clone()))
@@ -1494,7 +1494,7 @@ async fn a_sqlite_pool_is_copied_into_an_empty_postgres_database_whole() {
             ready(1),
         ],
         requests: vec![r, request(2, RequestState::Pending)],
-        leases: vec![Lease {
+        leases: vec![RequestorLease {
             requestor: "ci".into(),
             expires: Time(99),
             ttl: Duration::from_secs(30),
@@ -1751,7 +1751,7 @@ async fn postgres_provider_leases_spread_over_the_live_processes() {
     assert_eq!(last.providers[2].as_ref().unwrap().epoch, 3);
     assert_eq!(last.providers[5].as_ref().unwrap().epoch, 4);
 
-    // Leases a process does not keep lapse unrenewed; beating on, it
+    // RequestorLeases a process does not keep lapse unrenewed; beating on, it
     // takes them again under new epochs.
     let deadline = tokio::time::Instant::now() + ttl + Duration::from_millis(200);
     let mut again = last.clone();
@@ -1884,7 +1884,7 @@ fn conflict_on(result: Result<(), StoreError>, table: &str, id: &str) {
 
 async fn a_commit_over_rows_written_elsewhere_is_refused_whole_until_reloaded(backend: Backend) {
     let mut store = backend.fresh().await;
-    let lease = |t: u64| Lease {
+    let lease = |t: u64| RequestorLease {
         requestor: "ci".into(),
         expires: Time(t),
         ttl: Duration::from_secs(60),
@@ -1998,7 +1998,7 @@ async fn postgres_over_tls_trusts_only_the_ca_file_given() {
         let settings = berth_config::Postgres {
             url,
             password: None,
-            lease_ttl: Duration::from_secs(10),
+            pool_lease_ttl: Duration::from_secs(10),
             ca_file,
         };
         PgStore::open(&settings, Arc::new(config()), None).await

@@ -164,7 +164,7 @@ impl Stmt {
 pub(super) enum Versioned {
     Nodes,
     Requests,
-    Leases,
+    RequestorLeases,
 }
 
 impl Versioned {
@@ -172,7 +172,7 @@ impl Versioned {
         match self {
             Versioned::Nodes => "nodes",
             Versioned::Requests => "requests",
-            Versioned::Leases => "leases",
+            Versioned::RequestorLeases => "leases",
         }
     }
 
@@ -180,7 +180,7 @@ impl Versioned {
         match self {
             Versioned::Nodes => Stmt::InsertNode,
             Versioned::Requests => Stmt::InsertRequest,
-            Versioned::Leases => Stmt::InsertLease,
+            Versioned::RequestorLeases => Stmt::InsertLease,
         }
     }
 
@@ -188,7 +188,7 @@ impl Versioned {
         match self {
             Versioned::Nodes => Stmt::UpdateNode,
             Versioned::Requests => Stmt::UpdateRequest,
-            Versioned::Leases => Stmt::UpdateLease,
+            Versioned::RequestorLeases => Stmt::UpdateLease,
         }
     }
 
@@ -198,7 +198,7 @@ impl Versioned {
         match self {
             Versioned::Nodes => "SELECT id, version FROM nodes",
             Versioned::Requests => "SELECT id, version FROM requests",
-            Versioned::Leases => "SELECT requestor, version FROM leases",
+            Versioned::RequestorLeases => "SELECT requestor, version FROM leases",
         }
     }
 }
@@ -417,10 +417,15 @@ pub(super) fn plan(
         let ttl_ms = u64::try_from(l.ttl.as_millis()).unwrap_or(u64::MAX);
         let ttl = super::value::big(ttl_ms, &l.requestor, "lease ttl")?;
         let vals = vec![l.requestor.as_str().into(), expires, ttl];
-        plan.write(seen, Versioned::Leases, l.requestor.clone(), vals);
+        plan.write(seen, Versioned::RequestorLeases, l.requestor.clone(), vals);
     }
     for r in &changes.purged_leases {
-        plan.purge(seen, Stmt::PurgeLease, Versioned::Leases, r.clone());
+        plan.purge(
+            seen,
+            Stmt::PurgeLease,
+            Versioned::RequestorLeases,
+            r.clone(),
+        );
     }
     for id in &changes.purged_requests {
         let key = id.to_string();

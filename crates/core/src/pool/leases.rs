@@ -2,18 +2,18 @@
 //! stops, its pending requests fail and its nodes in use are taken back, as
 //! if it had released them.
 //!
-//! [`Leases`] is the book of who holds a lease until when, and what the store
+//! [`RequestorLeases`] is the book of who holds a lease until when, and what the store
 //! has yet to hear of; it knows nothing of nodes or requests. What an expiry
 //! does to them is [`Pool::reclaim`]'s.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use super::{Lease, NodeId, NodeState, Notice, Pool, RequestState, Time};
+use super::{NodeId, NodeState, Notice, Pool, RequestState, RequestorLease, Time};
 
-/// Leases by requestor, and the same ordered by expiry.
+/// RequestorLeases by requestor, and the same ordered by expiry.
 #[derive(Default)]
-pub(super) struct Leases {
+pub(super) struct RequestorLeases {
     /// Until when, and how long the last renewal made it last.
     until: HashMap<String, (Time, Duration)>,
     by_expiry: BTreeSet<(Time, String)>,
@@ -23,7 +23,7 @@ pub(super) struct Leases {
     ended: Vec<String>,
 }
 
-impl Leases {
+impl RequestorLeases {
     /// Renews `requestor`'s lease (or takes one out) until `expires`, a
     /// renewal for `ttl`.
     pub(super) fn renew(&mut self, requestor: &str, expires: Time, ttl: Duration) {
@@ -45,8 +45,8 @@ impl Leases {
         self.until.get(requestor).map(|(t, _)| *t)
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = Lease> + '_ {
-        self.until.iter().map(|(r, (expires, ttl))| Lease {
+    pub(super) fn iter(&self) -> impl Iterator<Item = RequestorLease> + '_ {
+        self.until.iter().map(|(r, (expires, ttl))| RequestorLease {
             requestor: r.clone(),
             expires: *expires,
             ttl: *ttl,
@@ -54,7 +54,7 @@ impl Leases {
     }
 
     /// A lease as stored: held, and nothing for the store to write.
-    pub(super) fn restore(&mut self, lease: Lease) {
+    pub(super) fn restore(&mut self, lease: RequestorLease) {
         self.by_expiry
             .insert((lease.expires, lease.requestor.clone()));
         self.until
@@ -80,13 +80,13 @@ impl Leases {
     }
 
     /// What the store has yet to hear: leases renewed, and leases ended.
-    pub(super) fn take_changes(&mut self) -> (Vec<Lease>, Vec<String>) {
+    pub(super) fn take_changes(&mut self) -> (Vec<RequestorLease>, Vec<String>) {
         let renewed = self
             .dirty
             .drain()
             .filter_map(|r| {
                 let (expires, ttl) = *self.until.get(&r)?;
-                Some(Lease {
+                Some(RequestorLease {
                     requestor: r,
                     expires,
                     ttl,
@@ -112,7 +112,7 @@ impl Pool {
     }
 
     /// Every lease held.
-    pub fn leases(&self) -> impl Iterator<Item = Lease> + '_ {
+    pub fn leases(&self) -> impl Iterator<Item = RequestorLease> + '_ {
         self.leases.iter()
     }
 

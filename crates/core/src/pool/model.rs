@@ -654,12 +654,12 @@ pub struct Missing {
 pub struct Changes {
     pub nodes: Vec<Node>,
     pub requests: Vec<Request>,
-    /// Leases renewed or taken out.
-    pub leases: Vec<Lease>,
+    /// RequestorLeases renewed or taken out.
+    pub leases: Vec<RequestorLease>,
     /// Forgotten records, to remove from the store.
     pub purged_nodes: Vec<NodeId>,
     pub purged_requests: Vec<RequestId>,
-    /// Leases that expired, by requestor.
+    /// RequestorLeases that expired, by requestor.
     pub purged_leases: Vec<String>,
     /// Requests taken in from the store's inbox ([`super::Pool::take_in`]):
     /// the commit that writes them removes their entries from it, and is
@@ -690,7 +690,7 @@ impl Changes {
 /// its nodes in use are taken back: nothing stays allocated to a client that
 /// has gone away.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lease {
+pub struct RequestorLease {
     pub requestor: String,
     pub expires: Time,
     /// How long its last renewal made it last: what a restart gives it
@@ -703,7 +703,7 @@ pub struct Lease {
 pub struct Snapshot {
     pub nodes: Vec<Node>,
     pub requests: Vec<Request>,
-    pub leases: Vec<Lease>,
+    pub leases: Vec<RequestorLease>,
     /// The store's identity: what the instances it made are tagged and
     /// signed with.
     pub identity: super::Identity,

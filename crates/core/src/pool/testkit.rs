@@ -70,7 +70,7 @@ pub(super) fn config(providers: Vec<Provider>, labels: Vec<Label>) -> Config {
         timings: Timings::default(),
         providers,
         labels,
-        lease_ttl: Config::DEFAULT_LEASE_TTL,
+        requestor_lease_ttl: Config::DEFAULT_LEASE_TTL,
     }
 }
 
@@ -543,7 +543,7 @@ pub(super) fn signed_tags(config: &Config, node: NodeId, label: &str, ty: &str) 
 pub(super) struct Store {
     pub nodes: HashMap<NodeId, Node>,
     pub requests: HashMap<RequestId, Request>,
-    pub leases: HashMap<String, Lease>,
+    pub leases: HashMap<String, RequestorLease>,
     pub identity: Identity,
 }
 
@@ -602,7 +602,7 @@ impl Store {
         nodes.sort_by_key(|n| n.id);
         let mut requests: Vec<Request> = self.requests.values().cloned().collect();
         requests.sort_by_key(|r| r.id);
-        let mut leases: Vec<Lease> = self.leases.values().cloned().collect();
+        let mut leases: Vec<RequestorLease> = self.leases.values().cloned().collect();
         leases.sort_by(|a, b| a.requestor.cmp(&b.requestor));
         Snapshot {
             nodes,

@@ -1688,7 +1688,7 @@ fn a_client_that_stops_renewing_its_lease_loses_its_requests_and_nodes() {
 
 #[test]
 fn leases_survive_a_restart_and_still_expire() {
-    let mut h = one(|c| c.lease_ttl = secs(60));
+    let mut h = one(|c| c.requestor_lease_ttl = secs(60));
     h.renew("ci", secs(600));
     let r = h.submit_as("ci", &[("a", 1)], 0);
     settle(&mut h);
@@ -1715,7 +1715,7 @@ fn leases_survive_a_restart_and_still_expire() {
 /// renews within it keeps its nodes, and one that does not loses them then.
 #[test]
 fn a_restart_gives_every_lease_its_own_ttl_again_to_be_renewed() {
-    let mut h = one(|c| c.lease_ttl = secs(600));
+    let mut h = one(|c| c.requestor_lease_ttl = secs(600));
     h.renew("ci", secs(60));
     h.renew("gone", secs(60));
     h.renew("long", secs(3600));
@@ -2426,7 +2426,7 @@ fn the_nodes_a_store_knows_are_signed_at_the_first_start() {
 /// the restart: it may have been written by a clock that was ahead.
 #[test]
 fn a_lease_stored_far_ahead_lasts_only_its_ttl_after_a_restart() {
-    let mut h = one(|c| c.lease_ttl = secs(45));
+    let mut h = one(|c| c.requestor_lease_ttl = secs(45));
     h.renew("ci", secs(45));
     let r = h.submit_as("ci", &[("a", 1)], 0);
     settle(&mut h);

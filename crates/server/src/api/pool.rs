@@ -133,7 +133,7 @@ pub(super) async fn renew_lease(
         .get("requestor")
         .cloned()
         .unwrap_or_else(|| caller.name().to_owned());
-    let ttl = api.handle().config().lease_ttl;
+    let ttl = api.handle().config().requestor_lease_ttl;
     let change = change::Renew {
         requestor: requestor.clone(),
         ttl,

@@ -80,7 +80,7 @@ pub(super) async fn create_request(
     } else {
         let change = change::Submit {
             new,
-            lease: Some(config.lease_ttl),
+            lease: Some(config.requestor_lease_ttl),
             id: given_id(&api, &headers)?,
         };
         let c = caller.clone();

@@ -47,7 +47,7 @@ use tokio::sync::{Notify, watch};
 use berth_config::ProviderIx;
 use berth_core::driver::{Call as Which, CreateSpec, Instance, Tags};
 use berth_plugin::{CallError, CallErrorKind, Deletion, Gate};
-use berth_store::{Lease, PgShards, Roster};
+use berth_store::{PgShards, Roster, RosterLease};
 
 use super::observer::Observer;
 use super::providers::{BoxFuture, Cloud, Providers};
@@ -327,7 +327,7 @@ impl Shards {
         let before = self.roster();
         let sent = roster.sent.unwrap_or_else(Instant::now);
         let margin = self.ttl / 5;
-        let certain = |l: &Lease| (sent + l.remaining).checked_sub(margin);
+        let certain = |l: &RosterLease| (sent + l.remaining).checked_sub(margin);
         let pool_until = roster.pool.as_ref().and_then(certain);
         let mut leaving = self.leaving();
         // What changed is said in one line per kind, however many providers
@@ -507,7 +507,7 @@ async fn keep_beating(
                 () = &mut sleep => break None,
                 () = shards.nudge.notified() => break None,
                 () = &mut ended => break None,
-                // Leases given up (a clean stop, spreading out) are taken
+                // RequestorLeases given up (a clean stop, spreading out) are taken
                 // at once, not at the next beat; requests put into the
                 // inbox are the pool's holder's to take in, and need no
                 // beat.

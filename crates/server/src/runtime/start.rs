@@ -202,7 +202,7 @@ pub(super) async fn open_store(
             rand::random::<u16>()
         ),
         address,
-        ttl: pg.lease_ttl,
+        ttl: pg.pool_lease_ttl,
     };
     let store = PgStore::open(pg, config.clone(), Some(claimant))
         .await

@@ -383,7 +383,7 @@ impl Loop {
                 .take_in(now, id, created, inbox_request(&config, entry))
             {
                 TakenIn::Pending => {
-                    self.pool.renew(now, &requestor, config.lease_ttl);
+                    self.pool.renew(now, &requestor, config.requestor_lease_ttl);
                     taken += 1;
                 }
                 // Said by the pool's notice (a failed request).

@@ -165,7 +165,7 @@ fn config(lease_ttl: Duration) -> Arc<Config> {
         timings: Timings::default(),
         providers: vec![Provider::new("fake")],
         labels: vec![label],
-        lease_ttl,
+        requestor_lease_ttl: lease_ttl,
     })
 }
 
