@@ -14,7 +14,7 @@ use berth_core::pool::{
 
 /// A `nodes` row. A slot node's `slot_backing` and `slot_index` repeat what
 /// the `slots` table says while the node is live (the load trusts the table);
-/// they are what keeps a finished slot node's role, since its slot row goes
+/// they are what keeps a finished slot node's packing, since its slot row goes
 /// when the slot is freed.
 #[derive(Debug)]
 pub(super) struct NodeRow {
@@ -32,7 +32,7 @@ pub(super) struct NodeRow {
     pub request: Option<String>,
     pub reason: Option<String>,
     pub idle: &'static str,
-    pub role: &'static str,
+    pub packing: &'static str,
     pub slot_label: Option<String>,
     pub slot_count: Option<u16>,
     pub free_since: Option<u64>,
@@ -48,13 +48,13 @@ pub(super) struct RawNodeRow {
     row: NodeRow,
     state: String,
     idle: String,
-    role: String,
+    packing: String,
 }
 
 impl NodeRow {
     /// The columns of [`NodeRow::into_vals`] and [`NodeRow::read`], in order.
     pub const COLUMNS: &'static str = "id, label, provider, instance_type, vcpus, ram_mib, price, \
-        instance, state, since, attempt, request, reason, idle, role, slot_label, slot_count, \
+        instance, state, since, attempt, request, reason, idle, packing, slot_label, slot_count, \
         free_since, slot_backing, slot_index, assigned, created, endpoint";
 
     /// The row's values in [`NodeRow::COLUMNS`] order.
@@ -76,7 +76,7 @@ impl NodeRow {
             self.request.into(),
             self.reason.into(),
             self.idle.into(),
-            self.role.into(),
+            self.packing.into(),
             self.slot_label.into(),
             self.slot_count.into(),
             match self.free_since {
@@ -110,7 +110,7 @@ impl NodeRow {
                 request: r.opt_text(11)?,
                 reason: r.opt_text(12)?,
                 idle: "",
-                role: "",
+                packing: "",
                 slot_label: r.opt_text(15)?,
                 slot_count: r.opt_num(16, "slot_count")?,
                 free_since: r.opt_num(17, "free_since")?,
@@ -122,7 +122,7 @@ impl NodeRow {
             },
             state: r.text(8, "state")?,
             idle: r.text(13, "idle")?,
-            role: r.text(14, "role")?,
+            packing: r.text(14, "packing")?,
         })
     }
 
@@ -156,7 +156,7 @@ impl NodeRow {
             request,
             reason,
             idle: n.idle.as_str(),
-            role: n.packing.name(),
+            packing: n.packing.name(),
             slot_label: None,
             slot_count: None,
             free_since: None,
@@ -216,7 +216,7 @@ fn unconfigured(id: NodeId, what: &str, name: &str) -> String {
 
 impl RawNodeRow {
     /// The node this row describes; `None` (with a note) if it no longer
-    /// fits `config`. The role of a live slot node is placed later, from the
+    /// fits `config`. The packing of a live slot node is placed later, from the
     /// `slots` table.
     pub fn decode(
         self,
@@ -227,7 +227,7 @@ impl RawNodeRow {
             row,
             state,
             idle,
-            role,
+            packing,
         } = self;
         let corrupt = |column: &'static str, what: String| StoreError::Corrupt {
             table: "nodes",
@@ -291,9 +291,9 @@ impl RawNodeRow {
         let idle = idle
             .parse::<Idle>()
             .map_err(|_| corrupt("idle", format!("unknown `{idle}`")))?;
-        let packing = role
+        let packing = packing
             .parse::<PackingName>()
-            .map_err(|_| corrupt("role", format!("unknown `{role}`")))?;
+            .map_err(|_| corrupt("packing", format!("unknown `{packing}`")))?;
         let packing = match packing {
             PackingName::Plain => Packing::Plain,
             PackingName::Backing => {

@@ -97,6 +97,10 @@ CREATE TABLE pool_identity (
     confirmed INTEGER NOT NULL
 );
 "#,
+    // A node's packing (plain, backing, slot) under the core's own word.
+    r#"
+ALTER TABLE nodes RENAME COLUMN role TO packing;
+"#,
 ];
 
 /// The database's schema version.

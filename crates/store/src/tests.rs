@@ -456,7 +456,7 @@ async fn the_stored_words_are_pinned() {
             ],
         ),
         ("nodes.idle", &["run", "hold", "drain"]),
-        ("nodes.role", &["plain", "backing", "slot"]),
+        ("nodes.packing", &["plain", "backing", "slot"]),
         (
             "requests.state",
             &["pending", "fulfilled", "failed", "cancelled"],
@@ -897,10 +897,10 @@ async fn unknown_text_in_a_row_is_corrupt_naming_table_id_and_column(backend: Ba
             "idle",
         ),
         (
-            "UPDATE nodes SET role = 'other'",
+            "UPDATE nodes SET packing = 'other'",
             "nodes",
             "n-0000000000000001",
-            "role",
+            "packing",
         ),
         (
             "UPDATE nodes SET state = 'gone', reason = 'stolen'",
@@ -1107,7 +1107,8 @@ async fn a_version_one_store_gains_the_leases_table_and_keeps_its_rows() {
     left_by_an_older_berth(
         &path,
         vec![ready(1)],
-        "DROP TABLE leases; DROP TABLE pool_identity; PRAGMA user_version = 1;",
+        "ALTER TABLE nodes RENAME COLUMN packing TO role; DROP TABLE leases; \
+         DROP TABLE pool_identity; PRAGMA user_version = 1;",
     )
     .await;
     let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
@@ -1129,7 +1130,8 @@ async fn a_lease_stored_without_its_ttl_is_read_as_the_configured_one() {
     left_by_an_older_berth(
         &path,
         Vec::new(),
-        "ALTER TABLE leases DROP COLUMN ttl; DROP TABLE pool_identity; PRAGMA user_version = 2; \
+        "ALTER TABLE nodes RENAME COLUMN packing TO role; ALTER TABLE leases DROP COLUMN ttl; \
+         DROP TABLE pool_identity; PRAGMA user_version = 2; \
          INSERT INTO leases (requestor, expires) VALUES ('ci', 40);",
     )
     .await;
@@ -2080,7 +2082,8 @@ async fn a_store_has_one_identity_for_life_and_records_its_confirmation(backend:
 async fn a_store_in_use_from_before_identities_gains_a_confirmed_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("berth.db");
-    let before = "DROP TABLE pool_identity; PRAGMA user_version = 3;";
+    let before = "ALTER TABLE nodes RENAME COLUMN packing TO role; DROP TABLE pool_identity; \
+                  PRAGMA user_version = 3;";
     left_by_an_older_berth(&path, vec![ready(1)], before).await;
     let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
     let identity = load(&mut store).await.snapshot.identity;

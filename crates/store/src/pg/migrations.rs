@@ -296,6 +296,10 @@ CREATE TABLE pool_identity (
     confirmed BIGINT NOT NULL CHECK (confirmed IN (0, 1))
 );
 "#,
+    // As SQLite's step 5: a node's packing under the core's own word.
+    r#"
+ALTER TABLE nodes RENAME COLUMN role TO packing;
+"#,
 ];
 
 /// The advisory lock key that migrations hold, so that processes starting
