@@ -49,7 +49,7 @@ use crate::driver::{
 
 pub use asked::{MAX_COUNT, Unreadable, read_request};
 pub use bucket::Bucket;
-pub use commands::check;
+pub use commands::servable;
 pub use identity::{Identity, Signed, is_generation};
 pub use model::*;
 pub use probes::{ProbeTarget, Probing};

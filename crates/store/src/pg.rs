@@ -480,7 +480,7 @@ impl Store for PgStore {
         Box::pin(self.within("committing", after, async |s| s.commit_now(changes).await))
     }
 
-    fn check(&mut self) -> StoreFuture<'_, ()> {
+    fn confirm(&mut self) -> StoreFuture<'_, ()> {
         let after = self.deadline();
         Box::pin(self.within("renewing the pool's lease", after, async |s| {
             s.renew_now().await

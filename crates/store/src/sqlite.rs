@@ -1,6 +1,6 @@
 //! The embedded store: one SQLite file in WAL mode ([`SqliteStore`]),
 //! checked with SQLite's own integrity check at every open, its file and
-//! directory watched while it is open ([`Store::check`]), and its WAL
+//! directory watched while it is open ([`Store::confirm`]), and its WAL
 //! copied back into the file from a thread of its own.
 
 use std::path::Path;
@@ -32,7 +32,7 @@ pub struct SqliteStore {
     /// The rows' versions as last read or written: what commits expect.
     versions: write::Versions,
     /// The file and directory as opened (file stores only): each commit
-    /// and [`Store::check`] make sure they are still there and the same.
+    /// and [`Store::confirm`] make sure they are still there and the same.
     watched: Option<Watched>,
 }
 
@@ -429,7 +429,7 @@ impl Store for SqliteStore {
     }
 
     /// The file and its directory are still the ones opened.
-    fn check(&mut self) -> StoreFuture<'_, ()> {
+    fn confirm(&mut self) -> StoreFuture<'_, ()> {
         Box::pin(std::future::ready(self.watch()))
     }
 

@@ -29,7 +29,7 @@ pub trait Store: Send {
     /// Whether the store is within reach, for a step that acts without
     /// committing anything (a list): no cloud call while it is not. The
     /// embedded store always is.
-    fn check(&mut self) -> StoreFuture<'_, ()> {
+    fn confirm(&mut self) -> StoreFuture<'_, ()> {
         Box::pin(std::future::ready(Ok(())))
     }
     /// Connects again after an error for which [`StoreError::is_lost`]
@@ -44,7 +44,7 @@ pub trait Store: Send {
         Box::pin(std::future::ready(Ok(Tenure::Alone)))
     }
     /// The lease as last confirmed (by a claim, a commit, or
-    /// [`Store::check`]), while this process holds it.
+    /// [`Store::confirm`]), while this process holds it.
     fn holding(&self) -> Option<Holding> {
         None
     }
@@ -59,7 +59,7 @@ pub trait Store: Send {
     fn inbox(&mut self, _limit: usize) -> StoreFuture<'_, Vec<InboxEntry>> {
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
-    /// How often the pool calls [`Store::check`] while nothing else does:
+    /// How often the pool calls [`Store::confirm`] while nothing else does:
     /// a file store makes sure its file and directory are still there
     /// (removed, replaced or emptied under the process, they would take
     /// commits nobody will read). `None`: no need.

@@ -1374,7 +1374,7 @@ async fn postgres_one_process_holds_the_pool_and_another_takes_it_over_only_once
         other => panic!("{other:?}"),
     }
     assert_eq!(first.holding(), None);
-    assert!(first.check().await.unwrap_err().is_fenced());
+    assert!(first.confirm().await.unwrap_err().is_fenced());
     assert!(matches!(first.claim().await.unwrap(), Tenure::Other { holder, .. } if holder == "b"));
     second.commit(&nodes(vec![ready(6)])).await.unwrap();
     let ids: Vec<NodeId> = load(&mut second)
@@ -1413,12 +1413,12 @@ async fn postgres_a_lost_server_is_told_from_a_refused_commit_and_reconnecting_r
         .await
         .unwrap_err();
     assert!(!refused.is_lost(), "{refused}");
-    store.check().await.unwrap();
+    store.confirm().await.unwrap();
 
     cluster.stop_immediate();
     let e = store.commit(&nodes(vec![ready(2)])).await.unwrap_err();
     assert!(e.is_lost(), "{e}");
-    let e = store.check().await.unwrap_err();
+    let e = store.confirm().await.unwrap_err();
     assert!(e.is_lost(), "{e}");
     let e = store.reconnect().await.unwrap_err();
     assert!(e.is_lost(), "{e}");
@@ -2187,10 +2187,10 @@ async fn a_store_file_removed_replaced_or_emptied_is_noticed() {
         std::fs::create_dir(path.parent().unwrap()).unwrap();
         let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();
         store.commit(&nodes(vec![ready(1)])).await.unwrap();
-        store.check().await.unwrap();
+        store.confirm().await.unwrap();
         assert_eq!(store.watch_every(), Some(Duration::from_secs(1)));
         harm(&path);
-        let e = store.check().await.unwrap_err();
+        let e = store.confirm().await.unwrap_err();
         assert!(
             matches!(&e, StoreError::Vanished { what, .. } if what.contains(says)),
             "{says}: {e}"

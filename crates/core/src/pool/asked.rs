@@ -1,6 +1,6 @@
 //! A request as a client or the store's inbox states it, by label name,
 //! read into a [`NewRequest`]: the one place that says what a stated
-//! request must be. [`super::check`] then says whether the pool could ever
+//! request must be. [`super::servable`] then says whether the pool could ever
 //! serve it.
 
 use crate::config::Config;

@@ -1,5 +1,5 @@
 //! Client and operator commands: what a request must be to be taken
-//! ([`check`]), and submitting, taking in from the store's inbox,
+//! ([`servable`]), and submitting, taking in from the store's inbox,
 //! cancelling, releasing, setting a node's idle behaviour and deleting it.
 
 use super::*;
@@ -7,7 +7,7 @@ use super::*;
 /// Whether `new` can ever be served under `config`: what [`Pool::submit`]
 /// checks before it takes a request. A process standing by checks with it
 /// before it accepts a request into the store's inbox.
-pub fn check(config: &Config, new: &NewRequest) -> Result<(), Refused> {
+pub fn servable(config: &Config, new: &NewRequest) -> Result<(), Refused> {
     if new.wants.is_empty() || new.wants.iter().all(|(_, n)| *n == 0) {
         return Err(Refused::Empty);
     }
@@ -52,7 +52,7 @@ fn max_possible(config: &Config, label: LabelIx) -> u64 {
 impl Pool {
     /// Takes a request. It is served on the next [`Pool::tick`].
     pub fn submit(&mut self, now: Time, new: NewRequest) -> Result<RequestId, Refused> {
-        check(&self.config, &new)?;
+        servable(&self.config, &new)?;
         let id = loop {
             let id = RequestId(self.ids.next());
             if !self.requests.contains_key(&id) {
@@ -76,7 +76,7 @@ impl Pool {
         id: RequestId,
         new: NewRequest,
     ) -> Result<bool, Refused> {
-        check(&self.config, &new)?;
+        servable(&self.config, &new)?;
         if self.requests.contains_key(&id) {
             return Ok(false);
         }
@@ -104,7 +104,7 @@ impl Pool {
             return TakenIn::Known;
         }
         let refusal = match new {
-            Ok(new) => match check(&self.config, &new) {
+            Ok(new) => match servable(&self.config, &new) {
                 Ok(()) => {
                     self.insert_request(id, created, new);
                     return TakenIn::Pending;

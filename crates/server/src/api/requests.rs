@@ -69,7 +69,7 @@ pub(super) async fn create_request(
             // Two processes that each think the other holds the pool.
             return Err(ServiceError::Standby(holder).into());
         }
-        api.handle().check(&caller, &new)?;
+        api.handle().may_take(&caller, &new)?;
         let id = RequestId(rand::random());
         if let Some(answer) = forward::offer(&api, holder.as_ref(), &headers, body, id).await {
             return Ok(answer);

@@ -216,13 +216,13 @@ impl Handle {
     /// Whether `new`, asked by `caller`, may be and could ever be served:
     /// what the pool's holder checks, checked here first by a process
     /// standing by.
-    pub fn check(&self, caller: &Caller, new: &NewRequest) -> Result<(), ServiceError> {
+    pub fn may_take(&self, caller: &Caller, new: &NewRequest) -> Result<(), ServiceError> {
         change::may_submit(caller, new)?;
-        Ok(berth_core::pool::check(&self.config, new)?)
+        Ok(berth_core::pool::servable(&self.config, new)?)
     }
 
     /// Accepts a request under `id` while this process stands by (checked
-    /// first with [`Handle::check`]): puts it into the store's inbox and
+    /// first with [`Handle::may_take`]): puts it into the store's inbox and
     /// announces it, for the pool's holder to take in (at once, or once a
     /// process takes the pool over). Durable once this returns. An id
     /// already taken is taken by this very request (relayed to the holder

@@ -173,7 +173,7 @@ impl Loop {
                 biased;
                 g = &mut *stop => break g.unwrap_or(Duration::ZERO),
                 _ = tick(&mut watch) => {
-                    self.store.check().await?;
+                    self.store.confirm().await?;
                     continue;
                 }
                 Some(o) = queues.outcomes.recv() => self.outcome(o),
@@ -423,7 +423,7 @@ impl Loop {
             // within reach (and the pool still this process's), so that a
             // lost store or lease stops every call at once. The same check
             // renews the lease when it is due.
-            self.store.check().await?;
+            self.store.confirm().await?;
         }
         self.commit(&changes).await?;
         self.opened();

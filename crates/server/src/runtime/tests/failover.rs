@@ -119,7 +119,7 @@ impl Store for SharedStore {
         self.records.commit(changes)
     }
 
-    fn check(&mut self) -> StoreFuture<'_, ()> {
+    fn confirm(&mut self) -> StoreFuture<'_, ()> {
         Box::pin(std::future::ready(self.fence()))
     }
 
