@@ -30,6 +30,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use crate::support::pool::{fulfil, live_nodes, until_pool};
+use crate::support::sys::set_own_env_var;
 use crate::support::{KIT_STEPS, LogCapture, plugin, workspace};
 
 const REGION: &str = "us-east-1";
@@ -748,13 +749,9 @@ const CONFORMANCE_WRONG_SECRET: &str = "BERTH_ITEST_EC2_CONFORMANCE_WRONG_SECRET
 async fn aws_ec2_passes_the_conformance_kit_against_moto_with_signing_armed() {
     let moto = MotoServer::start().await;
     // The kit reads `${…}` from the process environment, so the secret must
-    // be there. SAFETY: these two names are this test's own (nothing else
-    // reads or writes them), and std's own environment functions hold a
-    // lock against each other.
-    unsafe {
-        std::env::set_var(CONFORMANCE_SECRET, &moto.secret);
-        std::env::set_var(CONFORMANCE_WRONG_SECRET, "not-the-secret-at-all");
-    }
+    // be there; these two names are this test's own.
+    set_own_env_var(CONFORMANCE_SECRET, &moto.secret);
+    set_own_env_var(CONFORMANCE_WRONG_SECRET, "not-the-secret-at-all");
     let config = |var: &str| -> TestConfig {
         serde_json::from_value(serde_json::json!({
             "config": {"region": REGION, "endpoint": moto.url()},

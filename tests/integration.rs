@@ -2,6 +2,10 @@
 //! wasm32-wasip2, loaded into the real sandbox, talking to the simulated cloud
 //! over real HTTP on 127.0.0.1.
 
+// Only `tests/support/sys.rs` allows `unsafe` (ARCHITECTURE.md, "Lints and
+// unsafe code").
+#![deny(unsafe_code)]
+
 mod commands;
 mod ec2;
 mod faults;
@@ -625,8 +629,6 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
     let rt = runtime();
     let driver = rt.load_file(plugin("sim")).await.expect("sim loads");
     let addr = sim.addr().to_string();
-    // SAFETY: no other test reads or writes this variable.
-    unsafe { std::env::set_var(VAR, TOKEN) };
     let table: toml::Table = toml::from_str(&format!(
         "host = \"{addr}\"\nkind = \"bearer\"\ntoken = \"${{{VAR}}}\""
     ))
@@ -634,7 +636,7 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
     let credentials = berth::config::credentials(
         &[toml::Value::Table(table)],
         &[AllowedHost::parse(&addr).unwrap()],
-        &|name: &str| std::env::var(name).ok(),
+        &|name: &str| (name == VAR).then(|| TOKEN.to_owned()),
     )
     .expect("credentials");
     let start = |name: &str, credentials| {

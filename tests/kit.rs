@@ -168,8 +168,8 @@ async fn the_binary_deletes_what_it_created_when_interrupted() {
         waited += 1;
     }
     let pid = child.id().expect("pid") as i32;
-    // SAFETY: signalling the child this test started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let pid = rustix::process::Pid::from_raw(pid).expect("a child's pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).expect("SIGINT sent");
     let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
         .await
         .expect("berth driver test ends after SIGINT")

@@ -3,6 +3,8 @@
 //! berth database and fresh ones over TCP with a password, survives a crash
 //! stop, and leaves nothing behind when its test process exits.
 
+#![forbid(unsafe_code)]
+
 #[path = "support/postgres.rs"]
 #[allow(dead_code)] // the benchmarks and other tests use the rest
 mod postgres;

@@ -28,6 +28,10 @@ pub mod sandbox;
 pub mod server;
 #[path = "support/sshd.rs"]
 pub mod sshd;
+// Each binary that includes this uses part of it.
+#[path = "support/sys.rs"]
+#[allow(dead_code)]
+pub mod sys;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -3,6 +3,8 @@
 //! SDKs `berth driver new` writes (`templates/`, `sdk/`). Each index is
 //! OUT_DIR/NAME.rs: `&[(relative path, include_str!(absolute path))]`.
 
+#![forbid(unsafe_code)]
+
 use std::env;
 use std::path::{Path, PathBuf};
 

@@ -8,6 +8,8 @@
 //! between them, and the nested build never waits on the lock of the build
 //! that is running this script.
 
+#![forbid(unsafe_code)]
+
 use std::env;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

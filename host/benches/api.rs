@@ -31,6 +31,10 @@
 //! same server through an instance's port is timed beside them. berth's
 //! overhead is the SSH label's extra time over the keyscan's.
 
+// Only `tests/support/sys.rs` allows `unsafe` (ARCHITECTURE.md, "Lints and
+// unsafe code").
+#![deny(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +48,9 @@ mod postgres;
 #[path = "../../tests/support/sshd.rs"]
 #[allow(dead_code)]
 mod sshd;
+#[path = "../../tests/support/sys.rs"]
+#[allow(dead_code)]
+mod sys;
 
 /// One keep-alive HTTP/1.1 connection.
 struct Conn {
@@ -465,8 +472,8 @@ async fn several(dir: &std::path::Path, text: &str, processes: usize, holder_onl
     };
     scenarios(&spread, &holder).await;
     for mut c in children {
-        // SAFETY: a signal to our own child.
-        unsafe { libc::kill(c.id().unwrap() as i32, libc::SIGTERM) };
+        let pid = rustix::process::Pid::from_raw(c.id().unwrap() as i32).expect("a child's pid");
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         let _ = c.wait().await;
     }
 }

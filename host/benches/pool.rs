@@ -9,6 +9,10 @@
 //! Run with `cargo bench -p berth --bench pool`; the figures go into
 //! docs/BENCHMARKS.md.
 
+// Only `tests/support/sys.rs` allows `unsafe` (ARCHITECTURE.md, "Lints and
+// unsafe code").
+#![deny(unsafe_code)]
+
 #[path = "../../tests/support.rs"]
 #[allow(dead_code)]
 mod support;
@@ -108,17 +112,6 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Hands the allocator's free memory back to the OS (glibc only), so that
-/// the resident size that follows is what is live: the lists dropped
-/// before leave freed memory the allocator keeps.
-fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers and may be called at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
@@ -170,7 +163,8 @@ fn core(rows: &mut Vec<(String, String)>) {
             rss_after - rss_before
         ),
     ));
-    trim_heap();
+    // The lists dropped before leave freed memory the allocator keeps.
+    support::sys::trim_heap();
     let rss_live = rss_mib();
     rows.push((
         format!("resident memory with {NODES} nodes in the core, freed memory handed back"),

@@ -7,6 +7,10 @@
 //! Run with `cargo bench -p berth --bench runtime`; the figures go into
 //! docs/BENCHMARKS.md.
 
+// Only `tests/support/sys.rs` allows `unsafe` (ARCHITECTURE.md, "Lints and
+// unsafe code").
+#![deny(unsafe_code)]
+
 #[path = "../../tests/support.rs"]
 #[allow(dead_code)]
 mod support;

@@ -7,6 +7,10 @@
 //! binary, as a user runs it; the sim cloud and the clients run in this
 //! process. Both runs are made in one sitting, the quiet one first.
 
+// Only `tests/support/sys.rs` allows `unsafe` (ARCHITECTURE.md, "Lints and
+// unsafe code").
+#![deny(unsafe_code)]
+
 #[path = "../../tests/support.rs"]
 #[allow(dead_code)]
 mod support;

@@ -388,7 +388,7 @@ fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 type Column<'a, T> = (&'a str, fn(&T) -> String);
 
 /// A table of `items`, one column per header and cell function.
-fn columns<T>(items: &[T], columns: &[Column<T>]) -> String {
+fn columns<T>(items: &[T], columns: &[Column<'_, T>]) -> String {
     let headers: Vec<&str> = columns.iter().map(|c| c.0).collect();
     let cells = |i: &T| columns.iter().map(|c| (c.1)(i)).collect();
     table(&headers, &items.iter().map(cells).collect::<Vec<_>>())

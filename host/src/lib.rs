@@ -17,6 +17,8 @@
 //! - [`client`] (`berth-client`): a client of the HTTP API.
 //! - [`cli`]: the CLI's commands against a running service.
 
+#![forbid(unsafe_code)]
+
 pub mod cli;
 
 pub use berth_client as client;

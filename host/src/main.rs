@@ -2,6 +2,8 @@
 //! conformance kit for driver authors, config checking and the simulated
 //! cloud. Thin by design: the work is in the library.
 
+#![forbid(unsafe_code)]
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;

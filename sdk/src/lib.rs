@@ -56,6 +56,7 @@
 //! `plugins/example` in the berth repository is a complete driver to copy,
 //! and `docs/writing-a-driver.md` walks through building and testing one.
 
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 #[allow(missing_docs, clippy::all)]

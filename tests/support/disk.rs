@@ -126,8 +126,7 @@ impl Drop for LoopFs {
 /// Runs a command to its end; `Err` says how it failed.
 /// Refuses unless this process is root: `why` says what cannot be done.
 fn root(why: &str) -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return Err(format!("not root, so {why}"));
     }
     Ok(())
@@ -152,10 +151,6 @@ fn run(cmd: &mut Command) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-unsafe extern "C" {
-    fn geteuid() -> u32;
 }
 
 /// Prints why a test skips itself; the test then returns.

@@ -97,20 +97,7 @@ impl Berth {
             cmd.env(k, v);
         }
         if let Some(n) = launch.nofile {
-            // SAFETY: only setrlimit, async-signal-safe, between fork and
-            // exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let lim = libc::rlimit {
-                        rlim_cur: n,
-                        rlim_max: n,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            super::sys::limit_open_files(&mut cmd, n);
         }
         let child = cmd.spawn().expect("spawn berth serve");
         Starting {
@@ -169,8 +156,10 @@ impl Berth {
 
     /// Sends `signal` to the child.
     pub fn signal(&self, signal: i32) {
-        // SAFETY: sending a signal to our own child.
-        unsafe { kill(self.pid(), signal) };
+        use rustix::process::{Pid, Signal, kill_process};
+        let pid = Pid::from_raw(self.pid()).expect("a child's pid");
+        let signal = Signal::from_named_raw(signal).expect("a named signal");
+        let _ = kill_process(pid, signal);
     }
 
     pub async fn call(
@@ -408,10 +397,6 @@ pub fn tail(path: &Path) -> String {
 }
 
 pub const SIGTERM: i32 = 15;
-
-unsafe extern "C" {
-    fn kill(pid: i32, sig: i32) -> i32;
-}
 
 /// One HTTP/1.1 request with `Connection: close`; the status and body.
 pub async fn http(

@@ -22,17 +22,13 @@ pub struct Sshd {
 
 /// `(uid, gid)` to run the server as: `nobody` when this process is root.
 fn unprivileged() -> Option<(u32, u32)> {
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
+    if !rustix::process::getuid().is_root() {
         return None;
     }
-    let name = std::ffi::CString::new("nobody").unwrap();
-    // SAFETY: a valid C string; the result is read before any other call
-    // that could overwrite it.
-    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
-    assert!(!pw.is_null(), "no user `nobody` to run sshd as");
-    // SAFETY: checked non-null above.
-    unsafe { Some(((*pw).pw_uid, (*pw).pw_gid)) }
+    let nobody = nix::unistd::User::from_name("nobody")
+        .expect("reading the user database")
+        .expect("no user `nobody` to run sshd as");
+    Some((nobody.uid.as_raw(), nobody.gid.as_raw()))
 }
 
 impl Sshd {
@@ -92,22 +88,12 @@ impl Sshd {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
-            // SAFETY: only async-signal-safe calls between fork and exec.
-            unsafe {
+            if let Some((uid, gid)) = user {
+                // As root, std also drops the supplementary groups.
                 use std::os::unix::process::CommandExt;
-                cmd.pre_exec(move || {
-                    if let Some((uid, gid)) = user
-                        && (libc::setgroups(0, std::ptr::null()) != 0
-                            || libc::setgid(gid) != 0
-                            || libc::setuid(uid) != 0)
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    // After the change of user, which would clear it.
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
+                cmd.uid(uid).gid(gid);
             }
+            super::sys::kill_with_parent(&mut cmd);
             let mut child = cmd.spawn().expect("sshd starts");
             let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
             let deadline = Instant::now() + Duration::from_secs(10);

@@ -27,6 +27,8 @@
 //! [`types`] are the bodies the service sends and reads, shared with the
 //! service itself, which derives its OpenAPI document from their schemas.
 
+#![forbid(unsafe_code)]
+
 mod client;
 pub use berth_types as types;
 

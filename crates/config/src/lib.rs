@@ -8,6 +8,8 @@
 //! reach the driver config, credentials and API tokens through `${ENV}`
 //! interpolation and are never printed: their `Debug` shows them redacted.
 
+#![forbid(unsafe_code)]
+
 mod api;
 mod checks;
 mod credentials;

@@ -14,6 +14,8 @@
 //! - [`duration`]: strict duration parsing and RFC 3339 time.
 //! - [`text`]: making text from outside safe to show.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod driver;
 pub mod duration;

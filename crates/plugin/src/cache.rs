@@ -2,6 +2,14 @@
 //! sha256 of the `.wasm` and the engine's compatibility hash, so a changed
 //! driver or a different wasmtime build or configuration never loads a stale
 //! artifact. Only artifacts this host compiled itself are ever loaded.
+//!
+//! The one module of this crate allowed `unsafe` (the crate root denies it
+//! elsewhere): loading a compiled artifact (`Component::deserialize`) is
+//! unsafe in wasmtime itself, since its machine code is run as it is, and
+//! the reasons it is sound here (where the file comes from, what its name
+//! binds it to) are all in this module.
+
+#![allow(unsafe_code)]
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};

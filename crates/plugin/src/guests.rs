@@ -150,12 +150,9 @@ impl<T> Drop for Task<T> {
 fn lower_priority() {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: plain syscalls on the calling thread's own id.
-        unsafe {
-            let tid = libc::gettid();
-            if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, GUEST_NICENESS) != 0 {
-                tracing::debug!("could not lower the priority of a guest thread");
-            }
+        let tid = rustix::thread::gettid();
+        if rustix::process::setpriority_process(Some(tid), GUEST_NICENESS).is_err() {
+            tracing::debug!("could not lower the priority of a guest thread");
         }
     }
 }

@@ -8,6 +8,10 @@
 //! in its sandbox: a bounded set of instances, each owned by one task. (The
 //! provider as the pool decides for it is `berth_core::config::Provider`.)
 
+// Only `cache.rs` allows `unsafe` (ARCHITECTURE.md, "Lints and unsafe
+// code").
+#![deny(unsafe_code)]
+
 mod bindings;
 mod cache;
 pub mod conformance;

@@ -4,7 +4,7 @@
 //! bounded concurrency and response size), the memory caps (guest and host
 //! side), and the `Store` state every driver instance runs with.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -382,36 +382,20 @@ impl HttpPolicy {
 
 /// The addresses of this host's network interfaces.
 fn local_addresses() -> Vec<IpAddr> {
-    let mut out = Vec::new();
     #[cfg(target_os = "linux")]
-    // SAFETY: getifaddrs fills a list that freeifaddrs frees; each entry's
-    // address is read according to its family.
-    unsafe {
-        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-        if libc::getifaddrs(&mut list) != 0 {
-            return out;
-        }
-        let mut at = list;
-        while !at.is_null() {
-            let addr = (*at).ifa_addr;
-            if !addr.is_null() {
-                match i32::from((*addr).sa_family) {
-                    libc::AF_INET => {
-                        let a = &*(addr as *const libc::sockaddr_in);
-                        out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))));
-                    }
-                    libc::AF_INET6 => {
-                        let a = &*(addr as *const libc::sockaddr_in6);
-                        out.push(IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr)));
-                    }
-                    _ => {}
+    if let Ok(interfaces) = nix::ifaddrs::getifaddrs() {
+        return interfaces
+            .filter_map(|i| i.address)
+            .filter_map(|a| {
+                if let Some(v4) = a.as_sockaddr_in() {
+                    Some(IpAddr::V4(v4.ip()))
+                } else {
+                    a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
                 }
-            }
-            at = (*at).ifa_next;
-        }
-        libc::freeifaddrs(list);
+            })
+            .collect();
     }
-    out
+    Vec::new()
 }
 
 /// The hooks the host's wasi:http implementation calls for each request.

@@ -10,6 +10,10 @@
 //! - `embedded`: the sim driver carried inside the binary (feature
 //!   `embedded-sim`).
 
+// Only `serve/sys.rs` allows `unsafe` (ARCHITECTURE.md, "Lints and unsafe
+// code").
+#![deny(unsafe_code)]
+
 pub mod api;
 #[cfg(feature = "embedded-sim")]
 pub mod embedded;

@@ -12,6 +12,7 @@
 //! with an error (docs/api.md, "Stopping", has the exit statuses).
 
 mod http;
+mod sys;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -8,6 +8,8 @@
 //! - `machines`: instances reachable on ports of their own (`ssh_target`).
 //! - `cli`: the `berth sim` subcommand.
 
+#![forbid(unsafe_code)]
+
 mod api;
 mod cli;
 mod machines;

@@ -20,6 +20,8 @@
 //! ARCHITECTURE.md ("Several berth processes, one pool") has the whole
 //! story.
 
+#![forbid(unsafe_code)]
+
 mod connect;
 mod copy;
 mod error;

@@ -1,6 +1,8 @@
 //! The JSON bodies of the HTTP API, shared by the server and the CLI client.
 //! Field names are the API's: changing one is a breaking change of `/v1`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -32,7 +34,7 @@ fn each_key_once<'de, D: serde::Deserializer<'de>, V: Deserialize<'de>>(
     struct Once<V>(std::marker::PhantomData<V>);
     impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Once<V> {
         type Value = BTreeMap<String, V>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("an object of label name to count, e.g. {\"small\": 2}")
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(

@@ -8,6 +8,8 @@
 //! two. The driver touches only instances tagged with its pool id: `delete`
 //! and `set-tags` look the instance up with that tag first.
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod errors;
 mod query;

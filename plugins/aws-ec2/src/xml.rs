@@ -104,7 +104,7 @@ fn instance(item: Node<'_, '_>) -> Result<Instance, String> {
     // The primary interface's first IPv6 address, where the instance-level
     // `ipv6Address` (newer responses) is absent.
     let ipv6 = text(item, &["ipv6Address"]).map(str::to_owned).or_else(|| {
-        let mut interfaces: Vec<Node> = items(item, &["networkInterfaceSet"]).collect();
+        let mut interfaces: Vec<Node<'_, '_>> = items(item, &["networkInterfaceSet"]).collect();
         interfaces.sort_by_key(|n| text(*n, &["attachment", "deviceIndex"]) != Some("0"));
         interfaces.iter().find_map(|n| {
             items(*n, &["ipv6AddressesSet"])

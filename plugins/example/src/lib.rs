@@ -8,6 +8,8 @@
 //! an instance that never saw the `create`. A real driver keeps nothing that
 //! matters in memory and asks its cloud instead (see `plugins/sim`).
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -4,6 +4,8 @@
 //! a real cloud talks to its API, so it exercises the whole plugin path. It
 //! sends no credentials: when the sim requires a token, the host adds it.
 
+#![forbid(unsafe_code)]
+
 mod api;
 
 use berth_sdk::http::{Request, Response, Url, encode_component};

@@ -7,6 +7,8 @@
 //! by every instance of the driver, so nothing is kept in memory. See
 //! `plugins/static/README.md`.
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod env;
 mod records;

@@ -73,20 +73,8 @@ pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 /// rules above still hold.
 #[cfg(target_os = "linux")]
 fn defer_accept(socket: &tokio::net::TcpSocket) {
-    use std::os::fd::AsRawFd;
-    let seconds: libc::c_int = 1;
-    // SAFETY: setsockopt reads one int from the pointer it is given.
-    let set = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_DEFER_ACCEPT,
-            (&seconds as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if set != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "TCP_DEFER_ACCEPT not set");
+    if let Err(error) = super::sys::set_tcp_defer_accept(socket, 1) {
+        tracing::debug!(%error, "TCP_DEFER_ACCEPT not set");
     }
 }
 
@@ -135,25 +123,24 @@ pub fn connection_cap(max_connections: usize) -> (usize, Option<u64>) {
 /// Raises the soft open-file limit to the hard one and returns it.
 #[cfg(unix)]
 fn raise_open_file_limit() -> Option<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    // `None` is no limit.
+    let mut lim = getrlimit(Resource::Nofile);
+    let below = match (lim.current, lim.maximum) {
+        (Some(current), Some(maximum)) => current < maximum,
+        (Some(_), None) => true,
+        (None, _) => false,
     };
-    // SAFETY: getrlimit writes into the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return None;
-    }
-    if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
+    if below {
+        let raised = Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
         };
-        // SAFETY: setrlimit reads the struct it is given.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            lim.rlim_cur = lim.rlim_max;
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            lim.current = lim.maximum;
         }
     }
-    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+    lim.current
 }
 
 #[cfg(not(unix))]
@@ -215,11 +202,7 @@ impl Conns {
 /// waited before.
 #[cfg(unix)]
 fn unread_data(fd: RawFd) -> bool {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int; `fd` is an open socket (see
-    // `Conn::fd`).
-    let ok = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } == 0;
-    ok && n > 0
+    super::sys::unread_bytes(fd).is_some_and(|n| n > 0)
 }
 
 #[cfg(not(unix))]
