@@ -12,6 +12,9 @@
 //! The clock is tokio's: the monotonic clock itself in a running berth, and
 //! one that tests on paused time move, like the lease it follows.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::sync::Mutex;
 
 use tokio::time::Instant;

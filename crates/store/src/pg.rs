@@ -9,6 +9,9 @@
 //! over, so a process that lost the pool (it was paused, or cut off) cannot
 //! write anything, and so cannot start a cloud call on a stale decision.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 mod lease;
 mod migrations;
 mod pipeline;

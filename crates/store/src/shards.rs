@@ -13,6 +13,9 @@
 //! other), and answers every lease as it now stands, the pool's too. A
 //! takeover bumps the lease's epoch.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;

@@ -3,6 +3,9 @@
 //! ([`Tenure`], [`Holding`]), and the process that claims it
 //! ([`Claimant`]).
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -2,6 +2,9 @@
 //! driver calls (checked before the pool sees their answer) and readiness
 //! probes, whose outcomes come back to the pool's task.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::sync::Arc;
 
 use tokio::sync::mpsc;

@@ -1,6 +1,9 @@
 //! The clients' way in: [`Handle`], the commands it queues for the pool's
 //! task, and how each is answered once its change is stored.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 

@@ -1,6 +1,9 @@
 //! A running pool ([`Service`]): its handle and its task, the parts it
 //! runs with, and how it stops.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

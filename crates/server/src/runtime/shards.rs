@@ -30,6 +30,9 @@
 //!   more than its share gives the rest up: it stops taking their calls,
 //!   waits (briefly) for those running to end, and releases them.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,6 +3,9 @@
 //! decided or sent until the store answers and this process holds the pool;
 //! then the pool is reloaded from the store.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};

@@ -2,6 +2,9 @@
 //! PostgreSQL shared with other processes), the lease claimed, the drivers
 //! loaded in the background, the pool restored.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

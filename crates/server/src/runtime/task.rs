@@ -2,6 +2,9 @@
 //! commands and outcomes in batches, and in each step decides, stores, and
 //! only then answers and acts.
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -308,7 +311,7 @@ impl Loop {
         if changes.is_empty() {
             return Ok(());
         }
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         // The commit blocks this worker thread, briefly (see
         // docs/BENCHMARKS.md: nearly all take under 0.5 ms). Handing the
         // worker's queue to another thread with `block_in_place` first cost

@@ -2,6 +2,9 @@
 //! holds it, what `berth_fence` is called with while this process holds
 //! it, and how the fence's refusal reads ([`StoreError::Fenced`]).
 
+// Time here is tokio's clock, which tests on paused time move.
+#![deny(clippy::disallowed_methods)]
+
 use crate::connect::FENCED;
 use crate::error::StoreError;
 use crate::store::{Claimant, Holding};
