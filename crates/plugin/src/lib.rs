@@ -22,6 +22,7 @@ mod sandbox;
 pub mod scaffold;
 mod scrub;
 mod state;
+mod store_data;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -35,8 +36,10 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use berth_core::driver::DriverInfo;
 use bindings::DriverPluginPre;
+use guest_log::LogCtx;
 use guests::Guests;
-use sandbox::StoreState;
+use state::{NetCtx, RecordsCtx};
+use store_data::StoreState;
 
 pub use berth_config::{AllowedHost, Auth, Credential, SandboxLimits, Secret};
 pub use cache::LoadSource;
@@ -264,19 +267,19 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
             .map_err(anyhow::Error::from)?;
-        bindings::berth::driver::log::add_to_linker::<StoreState, HasSelf<StoreState>>(
+        bindings::berth::driver::log::add_to_linker::<StoreState, HasSelf<LogCtx>>(
             &mut linker,
-            |s| s,
+            |s| &mut s.log,
         )
         .map_err(anyhow::Error::from)?;
-        bindings::berth::driver::state::add_to_linker::<StoreState, HasSelf<StoreState>>(
+        bindings::berth::driver::state::add_to_linker::<StoreState, HasSelf<RecordsCtx>>(
             &mut linker,
-            |s| s,
+            |s| &mut s.records,
         )
         .map_err(anyhow::Error::from)?;
-        bindings::berth::driver::net::add_to_linker::<StoreState, HasSelf<StoreState>>(
+        bindings::berth::driver::net::add_to_linker::<StoreState, HasSelf<NetCtx>>(
             &mut linker,
-            |s| s,
+            |s| &mut s.net,
         )
         .map_err(anyhow::Error::from)?;
 

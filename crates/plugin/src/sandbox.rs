@@ -2,27 +2,23 @@
 //! policy (allow-list; never link-local or cloud metadata; loopback and
 //! private addresses only when named as literals; never berth's own API;
 //! bounded concurrency and response size), the memory caps (guest and host
-//! side), and the `Store` state every driver instance runs with.
+//! side), and the hooks the host's wasi:http calls for each request.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::instrument::WithSubscriber;
-use wasmtime::component::ResourceTable;
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+use wasmtime_wasi_http::WasiHttpHooks;
 
-use berth_config::{AllowedHost, Credential, FIELD_SIZE_LIMIT, SandboxLimits, canonical_ip};
+use berth_config::{AllowedHost, Credential, SandboxLimits, canonical_ip};
 
 use super::credentials::{self, NotApplied};
 use super::gate::Gate;
-use super::guest_log::{GuestOutput, LogBudget};
 use super::scrub::Scrubber;
-use super::state::StateSpace;
 
 /// Addresses a driver may never reach, whatever its allow-list says:
 /// link-local ranges (where clouds serve instance metadata and credentials),
@@ -428,6 +424,24 @@ pub(crate) struct Hooks {
     dispatch: tracing::Dispatch,
 }
 
+impl Hooks {
+    /// The hooks of one instance of the provider `policy` governs, within
+    /// `limits`, logging to `dispatch`.
+    pub(crate) fn new(
+        policy: Arc<HttpPolicy>,
+        limits: &SandboxLimits,
+        dispatch: tracing::Dispatch,
+    ) -> Self {
+        Hooks {
+            policy,
+            outbound: Arc::new(Semaphore::new(limits.max_outbound_per_instance.max(1))),
+            max_outbound: limits.max_outbound_per_instance.max(1),
+            call_deadline: limits.call_deadline,
+            dispatch,
+        }
+    }
+}
+
 impl WasiHttpHooks for Hooks {
     fn send_request(
         &mut self,
@@ -643,6 +657,13 @@ pub(crate) struct Limiter {
     memory_bytes: u64,
 }
 
+impl Limiter {
+    /// Memory of at most `memory_bytes`.
+    pub(crate) fn new(memory_bytes: u64) -> Self {
+        Limiter { memory_bytes }
+    }
+}
+
 impl wasmtime::ResourceLimiter for Limiter {
     fn memory_growing(
         &mut self,
@@ -668,120 +689,6 @@ impl wasmtime::ResourceLimiter for Limiter {
         // Tables hold function references; a million is far beyond any real
         // driver and keeps a hostile one from growing host memory through them.
         Ok(desired <= 1_000_000)
-    }
-}
-
-/// Everything a driver instance's `Store` holds.
-pub(crate) struct StoreState {
-    pub provider: Arc<str>,
-    wasi: WasiCtx,
-    http: WasiHttpCtx,
-    table: ResourceTable,
-    hooks: Hooks,
-    /// The provider's durable records (the `state` import).
-    pub state: StateSpace,
-    /// The host-side bytes this instance may make the host hold at once
-    /// (bounds a `state.scan` answer).
-    pub host_memory_bytes: u64,
-    pub limiter: Limiter,
-    /// The current call must finish before this instant; read by the epoch
-    /// callback.
-    pub deadline: Instant,
-    /// The provider's gate for what the driver logs.
-    pub log: Arc<LogBudget>,
-    /// The last line the guest wrote to stderr (a Rust panic message).
-    stderr_tail: Arc<std::sync::Mutex<String>>,
-}
-
-impl StoreState {
-    pub fn new(
-        provider: Arc<str>,
-        limits: &SandboxLimits,
-        policy: Arc<HttpPolicy>,
-        state: StateSpace,
-        log: Arc<LogBudget>,
-    ) -> Self {
-        // No preopened directories, no environment, no arguments, no network
-        // sockets (the builder's defaults deny every address); stdio goes to
-        // the host log attributed to the provider.
-        let stderr_tail = Arc::new(std::sync::Mutex::new(String::new()));
-        let dispatch = tracing::dispatcher::get_default(|d| d.clone());
-        let mut http = WasiHttpCtx::new();
-        http.set_field_size_limit(FIELD_SIZE_LIMIT);
-        let mut table = ResourceTable::new();
-        table.set_max_capacity(limits.max_resources());
-        let wasi = WasiCtx::builder()
-            .stdout(GuestOutput {
-                provider: provider.clone(),
-                stream: "stdout",
-                gate: log.clone(),
-                dispatch: dispatch.clone(),
-                last: None,
-            })
-            .stderr(GuestOutput {
-                provider: provider.clone(),
-                stream: "stderr",
-                gate: log.clone(),
-                dispatch: dispatch.clone(),
-                last: Some(stderr_tail.clone()),
-            })
-            .allow_ip_name_lookup(false)
-            .allow_tcp(false)
-            .allow_udp(false)
-            .build();
-        StoreState {
-            provider,
-            wasi,
-            http,
-            table,
-            hooks: Hooks {
-                policy,
-                outbound: Arc::new(Semaphore::new(limits.max_outbound_per_instance.max(1))),
-                max_outbound: limits.max_outbound_per_instance.max(1),
-                call_deadline: limits.call_deadline,
-                dispatch,
-            },
-            host_memory_bytes: limits.host_memory_bytes,
-            state,
-            limiter: Limiter {
-                memory_bytes: limits.memory_bytes,
-            },
-            deadline: Instant::now(),
-            log,
-            stderr_tail,
-        }
-    }
-
-    /// The provider's outbound policy, which the TCP probe obeys too.
-    pub fn policy(&self) -> &HttpPolicy {
-        &self.hooks.policy
-    }
-
-    /// The last complete line the guest wrote to stderr.
-    pub fn stderr_tail(&self) -> String {
-        self.stderr_tail
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default()
-    }
-}
-
-impl WasiView for StoreState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl WasiHttpView for StoreState {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView {
-            ctx: &mut self.http,
-            table: &mut self.table,
-            hooks: &mut self.hooks,
-        }
     }
 }
 
