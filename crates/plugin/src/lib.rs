@@ -17,6 +17,7 @@ mod gate;
 mod guest_log;
 mod guests;
 mod inspect;
+mod limits;
 mod provider;
 mod sandbox;
 pub mod scaffold;

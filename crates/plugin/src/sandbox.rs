@@ -1,8 +1,8 @@
-//! What a driver may do: the per-provider sandbox limits, the outbound HTTP
-//! policy (allow-list; never link-local or cloud metadata; loopback and
-//! private addresses only when named as literals; never berth's own API;
-//! bounded concurrency and response size), the memory caps (guest and host
-//! side), and the hooks the host's wasi:http calls for each request.
+//! Where a driver may send: the outbound HTTP policy of each provider
+//! (allow-list; never link-local or cloud metadata; loopback and private
+//! addresses only when named as literals; never berth's own API; bounded
+//! concurrency and response size), and the hooks the host's wasi:http
+//! calls for each request. The memory caps are in `limits.rs`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -637,59 +637,6 @@ async fn authenticate(
         .map_err(|never| match never {})
         .boxed_unsync();
     Ok(http::Request::from_parts(parts, body))
-}
-
-/// Returned by the memory limiter; identifies an out-of-memory trap.
-#[derive(Debug, thiserror::Error)]
-#[error("driver exceeded its memory cap of {cap} bytes (asked for {asked})")]
-pub(crate) struct MemoryCapExceeded {
-    pub cap: u64,
-    pub asked: u64,
-}
-
-/// Returned by the epoch callback; identifies a deadline trap.
-#[derive(Debug, thiserror::Error)]
-#[error("driver call ran past its deadline")]
-pub(crate) struct DeadlineExceeded;
-
-/// Caps linear memory and table growth of one driver instance.
-pub(crate) struct Limiter {
-    memory_bytes: u64,
-}
-
-impl Limiter {
-    /// Memory of at most `memory_bytes`.
-    pub(crate) fn new(memory_bytes: u64) -> Self {
-        Limiter { memory_bytes }
-    }
-}
-
-impl wasmtime::ResourceLimiter for Limiter {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired as u64 > self.memory_bytes {
-            return Err(wasmtime::Error::new(MemoryCapExceeded {
-                cap: self.memory_bytes,
-                asked: desired as u64,
-            }));
-        }
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        // Tables hold function references; a million is far beyond any real
-        // driver and keeps a hostile one from growing host memory through them.
-        Ok(desired <= 1_000_000)
-    }
 }
 
 #[cfg(test)]

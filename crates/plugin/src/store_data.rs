@@ -13,7 +13,8 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use berth_config::{FIELD_SIZE_LIMIT, SandboxLimits};
 
 use super::guest_log::{GuestOutput, LogBudget, LogCtx};
-use super::sandbox::{Hooks, HttpPolicy, Limiter};
+use super::limits::Limiter;
+use super::sandbox::{Hooks, HttpPolicy};
 use super::state::{NetCtx, RecordsCtx, StateSpace};
 
 /// Everything a driver instance's `Store` holds.
