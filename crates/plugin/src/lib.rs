@@ -8,6 +8,7 @@
 //! in its sandbox: a bounded set of instances, each owned by one task. (The
 //! provider as the pool decides for it is `berth_core::config::Provider`.)
 
+mod addresses;
 mod bindings;
 mod cache;
 pub mod conformance;
@@ -42,6 +43,7 @@ use guests::Guests;
 use state::{NetCtx, RecordsCtx};
 use store_data::StoreState;
 
+pub use addresses::is_forbidden_ip;
 pub use berth_config::{AllowedHost, Auth, Credential, SandboxLimits, Secret};
 pub use cache::LoadSource;
 pub use gate::Gate;
@@ -49,7 +51,7 @@ pub use inspect::{Import, Inspection, Provision, Rejection, inspect};
 pub use provider::{
     CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Sandbox, SandboxConfig, Trap,
 };
-pub use sandbox::{HttpPolicy, is_forbidden_ip};
+pub use sandbox::HttpPolicy;
 pub use state::{DriverState, Records, StateSpace};
 
 /// Engine-wide settings of the plugin runtime.
