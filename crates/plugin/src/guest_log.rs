@@ -18,7 +18,6 @@ use std::time::Instant;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 
 use super::bindings;
-use super::sandbox::StoreState;
 use berth_core::pool::{Bucket, Time};
 use berth_core::text::{printable, truncated};
 
@@ -153,7 +152,14 @@ fn clean(text: &str, max: usize) -> String {
     printable(&truncated(text, max)).into_owned()
 }
 
-impl bindings::berth::driver::log::Host for StoreState {
+/// What the `log` import needs: whose records they are and the provider's
+/// gate for them.
+pub(crate) struct LogCtx {
+    pub provider: Arc<str>,
+    pub budget: Arc<LogBudget>,
+}
+
+impl bindings::berth::driver::log::Host for LogCtx {
     async fn log(
         &mut self,
         level: bindings::berth::driver::log::Level,
@@ -171,10 +177,10 @@ impl bindings::berth::driver::log::Host for StoreState {
             fields.push("…".into());
         }
         let fields = fields.join(" ");
-        let Some(dropped) = self.log.admit(message.len() + fields.len()) else {
+        let Some(dropped) = self.budget.admit(message.len() + fields.len()) else {
             return Ok(());
         };
-        self.log.say_dropped(dropped);
+        self.budget.say_dropped(dropped);
         let p = &self.provider;
         match level {
             Level::Trace => tracing::trace!(provider = %p, %fields, "driver: {message}"),

@@ -12,6 +12,7 @@
 // code").
 #![deny(unsafe_code)]
 
+mod addresses;
 mod bindings;
 mod cache;
 pub mod conformance;
@@ -21,11 +22,13 @@ mod gate;
 mod guest_log;
 mod guests;
 mod inspect;
+mod limits;
 mod provider;
 mod sandbox;
 pub mod scaffold;
 mod scrub;
 mod state;
+mod store_data;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -39,9 +42,12 @@ use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use berth_core::driver::DriverInfo;
 use bindings::DriverPluginPre;
+use guest_log::LogCtx;
 use guests::Guests;
-use sandbox::StoreState;
+use state::{NetCtx, RecordsCtx};
+use store_data::StoreState;
 
+pub use addresses::is_forbidden_ip;
 pub use berth_config::{AllowedHost, Auth, Credential, SandboxLimits, Secret};
 pub use cache::LoadSource;
 pub use gate::Gate;
@@ -49,7 +55,7 @@ pub use inspect::{Import, Inspection, Provision, Rejection, inspect};
 pub use provider::{
     CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Sandbox, SandboxConfig, Trap,
 };
-pub use sandbox::{HttpPolicy, is_forbidden_ip};
+pub use sandbox::HttpPolicy;
 pub use state::{DriverState, Records, StateSpace};
 
 /// Engine-wide settings of the plugin runtime.
@@ -268,19 +274,19 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
             .map_err(anyhow::Error::from)?;
-        bindings::berth::driver::log::add_to_linker::<StoreState, HasSelf<StoreState>>(
+        bindings::berth::driver::log::add_to_linker::<StoreState, HasSelf<LogCtx>>(
             &mut linker,
-            |s| s,
+            |s| &mut s.log,
         )
         .map_err(anyhow::Error::from)?;
-        bindings::berth::driver::state::add_to_linker::<StoreState, HasSelf<StoreState>>(
+        bindings::berth::driver::state::add_to_linker::<StoreState, HasSelf<RecordsCtx>>(
             &mut linker,
-            |s| s,
+            |s| &mut s.records,
         )
         .map_err(anyhow::Error::from)?;
-        bindings::berth::driver::net::add_to_linker::<StoreState, HasSelf<StoreState>>(
+        bindings::berth::driver::net::add_to_linker::<StoreState, HasSelf<NetCtx>>(
             &mut linker,
-            |s| s,
+            |s| &mut s.net,
         )
         .map_err(anyhow::Error::from)?;
 

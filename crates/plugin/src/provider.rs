@@ -18,8 +18,10 @@ use super::Driver;
 use super::bindings::{DriverPlugin, DriverPluginPre, tags_to_wit};
 use super::guest_log::LogBudget;
 use super::guests::{Guests, TaskLost};
-use super::sandbox::{DeadlineExceeded, HttpPolicy, MemoryCapExceeded, StoreState};
+use super::limits::{DeadlineExceeded, MemoryCapExceeded};
+use super::sandbox::HttpPolicy;
 use super::state::{DriverState, StateSpace};
+use super::store_data::StoreState;
 use berth_config::{AllowedHost, Credential, SandboxLimits};
 use berth_core::driver::{
     AccountLimits, Call, CreateSpec, DriverError, DriverInfo, Instance, Tags,

@@ -1,69 +1,26 @@
-//! What a driver may do: the per-provider sandbox limits, the outbound HTTP
-//! policy (allow-list; never link-local or cloud metadata; loopback and
-//! private addresses only when named as literals; never berth's own API;
-//! bounded concurrency and response size), the memory caps (guest and host
-//! side), and the `Store` state every driver instance runs with.
+//! Where a driver may send: the outbound HTTP policy of each provider
+//! (allow-list; never link-local or cloud metadata; loopback and private
+//! addresses only when named as literals; never berth's own API; bounded
+//! concurrency and response size), and the hooks the host's wasi:http
+//! calls for each request. Which address is which is in `addresses.rs`,
+//! the memory caps in `limits.rs`.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::instrument::WithSubscriber;
-use wasmtime::component::ResourceTable;
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+use wasmtime_wasi_http::WasiHttpHooks;
 
-use berth_config::{AllowedHost, Credential, FIELD_SIZE_LIMIT, SandboxLimits, canonical_ip};
+use berth_config::{AllowedHost, Credential, SandboxLimits, canonical_ip};
 
+use super::addresses::{is_forbidden_ip, is_internal_ip};
 use super::credentials::{self, NotApplied};
 use super::gate::Gate;
-use super::guest_log::{GuestOutput, LogBudget};
 use super::scrub::Scrubber;
-use super::state::StateSpace;
-
-/// Addresses a driver may never reach, whatever its allow-list says:
-/// link-local ranges (where clouds serve instance metadata and credentials),
-/// the unspecified address, broadcast and multicast; also in every IPv6
-/// form that carries an IPv4 address ([`canonical_ip`]).
-pub fn is_forbidden_ip(ip: IpAddr) -> bool {
-    const EC2_V6_METADATA: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
-    match canonical_ip(ip) {
-        IpAddr::V4(v4) => {
-            v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.octets()[0] == 0
-        }
-        IpAddr::V6(v6) => {
-            v6 == EC2_V6_METADATA
-                || (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6.is_unspecified()
-                || v6.is_multicast()
-        }
-    }
-}
-
-/// Addresses inside a host or a private network: loopback, RFC 1918,
-/// shared (100.64/10), unique-local and site-local IPv6, and their IPv4-in-
-/// IPv6 forms. A driver reaches one only where its allow-list names that
-/// address as a literal; a name that resolves to one is refused, so that
-/// `*.example.com` cannot be pointed at berth's own host.
-pub fn is_internal_ip(ip: IpAddr) -> bool {
-    match canonical_ip(ip) {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            v4.is_loopback() || v4.is_private() || (o[0] == 100 && (o[1] & 0xc0) == 64)
-        }
-        IpAddr::V6(v6) => {
-            let first = v6.segments()[0];
-            v6.is_loopback() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfec0
-        }
-    }
-}
 
 /// The outbound HTTP policy of one provider.
 #[derive(Debug)]
@@ -412,6 +369,24 @@ pub(crate) struct Hooks {
     dispatch: tracing::Dispatch,
 }
 
+impl Hooks {
+    /// The hooks of one instance of the provider `policy` governs, within
+    /// `limits`, logging to `dispatch`.
+    pub(crate) fn new(
+        policy: Arc<HttpPolicy>,
+        limits: &SandboxLimits,
+        dispatch: tracing::Dispatch,
+    ) -> Self {
+        Hooks {
+            policy,
+            outbound: Arc::new(Semaphore::new(limits.max_outbound_per_instance.max(1))),
+            max_outbound: limits.max_outbound_per_instance.max(1),
+            call_deadline: limits.call_deadline,
+            dispatch,
+        }
+    }
+}
+
 impl WasiHttpHooks for Hooks {
     fn send_request(
         &mut self,
@@ -609,166 +584,6 @@ async fn authenticate(
     Ok(http::Request::from_parts(parts, body))
 }
 
-/// Returned by the memory limiter; identifies an out-of-memory trap.
-#[derive(Debug, thiserror::Error)]
-#[error("driver exceeded its memory cap of {cap} bytes (asked for {asked})")]
-pub(crate) struct MemoryCapExceeded {
-    pub cap: u64,
-    pub asked: u64,
-}
-
-/// Returned by the epoch callback; identifies a deadline trap.
-#[derive(Debug, thiserror::Error)]
-#[error("driver call ran past its deadline")]
-pub(crate) struct DeadlineExceeded;
-
-/// Caps linear memory and table growth of one driver instance.
-pub(crate) struct Limiter {
-    memory_bytes: u64,
-}
-
-impl wasmtime::ResourceLimiter for Limiter {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired as u64 > self.memory_bytes {
-            return Err(wasmtime::Error::new(MemoryCapExceeded {
-                cap: self.memory_bytes,
-                asked: desired as u64,
-            }));
-        }
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        // Tables hold function references; a million is far beyond any real
-        // driver and keeps a hostile one from growing host memory through them.
-        Ok(desired <= 1_000_000)
-    }
-}
-
-/// Everything a driver instance's `Store` holds.
-pub(crate) struct StoreState {
-    pub provider: Arc<str>,
-    wasi: WasiCtx,
-    http: WasiHttpCtx,
-    table: ResourceTable,
-    hooks: Hooks,
-    /// The provider's durable records (the `state` import).
-    pub state: StateSpace,
-    /// The host-side bytes this instance may make the host hold at once
-    /// (bounds a `state.scan` answer).
-    pub host_memory_bytes: u64,
-    pub limiter: Limiter,
-    /// The current call must finish before this instant; read by the epoch
-    /// callback.
-    pub deadline: Instant,
-    /// The provider's gate for what the driver logs.
-    pub log: Arc<LogBudget>,
-    /// The last line the guest wrote to stderr (a Rust panic message).
-    stderr_tail: Arc<std::sync::Mutex<String>>,
-}
-
-impl StoreState {
-    pub fn new(
-        provider: Arc<str>,
-        limits: &SandboxLimits,
-        policy: Arc<HttpPolicy>,
-        state: StateSpace,
-        log: Arc<LogBudget>,
-    ) -> Self {
-        // No preopened directories, no environment, no arguments, no network
-        // sockets (the builder's defaults deny every address); stdio goes to
-        // the host log attributed to the provider.
-        let stderr_tail = Arc::new(std::sync::Mutex::new(String::new()));
-        let dispatch = tracing::dispatcher::get_default(|d| d.clone());
-        let mut http = WasiHttpCtx::new();
-        http.set_field_size_limit(FIELD_SIZE_LIMIT);
-        let mut table = ResourceTable::new();
-        table.set_max_capacity(limits.max_resources());
-        let wasi = WasiCtx::builder()
-            .stdout(GuestOutput {
-                provider: provider.clone(),
-                stream: "stdout",
-                gate: log.clone(),
-                dispatch: dispatch.clone(),
-                last: None,
-            })
-            .stderr(GuestOutput {
-                provider: provider.clone(),
-                stream: "stderr",
-                gate: log.clone(),
-                dispatch: dispatch.clone(),
-                last: Some(stderr_tail.clone()),
-            })
-            .allow_ip_name_lookup(false)
-            .allow_tcp(false)
-            .allow_udp(false)
-            .build();
-        StoreState {
-            provider,
-            wasi,
-            http,
-            table,
-            hooks: Hooks {
-                policy,
-                outbound: Arc::new(Semaphore::new(limits.max_outbound_per_instance.max(1))),
-                max_outbound: limits.max_outbound_per_instance.max(1),
-                call_deadline: limits.call_deadline,
-                dispatch,
-            },
-            host_memory_bytes: limits.host_memory_bytes,
-            state,
-            limiter: Limiter {
-                memory_bytes: limits.memory_bytes,
-            },
-            deadline: Instant::now(),
-            log,
-            stderr_tail,
-        }
-    }
-
-    /// The provider's outbound policy, which the TCP probe obeys too.
-    pub fn policy(&self) -> &HttpPolicy {
-        &self.hooks.policy
-    }
-
-    /// The last complete line the guest wrote to stderr.
-    pub fn stderr_tail(&self) -> String {
-        self.stderr_tail
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default()
-    }
-}
-
-impl WasiView for StoreState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl WasiHttpView for StoreState {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView {
-            ctx: &mut self.http,
-            table: &mut self.table,
-            hooks: &mut self.hooks,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -902,88 +717,6 @@ mod tests {
             check(&["[::ffff:169.254.1.1]"], "http://[::ffff:169.254.1.1]/").await,
             Err(Denial::ForbiddenAddress(ip("::ffff:169.254.1.1")))
         );
-    }
-
-    #[test]
-    fn addresses_are_classified_in_every_form() {
-        let forbidden = [
-            "169.254.169.254",
-            "0.0.0.0",
-            "0.1.2.3",
-            "255.255.255.255",
-            "224.0.0.1",
-            "::",
-            "fe80::1",
-            "fd00:ec2::254",
-            "ff02::1",
-            "::ffff:169.254.169.254",
-            // IPv4-compatible, SIIT, NAT64 and 6to4 forms of the metadata
-            // address.
-            "::a9fe:a9fe",
-            "::ffff:0:a9fe:a9fe",
-            "::ffff:0:169.254.169.254",
-            "64:ff9b::a9fe:a9fe",
-            "64:ff9b:1::a9fe:a9fe",
-            "2002:a9fe:a9fe::1",
-        ];
-        for ip in forbidden {
-            assert!(
-                is_forbidden_ip(ip.parse().unwrap()),
-                "{ip} must be forbidden"
-            );
-        }
-        let internal = [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "100.64.0.1",
-            "::1",
-            "fd12::1",
-            "fec0::1",
-            "::ffff:127.0.0.1",
-            "::ffff:0:127.0.0.1",
-            "0:0:0:0:0:ffff:7f00:1",
-            "::7f00:1",
-            "64:ff9b::7f00:1",
-            "2002:7f00:1::",
-        ];
-        for ip in internal {
-            let ip: IpAddr = ip.parse().unwrap();
-            assert!(
-                is_internal_ip(ip) && !is_forbidden_ip(ip),
-                "{ip} must be internal"
-            );
-        }
-        for ip in ["93.184.216.34", "2606:2800:220:1::1", "64:ff9b::5db8:d822"] {
-            let ip: IpAddr = ip.parse().unwrap();
-            assert!(
-                !is_internal_ip(ip) && !is_forbidden_ip(ip),
-                "{ip} is public"
-            );
-        }
-    }
-
-    #[test]
-    fn every_ipv6_form_of_an_ipv4_address_is_that_address() {
-        let v4 = |s: &str| s.parse::<IpAddr>().unwrap();
-        for (form, want) in [
-            ("::ffff:127.0.0.1", "127.0.0.1"),
-            ("0:0:0:0:0:ffff:7f00:1", "127.0.0.1"),
-            ("::ffff:0:a9fe:a9fe", "169.254.169.254"),
-            ("::10.1.2.3", "10.1.2.3"),
-            ("64:ff9b::7f00:1", "127.0.0.1"),
-            ("64:ff9b:1::a9fe:a9fe", "169.254.169.254"),
-            ("2002:7f00:1::1", "127.0.0.1"),
-            ("127.0.0.1", "127.0.0.1"),
-            // Not IPv4 in another form: themselves.
-            ("::1", "::1"),
-            ("::", "::"),
-            ("2001:db8::1", "2001:db8::1"),
-            ("fd00:ec2::254", "fd00:ec2::254"),
-        ] {
-            assert_eq!(canonical_ip(v4(form)), v4(want), "{form}");
-        }
     }
 
     /// Regression: berth's own address was compared with plain equality,

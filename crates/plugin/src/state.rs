@@ -19,7 +19,7 @@ pub use berth_core::driver::records::{MAX_KEY, MAX_KEYS, MAX_VALUE, Records, Rec
 use berth_core::driver::records::{over_budget, too_many_keys};
 
 use super::bindings;
-use super::sandbox::StoreState;
+use super::sandbox::HttpPolicy;
 
 /// Longest wait a probe may ask for.
 const MAX_PROBE: Duration = Duration::from_secs(30);
@@ -241,16 +241,23 @@ fn check_len(what: &str, s: &str, max: usize) -> Result<(), String> {
     }
 }
 
-impl bindings::berth::driver::state::Host for StoreState {
+/// What the `state` import needs: the provider's records, and the
+/// host-side bytes an answer may hold (bounds a `scan`).
+pub(crate) struct RecordsCtx {
+    pub space: StateSpace,
+    pub host_memory_bytes: u64,
+}
+
+impl bindings::berth::driver::state::Host for RecordsCtx {
     async fn get(&mut self, key: String) -> wasmtime::Result<Result<Option<String>, String>> {
-        Ok(self.state.get(key).await)
+        Ok(self.space.get(key).await)
     }
 
     async fn scan(
         &mut self,
         prefix: String,
     ) -> wasmtime::Result<Result<Vec<(String, String)>, String>> {
-        Ok(self.state.scan(prefix, self.host_memory_bytes).await)
+        Ok(self.space.scan(prefix, self.host_memory_bytes).await)
     }
 
     async fn compare_and_swap(
@@ -259,21 +266,27 @@ impl bindings::berth::driver::state::Host for StoreState {
         expected: Option<String>,
         value: Option<String>,
     ) -> wasmtime::Result<Result<bool, String>> {
-        Ok(self.state.compare_and_swap(key, expected, value).await)
+        Ok(self.space.compare_and_swap(key, expected, value).await)
     }
 }
 
-impl bindings::berth::driver::net::Host for StoreState {
+/// What the `net` import needs: the provider's outbound policy, which the
+/// TCP probe obeys too.
+pub(crate) struct NetCtx {
+    pub policy: Arc<HttpPolicy>,
+}
+
+impl bindings::berth::driver::net::Host for NetCtx {
     async fn tcp_probe(
         &mut self,
         host: String,
         port: u16,
         timeout_ms: u32,
     ) -> wasmtime::Result<Result<(), String>> {
-        let addr = match self.policy().authorize_host(&host, port).await {
+        let addr = match self.policy.authorize_host(&host, port).await {
             Ok(addr) => addr,
             Err(denial) => {
-                self.policy()
+                self.policy
                     .note_denied(&format!("tcp://{host}:{port}"), &denial);
                 return Ok(Err(format!("{host}:{port}: {denial}")));
             }
