@@ -466,8 +466,11 @@ pub enum NodeStateName {
 }
 
 /// The codes an error body carries: stable, for programs.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[derive(
+    Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema, strum::IntoStaticStr,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum ErrorCode {
     BadRequest,
     Unauthorized,
@@ -491,29 +494,10 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// The code as an error body spells it.
+    /// The code as an error body spells it (the same word serde writes,
+    /// which a test holds).
     pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::BadRequest => "bad_request",
-            ErrorCode::Unauthorized => "unauthorized",
-            ErrorCode::Forbidden => "forbidden",
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::MethodNotAllowed => "method_not_allowed",
-            ErrorCode::BodyTimeout => "body_timeout",
-            ErrorCode::Conflict => "conflict",
-            ErrorCode::TooLarge => "too_large",
-            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
-            ErrorCode::UnknownLabel => "unknown_label",
-            ErrorCode::UnknownProvider => "unknown_provider",
-            ErrorCode::Unsatisfiable => "unsatisfiable",
-            ErrorCode::Stopping => "stopping",
-            ErrorCode::Busy => "busy",
-            ErrorCode::NotReady => "not_ready",
-            ErrorCode::StoreUnwritable => "store_unwritable",
-            ErrorCode::StoreUnavailable => "store_unavailable",
-            ErrorCode::Standby => "standby",
-            ErrorCode::Internal => "internal",
-        }
+        self.into()
     }
 
     /// Whether the same call is worth making again in a moment, unchanged
