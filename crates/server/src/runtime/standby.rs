@@ -23,7 +23,7 @@ impl Loop {
     /// found the stored rows changed under it. Nothing is decided,
     /// sent to a cloud or answered as done until that ends. What changed in
     /// memory since the last commit is given up (its effects were never
-    /// started, its commands are answered with `why`), and once the store
+    /// started, its commands are answered with the mode's refusal), and once the store
     /// answers again and this process holds the pool, the pool is reloaded
     /// from the store, as after a restart. Calls in flight are forgotten:
     /// their outcomes go to a channel nobody reads, and their stored intents
@@ -41,8 +41,8 @@ impl Loop {
         let was_lost = matches!(mode, Mode::StoreLost(_));
         let refused = matches!(mode, Mode::Reloading(_));
         let mut lost = was_lost;
-        let mut why = mode.refusal().unwrap_or(ServiceError::Stopped);
         self.set_mode(mode);
+        let why = self.refusal();
         for reply in self.replies.drain(..).chain(self.taking_in.drain(..)) {
             reply(Err(why.clone()));
         }
@@ -61,7 +61,7 @@ impl Loop {
                 tokio::select! {
                     biased;
                     _ = &mut *stop => return Ok(false),
-                    Some(c) = queues.commands.recv() => refuse(c, &why),
+                    Some(c) = queues.commands.recv() => refuse(c, &self.refusal()),
                     _ = tokio::time::sleep_until(retry) => break,
                     // A holder that stopped cleanly announced it: now.
                     () = pool_given_up(&self.shards) => {
@@ -106,7 +106,6 @@ impl Loop {
                     name: holder.into(),
                     address: address.into(),
                 }));
-                why = standby.refusal().unwrap_or(ServiceError::Stopped);
                 self.set_mode(standby);
                 // Tried again once the lease could have expired, at least
                 // every STANDBY_POLL, and at once when a holder's clean
@@ -153,6 +152,15 @@ impl Loop {
             }
             return Ok(true);
         }
+    }
+
+    /// What a command is answered with while the task decides nothing:
+    /// the current mode's refusal.
+    fn refusal(&self) -> ServiceError {
+        self.mode
+            .borrow()
+            .refusal()
+            .unwrap_or(ServiceError::Stopped)
     }
 
     pub(super) fn set_mode(&self, mode: Mode) {
