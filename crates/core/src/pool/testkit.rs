@@ -766,14 +766,11 @@ impl Harness {
             None => self.cloud.carry_out(self.now, &call.effect),
         };
         let p = effect_provider(&call.effect);
-        let outcome = match outcome {
-            Outcome::Probed(id, r) => {
-                self.pool.probed(id, r, self.now);
-                self.persist();
-                return;
-            }
-            called => called,
-        };
+        if let Outcome::Probed(id, r) = outcome {
+            self.pool.probed(id, r, self.now);
+            self.persist();
+            return;
+        }
         let fp = &mut self.cloud.providers[p.0 as usize];
         fp.in_flight = fp.in_flight.saturating_sub(1);
         if let Some(Failure::Driver(DriverError::RateLimited { retry_after, .. })) =

@@ -205,7 +205,7 @@ impl Cloud for Via {
 /// through [`Via`], its gate opened as `berth serve` opens it at start.
 fn process(
     who: &'static str,
-    mut store: SharedStore,
+    store: SharedStore,
     config: &Arc<Config>,
     cloud: &Arc<Fake>,
     log: &Arc<Mutex<Vec<(&'static str, Instant)>>>,
@@ -219,10 +219,6 @@ fn process(
         who,
         cloud: cloud.clone(),
         log: log.clone(),
-    });
-    store.held = store.held.or(match tenure {
-        Tenure::Held(h) => Some(h),
-        _ => None,
     });
     let parts = Parts {
         providers: Providers::fixed(vec![("fake".into(), via)]),
