@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use berth_core::driver::records::{MAX_KEY, MAX_KEYS, MAX_VALUE, Records, RecordsFuture};
-use berth_core::driver::records::{over_budget, too_many_keys};
+pub use berth_core::driver::records::{
+    MAX_KEY, MAX_KEYS, MAX_VALUE, Records, RecordsError, RecordsFuture,
+};
 
 use super::bindings;
 use super::sandbox::HttpPolicy;
@@ -53,7 +54,7 @@ impl DriverState {
         &self,
         target: &DriverState,
         providers: impl IntoIterator<Item = &'a str>,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, CopyError> {
         let mut copied = 0;
         for provider in providers {
             let from = Arc::<str>::from(provider);
@@ -67,9 +68,10 @@ impl DriverState {
                     .compare_and_swap(from.clone(), key.clone(), None, Some(value))
                     .await?;
                 if !stored {
-                    return Err(format!(
-                        "provider {provider} already holds a record {key:?} there"
-                    ));
+                    return Err(CopyError::Held {
+                        provider: provider.to_owned(),
+                        key,
+                    });
                 }
                 copied += 1;
             }
@@ -84,6 +86,16 @@ impl DriverState {
             provider: provider.into(),
         }
     }
+}
+
+/// Why [`DriverState::copy_into`] stopped.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CopyError {
+    #[error(transparent)]
+    Records(#[from] RecordsError),
+    /// The target already holds one of the keys.
+    #[error("provider {provider} already holds a record {key:?} there")]
+    Held { provider: String, key: String },
 }
 
 /// One provider's records, with the limits on keys and values checked
@@ -102,7 +114,7 @@ impl std::fmt::Debug for StateSpace {
 
 impl StateSpace {
     /// The value under `key`.
-    pub async fn get(&self, key: String) -> Result<Option<String>, String> {
+    pub async fn get(&self, key: String) -> Result<Option<String>, RecordsError> {
         check_key(&key)?;
         self.records.get(self.provider.clone(), key).await
     }
@@ -113,7 +125,7 @@ impl StateSpace {
         &self,
         prefix: String,
         max_bytes: u64,
-    ) -> Result<Vec<(String, String)>, String> {
+    ) -> Result<Vec<(String, String)>, RecordsError> {
         check_len("prefix", &prefix, MAX_KEY)?;
         self.records
             .scan(self.provider.clone(), prefix, max_bytes)
@@ -126,7 +138,7 @@ impl StateSpace {
         key: String,
         expected: Option<String>,
         value: Option<String>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, RecordsError> {
         check_key(&key)?;
         if let Some(v) = &value {
             check_len("value", v, MAX_VALUE)?;
@@ -151,7 +163,7 @@ struct MemoryRecords {
 impl MemoryRecords {
     fn with<'a, T>(
         &'a self,
-        f: impl FnOnce(&mut Spaces) -> Result<T, String> + Send + 'a,
+        f: impl FnOnce(&mut Spaces) -> Result<T, RecordsError> + Send + 'a,
     ) -> RecordsFuture<'a, T> {
         Box::pin(async move {
             let mut spaces = self.spaces.lock().unwrap_or_else(|p| p.into_inner());
@@ -186,7 +198,7 @@ impl Records for MemoryRecords {
             for (key, value) in held.take_while(|(key, _)| key.starts_with(&prefix)) {
                 bytes += (key.len() + value.len()) as u64;
                 if bytes > max_bytes {
-                    return Err(over_budget(max_bytes));
+                    return Err(RecordsError::OverBudget { max_bytes });
                 }
                 out.push((key.clone(), value.clone()));
             }
@@ -215,7 +227,7 @@ impl Records for MemoryRecords {
                     if current.is_none() {
                         let n = space.len() as u64;
                         if n >= MAX_KEYS {
-                            return Err(too_many_keys(n));
+                            return Err(RecordsError::TooManyKeys { held: n });
                         }
                     }
                     space.insert(key, v);
@@ -226,16 +238,17 @@ impl Records for MemoryRecords {
     }
 }
 
-fn check_key(key: &str) -> Result<(), String> {
+fn check_key(key: &str) -> Result<(), RecordsError> {
     check_len("key", key, MAX_KEY)
 }
 
-fn check_len(what: &str, s: &str, max: usize) -> Result<(), String> {
+fn check_len(what: &'static str, s: &str, max: usize) -> Result<(), RecordsError> {
     if s.len() > max {
-        Err(format!(
-            "{what} is {} bytes, longer than the {max} allowed",
-            s.len()
-        ))
+        Err(RecordsError::TooLong {
+            what,
+            len: s.len(),
+            max,
+        })
     } else {
         Ok(())
     }
@@ -250,14 +263,18 @@ pub(crate) struct RecordsCtx {
 
 impl bindings::berth::driver::state::Host for RecordsCtx {
     async fn get(&mut self, key: String) -> wasmtime::Result<Result<Option<String>, String>> {
-        Ok(self.space.get(key).await)
+        Ok(self.space.get(key).await.map_err(|e| e.to_string()))
     }
 
     async fn scan(
         &mut self,
         prefix: String,
     ) -> wasmtime::Result<Result<Vec<(String, String)>, String>> {
-        Ok(self.space.scan(prefix, self.host_memory_bytes).await)
+        Ok(self
+            .space
+            .scan(prefix, self.host_memory_bytes)
+            .await
+            .map_err(|e| e.to_string()))
     }
 
     async fn compare_and_swap(
@@ -266,7 +283,11 @@ impl bindings::berth::driver::state::Host for RecordsCtx {
         expected: Option<String>,
         value: Option<String>,
     ) -> wasmtime::Result<Result<bool, String>> {
-        Ok(self.space.compare_and_swap(key, expected, value).await)
+        Ok(self
+            .space
+            .compare_and_swap(key, expected, value)
+            .await
+            .map_err(|e| e.to_string()))
     }
 }
 
@@ -304,51 +325,22 @@ impl bindings::berth::driver::net::Host for NetCtx {
 
 #[cfg(test)]
 mod tests {
+    use berth_core::driver::records::kit;
+
     use super::*;
 
     #[tokio::test]
-    async fn compare_and_swap_decides_and_spaces_are_apart() {
-        let state = DriverState::in_memory();
-        let a = state.space("a");
-        let b = state.space("b");
-        assert_eq!(
-            a.compare_and_swap("k".into(), None, Some("1".into())).await,
-            Ok(true)
-        );
-        // A second claim of the same key fails; another provider's does not.
-        assert_eq!(
-            a.compare_and_swap("k".into(), None, Some("2".into())).await,
-            Ok(false)
-        );
-        assert_eq!(
-            b.compare_and_swap("k".into(), None, Some("x".into())).await,
-            Ok(true)
-        );
-        assert_eq!(
-            a.compare_and_swap("k".into(), Some("1".into()), Some("3".into()))
-                .await,
-            Ok(true)
-        );
-        assert_eq!(a.get("k".into()).await, Ok(Some("3".into())));
-        a.compare_and_swap("k%2".into(), None, Some("y".into()))
-            .await
-            .unwrap();
-        a.compare_and_swap("j".into(), None, Some("z".into()))
-            .await
-            .unwrap();
-        assert_eq!(
-            a.scan("k".into(), 1 << 20).await,
-            Ok(vec![("k".into(), "3".into()), ("k%2".into(), "y".into())])
-        );
-        // Over the answer's budget: an error, not a part.
-        let e = a.scan("k".into(), 4).await.unwrap_err();
-        assert!(e.contains("more than the 4 bytes"), "{e}");
-        assert_eq!(
-            a.compare_and_swap("k".into(), Some("3".into()), None).await,
-            Ok(true)
-        );
-        assert_eq!(a.get("k".into()).await, Ok(None));
-        assert_eq!(b.get("k".into()).await, Ok(Some("x".into())));
+    async fn memory_records_answer_as_every_backend_must() {
+        let records = MemoryRecords::default();
+        kit::compare_and_swap_decides_and_spaces_are_apart(&records).await;
+        kit::a_scan_answers_in_byte_order_within_its_budget(&records).await;
+        let full: Arc<str> = "full".into();
+        for i in 1..=MAX_KEYS {
+            let key = kit::filler_key(i);
+            let stored = records.compare_and_swap(full.clone(), key, None, Some("v".into()));
+            assert_eq!(stored.await, Ok(true));
+        }
+        kit::a_full_provider_takes_no_new_key_but_changes_its_own(&records).await;
     }
 
     #[tokio::test]
@@ -362,7 +354,7 @@ mod tests {
         assert_eq!(from.copy_into(&to, ["a", "b"]).await, Ok(2));
         assert_eq!(to.space("a").get("h/2".into()).await, Ok(Some("a".into())));
         assert_eq!(to.space("gone").get("h/1".into()).await, Ok(None));
-        let again = from.copy_into(&to, ["a"]).await.unwrap_err();
+        let again = from.copy_into(&to, ["a"]).await.unwrap_err().to_string();
         assert!(
             again.contains("provider a already holds a record \"h/1\""),
             "{again}"
@@ -373,42 +365,26 @@ mod tests {
     async fn limits_are_errors_that_say_which() {
         let a = DriverState::in_memory().space("a");
         let long = "x".repeat(MAX_KEY + 1);
-        let e = a.get(long).await.unwrap_err();
+        let e = a.get(long.clone()).await.unwrap_err().to_string();
         assert!(e.contains("key is 257 bytes"), "{e}");
+        let e = a.scan(long, 1 << 20).await.unwrap_err().to_string();
+        assert!(e.contains("prefix is 257 bytes"), "{e}");
         let big = "x".repeat(MAX_VALUE + 1);
         let e = a
             .compare_and_swap("k".into(), None, Some(big))
             .await
             .unwrap_err();
-        assert!(e.contains("value is"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn a_new_key_past_the_most_allowed_is_refused_and_held_keys_still_change() {
-        let a = DriverState::in_memory().space("a");
-        for i in 1..=MAX_KEYS {
-            let stored = a.compare_and_swap(format!("h/{i}"), None, Some("v".into()));
-            assert_eq!(stored.await, Ok(true));
-        }
         assert_eq!(
-            a.compare_and_swap("new".into(), None, Some("v".into()))
-                .await,
-            Err(too_many_keys(MAX_KEYS))
+            e,
+            RecordsError::TooLong {
+                what: "value",
+                len: MAX_VALUE + 1,
+                max: MAX_VALUE
+            }
         );
-        assert_eq!(
-            a.compare_and_swap("h/1".into(), Some("v".into()), Some("w".into()))
-                .await,
-            Ok(true)
-        );
-        assert_eq!(
-            a.compare_and_swap("h/1".into(), Some("w".into()), None)
-                .await,
-            Ok(true)
-        );
-        assert_eq!(
-            a.compare_and_swap("new".into(), None, Some("v".into()))
-                .await,
-            Ok(true)
-        );
+        // Within the limits, the backend is asked.
+        let fits = "x".repeat(MAX_VALUE);
+        let stored = a.compare_and_swap("x".repeat(MAX_KEY), None, Some(fits));
+        assert_eq!(stored.await, Ok(true));
     }
 }

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use berth_core::driver::records::{MAX_KEYS, Records, RecordsFuture, over_budget, too_many_keys};
+use berth_core::driver::records::{MAX_KEYS, Records, RecordsError, RecordsFuture};
 use tokio_postgres::Client;
 
 use crate::connect::{FENCED, LazyClient, Login};
@@ -46,22 +46,28 @@ impl PgRecords {
 
     /// The connection, made again if it was lost. Calls share it, and it
     /// pipelines them.
-    async fn client(&self) -> Result<Arc<Client>, String> {
+    async fn client(&self) -> Result<Arc<Client>, RecordsError> {
         self.client.get().await.map_err(|e| failed(&e))
     }
 }
 
-fn failed(e: &StoreError) -> String {
-    format!("driver records in PostgreSQL: {e}")
+const BACKEND: &str = "PostgreSQL";
+
+fn failed(e: &StoreError) -> RecordsError {
+    RecordsError::Backend {
+        backend: BACKEND,
+        message: e.to_string(),
+    }
 }
 
-fn refused(doing: &str, e: &tokio_postgres::Error) -> String {
+fn refused(doing: &str, e: &tokio_postgres::Error) -> RecordsError {
     if e.code().is_some_and(|c| c.code() == FENCED) {
-        return "driver records in PostgreSQL: this berth process does not hold the \
-                provider's lease, so it stores nothing"
-            .into();
+        return RecordsError::NotHolder { backend: BACKEND };
     }
-    format!("driver records in PostgreSQL: {doing}: {}", describe(e))
+    RecordsError::Backend {
+        backend: BACKEND,
+        message: format!("{doing}: {}", describe(e)),
+    }
 }
 
 impl Records for PgRecords {
@@ -96,7 +102,7 @@ impl Records for PgRecords {
             for row in rows {
                 let running: i64 = row.get(2);
                 if running > budget {
-                    return Err(over_budget(max_bytes));
+                    return Err(RecordsError::OverBudget { max_bytes });
                 }
                 out.push((row.get(0), row.get(1)));
             }
@@ -124,7 +130,9 @@ impl Records for PgRecords {
             match row.get::<_, i64>(0) {
                 1 => Ok(true),
                 0 => Ok(false),
-                held => Err(too_many_keys(held.unsigned_abs())),
+                held => Err(RecordsError::TooManyKeys {
+                    held: held.unsigned_abs(),
+                }),
             }
         })
     }

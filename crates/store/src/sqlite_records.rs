@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use berth_core::driver::records::{MAX_KEYS, Records, RecordsFuture, over_budget, too_many_keys};
+use berth_core::driver::records::{MAX_KEYS, Records, RecordsError, RecordsFuture};
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// Records in a SQLite file of this process's own.
@@ -46,7 +46,7 @@ impl SqliteRecords {
 
     fn with<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<Result<T, String>> + Send + 'static,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<Result<T, RecordsError>> + Send + 'static,
     ) -> RecordsFuture<'static, T> {
         let conn = self.conn.clone();
         Box::pin(async move {
@@ -55,9 +55,16 @@ impl SqliteRecords {
                 f(&mut conn)
             })
             .await
-            .map_err(|e| format!("driver state: {e}"))?
-            .map_err(|e| format!("driver state: {e}"))?
+            .map_err(|e| failed(&e))?
+            .map_err(|e| failed(&e))?
         })
+    }
+}
+
+fn failed(e: &impl std::fmt::Display) -> RecordsError {
+    RecordsError::Backend {
+        backend: "SQLite",
+        message: e.to_string(),
     }
 }
 
@@ -93,7 +100,7 @@ impl Records for SqliteRecords {
                 let (key, value): (String, String) = (row.get(0)?, row.get(1)?);
                 bytes += (key.len() + value.len()) as u64;
                 if bytes > max_bytes {
-                    return Ok(Err(over_budget(max_bytes)));
+                    return Ok(Err(RecordsError::OverBudget { max_bytes }));
                 }
                 out.push((key, value));
             }
@@ -135,7 +142,7 @@ impl Records for SqliteRecords {
                             |r| r.get(0),
                         )?;
                         if n >= MAX_KEYS {
-                            return Ok(Err(too_many_keys(n)));
+                            return Ok(Err(RecordsError::TooManyKeys { held: n }));
                         }
                     }
                     tx.execute(
@@ -153,6 +160,8 @@ impl Records for SqliteRecords {
 
 #[cfg(test)]
 mod tests {
+    use berth_core::driver::records::kit;
+
     use super::*;
 
     /// Records that live as long as the value.
@@ -161,135 +170,43 @@ mod tests {
             .expect("in-memory driver state")
     }
 
-    /// One provider's records, called as the plugin's `StateSpace` calls
-    /// them (which checks the keys and values first).
-    struct Space<'a>(&'a SqliteRecords, Arc<str>);
-
-    impl Space<'_> {
-        async fn get(&self, key: String) -> Result<Option<String>, String> {
-            self.0.get(self.1.clone(), key).await
-        }
-
-        async fn scan(
-            &self,
-            prefix: String,
-            max_bytes: u64,
-        ) -> Result<Vec<(String, String)>, String> {
-            self.0.scan(self.1.clone(), prefix, max_bytes).await
-        }
-
-        async fn compare_and_swap(
-            &self,
-            key: String,
-            expected: Option<String>,
-            value: Option<String>,
-        ) -> Result<bool, String> {
-            (self.0)
-                .compare_and_swap(self.1.clone(), key, expected, value)
-                .await
-        }
-    }
-
     #[tokio::test]
-    async fn compare_and_swap_decides_and_spaces_are_apart() {
+    async fn the_file_answers_as_every_backend_must() {
         let records = in_memory();
-        let a = Space(&records, "a".into());
-        let b = Space(&records, "b".into());
-        assert_eq!(
-            a.compare_and_swap("k".into(), None, Some("1".into())).await,
-            Ok(true)
-        );
-        // A second claim of the same key fails; another provider's does not.
-        assert_eq!(
-            a.compare_and_swap("k".into(), None, Some("2".into())).await,
-            Ok(false)
-        );
-        assert_eq!(
-            b.compare_and_swap("k".into(), None, Some("x".into())).await,
-            Ok(true)
-        );
-        assert_eq!(
-            a.compare_and_swap("k".into(), Some("1".into()), Some("3".into()))
-                .await,
-            Ok(true)
-        );
-        assert_eq!(a.get("k".into()).await, Ok(Some("3".into())));
-        a.compare_and_swap("k%2".into(), None, Some("y".into()))
-            .await
-            .unwrap();
-        a.compare_and_swap("j".into(), None, Some("z".into()))
-            .await
-            .unwrap();
-        assert_eq!(
-            a.scan("k".into(), 1 << 20).await,
-            Ok(vec![("k".into(), "3".into()), ("k%2".into(), "y".into())])
-        );
-        // Over the answer's budget: an error, not a part.
-        let e = a.scan("k".into(), 4).await.unwrap_err();
-        assert!(e.contains("more than the 4 bytes"), "{e}");
-        assert_eq!(
-            a.compare_and_swap("k".into(), Some("3".into()), None).await,
-            Ok(true)
-        );
-        assert_eq!(a.get("k".into()).await, Ok(None));
-        assert_eq!(b.get("k".into()).await, Ok(Some("x".into())));
-    }
-
-    #[tokio::test]
-    async fn a_new_key_past_the_most_allowed_is_refused_and_held_keys_still_change() {
-        let records = in_memory();
+        kit::compare_and_swap_decides_and_spaces_are_apart(&records).await;
+        kit::a_scan_answers_in_byte_order_within_its_budget(&records).await;
         records
             .conn
             .lock()
             .unwrap()
             .execute(
                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
-                 INSERT INTO records SELECT 'a', 'h/' || i, 'v' FROM n",
+                 INSERT INTO records SELECT 'full', 'h/' || i, 'v' FROM n",
                 [MAX_KEYS],
             )
             .unwrap();
-        let a = Space(&records, "a".into());
         assert_eq!(
-            a.compare_and_swap("new".into(), None, Some("v".into()))
-                .await,
-            Err(too_many_keys(MAX_KEYS))
+            records.get("full".into(), kit::filler_key(MAX_KEYS)).await,
+            Ok(Some("v".into()))
         );
-        assert_eq!(
-            a.compare_and_swap("h/1".into(), Some("v".into()), Some("w".into()))
-                .await,
-            Ok(true)
-        );
-        assert_eq!(
-            a.compare_and_swap("h/1".into(), Some("w".into()), None)
-                .await,
-            Ok(true)
-        );
-        assert_eq!(
-            a.compare_and_swap("new".into(), None, Some("v".into()))
-                .await,
-            Ok(true)
-        );
-        let b = Space(&records, "b".into());
-        assert_eq!(
-            b.compare_and_swap("new".into(), None, Some("v".into()))
-                .await,
-            Ok(true)
-        );
+        kit::a_full_provider_takes_no_new_key_but_changes_its_own(&records).await;
     }
 
     #[tokio::test]
     async fn records_survive_reopening_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("driver-state.sqlite");
+        let p: Arc<str> = "p".into();
         {
             let records = SqliteRecords::open(&path).unwrap();
-            let s = Space(&records, "p".into());
-            s.compare_and_swap("host/a".into(), None, Some("node-1".into()))
-                .await
-                .unwrap();
+            let stored =
+                records.compare_and_swap(p.clone(), "host/a".into(), None, Some("node-1".into()));
+            assert_eq!(stored.await, Ok(true));
         }
         let records = SqliteRecords::open(&path).unwrap();
-        let s = Space(&records, "p".into());
-        assert_eq!(s.get("host/a".into()).await, Ok(Some("node-1".into())));
+        assert_eq!(
+            records.get(p, "host/a".into()).await,
+            Ok(Some("node-1".into()))
+        );
     }
 }

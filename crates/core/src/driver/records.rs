@@ -8,6 +8,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+#[cfg(feature = "records-kit")]
+pub mod kit;
+
 /// Longest key, in bytes.
 pub const MAX_KEY: usize = 256;
 /// Longest value, in bytes.
@@ -15,9 +18,45 @@ pub const MAX_VALUE: usize = 64 * 1024;
 /// Most keys one provider may hold.
 pub const MAX_KEYS: u64 = 10_000;
 
-/// What a [`Records`] call comes to; the error is for the driver to read, and
-/// names its source.
-pub type RecordsFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
+/// What a [`Records`] call comes to.
+pub type RecordsFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, RecordsError>> + Send + 'a>>;
+
+/// Why a [`Records`] call stored or answered nothing. The driver reads its
+/// text (the `state` import's error), so each names what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordsError {
+    /// A key, prefix or value longer than the contract allows; the sandbox
+    /// refuses it before any backend is asked.
+    #[error("{what} is {len} bytes, longer than the {max} allowed")]
+    TooLong {
+        /// `key`, `prefix` or `value`.
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    /// A new key past [`MAX_KEYS`].
+    #[error("the provider already holds {held} keys, the most allowed")]
+    TooManyKeys { held: u64 },
+    /// A scan whose answer would pass its budget.
+    #[error(
+        "the records under this prefix come to more than the {max_bytes} bytes one answer \
+         may hold; scan a longer prefix"
+    )]
+    OverBudget { max_bytes: u64 },
+    /// A write from a process that does not hold the provider's lease (the
+    /// records several processes share): it stores nothing.
+    #[error(
+        "driver records in {backend}: this berth process does not hold the provider's lease, so it stores nothing"
+    )]
+    NotHolder { backend: &'static str },
+    /// The backend failed; the text names it and what it said.
+    #[error("driver records in {backend}: {message}")]
+    Backend {
+        /// `SQLite`, `PostgreSQL`.
+        backend: &'static str,
+        message: String,
+    },
+}
 
 /// Durable key/value records, one key space per provider.
 pub trait Records: Send + Sync + 'static {
@@ -45,17 +84,4 @@ pub trait Records: Send + Sync + 'static {
         expected: Option<String>,
         value: Option<String>,
     ) -> RecordsFuture<'_, bool>;
-}
-
-/// The error for a new key past [`MAX_KEYS`].
-pub fn too_many_keys(held: u64) -> String {
-    format!("the provider already holds {held} keys, the most allowed")
-}
-
-/// The error of a scan whose answer would pass `max_bytes`.
-pub fn over_budget(max_bytes: u64) -> String {
-    format!(
-        "the records under this prefix come to more than the {max_bytes} bytes \
-         one answer may hold; scan a longer prefix"
-    )
 }
