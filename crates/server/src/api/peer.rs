@@ -44,7 +44,7 @@ pub(super) async fn calls(State(api): State<Api>, headers: HeaderMap, body: Byte
     };
     let (p, _running) = match shards.accept(&call.provider, call.pool_epoch) {
         Ok(taken) => taken,
-        Err(why) => return (StatusCode::MISDIRECTED_REQUEST, why).into_response(),
+        Err(why) => return (StatusCode::MISDIRECTED_REQUEST, why.to_string()).into_response(),
     };
     let answer = shards::carry_out(api.handle().providers(), p, call.call).await;
     match serde_json::to_vec(&answer) {

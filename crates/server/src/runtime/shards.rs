@@ -126,6 +126,29 @@ pub enum Route {
     Nowhere,
 }
 
+/// Why this process did not take a call on a provider; nothing was done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotTaken {
+    #[error("no provider {0} is configured here")]
+    Unknown(String),
+    #[error("this process does not hold provider {0} (now)")]
+    NotHeld(String),
+    /// The pool changed hands between the decision and the call.
+    #[error(
+        "the call was decided under the pool's lease of epoch {decided}, and this process \
+         last saw {}",
+        saw(*.seen)
+    )]
+    OtherEpoch { decided: i64, seen: Option<i64> },
+    #[error("this process's lease of provider {0}, or the pool's, is not certain now")]
+    Uncertain(String),
+}
+
+/// The pool's lease this process last saw, in words.
+fn saw(epoch: Option<i64>) -> String {
+    epoch.map_or("no holder".to_owned(), |e| format!("epoch {e}"))
+}
+
 /// A call counted as running on a provider until dropped.
 pub struct Running<'a> {
     shards: &'a Shards,
@@ -287,9 +310,13 @@ impl Shards {
 
     /// Takes a call on `provider` from the process that decided it under
     /// the pool's lease of `pool_epoch`, or says why not (nothing was done).
-    pub fn accept(&self, provider: &str, pool_epoch: i64) -> Result<(usize, Running<'_>), String> {
+    pub fn accept(
+        &self,
+        provider: &str,
+        pool_epoch: i64,
+    ) -> Result<(usize, Running<'_>), NotTaken> {
         let Some(p) = self.names.iter().position(|n| n == provider) else {
-            return Err(format!("no provider {provider} is configured here"));
+            return Err(NotTaken::Unknown(provider.to_owned()));
         };
         self.take(p, pool_epoch).map(|running| (p, running))
     }
@@ -297,28 +324,23 @@ impl Shards {
     /// Takes a call on provider `p` decided under the pool's lease of
     /// `pool_epoch`, here or from another process: only while this process
     /// holds `p`, last saw the pool under that epoch, and may send.
-    fn take(&self, p: usize, pool_epoch: i64) -> Result<Running<'_>, String> {
+    fn take(&self, p: usize, pool_epoch: i64) -> Result<Running<'_>, NotTaken> {
         let provider = &self.names[p];
         if self.route(p) != Route::Here {
-            return Err(format!(
-                "this process does not hold provider {provider} (now)"
-            ));
+            return Err(NotTaken::NotHeld(provider.clone()));
         }
-        let pool = self.roster().pool.as_ref().map(|l| l.epoch);
-        if pool != Some(pool_epoch) {
+        let seen = self.roster().pool.as_ref().map(|l| l.epoch);
+        if seen != Some(pool_epoch) {
             // A holder that took the pool over since this process last
             // looked: look again now, so that its next try is taken.
             self.nudge.notify_one();
-            return Err(format!(
-                "the call was decided under the pool's lease of epoch {pool_epoch}, and this \
-                 process last saw {}",
-                pool.map_or("no holder".to_owned(), |e| format!("epoch {e}"))
-            ));
+            return Err(NotTaken::OtherEpoch {
+                decided: pool_epoch,
+                seen,
+            });
         }
         if !self.gates[p].is_open() {
-            return Err(format!(
-                "this process's lease of provider {provider}, or the pool's, is not certain now"
-            ));
+            return Err(NotTaken::Uncertain(provider.clone()));
         }
         Ok(self.run(p))
     }
