@@ -449,13 +449,19 @@ async fn the_holder_finds_a_request_waiting_in_the_inbox_by_its_id() {
     let served = server.fulfilled(CI, "r-00000000000000b3").await;
     assert_eq!(served.nodes.len(), 1);
     assert_eq!(waiting(), "0");
-    for bad in ["r-00000000000000b1", "r-00000000000000b2"] {
+    for (bad, why) in [
+        (
+            "r-00000000000000b1",
+            "priority 1099511627776 is out of range",
+        ),
+        ("r-00000000000000b2", "is not 1 to 128 printable characters"),
+    ] {
         let (s, e) = ask("GET", bad, OPS).await;
         assert_eq!(s, 404, "{e}");
         let log = server.log_text();
         assert!(
             log.lines()
-                .any(|l| l.contains("unreadable") && l.contains(bad)),
+                .any(|l| l.contains("unreadable") && l.contains(bad) && l.contains(why)),
             "{log}"
         );
     }

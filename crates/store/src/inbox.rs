@@ -105,38 +105,67 @@ impl PgInbox {
     }
 }
 
-/// An entry as [`READ`] answers it, or why it cannot be taken in: the
-/// table's checks keep every column within what is read here, and the
-/// requestor is held to the API's rule, but a row written by hand (a check
-/// dropped) may be neither.
-pub(crate) fn entry(row: &tokio_postgres::Row) -> Result<InboxEntry, String> {
-    let column = |i: usize| format!("column {}", row.columns()[i].name());
-    let id: String = row.try_get(1).map_err(|e| format!("{}: {e}", column(1)))?;
+/// Why a row of the inbox cannot be taken in. The table's checks keep every
+/// column within what is read here, and the requestor is held to the API's
+/// rule, but a row written by hand (a check dropped) may be neither.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BadEntry {
+    #[error("column {column}: {source}")]
+    Column {
+        column: String,
+        source: tokio_postgres::Error,
+    },
+    /// The id, made printable.
+    #[error("`{0}` is not a request id")]
+    Id(String),
+    /// The requestor, made printable.
+    #[error("requestor `{0}` is not 1 to 128 printable characters")]
+    Requestor(String),
+    #[error("priority {0} is out of range")]
+    Priority(i64),
+    #[error("{labels} labels and {counts} counts, not one count per label")]
+    Counts { labels: usize, counts: usize },
+    #[error("{0} is not a count")]
+    Count(i64),
+}
+
+/// An entry as [`READ`] answers it, or why it cannot be taken in.
+pub(crate) fn entry(row: &tokio_postgres::Row) -> Result<InboxEntry, BadEntry> {
+    fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+        row: &'a tokio_postgres::Row,
+        i: usize,
+    ) -> Result<T, BadEntry> {
+        row.try_get(i).map_err(|source| BadEntry::Column {
+            column: row.columns()[i].name().to_owned(),
+            source,
+        })
+    }
+    let id: String = get(row, 1)?;
     let id = id
         .parse()
-        .map_err(|()| format!("`{}` is not a request id", printable(&id)))?;
-    let requestor: String = row.try_get(2).map_err(|e| format!("{}: {e}", column(2)))?;
+        .map_err(|()| BadEntry::Id(printable(&id).into_owned()))?;
+    let requestor: String = get(row, 2)?;
     if !is_requestor(&requestor) {
-        return Err(format!(
-            "requestor `{}` is not 1 to 128 printable characters",
-            printable(&requestor)
-        ));
+        return Err(BadEntry::Requestor(printable(&requestor).into_owned()));
     }
-    let priority: i64 = row.try_get(3).map_err(|e| format!("{}: {e}", column(3)))?;
-    let priority =
-        i32::try_from(priority).map_err(|_| format!("priority {priority} is out of range"))?;
-    let created: i64 = row.try_get(4).map_err(|e| format!("{}: {e}", column(4)))?;
-    let labels: Vec<String> = row.try_get(5).map_err(|e| format!("{}: {e}", column(5)))?;
-    let counts: Vec<i64> = row.try_get(6).map_err(|e| format!("{}: {e}", column(6)))?;
+    let priority: i64 = get(row, 3)?;
+    let priority = i32::try_from(priority).map_err(|_| BadEntry::Priority(priority))?;
+    let created: i64 = get(row, 4)?;
+    let labels: Vec<String> = get(row, 5)?;
+    let counts: Vec<i64> = get(row, 6)?;
     if labels.len() != counts.len() {
-        return Err("not one count per label".into());
+        return Err(BadEntry::Counts {
+            labels: labels.len(),
+            counts: counts.len(),
+        });
     }
     let wants = labels
         .into_iter()
         .zip(counts)
-        .map(|(l, n)| match u32::try_from(n) {
-            Ok(n) => Ok((l, n)),
-            Err(_) => Err(format!("{n} is not a count")),
+        .map(|(l, n)| {
+            u32::try_from(n)
+                .map(|n| (l, n))
+                .map_err(|_| BadEntry::Count(n))
         })
         .collect::<Result<_, _>>()?;
     Ok(InboxEntry {
