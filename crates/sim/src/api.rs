@@ -114,6 +114,9 @@ async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Re
         .and_then(|rest| rest.split('/').next())
         .map(str::to_owned);
     let span = tracing::debug_span!("sim_call", %method, %path, status = tracing::field::Empty);
+    // Counted until recorded, or until the client goes away and the call
+    // is dropped unanswered.
+    let _in_flight = InFlight::begin(&cloud, caller.clone());
     let at_ms = cloud.now_ms();
     let admitted = {
         let authorization = request
@@ -152,6 +155,28 @@ async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Re
         caller,
     });
     response
+}
+
+/// A call counted as come in and not yet recorded until dropped.
+struct InFlight {
+    cloud: SimCloud,
+    caller: Option<String>,
+}
+
+impl InFlight {
+    fn begin(cloud: &SimCloud, caller: Option<String>) -> InFlight {
+        cloud.lock().in_flight_change(&caller, true);
+        InFlight {
+            cloud: cloud.clone(),
+            caller,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.cloud.lock().in_flight_change(&self.caller, false);
+    }
 }
 
 /// Parses a JSON body, turning any problem into `400 invalid_request` with our

@@ -246,6 +246,14 @@ impl SimCloud {
         self.lock().calls().to_vec()
     }
 
+    /// The cloud-API calls by `caller` (the name in a `/c/NAME` endpoint;
+    /// `None`: the calls without one) that came in and are not yet in
+    /// [`SimCloud::calls`]: still being answered, or given up by a client
+    /// that went away.
+    pub fn in_flight(&self, caller: Option<&str>) -> usize {
+        self.lock().in_flight(&caller.map(str::to_owned))
+    }
+
     /// Every instance still retained, terminated ones included, ordered by id.
     pub fn instances(&self) -> Vec<Instance> {
         let now = self.now_ms();

@@ -228,6 +228,8 @@ pub(crate) struct State {
     next_id: u64,
     instances: BTreeMap<u64, Record>,
     calls: Vec<Call>,
+    /// Calls begun and not yet recorded, by caller.
+    in_flight: std::collections::BTreeMap<Option<String>, usize>,
     /// The request rate limit: berth's own token bucket, of `rate` tokens
     /// a second and room for `max(1, rate)`. `None` means full: the bucket
     /// is (re)started full whenever the rate limit is armed or changed.
@@ -246,6 +248,7 @@ impl State {
             next_id: saved.next_id.max(max_saved + 1).max(1),
             instances: saved.instances.into_iter().map(|r| (r.id, r)).collect(),
             calls: Vec::new(),
+            in_flight: std::collections::BTreeMap::new(),
             bucket: None,
             generation: 0,
         }
@@ -279,6 +282,21 @@ impl State {
 
     pub(crate) fn record_call(&mut self, call: Call) {
         self.calls.push(call);
+    }
+
+    /// A call by `caller` came in (1) or was recorded or given up (-1).
+    pub(crate) fn in_flight_change(&mut self, caller: &Option<String>, begun: bool) {
+        let n = self.in_flight.entry(caller.clone()).or_default();
+        if begun {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Calls by `caller` that came in and are not yet recorded.
+    pub(crate) fn in_flight(&self, caller: &Option<String>) -> usize {
+        self.in_flight.get(caller).copied().unwrap_or(0)
     }
 
     /// Forgets every instance and call and refills the rate bucket.

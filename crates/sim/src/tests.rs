@@ -851,3 +851,42 @@ async fn an_instance_can_be_pointed_at_another_address_and_port() {
     .await;
     assert_eq!(knobs.status, StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_is_in_flight_from_when_it_comes_in_until_it_is_recorded_or_dropped() {
+    let (cloud, app) = sim(Knobs {
+        create_latency_ms: 1000,
+        ..Knobs::default()
+    });
+    let create = |app: Router| async move {
+        send(
+            &app,
+            "POST",
+            "/c/b1/v1/instances",
+            Some(small(json!({}))),
+            None,
+        )
+        .await
+    };
+    let answered = tokio::spawn(create(app.clone()));
+    // Paused time moves only once every task waits: the create is then
+    // inside its latency, come in and not recorded.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(cloud.in_flight(Some("b1")), 1);
+    assert_eq!(cloud.in_flight(Some("b2")), 0);
+    assert_eq!(cloud.in_flight(None), 0);
+    assert!(cloud.calls().is_empty());
+    let made = answered.await.unwrap();
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    assert_eq!(cloud.in_flight(Some("b1")), 0);
+    assert_eq!(cloud.calls().len(), 1);
+
+    // A client that goes away mid-call leaves nothing counted.
+    let gone = tokio::spawn(create(app));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(cloud.in_flight(Some("b1")), 1);
+    gone.abort();
+    assert!(gone.await.is_err_and(|e| e.is_cancelled()));
+    assert_eq!(cloud.in_flight(Some("b1")), 0);
+    assert_eq!(cloud.calls().len(), 1);
+}
