@@ -12,7 +12,7 @@ use crate::support::config::{
 };
 use crate::support::disk::{Tmpfs, skip};
 use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
-use crate::support::{SimServer, creates, live, plugin, scripted_plugin};
+use crate::support::{SimServer, creates, live, metric, plugin, scripted_plugin};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_end_to_end_through_the_binary() {
@@ -436,6 +436,13 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
             .filter(|n| n["state"] == "creating")
             .count();
         (creating == 2).then_some(())
+    })
+    .await;
+    // Counted in flight until they end (a list may be in flight beside).
+    until(10, "the two creates counted in flight", || async {
+        let m = server.metrics(Some(OPS)).await;
+        let n = metric(&m, "berth_driver_calls_in_flight{provider=\"sim\"}")?;
+        (n == 2.0).then_some(())
     })
     .await;
     let stopping = std::time::Instant::now();

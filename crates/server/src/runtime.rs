@@ -54,7 +54,7 @@ pub use change::{Caller, Change};
 pub use clock::Clock;
 pub use handle::{COMMAND_QUEUE, Handle};
 pub use mode::{Holder, Mode, PoolError, ServiceError};
-pub use observer::{Observer, outcome_name};
+pub use observer::{InFlight, Observer, outcome_name};
 pub use providers::{BoxFuture, Cloud, Health, LoadedDriver, Providers};
 pub use service::{Backend, DEFAULT_STOP_GRACE, Parts, Service, Shared};
 pub use shards::Shards;

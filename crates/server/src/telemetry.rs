@@ -105,6 +105,7 @@ impl ByProvider {
 pub struct Telemetry {
     calls: Family<CallOutcome, Counter>,
     call_seconds: Histograms<ProviderCall>,
+    calls_in_flight: Family<ByProvider, Gauge>,
     traps: Family<TrapKind, Counter>,
     probes: Family<ProbeOutcome, Counter>,
     probe_seconds: Histograms<ProviderCheck>,
@@ -161,7 +162,7 @@ impl Telemetry {
             .iter()
             .map(|p| (p.name.clone(), Mutex::new(Recent::default())))
             .collect();
-        Telemetry {
+        let telemetry = Telemetry {
             calls: register(
                 r,
                 "berth_driver_calls",
@@ -173,6 +174,12 @@ impl Telemetry {
                 "berth_driver_call_seconds",
                 "Driver call duration by provider and call",
                 Family::new_with_constructor(metrics::latency),
+            ),
+            calls_in_flight: register(
+                r,
+                "berth_driver_calls_in_flight",
+                "Driver calls begun and not yet ended, by provider: those this process decided, counted from their commit, and those it carries out for the pool's holder",
+                Family::default(),
             ),
             traps: register(
                 r,
@@ -386,7 +393,14 @@ impl Telemetry {
             ),
             registry,
             recent,
+        };
+        // Each provider's count is there from the start, at 0.
+        for p in &config.providers {
+            let _ = telemetry
+                .calls_in_flight
+                .get_or_create(&ByProvider::new(&p.name));
         }
+        telemetry
     }
 
     /// How many API connections are open.
@@ -572,6 +586,13 @@ fn catch_up(family: &Family<ByProvider, Counter>, labels: &ByProvider, total: u6
 }
 
 impl Observer for Telemetry {
+    fn in_flight(&self, provider: &str, change: i8) {
+        let gauge = self
+            .calls_in_flight
+            .get_or_create(&ByProvider::new(provider));
+        gauge.inc_by(f64::from(change));
+    }
+
     fn call(&self, provider: &str, call: Call, result: Result<(), &CallError>, took: Duration) {
         let outcome = outcome_name(result);
         let call_name = call.as_str();

@@ -14,6 +14,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::state::Api;
+use crate::runtime::InFlight;
 use crate::runtime::shards::{self, PEER_HEADER};
 
 pub(super) async fn calls(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {
@@ -46,6 +47,7 @@ pub(super) async fn calls(State(api): State<Api>, headers: HeaderMap, body: Byte
         Ok(taken) => taken,
         Err(why) => return (StatusCode::MISDIRECTED_REQUEST, why.to_string()).into_response(),
     };
+    let _in_flight = InFlight::new(api.inner.telemetry.clone(), call.provider.as_str().into());
     let answer = shards::carry_out(api.handle().providers(), p, call.call).await;
     match serde_json::to_vec(&answer) {
         Ok(body) => (

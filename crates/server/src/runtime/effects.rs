@@ -16,7 +16,7 @@ use berth_core::pool::{DriverCall, Failure, HostFailureKind, NodeId, Probe, Time
 use berth_plugin::{CallError, CallErrorKind};
 
 use super::clock::Clock;
-use super::observer::Observer;
+use super::observer::{InFlight, Observer};
 use super::providers::{Cloud, Providers};
 use super::shards::Shards;
 
@@ -101,7 +101,11 @@ pub(super) fn call(
     let providers = providers.clone();
     let name: Arc<str> = providers_name(&providers, p);
     let pool_id = pool_id.to_owned();
+    // Counted from now, on the pool's task: once the pool has stopped
+    // deciding, every call it committed is counted until it ends.
+    let in_flight = InFlight::new(observer.clone(), name.clone());
     tokio::spawn(async move {
+        let _in_flight = in_flight;
         let started = tokio::time::Instant::now();
         let what = call.name();
         let heard = |r: Result<(), &CallError>| {

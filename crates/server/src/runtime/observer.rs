@@ -1,6 +1,7 @@
 //! What the running pool tells whoever listens (metrics, health): driver
 //! calls, notices, fulfilments, commits.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use berth_config::Config;
@@ -17,6 +18,10 @@ pub fn outcome_name(result: Result<(), &CallError>) -> &'static str {
 /// Hears what the running pool does, for metrics and health. Called on the
 /// pool's task or a driver call's task: it must be quick and must not block.
 pub trait Observer: Send + Sync {
+    /// A driver call on `provider` began (`change` 1) or ended (-1): one
+    /// this process decided, from the moment it was committed, or one it
+    /// carries out for another process. Said by [`InFlight`].
+    fn in_flight(&self, _provider: &str, _change: i8) {}
     /// A driver call ended after `took`.
     fn call(
         &self,
@@ -48,6 +53,26 @@ pub trait Observer: Send + Sync {
         _result: Result<(), &str>,
         _took: Duration,
     ) {
+    }
+}
+
+/// A driver call counted in flight, from when it is made until this is
+/// dropped, however the call ends.
+pub struct InFlight {
+    observer: Arc<dyn Observer>,
+    provider: Arc<str>,
+}
+
+impl InFlight {
+    pub fn new(observer: Arc<dyn Observer>, provider: Arc<str>) -> InFlight {
+        observer.in_flight(&provider, 1);
+        InFlight { observer, provider }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.observer.in_flight(&self.provider, -1);
     }
 }
 
