@@ -269,6 +269,39 @@ impl Fleet {
             .collect()
     }
 
+    /// The cloud calls of process `i` that came in and are not yet answered,
+    /// by the clouds' own count.
+    fn in_flight_of(&self, i: usize) -> usize {
+        let me = format!("b{i}");
+        (self.clouds().iter())
+            .map(|(_, cloud)| cloud.in_flight(Some(&me)))
+            .sum()
+    }
+
+    /// Waits until no process has a driver call in flight (by its own
+    /// `berth_driver_calls_in_flight`, which counts a call from the commit
+    /// that decided it) and no cloud is answering one: every call sent
+    /// before now has been recorded, and none is on its way.
+    async fn until_no_call_in_flight(&self, what: &str) {
+        until(20, what, || async {
+            for (i, b) in self.procs.iter().enumerate() {
+                let Some(b) = b else { continue };
+                let (s, text) = b.try_call("GET", "/metrics", Some(OPS), None).await.ok()?;
+                let counts: Vec<f64> = (text.as_str()?.lines())
+                    .filter(|l| l.starts_with("berth_driver_calls_in_flight{"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+                    .collect();
+                // Each provider's count is there from the start.
+                assert!(!counts.is_empty(), "b{i} counts no call in flight: {text}");
+                if s != 200 || counts.iter().any(|&n| n != 0.0) || self.in_flight_of(i) != 0 {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await
+    }
+
     /// SIGSTOPs process `i` just after one of its calls has reached a
     /// cloud, and returns when (ms since the epoch). So the pause does not
     /// fall between a request's check at the drivers' gate and its bytes on
@@ -446,9 +479,6 @@ async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_ove
             })
         })
         .collect();
-    // Anything b0 had already put on the wire lands now.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let sent_before = fleet.calls_of(0).len();
     // A call b1 relays to the paused b0 is not left waiting on it once b1
     // has taken the pool over.
     let b1 = fleet.get(1).base.clone();
@@ -527,6 +557,15 @@ async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_ove
     })
     .await;
 
+    // What b0 sent before its pause came in seconds ago: once the clouds
+    // have answered it, whatever b0 sends is sent after it resumed.
+    until(
+        10,
+        "the clouds answered what b0 sent before its pause",
+        || async { (fleet.in_flight_of(0) == 0).then_some(()) },
+    )
+    .await;
+    let sent_before = fleet.calls_of(0).len();
     fleet.get(0).signal(libc::SIGCONT);
     let resumed = now_ms();
     // b0's timers are all overdue (lists every second, its lease renewal):
@@ -876,8 +915,6 @@ async fn a_paused_provider_holder_sends_nothing_once_its_provider_moved() {
     let name = SHARDS[k];
 
     let stopped = fleet.pause_between_calls(victim).await;
-    // Anything it had already put on the wire lands now.
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let (next, new_epoch) = until(30, "another process takes the provider over", || async {
         let (h, e) = fleet.shard_holders()[k];
         h.filter(|&h| h != victim).map(|h| (h, e))
@@ -1065,8 +1102,21 @@ async fn a_database_outage_under_churn_stops_every_process_calling_the_cloud() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     cluster.stop_immediate();
-    // What was already on the wire lands now.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Calls committed before the outage are still sent and answered; once
+    // no process holds the pool (none can commit) and none of those is in
+    // flight, nothing more may reach the cloud.
+    until(20, "no process holds the pool", || async {
+        for p in fleet.procs.iter().flatten() {
+            if readyz(p).await.is_none_or(|(s, _)| s == 200) {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    fleet
+        .until_no_call_in_flight("the calls committed before the outage answered")
+        .await;
     let at_outage = fleet.sim.cloud.calls().len();
     tokio::time::sleep(Duration::from_secs(4)).await;
     let during: Vec<String> = fleet.sim.cloud.calls()[at_outage..]
