@@ -21,7 +21,7 @@ use berth::driver::{
     CapacityScope, CreateSpec, DriverError, LABEL_TAG, NODE_TAG, POOL_TAG, SIG_TAG, STORE_TAG,
 };
 use berth::plugin::{
-    AllowedHost, CallError, CallErrorKind, Credential, Deletion, Runtime, RuntimeConfig, Sandbox,
+    AllowedHost, CallError, CallErrorKind, Credential, Deletion, Engine, EngineConfig, Sandbox,
     SandboxConfig, SandboxLimits,
 };
 use berth::pool::NodeState;
@@ -544,16 +544,16 @@ fn compiled_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("ec2-compiled")
 }
 
-/// A plugin runtime that finds the aws-ec2 driver compiled. The first
+/// An engine that finds the aws-ec2 driver compiled. The first
 /// caller compiles it; the others wait for that instead of compiling it
 /// again alongside.
-async fn runtime_compiled() -> Runtime {
+async fn engine_compiled() -> Engine {
     static COMPILED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    let rt = Runtime::new(RuntimeConfig {
+    let rt = Engine::new(EngineConfig {
         cache_dir: Some(compiled_dir()),
-        ..RuntimeConfig::default()
+        ..EngineConfig::default()
     })
-    .expect("runtime");
+    .expect("engine");
     COMPILED
         .get_or_init(|| async {
             rt.load_file(plugin("aws-ec2"))
@@ -567,7 +567,7 @@ async fn runtime_compiled() -> Runtime {
 /// Seeds a pool's state directory with the compiled driver (the pool
 /// runtime caches in `STATE/cache`).
 async fn seed_compiled(state: &Path) {
-    runtime_compiled().await;
+    engine_compiled().await;
     let cache = state.join("cache");
     std::fs::create_dir_all(&cache).expect("cache dir");
     for entry in std::fs::read_dir(compiled_dir()).expect("compiled dir") {
@@ -598,7 +598,7 @@ fn sigv4(host: &str, key_id: &str, secret_var: &str) -> serde_json::Value {
 /// moto through `proxy`, its requests signed with moto's key; `extra` keys
 /// are added to the driver config.
 async fn signed_provider(
-    runtime: &Runtime,
+    engine: &Engine,
     moto: &MotoServer,
     proxy: &Proxy,
     extra: serde_json::Value,
@@ -611,7 +611,7 @@ async fn signed_provider(
         .expect("credential as TOML");
     let lookup = |name: &str| (name == VAR).then(|| moto.secret.clone());
     let credentials = config::credentials(&[table], &allowed, &lookup).expect("credentials check");
-    let driver = runtime
+    let driver = engine
         .load_file(plugin("aws-ec2"))
         .await
         .expect("aws-ec2 loads");
@@ -762,7 +762,7 @@ async fn aws_ec2_passes_the_conformance_kit_against_moto_with_signing_armed() {
         }))
         .expect("test config")
     };
-    let rt = runtime_compiled().await;
+    let rt = engine_compiled().await;
     let report = conformance::test(&rt, &plugin("aws-ec2"), &config(CONFORMANCE_SECRET)).await;
     println!("{report}");
     assert!(report.passed(), "{report}");
@@ -823,7 +823,7 @@ async fn the_guest_never_sees_the_secret_and_the_host_signs_its_requests() {
     assert!(!format!("{config:?}").contains(&moto.secret));
     assert_eq!(p.credentials.len(), 1);
 
-    let rt = runtime_compiled().await;
+    let rt = engine_compiled().await;
     let driver = rt.load_file(&p.driver).await.expect("aws-ec2 loads");
     let provider = |credentials: Vec<Credential>| {
         Sandbox::start(
@@ -933,7 +933,7 @@ async fn the_guest_never_sees_the_secret_and_the_host_signs_its_requests() {
 async fn ec2_errors_reach_berth_as_the_contract_says() {
     let moto = MotoServer::start().await;
     let proxy = Proxy::start(moto.addr).await;
-    let rt = runtime_compiled().await;
+    let rt = engine_compiled().await;
     let p = signed_provider(&rt, &moto, &proxy, serde_json::json!({})).await;
 
     // Untouched, the proxy is transparent: a signed create goes through.
@@ -1297,7 +1297,7 @@ async fn a_list_follows_every_describe_page() {
     // directly; pages of five.
     let ours = moto.launch_many(&[(POOL_TAG, "ec2-itest")], 12).await;
     moto.launch_many(&[(POOL_TAG, "someone-else")], 3).await;
-    let rt = runtime_compiled().await;
+    let rt = engine_compiled().await;
     let p = signed_provider(&rt, &moto, &proxy, serde_json::json!({"page-size": 5})).await;
     let listed = p.list(Default::default()).await.expect("list");
     let listed: BTreeSet<String> = listed.into_iter().map(|i| i.id).collect();

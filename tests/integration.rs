@@ -34,21 +34,21 @@ use std::time::Duration;
 use berth::conformance::{self, TestConfig};
 use berth::driver::{DriverError, POOL_TAG};
 use berth::plugin::{
-    AllowedHost, CallErrorKind, LoadErrorKind, LoadSource, Rejection, Runtime, RuntimeConfig,
+    AllowedHost, CallErrorKind, Engine, EngineConfig, LoadErrorKind, LoadSource, Rejection,
     Sandbox, SandboxConfig, SandboxLimits, Trap,
 };
-use support::sandbox::{provider, runtime, spec};
+use support::sandbox::{engine, provider, spec};
 use support::server::run_berth;
 use support::{KIT_STEPS, LogCapture, SimServer, plugin};
 
 async fn hostile(
-    runtime: &Runtime,
+    engine: &Engine,
     name: &str,
     config: serde_json::Value,
     limits: SandboxLimits,
     allow: &[&str],
 ) -> Sandbox {
-    provider(runtime, "hostile", name, config, limits, allow).await
+    provider(engine, "hostile", name, config, limits, allow).await
 }
 
 fn one_instance(deadline: Duration) -> SandboxLimits {
@@ -67,7 +67,7 @@ async fn sim_driver_passes_the_conformance_kit() {
         "allow_hosts": [sim.addr().to_string()],
     }))
     .unwrap();
-    let report = conformance::test(&runtime(), &plugin("sim"), &config).await;
+    let report = conformance::test(&engine(), &plugin("sim"), &config).await;
     assert!(report.passed(), "{report}");
     // The sim cloud's own record: one instance, created and deleted.
     let all = sim.cloud.instances();
@@ -79,7 +79,7 @@ async fn the_conformance_kit_catches_a_driver_that_keeps_state_in_memory() {
     // The example driver keeps its instances in its own memory: fine for one
     // instance, wrong under a host that runs several side by side.
     let config: TestConfig = serde_json::from_value(serde_json::json!({"config": {}})).unwrap();
-    let report = conformance::test(&runtime(), &plugin("example"), &config).await;
+    let report = conformance::test(&engine(), &plugin("example"), &config).await;
     let failed: Vec<&str> = report
         .steps
         .iter()
@@ -139,7 +139,7 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
 
 #[tokio::test]
 async fn a_cpu_loop_is_stopped_at_its_deadline_and_others_keep_working() {
-    let rt = runtime();
+    let rt = engine();
     let looping = hostile(
         &rt,
         "looping",
@@ -196,7 +196,7 @@ async fn a_cpu_loop_is_stopped_at_its_deadline_and_others_keep_working() {
 
 #[tokio::test]
 async fn waiting_past_the_deadline_is_stopped_too() {
-    let rt = runtime();
+    let rt = engine();
     let sleeper = hostile(
         &rt,
         "sleeper",
@@ -218,7 +218,7 @@ async fn waiting_past_the_deadline_is_stopped_too() {
 
 #[tokio::test]
 async fn allocating_past_the_cap_traps() {
-    let rt = runtime();
+    let rt = engine();
     let limits = SandboxLimits {
         memory_bytes: 32 << 20,
         ..one_instance(Duration::from_secs(30))
@@ -246,7 +246,7 @@ async fn allocating_past_the_cap_traps() {
 async fn a_host_outside_the_allow_list_is_denied_and_logged() {
     let logs = LogCapture::install();
     let sim = SimServer::start().await;
-    let rt = runtime();
+    let rt = engine();
     // Allowed: nothing on this port. Asked for: the sim cloud.
     let p = hostile(
         &rt,
@@ -301,7 +301,7 @@ async fn a_host_outside_the_allow_list_is_denied_and_logged() {
 #[tokio::test(flavor = "current_thread")]
 async fn cloud_metadata_is_denied_even_when_allow_listed() {
     let logs = LogCapture::install();
-    let rt = runtime();
+    let rt = engine();
     let p = hostile(
         &rt,
         "metadata",
@@ -327,7 +327,7 @@ async fn cloud_metadata_is_denied_even_when_allow_listed() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_panic_is_a_typed_error_and_the_next_call_works() {
     let logs = LogCapture::install();
-    let rt = runtime();
+    let rt = engine();
     let p = hostile(
         &rt,
         "panicky",
@@ -357,7 +357,7 @@ async fn a_panic_is_a_typed_error_and_the_next_call_works() {
 #[tokio::test]
 async fn a_driver_sees_no_environment_files_or_sockets() {
     let p = hostile(
-        &runtime(),
+        &engine(),
         "snoop",
         serde_json::json!({"mode": "snoop"}),
         one_instance(Duration::from_secs(30)),
@@ -379,7 +379,7 @@ async fn a_driver_sees_no_environment_files_or_sockets() {
 #[tokio::test(flavor = "current_thread")]
 async fn guest_stdio_goes_to_the_host_log() {
     let logs = LogCapture::install();
-    let rt = runtime();
+    let rt = engine();
     let p = hostile(
         &rt,
         "chatty",
@@ -410,7 +410,7 @@ async fn calls_run_concurrently_on_a_bounded_set_of_instances() {
         ..SandboxLimits::default()
     };
     let p = provider(
-        &runtime(),
+        &engine(),
         "sim",
         "sim",
         serde_json::json!({"endpoint": sim.url()}),
@@ -471,7 +471,7 @@ async fn bad_files_are_rejected_by_name_and_the_rest_load() {
     .unwrap();
     std::fs::write(dir.path().join("readme.txt"), b"ignored").unwrap();
 
-    let (loaded, failed) = runtime().load_dir(dir.path()).await.unwrap();
+    let (loaded, failed) = engine().load_dir(dir.path()).await.unwrap();
     assert_eq!(loaded.len(), 1);
     assert_eq!(loaded[0].info().name, "sim");
     let by_file = |name: &str| {
@@ -509,17 +509,17 @@ async fn bad_files_are_rejected_by_name_and_the_rest_load() {
 #[tokio::test]
 async fn a_second_start_loads_from_the_cache() {
     let cache = tempfile::tempdir().unwrap();
-    let config = RuntimeConfig {
+    let config = EngineConfig {
         cache_dir: Some(cache.path().to_path_buf()),
-        ..RuntimeConfig::default()
+        ..EngineConfig::default()
     };
-    let first = Runtime::new(config.clone())
+    let first = Engine::new(config.clone())
         .unwrap()
         .load_file(plugin("sim"))
         .await
         .unwrap();
     assert_eq!(first.source(), LoadSource::Compiled);
-    let second = Runtime::new(config.clone())
+    let second = Engine::new(config.clone())
         .unwrap()
         .load_file(plugin("sim"))
         .await
@@ -531,13 +531,13 @@ async fn a_second_start_loads_from_the_cache() {
     for entry in std::fs::read_dir(cache.path()).unwrap() {
         std::fs::write(entry.unwrap().path(), b"corrupt").unwrap();
     }
-    let third = Runtime::new(config.clone())
+    let third = Engine::new(config.clone())
         .unwrap()
         .load_file(plugin("sim"))
         .await
         .unwrap();
     assert_eq!(third.source(), LoadSource::Compiled);
-    let fourth = Runtime::new(config)
+    let fourth = Engine::new(config)
         .unwrap()
         .load_file(plugin("sim"))
         .await
@@ -548,7 +548,7 @@ async fn a_second_start_loads_from_the_cache() {
 #[tokio::test]
 async fn a_bad_config_is_a_typed_error_naming_the_provider() {
     let p = provider(
-        &runtime(),
+        &engine(),
         "sim",
         "misconfigured",
         serde_json::json!({"endpoint": "ftp://nowhere"}),
@@ -626,7 +626,7 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
         ..Default::default()
     })
     .await;
-    let rt = runtime();
+    let rt = engine();
     let driver = rt.load_file(plugin("sim")).await.expect("sim loads");
     let addr = sim.addr().to_string();
     let table: toml::Table = toml::from_str(&format!(

@@ -8,15 +8,15 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use berth::conformance::{self, Fault, TestConfig};
-use berth::plugin::{Runtime, RuntimeConfig};
+use berth::plugin::{Engine, EngineConfig};
 use berth::sim::Knobs;
 use tokio::io::AsyncReadExt;
 
 use crate::support::server::run_berth;
 use crate::support::{SimServer, live, plugin, workspace};
 
-fn runtime() -> Runtime {
-    Runtime::new(RuntimeConfig::default()).expect("runtime")
+fn engine() -> Engine {
+    Engine::new(EngineConfig::default()).expect("engine")
 }
 
 /// The careless fixture against `sim`, making `mistake`.
@@ -47,7 +47,7 @@ async fn the_paging_step_fails_a_driver_that_reads_one_page() {
     let sim = SimServer::start().await;
     let mut config = careless(&sim, "ignores-paging");
     config.faults = sim_faults();
-    let report = conformance::test(&runtime(), &plugin("careless"), &config).await;
+    let report = conformance::test(&engine(), &plugin("careless"), &config).await;
     assert_eq!(failed(&report), ["paging"], "{report}");
     let paging = report.steps.iter().find(|s| s.name == "paging").unwrap();
     assert!(
@@ -69,7 +69,7 @@ async fn the_error_mapping_step_fails_a_driver_that_takes_a_429_for_transient() 
     let sim = SimServer::start().await;
     let mut config = careless(&sim, "rate-limit-as-transient");
     config.faults = sim_faults();
-    let report = conformance::test(&runtime(), &plugin("careless"), &config).await;
+    let report = conformance::test(&engine(), &plugin("careless"), &config).await;
     assert_eq!(failed(&report), ["error mapping"], "{report}");
     assert!(
         report.to_string().contains("FAIL  error mapping")
@@ -96,7 +96,7 @@ async fn the_kit_waits_out_rate_limits_and_passes() {
         "allow_hosts": [sim.addr().to_string()],
     }))
     .unwrap();
-    let report = conformance::test(&runtime(), &plugin("sim"), &config).await;
+    let report = conformance::test(&engine(), &plugin("sim"), &config).await;
     assert!(report.passed(), "{report}");
     let cleanup = report.steps.last().unwrap();
     assert!(cleanup.detail.contains("for rate limits"), "{report}");

@@ -353,8 +353,8 @@ async fn a_signed_instance_is_adopted_a_leak_deleted_and_a_forged_one_left_alone
     let h = service.handle.clone();
     until_pool(&h, 20, "the store confirmed", |p| p.identity().confirmed).await;
     let identity = h.inspect(|p| p.identity().clone()).await.unwrap();
-    let runtime = berth::plugin::Runtime::new(Default::default()).unwrap();
-    let driver = runtime.load_file(plugin("sim")).await.unwrap();
+    let engine = berth::plugin::Engine::new(Default::default()).unwrap();
+    let driver = engine.load_file(plugin("sim")).await.unwrap();
     let setup = |pool_id: &str| {
         berth::plugin::Sandbox::start(
             &driver,

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::support::config::hosts;
 use crate::support::plugin;
-use crate::support::sandbox::{provider, runtime, spec};
+use crate::support::sandbox::{engine, provider, spec};
 
 #[tokio::test]
 async fn static_driver_passes_the_conformance_kit() {
@@ -23,7 +23,7 @@ async fn static_driver_passes_the_conformance_kit() {
         "create": {"instance_type": "small", "image": "static"},
     }))
     .unwrap();
-    let report = conformance::test(&runtime(), &plugin("static"), &config).await;
+    let report = conformance::test(&engine(), &plugin("static"), &config).await;
     assert!(report.passed(), "{report}");
 }
 
@@ -36,7 +36,7 @@ async fn slots_are_shared_by_every_instance_and_run_out_as_capacity() {
         ..SandboxLimits::default()
     };
     let p = provider(
-        &runtime(),
+        &engine(),
         "static",
         "lab",
         hosts(&[addr], 2),
@@ -76,7 +76,7 @@ async fn a_host_is_pending_until_its_port_answers_and_probes_obey_the_allow_list
     let addr = free.local_addr().unwrap();
     drop(free);
     let p = provider(
-        &runtime(),
+        &engine(),
         "static",
         "lab",
         hosts(&[addr], 1),
@@ -96,7 +96,7 @@ async fn a_host_is_pending_until_its_port_answers_and_probes_obey_the_allow_list
     // The same host with nothing allowed: the probe is refused by the host,
     // counted, and the slot stays pending.
     let p = provider(
-        &runtime(),
+        &engine(),
         "static",
         "closed",
         hosts(&[addr], 1),

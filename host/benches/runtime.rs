@@ -20,7 +20,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use berth::driver::{Addresses, Connection, CreateSpec, Instance, InstanceState, POOL_TAG, Tags};
-use berth::plugin::{Runtime, RuntimeConfig, Sandbox, SandboxConfig, SandboxLimits};
+use berth::plugin::{Engine, EngineConfig, Sandbox, SandboxConfig, SandboxLimits};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -62,16 +62,16 @@ async fn load_times(rows: &mut Vec<Row>, name: &str, path: &std::path::Path, run
     let mut cached = Vec::new();
     for _ in 0..runs {
         let _ = std::fs::remove_dir_all(cache.path());
-        let config = RuntimeConfig {
+        let config = EngineConfig {
             cache_dir: Some(cache.path().to_path_buf()),
-            ..RuntimeConfig::default()
+            ..EngineConfig::default()
         };
-        let runtime = Runtime::new(config.clone()).expect("runtime");
-        let d = runtime.load_file(path).await.expect("load");
+        let engine = Engine::new(config.clone()).expect("engine");
+        let d = engine.load_file(path).await.expect("load");
         assert_eq!(d.source(), berth::plugin::LoadSource::Compiled);
         cold.push(d.load_time());
-        let runtime = Runtime::new(config).expect("runtime");
-        let d = runtime.load_file(path).await.expect("load");
+        let engine = Engine::new(config).expect("engine");
+        let d = engine.load_file(path).await.expect("load");
         assert_eq!(d.source(), berth::plugin::LoadSource::Cache);
         cached.push(d.load_time());
     }
@@ -205,11 +205,11 @@ async fn run() {
     const LISTED: usize = 20;
     let sim = support::SimServer::start().await;
     let cache = tempfile::tempdir().expect("tempdir");
-    let langs = Runtime::new(RuntimeConfig {
+    let langs = Engine::new(EngineConfig {
         cache_dir: Some(cache.path().to_path_buf()),
-        ..RuntimeConfig::default()
+        ..EngineConfig::default()
     })
-    .expect("runtime");
+    .expect("engine");
     let mut rust_list = None;
     for (name, path) in [
         ("Rust (sim)", &sim_path),
@@ -275,9 +275,9 @@ async fn run() {
         }
     }
 
-    let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
-    let hostile = runtime.load_file(&hostile_path).await.expect("hostile");
-    let example = runtime.load_file(&example_path).await.expect("example");
+    let engine = Engine::new(EngineConfig::default()).expect("engine");
+    let hostile = engine.load_file(&hostile_path).await.expect("hostile");
+    let example = engine.load_file(&example_path).await.expect("example");
 
     // Instantiate + configure a fresh instance (pooling allocator).
     let p = provider(&hostile, serde_json::json!({"mode": "ok"}), 1);

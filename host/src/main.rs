@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use berth::plugin::{Runtime, RuntimeConfig};
+use berth::plugin::{Engine, EngineConfig};
 
 #[derive(Parser)]
 #[command(
@@ -229,13 +229,13 @@ fn chain_text(e: &anyhow::Error) -> String {
 async fn run(command: Command) -> anyhow::Result<bool> {
     match command {
         Command::Driver(DriverCommand::Check { files, cache_dir }) => {
-            let runtime = Runtime::new(RuntimeConfig {
+            let engine = Engine::new(EngineConfig {
                 cache_dir: cache_dir.or_else(berth::plugin::default_cache_dir),
-                ..RuntimeConfig::default()
+                ..EngineConfig::default()
             })?;
             let mut all_ok = true;
             for file in files {
-                let report = berth::conformance::check(&runtime, &file).await;
+                let report = berth::conformance::check(&engine, &file).await;
                 println!("{}", file.display());
                 print!("{report}");
                 all_ok &= report.passed();
@@ -256,9 +256,9 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             if let Some(faults) = &faults {
                 config.faults = berth::conformance::Fault::from_file(faults)?;
             }
-            let runtime = Runtime::new(RuntimeConfig {
+            let engine = Engine::new(EngineConfig {
                 cache_dir: cache_dir.or_else(berth::plugin::default_cache_dir),
-                ..RuntimeConfig::default()
+                ..EngineConfig::default()
             })?;
             // Ctrl-C stops the steps; the cleanup still runs and reports. A
             // second one leaves at once, saying what may be left.
@@ -279,7 +279,7 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                     });
                 }
             };
-            let report = berth::conformance::test_until(&runtime, &file, &config, stop).await;
+            let report = berth::conformance::test_until(&engine, &file, &config, stop).await;
             println!("{}", file.display());
             print!("{report}");
             Ok(report.passed())

@@ -2,12 +2,12 @@
 //! provider on a built plugin, a create spec.
 
 use berth::driver::{CreateSpec, POOL_TAG};
-use berth::plugin::{AllowedHost, Runtime, RuntimeConfig, Sandbox, SandboxConfig, SandboxLimits};
+use berth::plugin::{AllowedHost, Engine, EngineConfig, Sandbox, SandboxConfig, SandboxLimits};
 
 use crate::support::plugin;
 
-pub fn runtime() -> Runtime {
-    Runtime::new(RuntimeConfig::default()).expect("runtime")
+pub fn engine() -> Engine {
+    Engine::new(EngineConfig::default()).expect("engine")
 }
 
 pub fn spec(node: &str) -> CreateSpec {
@@ -24,14 +24,14 @@ pub fn spec(node: &str) -> CreateSpec {
 
 /// A provider named `name` on the plugin `plugin_name`.
 pub async fn provider(
-    runtime: &Runtime,
+    engine: &Engine,
     plugin_name: &str,
     name: &str,
     config: serde_json::Value,
     limits: SandboxLimits,
     allow: &[&str],
 ) -> Sandbox {
-    let driver = runtime
+    let driver = engine
         .load_file(plugin(plugin_name))
         .await
         .expect("plugin loads");

@@ -10,7 +10,7 @@ mod report;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::{AllowedHost, Provision, Runtime, Sandbox, SandboxConfig, SandboxLimits, inspect};
+use crate::{AllowedHost, Engine, Provision, Sandbox, SandboxConfig, SandboxLimits, inspect};
 
 pub use config::{CreateConfig, TestConfig};
 pub use faults::{Fault, FaultCall};
@@ -21,7 +21,7 @@ use kit::Kit;
 /// Checks a driver file without running any of its code: it is a component,
 /// it exports this contract version, it imports only what the host provides,
 /// it compiles, and its exports have the contract's types.
-pub async fn check(runtime: &Runtime, path: &Path) -> Report {
+pub async fn check(engine: &Engine, path: &Path) -> Report {
     let mut report = Report::default();
     let started = Instant::now();
     let bytes = match tokio::fs::read(path).await {
@@ -78,7 +78,7 @@ pub async fn check(runtime: &Runtime, path: &Path) -> Report {
     // Compiling and linking run no guest code; they prove the exports have
     // the contract's types.
     let started = Instant::now();
-    let engine_check = runtime.link_only(bytes).await;
+    let engine_check = engine.link_only(bytes).await;
     report.record(
         "compile and link",
         started,
@@ -92,8 +92,8 @@ pub async fn check(runtime: &Runtime, path: &Path) -> Report {
 /// a foreign pool's list does not show it → error mapping (with faults) →
 /// delete → gone or terminated → delete again is not an error → paging →
 /// cleanup.
-pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report {
-    test_until(runtime, path, config, std::future::pending()).await
+pub async fn test(engine: &Engine, path: &Path, config: &TestConfig) -> Report {
+    test_until(engine, path, config, std::future::pending()).await
 }
 
 /// [`test`], stopping the steps when `stop` completes (Ctrl-C). Whatever
@@ -101,13 +101,13 @@ pub async fn test(runtime: &Runtime, path: &Path, config: &TestConfig) -> Report
 /// out `rate-limited` answers as it goes, and the report's last step says
 /// what it deleted.
 pub async fn test_until(
-    runtime: &Runtime,
+    engine: &Engine,
     path: &Path,
     config: &TestConfig,
     stop: impl Future<Output = ()>,
 ) -> Report {
     let mut report = Report::default();
-    let Some((provider, pool_id)) = start(runtime, path, config, &mut report).await else {
+    let Some((provider, pool_id)) = start(engine, path, config, &mut report).await else {
         return report;
     };
     let mut kit = Kit {
@@ -142,13 +142,13 @@ pub async fn test_until(
 
 /// Loads the driver and configures a provider on it.
 async fn start(
-    runtime: &Runtime,
+    engine: &Engine,
     path: &Path,
     config: &TestConfig,
     report: &mut Report,
 ) -> Option<(Sandbox, String)> {
     let started = Instant::now();
-    let driver = match runtime.load_file(path).await {
+    let driver = match engine.load_file(path).await {
         Ok(d) => d,
         Err(e) => {
             report.record("load", started, Err(e.to_string()));

@@ -3,12 +3,12 @@
 //! interrupts guests.
 //!
 //! Both are held (through an `Arc<Guests>`) by everything that can call into
-//! a guest: the plugin [`Runtime`](super::Runtime), every loaded
+//! a guest: the plugin [`Engine`](super::Engine), every loaded
 //! [`Driver`](super::Driver), every [`Sandbox`](super::Sandbox) and every
 //! [`DriverInstance`](super::DriverInstance) an embedder holds. So the ticker
 //! cannot stop while a guest may still run: a call deadline is enforced for
 //! as long as a guest exists, whoever built the runtime and however long they
-//! kept it. (It once lived as long as the `Runtime` value, which the service
+//! kept it. (It once lived as long as the `Engine` value, which the service
 //! dropped after start: no guest was ever interrupted again.)
 //!
 //! Guest calls run on this runtime rather than the caller's, so that guests

@@ -1,8 +1,8 @@
 //! Loading and running sandboxed driver components.
 //!
-//! A [`Runtime`] owns the wasmtime engine (pooling allocator, epoch ticker),
+//! An [`Engine`] owns wasmtime's engine (pooling allocator, epoch ticker),
 //! the linker with everything a driver may import, and the compiled-artifact
-//! cache. [`Runtime::load_file`] turns a `.wasm` into a [`Driver`]: checked
+//! cache. [`Engine::load_file`] turns a `.wasm` into a [`Driver`]: checked
 //! against the contract, compiled (or loaded from the cache) and
 //! pre-instantiated. [`Sandbox::start`] runs one configured provider's driver
 //! in its sandbox: a bounded set of instances, each owned by one task. (The
@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use berth_core::driver::DriverInfo;
 use bindings::DriverPluginPre;
@@ -58,9 +58,9 @@ pub use provider::{
 pub use sandbox::HttpPolicy;
 pub use state::{DriverState, Records, StateSpace};
 
-/// Engine-wide settings of the plugin runtime.
+/// The settings of an [`Engine`], for every driver it loads.
 #[derive(Clone, Debug)]
-pub struct RuntimeConfig {
+pub struct EngineConfig {
     /// Where compiled drivers are cached; `None` compiles on every load.
     pub cache_dir: Option<PathBuf>,
     /// How often the epoch advances; the granularity of call deadlines.
@@ -88,9 +88,9 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     })
 }
 
-impl Default for RuntimeConfig {
+impl Default for EngineConfig {
     fn default() -> Self {
-        RuntimeConfig {
+        EngineConfig {
             cache_dir: None,
             epoch_tick: Duration::from_millis(10),
             max_instances: 64,
@@ -100,17 +100,18 @@ impl Default for RuntimeConfig {
     }
 }
 
-/// The plugin runtime. Cheap to clone.
+/// What loads and runs drivers: wasmtime's engine, the linker and the
+/// compiled-artifact cache. Cheap to clone.
 #[derive(Clone)]
-pub struct Runtime {
-    inner: Arc<RuntimeInner>,
+pub struct Engine {
+    inner: Arc<EngineInner>,
 }
 
-struct RuntimeInner {
-    engine: Engine,
+struct EngineInner {
+    engine: wasmtime::Engine,
     linker: Linker<StoreState>,
     cache: Option<cache::ArtifactCache>,
-    config: RuntimeConfig,
+    config: EngineConfig,
     /// Where guest code runs, and the epoch ticker; every driver loaded
     /// here holds it too, so it outlives this value as long as they do.
     guests: Arc<Guests>,
@@ -239,10 +240,10 @@ impl std::fmt::Debug for Driver {
     }
 }
 
-impl Runtime {
+impl Engine {
     /// Builds the engine and linker and starts the guests' threads and the
     /// epoch ticker.
-    pub fn new(config: RuntimeConfig) -> anyhow::Result<Self> {
+    pub fn new(config: EngineConfig) -> anyhow::Result<Self> {
         let mut pool = PoolingAllocationConfig::new();
         let n = config.max_instances.max(1);
         pool.total_component_instances(n)
@@ -265,7 +266,7 @@ impl Runtime {
         cfg.wasm_component_model(true)
             .epoch_interruption(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&cfg).map_err(anyhow::Error::from)?;
+        let engine = wasmtime::Engine::new(&cfg).map_err(anyhow::Error::from)?;
 
         let mut linker = Linker::<StoreState>::new(&engine);
         // The whole of WASI 0.2 is linked so that toolchains which import
@@ -295,8 +296,8 @@ impl Runtime {
             .cache_dir
             .clone()
             .map(|dir| cache::ArtifactCache::new(dir, &engine));
-        Ok(Runtime {
-            inner: Arc::new(RuntimeInner {
+        Ok(Engine {
+            inner: Arc::new(EngineInner {
                 engine,
                 linker,
                 cache,
@@ -307,8 +308,8 @@ impl Runtime {
         })
     }
 
-    /// The runtime's settings.
-    pub fn config(&self) -> &RuntimeConfig {
+    /// The engine's settings.
+    pub fn config(&self) -> &EngineConfig {
         &self.inner.config
     }
 
@@ -318,7 +319,7 @@ impl Runtime {
         self.load_file_within(path, LoadLimits::default()).await
     }
 
-    /// [`Runtime::load_file`] within `limits`.
+    /// [`Engine::load_file`] within `limits`.
     #[tracing::instrument(skip(self, limits), fields(path = %path.as_ref().display()))]
     pub async fn load_file_within(
         &self,
@@ -431,11 +432,11 @@ impl Runtime {
         }
         let (tx, rx) = tokio::sync::watch::channel(None);
         compiling.insert(sha256.to_owned(), rx.clone());
-        // The thread holds the engine and the cache, not the runtime: a
-        // compile left running keeps no guest machinery alive.
+        // The thread holds wasmtime's engine and the cache, not this one:
+        // a compile left running keeps no guest machinery alive.
         let engine = self.inner.engine.clone();
         let cache = self.inner.cache.clone();
-        let runtime = Arc::downgrade(&self.inner);
+        let this = Arc::downgrade(&self.inner);
         let sha = sha256.to_owned();
         let spawned = std::thread::Builder::new()
             .name("berth-compile".into())
@@ -446,8 +447,8 @@ impl Runtime {
                 };
                 // Forgotten before the outcome is sent: a load that sees
                 // this one fail starts afresh next time.
-                if let Some(runtime) = runtime.upgrade() {
-                    (runtime.compiling.lock().unwrap_or_else(|p| p.into_inner())).remove(&sha);
+                if let Some(this) = this.upgrade() {
+                    (this.compiling.lock().unwrap_or_else(|p| p.into_inner())).remove(&sha);
                 }
                 tx.send_replace(Some(outcome.map_err(|e| format!("{e:#}"))));
             });

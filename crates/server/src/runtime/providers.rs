@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use berth_config::{ProviderIx, Settings};
 use berth_core::driver::{CreateSpec, Instance, Tags};
 use berth_plugin::{
-    CallError, Deletion, Driver, DriverState, Gate, LoadLimits, Runtime, Sandbox, SandboxConfig,
+    CallError, Deletion, Driver, DriverState, Engine, Gate, LoadLimits, Sandbox, SandboxConfig,
 };
 
 /// A boxed future that can move between threads.
@@ -104,7 +104,7 @@ struct Slot {
 
 /// Loads each driver file once, for all the providers on it.
 struct Loader {
-    runtime: Runtime,
+    engine: Engine,
     /// Each file's driver, once loaded. A provider waits only for its own
     /// file's load (the first of its providers to start it sets the
     /// limits), never for another file's. Plain mutex: held only to find or
@@ -125,14 +125,14 @@ impl Providers {
     /// no driver may reach (berth's own API); `gates`: per provider, shut
     /// while this process may not act on its cloud.
     pub fn start(
-        runtime: Runtime,
+        engine: Engine,
         settings: &Settings,
         state: DriverState,
         deny: Vec<std::net::SocketAddr>,
         gates: Vec<Arc<Gate>>,
     ) -> Arc<Providers> {
         let loader = Arc::new(Loader {
-            runtime,
+            engine,
             loaded: Mutex::new(HashMap::new()),
             started: Mutex::new(Vec::new()),
         });
@@ -375,7 +375,7 @@ async fn start_one(
     let driver = cell
         .get_or_try_init(|| async {
             tracing::info!(provider = %name, driver = %path.display(), "loading a driver");
-            loader.runtime.load_file_within(path, limits).await
+            loader.engine.load_file_within(path, limits).await
         })
         .await
         .map_err(|e| format!("loading its driver: {e}"))?

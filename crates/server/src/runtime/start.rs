@@ -12,7 +12,7 @@ use anyhow::Context;
 
 use berth_config::{Config, Settings};
 use berth_core::pool::Pool;
-use berth_plugin::{DriverState, Gate, Runtime, RuntimeConfig};
+use berth_plugin::{DriverState, Engine, EngineConfig, Gate};
 use berth_store::{Claimant, PgStore, SqliteStore, Store, Tenure};
 
 use super::clock::Clock;
@@ -116,7 +116,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     } else {
         store.load(&config).await.context("loading the store")?
     };
-    let runtime = Runtime::new(RuntimeConfig {
+    let engine = Engine::new(EngineConfig {
         cache_dir: Some(
             options
                 .cache_dir
@@ -138,7 +138,7 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     };
     // In the background: a driver that fails to start costs its own
     // provider, not the service.
-    let providers = Providers::start(runtime, &settings, driver_state, options.deny, gates);
+    let providers = Providers::start(engine, &settings, driver_state, options.deny, gates);
     for note in &loaded.dropped {
         tracing::warn!("store: {note}");
     }
