@@ -15,7 +15,7 @@ use berth::pool::{NewRequest, NodeId, NodeState, Pool, RequestState};
 use berth::runtime::{self, Handle, StartOptions};
 use berth::sim::{Knobs, SimCloud};
 
-use crate::support::config::test_store;
+use crate::support::config::{SLOTS, test_store};
 use crate::support::pool::{fulfil, live_instances, pool_config, start, until_pool};
 use crate::support::{SimServer, live, plugin};
 
@@ -262,20 +262,6 @@ ram = "32GiB"
     assert!((1..=2).contains(&refusals), "{refusals} refusals");
     service.stop().await.expect("clean stop");
 }
-
-const SLOTS: &str = r#"
-[labels.big]
-[labels.big.providers.sim]
-instance-type = "big"
-image = "img"
-vcpus = 8
-ram = "32GiB"
-
-[labels.slot]
-slots = 4
-backing-label = "big"
-grace-time = "500ms"
-"#;
 
 #[tokio::test]
 async fn slots_pack_onto_backing_instances_and_are_released_after_grace() {

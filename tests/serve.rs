@@ -1,16 +1,18 @@
 //! `berth serve` end to end: the real binary on 127.0.0.1:0, a sim cloud in
 //! this test process, and plain HTTP. Every wait is a bounded poll.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::config::{
-    CI, OPS, OTHER, code, on_postgres, serve_config, serve_config_on, serve_config_with,
-    set_lease_ttl,
+    CI, OPS, OTHER, SLOTS, code, database, on_postgres, serve_config, serve_config_on,
+    serve_config_with, set_lease_ttl,
 };
 use crate::support::disk::{Tmpfs, skip};
+use crate::support::postgres::psql;
 use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
 use crate::support::{SimServer, creates, live, metric, plugin, scripted_plugin};
 
@@ -862,4 +864,109 @@ async fn serve_and_the_kit_share_one_compiled_cache() {
         test.stdout.contains("loaded from the compiled cache"),
         "{test}"
     );
+}
+
+/// The nodes as an admin sees them, each by what its store row holds:
+/// label, state, instance, holder, and its packing (a slot on a backing
+/// machine, or the machine backing slots).
+async fn nodes_as_stored(server: &Berth) -> Vec<String> {
+    let (s, nodes) = server.call("GET", "/v1/nodes", Some(OPS), None).await;
+    assert_eq!(s, 200, "{nodes}");
+    let mut seen: Vec<String> = (nodes.as_array().expect("nodes").iter())
+        .map(|n| {
+            let keys = [
+                "id", "label", "state", "instance", "request", "slot", "hosting",
+            ];
+            keys.map(|k| format!("{k}={}", n[k])).join(" ")
+        })
+        .collect();
+    seen.sort();
+    seen
+}
+
+/// A store from before a node's packing had the core's own word as its
+/// column (`role`: SQLite schema 4, PostgreSQL schema 8) opens in `berth
+/// serve`: its migration step renames the column, and the pool is as it
+/// was, a slot still in use on its backing machine and a plain node ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_from_before_the_packing_column_opens_with_its_nodes_as_they_were() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, store) = if on_postgres() {
+        let (url, store) = database(dir.path(), None);
+        (Some(url), store)
+    } else {
+        (None, String::new())
+    };
+    let extra = format!("{SLOTS}{store}");
+    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 1", &extra);
+    let cfg = cfg.display().to_string();
+    set_lease_ttl(Path::new(&cfg), "10m");
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+    let r = server.request(CI, &[("slot", 1)]).await;
+    let slot = server.fulfilled(CI, &r.id).await.nodes[0].id.clone();
+    until(30, "a small node ready", || async {
+        let nodes = nodes_as_stored(&server).await;
+        (nodes.iter())
+            .any(|n| n.contains("label=\"small\"") && n.contains("state=\"ready\""))
+            .then_some(())
+    })
+    .await;
+    let before = nodes_as_stored(&server).await;
+    server.terminate().await.assert_success();
+    assert!(
+        before
+            .iter()
+            .any(|n| n.contains(&slot) && n.contains("backing")),
+        "{before:#?}"
+    );
+
+    // Set back to the schema before the rename: the column's old name and
+    // the version before the step. (A step added later is undone here too.)
+    match &url {
+        Some(url) => {
+            let version = psql(url, "SELECT version FROM berth_schema").unwrap();
+            assert_eq!(
+                version.trim(),
+                "9",
+                "a step after the rename: undo it here too"
+            );
+            psql(
+                url,
+                "ALTER TABLE nodes RENAME COLUMN packing TO role; UPDATE berth_schema SET version = 8",
+            )
+            .unwrap();
+        }
+        None => {
+            let db = rusqlite::Connection::open(dir.path().join("state/berth.db")).unwrap();
+            let version: u32 = db
+                .pragma_query_value(None, "user_version", |r| r.get(0))
+                .unwrap();
+            assert_eq!(version, 5, "a step after the rename: undo it here too");
+            db.execute_batch(
+                "ALTER TABLE nodes RENAME COLUMN packing TO role; PRAGMA user_version = 4;",
+            )
+            .unwrap();
+        }
+    }
+
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready on the older store").await;
+    assert_eq!(nodes_as_stored(&server).await, before);
+    // The slot is still its holder's to give back.
+    let (s, answer) = server
+        .call("POST", &format!("/v1/nodes/{slot}/release"), Some(CI), None)
+        .await;
+    assert_eq!(s, 200, "{answer}");
+    server.terminate().await.assert_success();
+    let column = "SELECT count(*) FROM nodes WHERE packing IS NOT NULL";
+    let rows = match &url {
+        Some(url) => psql(url, column).unwrap().trim().parse::<usize>().unwrap(),
+        None => rusqlite::Connection::open(dir.path().join("state/berth.db"))
+            .unwrap()
+            .query_row(column, [], |r| r.get(0))
+            .unwrap(),
+    };
+    assert!(rows >= 2, "{rows} nodes with a packing");
 }

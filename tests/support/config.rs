@@ -178,3 +178,19 @@ pub fn hosts(addrs: &[std::net::SocketAddr], jobs: u32) -> serde_json::Value {
         .collect();
     json!({ "hosts": hosts })
 }
+
+/// Labels that pack: `slot`, four to a `big` machine of provider `sim`
+/// (`extra` of [`serve_config_with`], or a pool config's).
+pub const SLOTS: &str = r#"
+[labels.big]
+[labels.big.providers.sim]
+instance-type = "big"
+image = "img"
+vcpus = 8
+ram = "32GiB"
+
+[labels.slot]
+slots = 4
+backing-label = "big"
+grace-time = "500ms"
+"#;
