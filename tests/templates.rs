@@ -106,3 +106,57 @@ async fn a_new_python_driver_builds_and_passes_the_kit() {
 async fn a_new_javascript_driver_builds_and_passes_the_kit() {
     a_new_project_builds_and_passes_the_kit("js").await;
 }
+
+/// `berth driver wit DIR [--version V]`: the binary writes the newest
+/// contract, or the version asked for, as one package (`driver.wit` with
+/// its WASI `deps/`), byte for byte the repository's folder of that
+/// version; a version it does not carry is refused, naming those it does.
+#[tokio::test]
+async fn the_binary_writes_each_contract_version_it_carries() {
+    let dir = tempfile::tempdir().unwrap();
+    let versions = ["0.1.0"];
+    for (i, version) in [None, Some("0.1.0")].into_iter().enumerate() {
+        let out = dir.path().join(format!("wit-{i}"));
+        let mut args = vec![OsStr::new("driver"), "wit".as_ref(), out.as_ref()];
+        if let Some(v) = version {
+            args.extend(["--version".as_ref(), OsStr::new(v)]);
+        }
+        let wrote = run_berth(args, &[]).await;
+        assert!(wrote.success(), "{wrote}");
+        let newest = versions[versions.len() - 1];
+        let expect = version.unwrap_or(newest);
+        assert!(
+            wrote
+                .stdout
+                .contains(&format!("files of berth:driver@{expect}")),
+            "{wrote}"
+        );
+        let source = workspace()
+            .join("wit")
+            .join(format!("berth-driver@{expect}"));
+        for rel in ["driver.wit", "deps/http/http.wit", "deps/io/io.wit"] {
+            let written = std::fs::read(out.join(rel)).unwrap();
+            assert_eq!(written, std::fs::read(source.join(rel)).unwrap(), "{rel}");
+        }
+    }
+    let out = dir.path().join("none");
+    let refused = run_berth(
+        [
+            OsStr::new("driver"),
+            "wit".as_ref(),
+            out.as_ref(),
+            "--version".as_ref(),
+            "9.9.9".as_ref(),
+        ],
+        &[],
+    )
+    .await;
+    assert!(!refused.success(), "{refused}");
+    assert!(
+        refused
+            .stderr
+            .contains("no contract version 9.9.9; it carries 0.1.0"),
+        "{refused}"
+    );
+    assert!(!out.join("driver.wit").exists());
+}

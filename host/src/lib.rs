@@ -1,6 +1,6 @@
 //! berth keeps pools of cloud machines ready for the programs that need them.
 //! Every cloud driver is a sandboxed WebAssembly component loaded at run time
-//! against one WIT contract (`wit/driver.wit`).
+//! against one WIT contract (`wit/berth-driver@0.1.0/driver.wit`).
 //!
 //! This crate is the `berth` binary and, for a program that embeds berth,
 //! one place that names the workspace's crates by what they hold:

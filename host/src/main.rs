@@ -156,11 +156,14 @@ enum DriverCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
-    /// Write the contract this berth implements (wit/ with its WASI deps) to
-    /// DIR, to build a driver against in any language.
+    /// Write a contract version this berth implements (driver.wit with its
+    /// WASI deps/) to DIR, to build a driver against in any language.
     Wit {
         /// Where to write; created if missing.
         dir: PathBuf,
+        /// The contract version, such as 0.1.0 [default: the newest]
+        #[arg(long)]
+        version: Option<String>,
     },
 }
 
@@ -294,11 +297,11 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             );
             Ok(true)
         }
-        Command::Driver(DriverCommand::Wit { dir }) => {
-            let n = berth::contract::write_wit(&dir)
+        Command::Driver(DriverCommand::Wit { dir, version }) => {
+            let (version, n) = berth::contract::write_wit(&dir, version.as_deref())
                 .with_context(|| format!("writing the contract to {}", dir.display()))?;
             println!(
-                "{}: {n} files of berth:driver@0.1.0 (world driver-plugin) and its WASI deps",
+                "{}: {n} files of berth:driver@{version} (world driver-plugin) and its WASI deps",
                 dir.display()
             );
             Ok(true)

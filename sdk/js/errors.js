@@ -1,4 +1,4 @@
-// The contract's `error` variant (wit/driver.wit) as JavaScript exceptions,
+// The contract's `error` variant (wit/berth-driver@0.1.0/driver.wit) as JavaScript exceptions,
 // and the usual mapping of an HTTP status to its case.
 //
 // componentize-js turns an exception thrown by an exported function into the

@@ -1,4 +1,5 @@
-//! Guest bindings generated from `wit/driver.wit` (world `driver-plugin`).
+//! Guest bindings generated from `wit/berth-driver@0.1.0/driver.wit` (world
+//! `driver-plugin`).
 //!
 //! Driver authors do not use this module directly: the WIT types are
 //! re-exported from [`crate::types`] and [`crate::export_driver!`] wires a
@@ -6,7 +7,7 @@
 //! generated export macro expands in the driver's crate and must reach it.
 
 wit_bindgen::generate!({
-    path: "../wit",
+    path: "../wit/berth-driver@0.1.0",
     world: "berth:driver/driver-plugin",
     // The world imports wasi:http, clocks and random; generate those too
     // rather than depending on another crate's copy of them.

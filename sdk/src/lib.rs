@@ -2,7 +2,7 @@
 //!
 //! A driver is a WebAssembly component (`wasm32-wasip2`, `crate-type =
 //! ["cdylib"]`) that implements the `berth:driver@0.1.0` contract in
-//! `wit/driver.wit`. With this crate a driver is one type implementing
+//! `wit/berth-driver@0.1.0/driver.wit`. With this crate a driver is one type implementing
 //! [`Driver`] and one [`export_driver!`] line:
 //!
 //! ```no_run

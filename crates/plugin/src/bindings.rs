@@ -4,7 +4,7 @@
 use berth_core::driver as d;
 
 wasmtime::component::bindgen!({
-    path: "../../wit",
+    path: "../../wit/berth-driver@0.1.0",
     world: "berth:driver/driver-plugin",
     imports: { default: async | trappable },
     exports: { default: async },

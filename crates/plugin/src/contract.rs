@@ -1,47 +1,178 @@
-//! The contract this berth implements, carried inside the binary: every file
-//! of `wit/` (with its WASI `deps/`), indexed by `build.rs`.
+//! The contract versions this berth implements, carried inside the binary:
+//! every file of `wit/` (one folder per version, `berth-driver@VERSION/`,
+//! each with its WASI `deps/`), indexed by `build.rs`.
 
 use std::fs;
 use std::io;
 use std::path::Path;
 
-/// The contract: every file of `wit/` (with `deps/`), as relative path and
-/// text. `berth driver wit DIR` writes them out, so an author in any
-/// language builds against exactly what this berth implements.
-pub const WIT: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/wit_files.rs"));
+/// Every file of `wit/`, as path relative to it and text.
+const FILES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/wit_files.rs"));
 
-/// Writes [`WIT`] under `dir`; returns how many files.
-pub fn write_wit(dir: &Path) -> io::Result<usize> {
-    for (rel, text) in WIT {
+/// The folder of one contract version under `wit/`.
+const FOLDER: &str = "berth-driver@";
+
+/// The contract versions carried, oldest first.
+pub fn versions() -> Vec<&'static str> {
+    let mut all: Vec<&str> = FILES
+        .iter()
+        .filter_map(|(rel, _)| rel.split('/').next()?.strip_prefix(FOLDER))
+        .collect();
+    all.sort_by_key(|v| semver(v));
+    all.dedup();
+    all
+}
+
+/// The version a new driver is written against: the newest.
+pub fn newest() -> &'static str {
+    versions().pop().expect("the binary carries a contract")
+}
+
+/// `major.minor.patch` as numbers, for ordering; a part that is no number
+/// sorts first.
+fn semver(v: &str) -> [u64; 3] {
+    let mut parts = v.split('.').map(|p| p.parse().unwrap_or(0));
+    [(); 3].map(|()| parts.next().unwrap_or(0))
+}
+
+/// The files of contract `version` (`driver.wit` and `deps/…`), as path
+/// relative to the version's folder and text; `None` for a version this
+/// berth does not carry.
+pub fn files(version: &str) -> Option<Vec<(&'static str, &'static str)>> {
+    let prefix = format!("{FOLDER}{version}/");
+    let found: Vec<_> = FILES
+        .iter()
+        .filter_map(|(rel, text)| Some((rel.strip_prefix(&prefix)?, *text)))
+        .collect();
+    (!found.is_empty()).then_some(found)
+}
+
+/// Why [`write_wit`] wrote nothing, or not all.
+#[derive(Debug, thiserror::Error)]
+pub enum WitError {
+    #[error("this berth carries no contract version {asked}; it carries {}", versions().join(", "))]
+    Unknown { asked: String },
+    #[error(transparent)]
+    Write(#[from] io::Error),
+}
+
+/// Writes contract `version` (the newest if `None`) into `dir`: its
+/// `driver.wit` and `deps/`, the layout every WIT toolchain reads as one
+/// package with its dependencies. Returns the version and how many files.
+pub fn write_wit(dir: &Path, version: Option<&str>) -> Result<(&'static str, usize), WitError> {
+    let version = match version {
+        None => newest(),
+        Some(v) => versions()
+            .into_iter()
+            .find(|known| *known == v)
+            .ok_or_else(|| WitError::Unknown {
+                asked: v.to_owned(),
+            })?,
+    };
+    let files = files(version).expect("a version carried has files");
+    for (rel, text) in &files {
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)?;
         }
         fs::write(path, text)?;
     }
-    Ok(WIT.len())
+    Ok((version, files.len()))
 }
 
 #[cfg(test)]
 mod tests {
+    use sha2::{Digest, Sha256};
+
     use super::*;
 
+    /// The sha256 of every file of a released version, which never
+    /// changes: a change to the contract is a new version in a new folder
+    /// (docs/writing-a-driver.md, "Contract versions").
+    const RELEASED: &[(&str, &[(&str, &str)])] = &[(
+        "0.1.0",
+        &[
+            (
+                "deps/cli/cli.wit",
+                "fb6ac5d23fcaf3d231142a3c2f9bb1e9bc1fe5af6f1f329f6b1a5555ce0d3873",
+            ),
+            (
+                "deps/clocks/clocks.wit",
+                "6ed8aa65bb8cbe224a0b2cbac9fc1b3bd25bdb17eda5ae0d23c983ed31c447cc",
+            ),
+            (
+                "deps/filesystem/filesystem.wit",
+                "e675f261017bf9b4fa7df5b9701023fe0249ede71021ac1bf978748e62edcda8",
+            ),
+            (
+                "deps/http/http.wit",
+                "4bbd58f509700a6637385611f183c5bd5984d81feef85e29dfdc05ebd283045a",
+            ),
+            (
+                "deps/io/io.wit",
+                "96e206d00076fa0480df32c5bcf255a3fa4862805ac2f6b8537a781cce54f433",
+            ),
+            (
+                "deps/random/random.wit",
+                "48578c40213d5cab6650980905fa146a0be8c39c4433ee5e7e00637b87dbe08f",
+            ),
+            (
+                "deps/sockets/sockets.wit",
+                "ad38dbf3b0bbdf34c0f2b608edcbfee04d71b443a63faff1f5e0053c3f84b377",
+            ),
+            (
+                "driver.wit",
+                "cc24504d4232bb3b1e6bce59cb57ed55423cc74d885722df66ea87242321c166",
+            ),
+        ],
+    )];
+
     #[test]
-    fn the_whole_contract_is_carried_and_written_out() {
-        let names: Vec<&str> = WIT.iter().map(|(n, _)| *n).collect();
+    fn the_contract_is_carried_and_written_out_per_version() {
+        assert_eq!(versions(), ["0.1.0"]);
+        assert_eq!(newest(), "0.1.0");
+        let names: Vec<&str> = files("0.1.0").unwrap().iter().map(|(n, _)| *n).collect();
         assert!(names.contains(&"driver.wit"), "{names:?}");
         assert!(
             names.iter().any(|n| n.starts_with("deps/http/")),
             "{names:?}"
         );
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(write_wit(dir.path()).unwrap(), WIT.len());
+        assert_eq!(write_wit(dir.path(), None).unwrap(), ("0.1.0", names.len()));
         let written = fs::read_to_string(dir.path().join("driver.wit")).unwrap();
         assert!(written.contains("package berth:driver@0.1.0;"));
-        assert_eq!(
-            written,
-            fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../wit/driver.wit"))
-                .unwrap()
+        let source = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../wit/berth-driver@0.1.0/driver.wit"
         );
+        assert_eq!(written, fs::read_to_string(source).unwrap());
+        let e = write_wit(dir.path(), Some("0.9.0"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no contract version 0.9.0; it carries 0.1.0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_released_version_is_byte_for_byte_what_was_released() {
+        for (version, pinned) in RELEASED {
+            let mut found: Vec<(&str, String)> = files(version)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(rel, text)| (rel, hex::encode(Sha256::digest(text))))
+                .collect();
+            found.sort();
+            let pinned: Vec<(&str, String)> = pinned
+                .iter()
+                .map(|(rel, sum)| (*rel, (*sum).to_owned()))
+                .collect();
+            assert_eq!(
+                found, pinned,
+                "contract {version} changed: a released version is frozen; \
+                 make the change in a new version's folder"
+            );
+        }
     }
 }

@@ -103,16 +103,26 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang) -> Result<usize, Scaffold
             n += 1;
         }
     }
+    // In this repository the Rust SDK reads the contract from its version's
+    // folder; in a project, `wit/` holds that one version.
+    let version = contract::newest();
+    let in_repo = format!("\"../wit/berth-driver@{version}\"");
     for (rel, text) in sdk {
-        write(&format!("{sdk_dir}/{rel}"), text)?;
+        write(
+            &format!("{sdk_dir}/{rel}"),
+            &text.replace(&in_repo, "\"../wit\""),
+        )?;
         n += 1;
     }
     for (rel, text) in SIM_FAULTS {
         write(rel, text)?;
         n += 1;
     }
-    let wit = dir.join("wit");
-    n += contract::write_wit(&wit).map_err(|source| ScaffoldError::Write { path: wit, source })?;
+    let files = contract::files(version).unwrap_or_default();
+    for (rel, text) in &files {
+        write(&format!("wit/{rel}"), text)?;
+    }
+    n += files.len();
     Ok(n)
 }
 
@@ -136,13 +146,18 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let project = dir.path().join("my-cloud");
             let n = new_project(&project, "my-cloud", lang).unwrap();
-            assert!(n > contract::WIT.len(), "{lang}: {n} files");
+            let contract = contract::files(contract::newest()).unwrap();
+            assert!(n > contract.len(), "{lang}: {n} files");
             assert!(project.join("wit/driver.wit").is_file(), "{lang}");
             assert!(project.join("build").is_file(), "{lang}");
             assert!(project.join("faults.json").is_file(), "{lang}");
             let (_, sdk, sdk_dir) = lang.parts();
             assert!(!sdk.is_empty(), "{lang}");
             assert!(project.join(sdk_dir).join(sdk[0].0).is_file(), "{lang}");
+            if lang == Lang::Rust {
+                let bindings = fs::read_to_string(project.join(sdk_dir).join("bindings.rs"));
+                assert!(bindings.unwrap().contains("path: \"../wit\","), "{lang}");
+            }
             // Nothing is left unfilled.
             for (rel, _) in TEMPLATES
                 .iter()
