@@ -42,6 +42,8 @@ const DESCRIBED: &str = "\
 # TYPE berth_driver_calls counter
 # HELP berth_driver_call_seconds Driver call duration by provider and call.
 # TYPE berth_driver_call_seconds histogram
+# HELP berth_driver_calls_in_flight Driver calls begun and not yet ended, by provider: those this process decided, counted from their commit, and those it carries out for the pool's holder.
+# TYPE berth_driver_calls_in_flight gauge
 # HELP berth_sandbox_traps Driver instances discarded after a trap, by provider and kind.
 # TYPE berth_sandbox_traps counter
 # HELP berth_probes Readiness probes of running instances by provider, check (tcp, ssh) and outcome (ready, not_ready).
@@ -147,6 +149,10 @@ fn fed() -> Telemetry {
     let deadline = trap(Trap::Deadline(Duration::from_secs(10)));
     t.call("p0", Call::Create, Err(&deadline), secs(0.5));
     t.call("p1", Call::List, Ok(()), secs(0.001));
+    // Two calls begun on p0, one of them ended; none on p1.
+    t.in_flight("p0", 1);
+    t.in_flight("p0", 1);
+    t.in_flight("p0", -1);
     let at = Time::from_millis(0);
     for notice in [
         Notice::QuotaPaused {
@@ -264,6 +270,8 @@ fn samples_read_as_before() {
         "berth_driver_calls_total{provider=\"p0\",call=\"create\",outcome=\"ok\"} 2",
         "berth_driver_calls_total{provider=\"p0\",call=\"create\",outcome=\"trap\"} 1",
         "berth_driver_calls_total{provider=\"p1\",call=\"list\",outcome=\"ok\"} 1",
+        "berth_driver_calls_in_flight{provider=\"p0\"} 1.0",
+        "berth_driver_calls_in_flight{provider=\"p1\"} 0.0",
         "berth_sandbox_traps_total{provider=\"p0\",kind=\"deadline\"} 1",
         "berth_driver_answers_refused_total{provider=\"p1\",rule=\"tags\"} 1",
         "berth_quota_pauses_total{provider=\"p0\"} 1",
