@@ -287,13 +287,16 @@ impl Fleet {
             for (i, b) in self.procs.iter().enumerate() {
                 let Some(b) = b else { continue };
                 let (s, text) = b.try_call("GET", "/metrics", Some(OPS), None).await.ok()?;
+                if s != 200 {
+                    return None;
+                }
                 let counts: Vec<f64> = (text.as_str()?.lines())
                     .filter(|l| l.starts_with("berth_driver_calls_in_flight{"))
                     .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
                     .collect();
                 // Each provider's count is there from the start.
                 assert!(!counts.is_empty(), "b{i} counts no call in flight: {text}");
-                if s != 200 || counts.iter().any(|&n| n != 0.0) || self.in_flight_of(i) != 0 {
+                if counts.iter().any(|&n| n != 0.0) || self.in_flight_of(i) != 0 {
                     return None;
                 }
             }

@@ -69,7 +69,8 @@ pub async fn a_scan_answers_in_byte_order_within_its_budget(r: &dyn Records) {
     let literal = r.scan(s.clone(), "k%".into(), 1 << 20).await;
     assert_eq!(literal, Ok(vec![("k%2".into(), "v".into())]));
     assert_eq!(r.scan(s.clone(), "none".into(), 0).await, Ok(vec![]));
-    // "k"+"2" and "k%2"+"v" are 6 bytes: they fit in 6, not in 5.
+    // A budget holds what comes to it exactly ("k%2"+"v" is 4 bytes), and
+    // refuses one byte less: "k"+"2" and "k%2"+"v" come to 6, past 5.
     let within = r.scan(s.clone(), "k%".into(), 4).await;
     assert_eq!(within, Ok(vec![("k%2".into(), "v".into())]));
     let over = r.scan(s.clone(), "k".into(), 5).await;
