@@ -1555,26 +1555,12 @@ async fn postgres_driver_records_are_shared_and_written_only_by_the_provider_hol
     let mut sa = first.shards(names()).unwrap();
     let mut sb = second.shards(names()).unwrap();
     let p: Arc<str> = "p".into();
-    async fn cas(
-        r: &PgRecords,
-        k: &str,
-        from: Option<&str>,
-        to: Option<&str>,
-    ) -> Result<bool, RecordsError> {
-        r.compare_and_swap(
-            "p".into(),
-            k.into(),
-            from.map(str::to_owned),
-            to.map(str::to_owned),
-        )
-        .await
-    }
     let not_holder = Err(RecordsError::NotHolder {
         backend: "PostgreSQL",
     });
 
     // Nobody writes before holding the provider.
-    let e = cas(&ra, "k", None, Some("1")).await;
+    let e = kit::cas(&ra, "p", "k", None, Some("1")).await;
     assert_eq!(e, not_holder);
     let text = e.unwrap_err().to_string();
     assert!(
@@ -1590,7 +1576,7 @@ async fn postgres_driver_records_are_shared_and_written_only_by_the_provider_hol
     assert_eq!(rb.get(p.clone(), "k".into()).await, Ok(Some("4".into())));
     let keys = rb.scan("s".into(), "k%".into(), 1 << 20).await;
     assert_eq!(keys, Ok(vec![("k%2".into(), "v".into())]));
-    assert_eq!(cas(&rb, "k2", None, Some("x")).await, not_holder);
+    assert_eq!(kit::cas(&rb, "p", "k2", None, Some("x")).await, not_holder);
 
     // Sixteen writers race for one key: exactly one wins.
     let ra = Arc::new(ra);
@@ -1625,10 +1611,19 @@ async fn postgres_driver_records_are_shared_and_written_only_by_the_provider_hol
     // driver stores nothing, and the new one's does.
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     assert_eq!(sb.beat(&[]).await.unwrap().held_by("b"), [0, 1, 2, 3]);
-    assert_eq!(cas(&ra, "k", Some("4"), Some("stale")).await, not_holder);
-    assert_eq!(cas(&rb, "k", Some("4"), Some("5")).await, Ok(true));
+    assert_eq!(
+        kit::cas(&*ra, "p", "k", Some("4"), Some("stale")).await,
+        not_holder
+    );
+    assert_eq!(
+        kit::cas(&rb, "p", "k", Some("4"), Some("5")).await,
+        Ok(true)
+    );
     // A store opened without a claimant (`berth store migrate`) writes.
-    assert_eq!(cas(&plain.records(), "m", None, Some("1")).await, Ok(true));
+    assert_eq!(
+        kit::cas(&plain.records(), "p", "m", None, Some("1")).await,
+        Ok(true)
+    );
 }
 
 /// The providers' leases spread over the live processes: a process alone

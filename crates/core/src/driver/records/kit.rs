@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use super::{MAX_KEYS, Records, RecordsError};
 
-async fn cas(
+/// A compare-and-swap of `key` in `provider`'s records, from `from` to
+/// `to`, with the contract's text arguments as `&str`.
+pub async fn cas(
     r: &dyn Records,
     provider: &str,
     key: &str,
