@@ -165,7 +165,7 @@ struct InFlight {
 
 impl InFlight {
     fn begin(cloud: &SimCloud, caller: Option<String>) -> InFlight {
-        cloud.lock().in_flight_change(&caller, true);
+        cloud.lock().call_came_in(&caller);
         InFlight {
             cloud: cloud.clone(),
             caller,
@@ -175,7 +175,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.cloud.lock().in_flight_change(&self.caller, false);
+        self.cloud.lock().call_left(&self.caller);
     }
 }
 

@@ -284,12 +284,14 @@ impl State {
         self.calls.push(call);
     }
 
-    /// A call by `caller` came in (1) or was recorded or given up (-1).
-    pub(crate) fn in_flight_change(&mut self, caller: &Option<String>, begun: bool) {
-        let n = self.in_flight.entry(caller.clone()).or_default();
-        if begun {
-            *n += 1;
-        } else {
+    /// A call by `caller` came in.
+    pub(crate) fn call_came_in(&mut self, caller: &Option<String>) {
+        *self.in_flight.entry(caller.clone()).or_default() += 1;
+    }
+
+    /// A call by `caller` was recorded, or given up by its client.
+    pub(crate) fn call_left(&mut self, caller: &Option<String>) {
+        if let Some(n) = self.in_flight.get_mut(caller) {
             *n = n.saturating_sub(1);
         }
     }
