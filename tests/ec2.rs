@@ -642,6 +642,7 @@ async fn signed_provider(
 fn spec(node: &str, ami: &str) -> CreateSpec {
     CreateSpec {
         node_id: node.into(),
+        token: crate::support::sandbox::token_for(node),
         instance_type: INSTANCE_TYPE.into(),
         image: ami.into(),
         tags: [

@@ -108,7 +108,9 @@ async fn the_binary_checks_and_tests_the_sim_driver() {
     .await;
     assert!(check.success(), "{check}");
     assert!(
-        check.stdout.contains("berth:driver/driver@0.1.0"),
+        check
+            .stdout
+            .contains("speaks berth:driver@0.2.0: exports berth:driver/driver@0.2.0"),
         "{check}"
     );
     assert!(check.stdout.contains(", 0 failed"), "{check}");
@@ -500,7 +502,8 @@ async fn bad_files_are_rejected_by_name_and_the_rest_load() {
     assert!(
         text.contains("old.wasm")
             && text.contains(
-                "targets contract berth:driver@0.0.9; this host supports berth:driver@0.1.0"
+                "targets contract berth:driver@0.0.9; this host supports berth:driver@0.1.0 \
+                 and berth:driver@0.2.0"
             ),
         "{text}"
     );

@@ -378,6 +378,7 @@ async fn a_signed_instance_is_adopted_a_leak_deleted_and_a_forged_one_left_alone
     };
     let spec = |node: NodeId, tags: berth::driver::Tags| berth::driver::CreateSpec {
         node_id: node.to_string(),
+        token: crate::support::sandbox::token_for(&node.to_string()),
         instance_type: "small".into(),
         image: "ubuntu-24.04".into(),
         tags,

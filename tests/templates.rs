@@ -114,8 +114,8 @@ async fn a_new_javascript_driver_builds_and_passes_the_kit() {
 #[tokio::test]
 async fn the_binary_writes_each_contract_version_it_carries() {
     let dir = tempfile::tempdir().unwrap();
-    let versions = ["0.1.0"];
-    for (i, version) in [None, Some("0.1.0")].into_iter().enumerate() {
+    let versions = ["0.1.0", "0.2.0"];
+    for (i, version) in [None, Some("0.1.0"), Some("0.2.0")].into_iter().enumerate() {
         let out = dir.path().join(format!("wit-{i}"));
         let mut args = vec![OsStr::new("driver"), "wit".as_ref(), out.as_ref()];
         if let Some(v) = version {
@@ -155,7 +155,7 @@ async fn the_binary_writes_each_contract_version_it_carries() {
     assert!(
         refused
             .stderr
-            .contains("no contract version 9.9.9; it carries 0.1.0"),
+            .contains("no contract version 9.9.9; it carries 0.1.0, 0.2.0"),
         "{refused}"
     );
     assert!(!out.join("driver.wit").exists());

@@ -99,6 +99,7 @@ fn instance(i: usize) -> Instance {
         },
         created_at_ms: Some(1_700_000_000_000),
         connection: Connection::default(),
+        failure: None,
     }
 }
 

@@ -124,6 +124,7 @@ fn provider(
 fn spec(node: &str, pool: &str) -> CreateSpec {
     CreateSpec {
         node_id: node.into(),
+        token: support::sandbox::token_for(node),
         instance_type: "small".into(),
         image: "img".into(),
         tags: [
@@ -172,6 +173,7 @@ fn native_instance(n: u64) -> Instance {
             port: Some(22),
             host_keys: vec![],
         },
+        failure: None,
     }
 }
 

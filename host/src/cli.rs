@@ -569,6 +569,7 @@ fn render_drivers(drivers: Vec<types::Driver>) -> String {
             ("FILE", |d| d.file.clone()),
             ("NAME", |d| d.name.clone()),
             ("VERSION", |d| d.version.clone()),
+            ("CONTRACT", |d| d.contract.clone()),
             ("SHA256", |d| d.sha256.chars().take(12).collect()),
             ("LOADED", |d| millis(d.load_ms)),
             ("FROM", |d| d.loaded_from.clone()),

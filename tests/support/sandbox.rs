@@ -13,6 +13,7 @@ pub fn engine() -> Engine {
 pub fn spec(node: &str) -> CreateSpec {
     CreateSpec {
         node_id: node.into(),
+        token: token_for(node),
         instance_type: "small".into(),
         image: "img".into(),
         tags: [(POOL_TAG.to_string(), "pool".to_string())].into(),
@@ -52,4 +53,16 @@ pub async fn provider(
             gate: None,
         },
     )
+}
+
+/// A create token of its own for `node`, the same each time: what berth's
+/// pool sends for a node's first try (these tests make one try each).
+pub fn token_for(node: &str) -> String {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    node.hash(&mut h);
+    let high = h.finish();
+    "second half".hash(&mut h);
+    let bytes = (u128::from(high) << 64 | u128::from(h.finish())).to_be_bytes();
+    berth::driver::create_token(bytes, 4)
 }

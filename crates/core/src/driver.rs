@@ -47,6 +47,9 @@ pub enum InstanceState {
     Running,
     Stopping,
     Terminated,
+    /// The cloud gave up on it: it will never run. Its reason is
+    /// [`Instance::failure`].
+    Failed,
     Unknown,
 }
 
@@ -80,6 +83,21 @@ pub struct Instance {
     pub addresses: Addresses,
     pub created_at_ms: Option<u64>,
     pub connection: Connection,
+    /// The cloud's reason for a `Failed` instance, for people; `None` in
+    /// every other state (`driver::check` refuses an instance otherwise).
+    /// (Absent from what a process of an earlier berth sends.)
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub failure: Option<String>,
+}
+
+/// One page of a list: its instances, and where the next page starts
+/// (`None` on the last page). A list is complete once a page without `next`
+/// came back.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Page {
+    pub instances: Vec<Instance>,
+    pub next: Option<String>,
 }
 
 /// What to create.
@@ -87,6 +105,11 @@ pub struct Instance {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreateSpec {
     pub node_id: String,
+    /// The create's idempotency key (a UUID in text form): the same for
+    /// every try of one create, restarts included; see `pool::tags`.
+    /// (Absent from what a process of an earlier berth sends.)
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub token: String,
     pub instance_type: String,
     pub image: String,
     pub tags: Tags,
@@ -94,6 +117,23 @@ pub struct CreateSpec {
     pub ssh_public_key: Option<String>,
     /// Label-level driver options, JSON text.
     pub options: String,
+}
+
+/// A create token ([`CreateSpec::token`]) from 16 bytes: a UUID of
+/// `version` (4: random, 8: made from other data) in RFC 9562's text form,
+/// 36 characters, lowercase.
+pub fn create_token(mut bytes: [u8; 16], version: u8) -> String {
+    bytes[6] = (bytes[6] & 0x0f) | (version << 4);
+    bytes[8] = (bytes[8] & 0x3f) | 0x80; // the RFC's variant
+    let hex = hex::encode(bytes);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
 }
 
 /// What a capacity error applies to.
@@ -166,6 +206,8 @@ pub struct Capabilities {
     pub user_data: bool,
     pub ssh_keys: bool,
     pub idempotent_create: bool,
+    pub create_many: bool,
+    pub delete_many: bool,
 }
 
 /// What a driver says about itself.
@@ -197,8 +239,11 @@ pub enum Call {
     Describe,
     Configure,
     Create,
+    CreateMany,
+    Get,
     List,
     Delete,
+    DeleteMany,
     SetTags,
     Limits,
 }

@@ -49,8 +49,12 @@ pub async fn check(engine: &Engine, path: &Path) -> Report {
             let (ours, others): (Vec<&String>, Vec<&String>) = inspection
                 .exports
                 .iter()
-                .partition(|e| e.as_str() == crate::bindings::DRIVER_EXPORT);
-            let mut said = format!("exports {}", ours.first().map_or("", |e| e.as_str()));
+                .partition(|e| e.as_str() == inspection.contract.driver_export());
+            let mut said = format!(
+                "speaks {}: exports {}",
+                inspection.contract,
+                ours.first().map_or("", |e| e.as_str())
+            );
             if !others.is_empty() {
                 let others: Vec<String> = others.iter().map(|e| format!("`{e}`")).collect();
                 said.push_str(&format!(
@@ -78,7 +82,7 @@ pub async fn check(engine: &Engine, path: &Path) -> Report {
     // Compiling and linking run no guest code; they prove the exports have
     // the contract's types.
     let started = Instant::now();
-    let engine_check = engine.link_only(bytes).await;
+    let engine_check = engine.link_only(bytes, inspection.contract).await;
     report.record(
         "compile and link",
         started,

@@ -129,28 +129,37 @@ mod tests {
 
     #[test]
     fn the_contract_is_carried_and_written_out_per_version() {
-        assert_eq!(versions(), ["0.1.0"]);
-        assert_eq!(newest(), "0.1.0");
-        let names: Vec<&str> = files("0.1.0").unwrap().iter().map(|(n, _)| *n).collect();
+        assert_eq!(versions(), ["0.1.0", "0.2.0"]);
+        assert_eq!(newest(), "0.2.0");
+        // What is carried is what is bound, and the other way round.
+        let bound: Vec<&str> = crate::Contract::ALL.iter().map(|c| c.version()).collect();
+        assert_eq!(versions(), bound);
+        assert_eq!(newest(), crate::Contract::NEWEST.version());
+        let names: Vec<&str> = files("0.2.0").unwrap().iter().map(|(n, _)| *n).collect();
         assert!(names.contains(&"driver.wit"), "{names:?}");
         assert!(
             names.iter().any(|n| n.starts_with("deps/http/")),
             "{names:?}"
         );
+        for (asked, version) in [(None, "0.2.0"), (Some("0.1.0"), "0.1.0")] {
+            let dir = tempfile::tempdir().unwrap();
+            let (wrote, count) = write_wit(dir.path(), asked).unwrap();
+            assert_eq!(wrote, version);
+            assert_eq!(count, files(version).unwrap().len());
+            let written = fs::read_to_string(dir.path().join("driver.wit")).unwrap();
+            assert!(written.contains(&format!("package berth:driver@{version};")));
+            let source = format!(
+                "{}/../../wit/berth-driver@{version}/driver.wit",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            assert_eq!(written, fs::read_to_string(source).unwrap());
+        }
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(write_wit(dir.path(), None).unwrap(), ("0.1.0", names.len()));
-        let written = fs::read_to_string(dir.path().join("driver.wit")).unwrap();
-        assert!(written.contains("package berth:driver@0.1.0;"));
-        let source = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../wit/berth-driver@0.1.0/driver.wit"
-        );
-        assert_eq!(written, fs::read_to_string(source).unwrap());
         let e = write_wit(dir.path(), Some("0.9.0"))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("no contract version 0.9.0; it carries 0.1.0"),
+            e.contains("no contract version 0.9.0; it carries 0.1.0, 0.2.0"),
             "{e}"
         );
     }

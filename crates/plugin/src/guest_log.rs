@@ -159,14 +159,14 @@ pub(crate) struct LogCtx {
     pub budget: Arc<LogBudget>,
 }
 
-impl bindings::berth::driver::log::Host for LogCtx {
+impl bindings::v0_1::log::Host for LogCtx {
     async fn log(
         &mut self,
-        level: bindings::berth::driver::log::Level,
+        level: bindings::v0_1::log::Level,
         message: String,
         fields: Vec<(String, String)>,
     ) -> wasmtime::Result<()> {
-        use bindings::berth::driver::log::Level;
+        use bindings::v0_1::log::Level;
         let message = clean(&message, MAX_MESSAGE);
         let mut fields: Vec<String> = fields
             .iter()

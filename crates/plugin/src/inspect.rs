@@ -2,13 +2,15 @@
 //! version does it export, and does it import only what the host provides.
 //! Nothing here compiles or runs the driver.
 
-use super::bindings::{CONTRACT, DRIVER_EXPORT};
+use super::bindings::Contract;
 
 /// What a driver file imports and exports, read from its top-level sections.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inspection {
     pub imports: Vec<Import>,
     pub exports: Vec<String>,
+    /// The contract version whose driver interface it exports.
+    pub contract: Contract,
 }
 
 /// One import and whether the host provides it.
@@ -41,12 +43,18 @@ pub enum Rejection {
     CoreModule,
     #[error("is not a valid component: {0}")]
     Invalid(String),
-    #[error("targets contract {found}; this host supports {CONTRACT}")]
+    #[error("targets contract {found}; this host supports {}", supported())]
     WrongContract { found: String },
-    #[error("does not export {DRIVER_EXPORT} (it exports: {})", list_or_none(.exports))]
+    #[error("does not export berth:driver/driver of any version this host supports, {} (it exports: {})", supported(), list_or_none(.exports))]
     MissingExport { exports: Vec<String> },
     #[error("imports {} which the host does not provide", .0.join(", "))]
     UnsupportedImports(Vec<String>),
+}
+
+/// The contract versions bound, as people read them.
+fn supported() -> String {
+    let all: Vec<&str> = Contract::ALL.iter().map(|c| c.package()).collect();
+    all.join(" and ")
 }
 
 fn list_or_none(items: &[String]) -> String {
@@ -63,12 +71,15 @@ fn provision(name: &str) -> Provision {
         Some((p, v)) => (p, v),
         None => (name, ""),
     };
-    if name.starts_with("berth:driver/") {
-        let known = matches!(
-            path,
-            "berth:driver/log" | "berth:driver/types" | "berth:driver/state" | "berth:driver/net"
-        );
-        return if version == "0.1.0" && known {
+    if let Some(interface) = path.strip_prefix("berth:driver/") {
+        let known = match Contract::of_version(version) {
+            Some(Contract::V0_1) => matches!(interface, "log" | "types" | "state" | "net"),
+            Some(Contract::V0_2) => {
+                matches!(interface, "log" | "types" | "state" | "net" | "auth")
+            }
+            None => false,
+        };
+        return if known {
             Provision::Contract
         } else {
             Provision::Missing
@@ -106,7 +117,7 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, Rejection> {
     if wasmparser::Parser::is_core_wasm(bytes) {
         return Err(Rejection::CoreModule);
     }
-    let mut out = Inspection::default();
+    let (mut imports, mut exports) = (Vec::new(), Vec::new());
     let mut depth = 0usize;
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| Rejection::Invalid(e.to_string()))?;
@@ -117,7 +128,7 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, Rejection> {
                 for import in section {
                     let import = import.map_err(|e| Rejection::Invalid(e.to_string()))?;
                     let name = import.name.name.to_string();
-                    out.imports.push(Import {
+                    imports.push(Import {
                         provided: provision(&name),
                         name,
                     });
@@ -126,15 +137,14 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, Rejection> {
             wasmparser::Payload::ComponentExportSection(section) if depth == 1 => {
                 for export in section {
                     let export = export.map_err(|e| Rejection::Invalid(e.to_string()))?;
-                    out.exports.push(export.name.name.to_string());
+                    exports.push(export.name.name.to_string());
                 }
             }
             _ => {}
         }
     }
-    if !out.exports.iter().any(|e| e == DRIVER_EXPORT) {
-        if let Some(other) = out
-            .exports
+    let Some(contract) = exports.iter().find_map(|e| Contract::of_export(e)) else {
+        if let Some(other) = exports
             .iter()
             .find(|e| e.starts_with("berth:driver/driver@"))
         {
@@ -144,22 +154,22 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, Rejection> {
             );
             return Err(Rejection::WrongContract { found });
         }
-        return Err(Rejection::MissingExport {
-            exports: out.exports,
-        });
-    }
-    let missing: Vec<String> = out
-        .imports
+        return Err(Rejection::MissingExport { exports });
+    };
+    let missing: Vec<String> = imports
         .iter()
         .filter(|i| i.provided == Provision::Missing)
         .map(|i| i.name.clone())
         .collect();
     if !missing.is_empty() {
-        // A berth import of another version is a driver built for another
-        // contract; one of this version that the host lacks is not.
+        // A berth import of a version the host does not bind is a driver
+        // built for another contract; one of a bound version that the host
+        // lacks is not.
+        let bound =
+            |m: &str| (m.rsplit_once('@')).is_some_and(|(_, v)| Contract::of_version(v).is_some());
         if let Some(other) = missing
             .iter()
-            .find(|m| m.starts_with("berth:driver/") && !m.ends_with("@0.1.0"))
+            .find(|m| m.starts_with("berth:driver/") && !bound(m))
         {
             let found = format!(
                 "berth:driver@{}",
@@ -169,7 +179,11 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, Rejection> {
         }
         return Err(Rejection::UnsupportedImports(missing));
     }
-    Ok(out)
+    Ok(Inspection {
+        imports,
+        exports,
+        contract,
+    })
 }
 
 #[cfg(test)]
@@ -183,7 +197,10 @@ mod tests {
             ("berth:driver/state@0.1.0", Provision::Contract),
             ("berth:driver/net@0.1.0", Provision::Contract),
             ("berth:driver/disk@0.1.0", Provision::Missing),
-            ("berth:driver/log@0.2.0", Provision::Missing),
+            ("berth:driver/auth@0.1.0", Provision::Missing),
+            ("berth:driver/log@0.2.0", Provision::Contract),
+            ("berth:driver/auth@0.2.0", Provision::Contract),
+            ("berth:driver/log@0.3.0", Provision::Missing),
             ("wasi:http/outgoing-handler@0.2.4", Provision::Contract),
             ("wasi:io/streams@0.2.12", Provision::Contract),
             ("wasi:cli/environment@0.2.0", Provision::Inert),

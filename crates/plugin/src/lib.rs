@@ -37,18 +37,17 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 use wasmtime::{InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use berth_core::driver::DriverInfo;
-use bindings::DriverPluginPre;
-use guest_log::LogCtx;
+use bindings::PluginPre;
 use guests::Guests;
-use state::{NetCtx, RecordsCtx};
 use store_data::StoreState;
 
 pub use addresses::is_forbidden_ip;
 pub use berth_config::{AllowedHost, Auth, Credential, SandboxLimits, Secret};
+pub use bindings::Contract;
 pub use cache::LoadSource;
 pub use gate::Gate;
 pub use inspect::{Import, Inspection, Provision, Rejection, inspect};
@@ -196,7 +195,7 @@ struct DriverInner {
     path: PathBuf,
     sha256: String,
     info: DriverInfo,
-    pre: DriverPluginPre<StoreState>,
+    pre: PluginPre,
     source: LoadSource,
     load_time: Duration,
     max_memory_bytes: u64,
@@ -219,6 +218,10 @@ impl Driver {
     /// What the driver said about itself.
     pub fn info(&self) -> &DriverInfo {
         &self.inner.info
+    }
+    /// The contract version it was built against, read from its export.
+    pub fn contract(&self) -> Contract {
+        self.inner.pre.contract()
     }
     /// Whether it was compiled now or loaded from the cache.
     pub fn source(&self) -> LoadSource {
@@ -275,21 +278,7 @@ impl Engine {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(anyhow::Error::from)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
             .map_err(anyhow::Error::from)?;
-        bindings::berth::driver::log::add_to_linker::<StoreState, HasSelf<LogCtx>>(
-            &mut linker,
-            |s| &mut s.log,
-        )
-        .map_err(anyhow::Error::from)?;
-        bindings::berth::driver::state::add_to_linker::<StoreState, HasSelf<RecordsCtx>>(
-            &mut linker,
-            |s| &mut s.records,
-        )
-        .map_err(anyhow::Error::from)?;
-        bindings::berth::driver::net::add_to_linker::<StoreState, HasSelf<NetCtx>>(
-            &mut linker,
-            |s| &mut s.net,
-        )
-        .map_err(anyhow::Error::from)?;
+        bindings::add_to_linker(&mut linker).map_err(anyhow::Error::from)?;
 
         let guests = Guests::start(&engine, config.epoch_tick, config.guest_threads)?;
         let cache = config
@@ -345,7 +334,7 @@ impl Engine {
             kind: LoadErrorKind::Describe(e),
         })?;
         let load_time = started.elapsed();
-        tracing::info!(driver = %info.name, version = %info.version, ?source, load_ms = load_time.as_secs_f64() * 1e3, "driver loaded");
+        tracing::info!(driver = %info.name, version = %info.version, contract = pre.contract().version(), ?source, load_ms = load_time.as_secs_f64() * 1e3, "driver loaded");
         Ok(Driver {
             inner: Arc::new(DriverInner {
                 file_name,
@@ -364,8 +353,8 @@ impl Engine {
     /// Compiles and links driver bytes that already passed [`inspect`],
     /// without running any of their code (the last part of `berth driver
     /// check`).
-    pub async fn link_only(&self, bytes: Vec<u8>) -> Result<(), String> {
-        self.link(bytes, LoadLimits::default())
+    pub async fn link_only(&self, bytes: Vec<u8>, contract: Contract) -> Result<(), String> {
+        self.link(bytes, contract, LoadLimits::default())
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())
@@ -375,7 +364,7 @@ impl Engine {
         &self,
         path: &Path,
         limits: LoadLimits,
-    ) -> Result<(DriverPluginPre<StoreState>, String, LoadSource), LoadError> {
+    ) -> Result<(PluginPre, String, LoadSource), LoadError> {
         let err = |kind: LoadErrorKind| LoadError {
             path: path.to_path_buf(),
             kind,
@@ -383,17 +372,19 @@ impl Engine {
         let bytes = read_at_most(path, limits.max_file_bytes)
             .await
             .map_err(err)?;
-        inspect(&bytes).map_err(|e| err(e.into()))?;
-        self.link(bytes, limits).await.map_err(err)
+        let contract = inspect(&bytes).map_err(|e| err(e.into()))?.contract;
+        self.link(bytes, contract, limits).await.map_err(err)
     }
 
-    /// Compiles (or loads from the cache) and links checked driver bytes,
-    /// waiting for the compile at most `limits.compile_deadline`.
+    /// Compiles (or loads from the cache) and links checked driver bytes
+    /// that export `contract`'s driver interface, waiting for the compile
+    /// at most `limits.compile_deadline`.
     async fn link(
         &self,
         bytes: Vec<u8>,
+        contract: Contract,
         limits: LoadLimits,
-    ) -> Result<(DriverPluginPre<StoreState>, String, LoadSource), LoadErrorKind> {
+    ) -> Result<(PluginPre, String, LoadSource), LoadErrorKind> {
         let sha256 = hex::encode(Sha256::digest(&bytes));
         let mut compiled = self.compile(&sha256, bytes);
         let done =
@@ -412,7 +403,7 @@ impl Engine {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| LoadErrorKind::Link(format!("{e:#}")))?;
-        let pre = DriverPluginPre::new(instance_pre)
+        let pre = PluginPre::new(contract, instance_pre)
             .map_err(|e| LoadErrorKind::Link(format!("{e:#}")))?;
         Ok((pre, sha256, source))
     }

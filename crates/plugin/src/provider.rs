@@ -15,7 +15,7 @@ use tracing::Instrument;
 use wasmtime::Store;
 
 use super::Driver;
-use super::bindings::{DriverPlugin, DriverPluginPre, tags_to_wit};
+use super::bindings::{GuestAnswer, Plugin, PluginPre};
 use super::guest_log::LogBudget;
 use super::guests::{Guests, TaskLost};
 use super::limits::{DeadlineExceeded, MemoryCapExceeded};
@@ -24,7 +24,7 @@ use super::state::{DriverState, StateSpace};
 use super::store_data::StoreState;
 use berth_config::{AllowedHost, Credential, SandboxLimits};
 use berth_core::driver::{
-    AccountLimits, Call, CreateSpec, DriverError, DriverInfo, Instance, Tags,
+    AccountLimits, Call, CreateSpec, DriverError, DriverInfo, Instance, Page, Tags,
 };
 
 /// How one provider's driver runs in its sandbox.
@@ -169,10 +169,6 @@ pub struct CallStats {
     pub traps: BTreeMap<&'static str, u64>,
 }
 
-/// A guest's answer to one export: a value or the driver's error, or a
-/// trap (`Err` of the outer result).
-type GuestAnswer<T> = wasmtime::Result<Result<T, DriverError>>;
-
 type GuestFuture<'a, T> = Pin<Box<dyn Future<Output = GuestAnswer<T>> + Send + 'a>>;
 
 /// One of the contract's calls with its arguments, typed by what it
@@ -187,8 +183,17 @@ trait Export: Send + 'static {
 /// Makes sure an instance is started and configured; calls nothing more.
 struct Warm;
 struct Create(CreateSpec);
-struct List(Tags);
+struct CreateMany(Vec<CreateSpec>);
+struct Get {
+    pool_id: String,
+    ids: Vec<String>,
+}
+struct List {
+    filter: Tags,
+    cursor: Option<String>,
+}
 struct Delete(String);
+struct DeleteMany(Vec<String>);
 struct SetTags(String, Tags);
 struct Limits;
 
@@ -204,26 +209,38 @@ impl Export for Create {
     type Output = Instance;
     const CALL: Call = Call::Create;
     fn run(self, live: &mut Live) -> GuestFuture<'_, Instance> {
+        Box::pin(async move { live.plugin.create(&mut live.store, &self.0).await })
+    }
+}
+
+impl Export for CreateMany {
+    type Output = Vec<Result<Instance, DriverError>>;
+    const CALL: Call = Call::CreateMany;
+    fn run(self, live: &mut Live) -> GuestFuture<'_, Self::Output> {
+        Box::pin(async move { live.plugin.create_many(&mut live.store, &self.0).await })
+    }
+}
+
+impl Export for Get {
+    type Output = Vec<Instance>;
+    const CALL: Call = Call::Get;
+    fn run(self, live: &mut Live) -> GuestFuture<'_, Vec<Instance>> {
         Box::pin(async move {
-            let answer = (live.plugin.berth_driver_driver())
-                .call_create(&mut live.store, &(&self.0).into())
-                .await?;
-            Ok(answer.map(Into::into).map_err(Into::into))
+            (live.plugin)
+                .get(&mut live.store, &self.pool_id, &self.ids)
+                .await
         })
     }
 }
 
 impl Export for List {
-    type Output = Vec<Instance>;
+    type Output = Page;
     const CALL: Call = Call::List;
-    fn run(self, live: &mut Live) -> GuestFuture<'_, Vec<Instance>> {
+    fn run(self, live: &mut Live) -> GuestFuture<'_, Page> {
         Box::pin(async move {
-            let answer = (live.plugin.berth_driver_driver())
-                .call_list(&mut live.store, &tags_to_wit(&self.0))
-                .await?;
-            Ok(answer
-                .map(|all| all.into_iter().map(Into::into).collect())
-                .map_err(Into::into))
+            (live.plugin)
+                .list(&mut live.store, &self.filter, self.cursor.as_deref())
+                .await
         })
     }
 }
@@ -232,12 +249,15 @@ impl Export for Delete {
     type Output = ();
     const CALL: Call = Call::Delete;
     fn run(self, live: &mut Live) -> GuestFuture<'_, ()> {
-        Box::pin(async move {
-            let answer = (live.plugin.berth_driver_driver())
-                .call_delete(&mut live.store, &self.0)
-                .await?;
-            Ok(answer.map_err(Into::into))
-        })
+        Box::pin(async move { live.plugin.delete(&mut live.store, &self.0).await })
+    }
+}
+
+impl Export for DeleteMany {
+    type Output = Vec<Result<(), DriverError>>;
+    const CALL: Call = Call::DeleteMany;
+    fn run(self, live: &mut Live) -> GuestFuture<'_, Self::Output> {
+        Box::pin(async move { live.plugin.delete_many(&mut live.store, &self.0).await })
     }
 }
 
@@ -246,10 +266,9 @@ impl Export for SetTags {
     const CALL: Call = Call::SetTags;
     fn run(self, live: &mut Live) -> GuestFuture<'_, ()> {
         Box::pin(async move {
-            let answer = (live.plugin.berth_driver_driver())
-                .call_set_tags(&mut live.store, &self.0, &tags_to_wit(&self.1))
-                .await?;
-            Ok(answer.map_err(Into::into))
+            live.plugin
+                .set_tags(&mut live.store, &self.0, &self.1)
+                .await
         })
     }
 }
@@ -258,12 +277,7 @@ impl Export for Limits {
     type Output = AccountLimits;
     const CALL: Call = Call::Limits;
     fn run(self, live: &mut Live) -> GuestFuture<'_, AccountLimits> {
-        Box::pin(async move {
-            let answer = (live.plugin.berth_driver_driver())
-                .call_limits(&mut live.store)
-                .await?;
-            Ok(answer.map(Into::into).map_err(Into::into))
-        })
+        Box::pin(async move { live.plugin.limits(&mut live.store).await })
     }
 }
 
@@ -274,7 +288,7 @@ struct Shared {
     limits: SandboxLimits,
     policy: Arc<HttpPolicy>,
     state: StateSpace,
-    pre: DriverPluginPre<StoreState>,
+    pre: PluginPre,
     /// What the driver may log, shared by its instances.
     log: Arc<LogBudget>,
     /// Plain mutex: held only to bump counters, never across an await.
@@ -308,7 +322,7 @@ struct Spare {
 
 struct Live {
     store: Store<StoreState>,
-    plugin: DriverPlugin,
+    plugin: Plugin,
 }
 
 impl Sandbox {
@@ -476,7 +490,7 @@ impl Sandbox {
 /// guest thread.
 pub(super) async fn describe(
     guests: &Guests,
-    pre: &DriverPluginPre<StoreState>,
+    pre: &PluginPre,
     name: &str,
     memory_bytes: u64,
 ) -> Result<DriverInfo, CallError> {
@@ -499,7 +513,7 @@ pub(super) async fn describe(
 }
 
 async fn describe_here(
-    pre: &DriverPluginPre<StoreState>,
+    pre: &PluginPre,
     name: Arc<str>,
     memory_bytes: u64,
 ) -> Result<DriverInfo, CallError> {
@@ -524,18 +538,14 @@ async fn describe_here(
         .await
         .map_err(|e| err(CallErrorKind::Trap(classify(e, budget, None))))?;
     guarded(&mut live, budget, async |live: &mut Live| {
-        live.plugin
-            .berth_driver_driver()
-            .call_describe(&mut live.store)
-            .await
+        live.plugin.describe(&mut live.store).await
     })
     .await
-    .map(Into::into)
     .map_err(|t| err(CallErrorKind::Trap(t)))
 }
 
 async fn instantiate(
-    pre: &DriverPluginPre<StoreState>,
+    pre: &PluginPre,
     name: Arc<str>,
     limits: &SandboxLimits,
     policy: Arc<HttpPolicy>,
@@ -694,70 +704,115 @@ impl DriverInstance {
         }
     }
 
-    /// Makes sure a driver instance is started and configured, so a bad
-    /// config surfaces now rather than on the first real call.
-    pub async fn warm(&mut self) -> Result<(), CallError> {
-        self.call(Warm).await
-    }
-
-    /// Creates an instance.
-    pub async fn create(&mut self, spec: CreateSpec) -> Result<Instance, CallError> {
-        self.call(Create(spec)).await
-    }
-
-    /// Lists instances carrying every tag of `filter`.
-    pub async fn list(&mut self, filter: Tags) -> Result<Vec<Instance>, CallError> {
-        self.call(List(filter)).await
-    }
-
-    /// Replaces the instance's berth tags.
-    pub async fn set_tags(&mut self, instance_id: &str, tags: Tags) -> Result<(), CallError> {
-        self.call(SetTags(instance_id.to_owned(), tags)).await
-    }
-
-    /// The account's limits, if the driver declares that capability.
-    pub async fn limits(&mut self) -> Result<AccountLimits, CallError> {
-        self.call(Limits).await
-    }
-
-    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
-    pub async fn delete(&mut self, instance_id: &str) -> Result<Deletion, CallError> {
-        deletion(self.call(Delete(instance_id.to_owned())).await)
-    }
+    contract_calls!(mut);
 }
 
 impl Sandbox {
-    /// Makes sure a driver instance is started and configured, so a bad
-    /// config surfaces now rather than on the first real call.
-    pub async fn warm(&self) -> Result<(), CallError> {
-        self.call(Warm).await
-    }
-
-    /// Creates an instance.
-    pub async fn create(&self, spec: CreateSpec) -> Result<Instance, CallError> {
-        self.call(Create(spec)).await
-    }
-
-    /// Lists instances carrying every tag of `filter`.
-    pub async fn list(&self, filter: Tags) -> Result<Vec<Instance>, CallError> {
-        self.call(List(filter)).await
-    }
-
-    /// Replaces the instance's berth tags.
-    pub async fn set_tags(&self, instance_id: &str, tags: Tags) -> Result<(), CallError> {
-        self.call(SetTags(instance_id.to_owned(), tags)).await
-    }
-
-    /// The account's limits, if the driver declares that capability.
-    pub async fn limits(&self) -> Result<AccountLimits, CallError> {
-        self.call(Limits).await
-    }
-
-    /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
-    pub async fn delete(&self, instance_id: &str) -> Result<Deletion, CallError> {
-        deletion(self.call(Delete(instance_id.to_owned())).await)
-    }
+    contract_calls!();
 }
+
+/// Most pages [`Sandbox::list`] follows before it gives up on a driver
+/// whose list never ends.
+pub const MAX_PAGES: usize = 1000;
+
+/// The contract's calls, the same on a provider's bounded set of instances
+/// ([`Sandbox`], by `&self`) and on an instance its holder owns
+/// ([`DriverInstance`], by `&mut self`).
+macro_rules! contract_calls {
+    ($($mut:ident)?) => {
+        /// Makes sure a driver instance is started and configured, so a bad
+        /// config surfaces now rather than on the first real call.
+        pub async fn warm(& $($mut)? self) -> Result<(), CallError> {
+            self.call(Warm).await
+        }
+
+        /// Creates an instance.
+        pub async fn create(& $($mut)? self, spec: CreateSpec) -> Result<Instance, CallError> {
+            self.call(Create(spec)).await
+        }
+
+        /// Creates each of `specs`: one answer each, in order. A driver
+        /// without the `create-many` capability is asked once per spec.
+        pub async fn create_many(
+            & $($mut)? self,
+            specs: Vec<CreateSpec>,
+        ) -> Result<Vec<Result<Instance, DriverError>>, CallError> {
+            self.call(CreateMany(specs)).await
+        }
+
+        /// The instances among `ids` that exist and carry the pool's tag.
+        pub async fn get(& $($mut)? self, ids: Vec<String>) -> Result<Vec<Instance>, CallError> {
+            let pool_id = self.shared.pool_id.clone();
+            self.call(Get { pool_id, ids }).await
+        }
+
+        /// One page of the instances carrying every tag of `filter`,
+        /// starting at `cursor` (`None`: the first).
+        pub async fn list_page(
+            & $($mut)? self,
+            filter: Tags,
+            cursor: Option<String>,
+        ) -> Result<Page, CallError> {
+            self.call(List { filter, cursor }).await
+        }
+
+        /// Every instance carrying every tag of `filter`: each page in
+        /// turn, at most [`MAX_PAGES`].
+        pub async fn list(& $($mut)? self, filter: Tags) -> Result<Vec<Instance>, CallError> {
+            let mut all = Vec::new();
+            let mut cursor = None;
+            for _ in 0..MAX_PAGES {
+                let page = self.list_page(filter.clone(), cursor.take()).await?;
+                all.extend(page.instances);
+                match page.next {
+                    None => return Ok(all),
+                    next => cursor = next,
+                }
+            }
+            Err(CallError {
+                provider: self.shared.name.clone(),
+                call: Call::List,
+                kind: CallErrorKind::Driver(DriverError::Permanent(format!(
+                    "the list did not end after {MAX_PAGES} pages"
+                ))),
+            })
+        }
+
+        /// Replaces the instance's berth tags.
+        pub async fn set_tags(& $($mut)? self, instance_id: &str, tags: Tags) -> Result<(), CallError> {
+            self.call(SetTags(instance_id.to_owned(), tags)).await
+        }
+
+        /// The account's limits, if the driver declares that capability.
+        pub async fn limits(& $($mut)? self) -> Result<AccountLimits, CallError> {
+            self.call(Limits).await
+        }
+
+        /// Deletes an instance; `not-found` from the driver is `AlreadyGone`.
+        pub async fn delete(& $($mut)? self, instance_id: &str) -> Result<Deletion, CallError> {
+            deletion(self.call(Delete(instance_id.to_owned())).await)
+        }
+
+        /// Deletes each of `instance_ids`: one answer each, in order,
+        /// `not-found` as `AlreadyGone`. A driver without the `delete-many`
+        /// capability is asked once per id.
+        pub async fn delete_many(
+            & $($mut)? self,
+            instance_ids: Vec<String>,
+        ) -> Result<Vec<Result<Deletion, DriverError>>, CallError> {
+            let answers = self.call(DeleteMany(instance_ids)).await?;
+            Ok(answers
+                .into_iter()
+                .map(|a| match a {
+                    Ok(()) => Ok(Deletion::Deleted),
+                    Err(DriverError::NotFound(_)) => Ok(Deletion::AlreadyGone),
+                    Err(e) => Err(e),
+                })
+                .collect())
+        }
+    };
+}
+use contract_calls;
 
 fn deletion(result: Result<(), CallError>) -> Result<Deletion, CallError> {
     match result {
@@ -787,15 +842,14 @@ async fn start(shared: &Shared) -> Result<Live, CallErrorKind> {
         s.instances_started += 1;
     }
     let configured = guarded(&mut live, budget, async |live: &mut Live| {
-        live.plugin
-            .berth_driver_driver()
-            .call_configure(&mut live.store, &shared.pool_id, &shared.driver_config)
+        (live.plugin)
+            .configure(&mut live.store, &shared.pool_id, &shared.driver_config)
             .await
     })
     .await;
     match configured {
         Err(trap) => Err(CallErrorKind::Trap(trap)),
-        Ok(Err(e)) => Err(CallErrorKind::Driver(e.into())),
+        Ok(Err(e)) => Err(CallErrorKind::Driver(e)),
         Ok(Ok(())) => Ok(live),
     }
 }

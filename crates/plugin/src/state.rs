@@ -261,7 +261,7 @@ pub(crate) struct RecordsCtx {
     pub host_memory_bytes: u64,
 }
 
-impl bindings::berth::driver::state::Host for RecordsCtx {
+impl bindings::v0_1::state::Host for RecordsCtx {
     async fn get(&mut self, key: String) -> wasmtime::Result<Result<Option<String>, String>> {
         Ok(self.space.get(key).await.map_err(|e| e.to_string()))
     }
@@ -297,7 +297,7 @@ pub(crate) struct NetCtx {
     pub policy: Arc<HttpPolicy>,
 }
 
-impl bindings::berth::driver::net::Host for NetCtx {
+impl bindings::v0_1::net::Host for NetCtx {
     async fn tcp_probe(
         &mut self,
         host: String,

@@ -1,7 +1,8 @@
 //! `StoreState`, everything a driver instance's `Store` holds: WASI and
 //! wasi:http (implemented here), one context per berth import (`log`,
-//! `state`, `net`; each import's `Host` is implemented on its context, in
-//! its own module), the memory limiter and the call's deadline.
+//! `state`, `net`, `auth`; each import's `Host` is implemented on its
+//! context, and served for every contract version by `bindings`), the
+//! memory limiter and the call's deadline.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,6 +13,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use berth_config::{FIELD_SIZE_LIMIT, SandboxLimits};
 
+use super::credentials::AuthCtx;
 use super::guest_log::{GuestOutput, LogBudget, LogCtx};
 use super::limits::Limiter;
 use super::sandbox::{Hooks, HttpPolicy};
@@ -29,6 +31,8 @@ pub(crate) struct StoreState {
     pub records: RecordsCtx,
     /// What the `net` import needs.
     pub net: NetCtx,
+    /// What the `auth` import (0.2) needs.
+    pub auth: AuthCtx,
     pub limiter: Limiter,
     /// The current call must finish before this instant; read by the epoch
     /// callback.
@@ -87,6 +91,7 @@ impl StoreState {
                 host_memory_bytes: limits.host_memory_bytes,
             },
             net: NetCtx { policy },
+            auth: AuthCtx,
             limiter: Limiter::new(limits.memory_bytes),
             deadline: Instant::now(),
             stderr_tail,

@@ -353,6 +353,10 @@ pub struct Driver {
     /// What the driver calls itself, and its version.
     pub name: String,
     pub version: String,
+    /// The contract version it was built against (`0.2.0`), read from
+    /// what the file exports. (Empty from a berth before contract 0.2.)
+    #[serde(default)]
+    pub contract: String,
     pub sha256: String,
     /// `compiled` or `cache`.
     pub loaded_from: String,

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use super::{Instance, Tags};
+use super::{Instance, InstanceState, Tags};
 use crate::text::{is_unsafe, printable, truncated};
 
 /// Longest instance id, instance type or user name, in bytes.
@@ -22,6 +22,8 @@ pub const MAX_HOST_KEYS: usize = 16;
 pub const MAX_HOST_KEY: usize = 8192;
 /// Longest host name (DNS's own limit).
 pub const MAX_HOSTNAME: usize = 253;
+/// Longest reason of a failed instance, in bytes.
+pub const MAX_FAILURE: usize = 1024;
 
 /// An instance refused, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,7 +31,7 @@ pub struct BadAnswer {
     /// The instance's id, made safe to show (escaped, cut).
     pub instance: String,
     /// The rule it broke, in a word (for metrics): `id`, `duplicate`,
-    /// `type`, `tags`, `address`, `connection`.
+    /// `type`, `tags`, `address`, `connection`, `failure`.
     pub rule: &'static str,
     /// What exactly, for the log.
     pub why: String,
@@ -86,7 +88,14 @@ pub fn instance(i: &Instance) -> Result<(), BadAnswer> {
     for k in &c.host_keys {
         text("host key", k, MAX_HOST_KEY).map_err(|w| refuse("connection", w))?;
     }
-    Ok(())
+    match (&i.failure, i.state == InstanceState::Failed) {
+        (Some(why), true) => text("failure", why, MAX_FAILURE).map_err(|w| refuse("failure", w)),
+        (None, _) => Ok(()),
+        (Some(_), false) => Err(refuse(
+            "failure",
+            format!("a reason for failing in state {}", i.state),
+        )),
+    }
 }
 
 /// Checks a list answer: every instance, and that no id appears twice.
@@ -167,7 +176,7 @@ fn is_hostname(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::{Addresses, Connection, InstanceState};
+    use crate::driver::{Addresses, Connection};
 
     fn inst(id: &str) -> Instance {
         Instance {
@@ -182,6 +191,7 @@ mod tests {
             },
             created_at_ms: None,
             connection: Connection::default(),
+            failure: None,
         }
     }
 
@@ -271,6 +281,40 @@ mod tests {
                 "too many host keys",
                 |i| i.connection.host_keys = vec!["ssh-ed25519 AAAA".into(); MAX_HOST_KEYS + 1],
                 Some("connection"),
+            ),
+            (
+                "failed, with its reason",
+                |i| {
+                    i.state = InstanceState::Failed;
+                    i.failure = Some("No valid host was found.".into());
+                },
+                None,
+            ),
+            (
+                "failed, with no reason",
+                |i| i.state = InstanceState::Failed,
+                None,
+            ),
+            (
+                "a reason for failing while running",
+                |i| i.failure = Some("No valid host was found.".into()),
+                Some("failure"),
+            ),
+            (
+                "a newline in a reason for failing",
+                |i| {
+                    i.state = InstanceState::Failed;
+                    i.failure = Some("fault\nINFO forged".into());
+                },
+                Some("failure"),
+            ),
+            (
+                "a long reason for failing",
+                |i| {
+                    i.state = InstanceState::Failed;
+                    i.failure = Some("x".repeat(MAX_FAILURE + 1));
+                },
+                Some("failure"),
             ),
         ];
         for (what, edit, want) in cases {

@@ -61,6 +61,7 @@ impl Pool {
         let offer = self.offer_for(node.label, node.provider)?;
         Some(CreateSpec {
             node_id: node.id.to_string(),
+            token: self.create_token(node),
             instance_type: offer.instance_type.clone(),
             image: offer.image.clone(),
             tags: self.node_tags(node),
@@ -68,5 +69,36 @@ impl Pool {
             ssh_public_key: None,
             options: offer.options.clone(),
         })
+    }
+}
+
+impl Pool {
+    /// The idempotency key of a node's create ([`CreateSpec::token`]): a
+    /// UUID (version 8, RFC 9562) made from the pool, the node, its
+    /// provider and its try. All of these are stored with the node before
+    /// its create is sent, so every try of one create, a restart's
+    /// included, sends the same token; a try after the driver answered
+    /// with an error (`failed_try`) counts up and sends a new one.
+    pub(super) fn create_token(&self, node: &Node) -> String {
+        use sha2::{Digest, Sha256};
+        let attempt = match node.state {
+            NodeState::Creating { attempt, .. } => attempt,
+            _ => 0,
+        };
+        let mut hash = Sha256::new();
+        for part in [
+            "berth create token".as_bytes(),
+            self.config.pool_id.as_bytes(),
+            self.config[node.provider].name.as_bytes(),
+            node.id.to_string().as_bytes(),
+            &attempt.to_be_bytes(),
+        ] {
+            // Each part with its length first, so no two lists of parts
+            // hash alike.
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part);
+        }
+        let bytes: [u8; 16] = hash.finalize()[..16].try_into().expect("16 of 32 bytes");
+        crate::driver::create_token(bytes, 8)
     }
 }

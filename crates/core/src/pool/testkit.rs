@@ -144,6 +144,8 @@ pub(super) struct FakeInstance {
     pub tags: Tags,
     pub created: Time,
     pub terminated: Option<Time>,
+    /// Set when the cloud gave up on it (`InstanceState::Failed`): why.
+    pub failed: Option<String>,
 }
 
 /// One provider's account in the fake cloud.
@@ -261,6 +263,7 @@ impl Cloud {
                 tags,
                 created: now,
                 terminated: None,
+                failed: None,
             },
         );
         id
@@ -268,10 +271,11 @@ impl Cloud {
 
     fn report(&self, p: usize, i: &FakeInstance, now: Time) -> Instance {
         let fp = &self.providers[p];
-        let state = match i.terminated {
-            Some(_) => InstanceState::Terminated,
-            None if i.created + fp.boot_delay <= now => InstanceState::Running,
-            None => InstanceState::Pending,
+        let state = match (i.terminated, &i.failed) {
+            (Some(_), _) => InstanceState::Terminated,
+            (None, Some(_)) => InstanceState::Failed,
+            (None, None) if i.created + fp.boot_delay <= now => InstanceState::Running,
+            (None, None) => InstanceState::Pending,
         };
         Instance {
             id: i.id.clone(),
@@ -287,6 +291,7 @@ impl Cloud {
                 host_keys: fp.reported_keys.clone(),
                 ..Connection::default()
             },
+            failure: i.failed.clone().filter(|_| state == InstanceState::Failed),
         }
     }
 
@@ -466,6 +471,7 @@ impl Cloud {
                 addresses: Addresses::default(),
                 created_at_ms: Some(now.as_millis()),
                 connection: Connection::default(),
+                failure: None,
             }),
             _ => {}
         }

@@ -46,6 +46,7 @@ impl Kit<'_> {
         self.nodes.push(node_id.clone());
         CreateSpec {
             node_id: node_id.clone(),
+            token: berth_core::driver::create_token(rand::random(), 4),
             instance_type: self.config.create.instance_type.clone(),
             image: self.config.create.image.clone(),
             tags: [

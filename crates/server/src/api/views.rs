@@ -438,6 +438,7 @@ pub(super) fn drivers(loaded: &[LoadedDriver]) -> Vec<types::Driver> {
                 path: d.driver.path().display().to_string(),
                 name: info.name.clone(),
                 version: info.version.clone(),
+                contract: d.driver.contract().version().to_owned(),
                 sha256: d.driver.sha256().to_owned(),
                 loaded_from: match d.driver.source() {
                     berth_plugin::LoadSource::Compiled => "compiled",

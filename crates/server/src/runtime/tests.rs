@@ -85,6 +85,7 @@ impl Cloud for Fake {
                 addresses: Addresses::default(),
                 created_at_ms: None,
                 connection: Connection::default(),
+                failure: None,
             };
             self.instances.lock().unwrap().insert(id, instance.clone());
             Ok(instance)

@@ -159,6 +159,7 @@ mod tests {
                 port: Some(2222),
                 host_keys: vec!["ssh-ed25519 AAAA".into()],
             },
+            failure: None,
         };
         let text = serde_json::to_string(&Answer::Created(Box::new(instance.clone()))).unwrap();
         let Answer::Created(m) = serde_json::from_str(&text).unwrap() else {
