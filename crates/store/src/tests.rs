@@ -443,6 +443,7 @@ async fn the_stored_words_are_pinned() {
                 "slots-idle",
                 "launch-failed",
                 "evicted",
+                "instance-failed",
             ],
         ),
         (

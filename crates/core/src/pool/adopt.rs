@@ -19,6 +19,11 @@ impl Pool {
     /// Whether an owned instance unknown to berth can be taken back: its tags
     /// name a node id and a label this provider serves.
     pub(super) fn adoptable(&self, p: ProviderIx, inst: &Instance) -> Option<Adoptable> {
+        // One the cloud gave up on is nothing to take back: it is deleted
+        // as a leak, if the store vouches for it.
+        if inst.state == crate::driver::InstanceState::Failed {
+            return None;
+        }
         let id: NodeId = inst.tags.get(NODE_TAG)?.parse().ok()?;
         let label = self.config.label(inst.tags.get(LABEL_TAG)?)?;
         self.offer_for(label, p)?;

@@ -259,6 +259,7 @@ impl Pool {
                             DeleteReason::LaunchFailed,
                             now,
                         ),
+                        InstanceState::Failed => self.instance_failed(id, &inst, now),
                     }
                 }
                 // A node deleted while its create was in flight now has an

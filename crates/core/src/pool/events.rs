@@ -232,6 +232,23 @@ impl Pool {
         }
     }
 
+    /// The cloud reports that a node's instance (attached) failed and will
+    /// never run: a failed launch try, with the cloud's reason. The
+    /// instance is deleted and, within `launch-retries`, another launched.
+    pub(super) fn instance_failed(
+        &mut self,
+        id: NodeId,
+        inst: &crate::driver::Instance,
+        now: Time,
+    ) {
+        let why = format!(
+            "the cloud reports instance {} failed: {}",
+            inst.id,
+            inst.failure.as_deref().unwrap_or("it gave no reason")
+        );
+        self.failed_try(id, why, DeleteReason::InstanceFailed, now);
+    }
+
     /// A launch try failed. The node tries again (on another provider where
     /// the label has one) until `launch-retries` is used up; then it fails,
     /// and so do the requests it was launched for: its own, or for a backing

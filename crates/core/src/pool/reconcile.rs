@@ -471,7 +471,11 @@ impl Pool {
                     return true;
                 }
                 self.attach(id, inst, now);
-                if !self.busy.contains(&id) {
+                if inst.state == InstanceState::Failed {
+                    // Whether its create's answer is still to come or was
+                    // lost, this instance will never run.
+                    self.instance_failed(id, inst, now);
+                } else if !self.busy.contains(&id) {
                     // Its create's answer was lost (a restart): the list is it.
                     match inst.state {
                         InstanceState::Running => self.running(id, now),
@@ -485,8 +489,10 @@ impl Pool {
                     self.lost(id, now);
                 } else {
                     self.attach(id, inst, now);
-                    if inst.state == InstanceState::Running {
-                        self.running(id, now);
+                    match inst.state {
+                        InstanceState::Running => self.running(id, now),
+                        InstanceState::Failed => self.instance_failed(id, inst, now),
+                        _ => {}
                     }
                 }
                 true
@@ -496,6 +502,12 @@ impl Pool {
                     self.lost(id, now);
                 } else {
                     self.attach(id, inst, now);
+                    // One that ran and failed since is no good to hand out,
+                    // nor to keep once its client is done: it is deleted,
+                    // unless a client holds it now.
+                    if inst.state == InstanceState::Failed && !self.in_use(&self.nodes[&id]) {
+                        self.begin_delete(id, DeleteReason::InstanceFailed, now);
+                    }
                 }
                 true
             }

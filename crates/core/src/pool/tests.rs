@@ -810,6 +810,40 @@ fn boot_timeout_deletes_and_relaunches() {
 }
 
 #[test]
+fn a_failed_instance_is_deleted_and_replaced_at_the_next_look_not_at_boot_timeout() {
+    let mut h = one(|c| a_mut(c).boot_timeout = secs(600));
+    h.cloud.providers[0].boot_delay = secs(3600);
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let first = h.nodes("a", "booting")[0].clone();
+    let instance = first.instance.clone().unwrap();
+    let fake = h.cloud.providers[0].instances.get_mut(&instance).unwrap();
+    fake.failed = Some("No valid host was found.".into());
+    h.cloud.providers[0].boot_delay = Duration::ZERO;
+    // The next boot poll sees it: far sooner than `boot-timeout`.
+    let replaced = |h: &Harness| h.fulfilled(r);
+    assert!(h.run_until(secs(30), replaced), "{:?}", h.state(r));
+    let old = h.pool.node(first.id).unwrap();
+    assert!(
+        matches!(
+            old.state,
+            NodeState::Deleting {
+                reason: DeleteReason::InstanceFailed,
+                ..
+            } | NodeState::Gone { .. }
+        ),
+        "{:?}",
+        old.state
+    );
+    assert!(h.log.iter().any(|(_, e)| matches!(
+        e,
+        Effect::Call(DriverCall::Delete { node: Some(n), .. }) if *n == first.id
+    )));
+    assert_eq!(h.pool.request(r).unwrap().failures, 1);
+    ok(&h);
+}
+
+#[test]
 fn boot_timeout_is_the_delete_reason() {
     let mut h = one(|c| a_mut(c).boot_timeout = secs(60));
     h.cloud.providers[0].boot_delay = secs(3600);
@@ -1477,6 +1511,61 @@ fn restore_resolves_creates_and_deletes_left_in_flight() {
         assert_eq!(h.live(0), 2);
         h.check_no_leaks().unwrap();
     }
+}
+
+/// The create token is what makes a create idempotent in the cloud: the
+/// same for a create sent again after a crash, a new one for a try made
+/// after the driver answered with an error.
+#[test]
+fn a_creates_token_holds_across_a_crash_and_changes_after_a_failed_try() {
+    let mut h = one(|c| a_mut(c).min_ready = 1);
+    h.latency = secs(30);
+    h.reach_late = true;
+    let sent = |h: &Harness| -> Vec<(NodeId, String)> {
+        (h.log.iter())
+            .filter_map(|(_, e)| match e {
+                Effect::Call(DriverCall::Create { node, spec, .. }) => {
+                    Some((*node, spec.token.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    // The first list's answer, then the create it allows.
+    h.step();
+    h.deliver(0);
+    h.tick();
+    let first = sent(&h);
+    assert_eq!(first.len(), 1);
+    let token = &first[0].1;
+    let groups: Vec<usize> = token.split('-').map(str::len).collect();
+    assert_eq!(groups, [8, 4, 4, 4, 12], "{token}");
+    assert!(
+        token
+            .bytes()
+            .all(|b| b == b'-' || b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    );
+    assert_eq!(&token[14..15], "8", "version 8: {token}");
+    h.crash();
+    h.latency = Duration::ZERO;
+    h.reach_late = false;
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: transient(),
+        times: 1,
+        reached: false,
+    });
+    assert!(h.run_until(secs(30), |h| h.count("a", "ready") == 1));
+    let all = sent(&h);
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert_eq!(
+        all[1], first[0],
+        "sent again after the crash: the same token"
+    );
+    assert_eq!(all[2].0, first[0].0, "the same node tried again");
+    assert_ne!(all[2].1, first[0].1, "after a failed try: a new token");
+    assert_eq!(h.live(0), 1);
+    ok(&h);
 }
 
 #[test]
