@@ -206,7 +206,7 @@ async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, 
         // Outside the lock: other calls carry on while this one is "slow".
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
-    let roll: f64 = rand::random();
+    let rolls: [f64; 2] = [rand::random(), rand::random()];
     let knobs = cloud.knobs();
     // A machine of its own to reach, once it is known to be new.
     let port = match &knobs.ssh_target {
@@ -219,7 +219,7 @@ async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, 
         let now = cloud.now_ms();
         let mut state = cloud.lock();
         let endpoint = port.as_ref().map(|p| p.endpoint.clone());
-        let created = state.create(request, now, roll, endpoint)?;
+        let created = state.create(request, now, rolls, endpoint)?;
         let snapshot = match created {
             Created::New(_) => cloud.snapshot(&state),
             Created::Existing(_) => None,
@@ -245,6 +245,9 @@ async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, 
     })
 }
 
+/// Most `id=` a list takes.
+const MAX_IDS: usize = 100;
+
 fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
     let mut query = ListQuery {
         page_size: DEFAULT_PAGE_SIZE,
@@ -266,6 +269,16 @@ fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
                             "page_size must be between 1 and {MAX_PAGE_SIZE}, got {value:?}"
                         ))
                     })?;
+            }
+            "id" => {
+                if query.ids.len() == MAX_IDS {
+                    return Err(ApiError::InvalidRequest(format!(
+                        "at most {MAX_IDS} ids in one list"
+                    )));
+                }
+                let id = parse_id(&value)
+                    .ok_or_else(|| ApiError::InvalidRequest(format!("bad id {value:?}")))?;
+                query.ids.push(id);
             }
             "page_token" => {
                 let after = parse_id(&value)

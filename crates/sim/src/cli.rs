@@ -30,6 +30,10 @@ pub struct SimArgs {
     /// Chance (0.0 to 1.0) that a create fails with 500.
     #[arg(long, value_parser = parse_rate, default_value_t = 0.0)]
     pub failure_rate: f64,
+    /// Chance (0.0 to 1.0) that a new instance's boot fails: it is
+    /// `failed`, never `running`.
+    #[arg(long, value_parser = parse_rate, default_value_t = 0.0)]
+    pub boot_failure_rate: f64,
     /// Most live instances at once.
     #[arg(long)]
     pub quota: Option<u32>,
@@ -82,6 +86,7 @@ impl SimArgs {
             create_latency_ms: millis(self.create_latency),
             boot_delay_ms: millis(self.boot_delay),
             failure_rate: self.failure_rate,
+            boot_failure_rate: self.boot_failure_rate,
             quota: self.quota,
             rate_limit: self.rate_limit,
             out_of_capacity: self.out_of_capacity.clone(),

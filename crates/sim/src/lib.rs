@@ -43,6 +43,9 @@ pub struct Knobs {
     pub boot_delay_ms: u64,
     /// Chance, 0.0 to 1.0, that a create fails with `500 internal_error`.
     pub failure_rate: f64,
+    /// Chance, 0.0 to 1.0, that a new instance's boot fails: once its boot
+    /// delay has passed it is `failed`, with a `fault`, and never runs.
+    pub boot_failure_rate: f64,
     /// Most live (not terminated) instances; `None` for no quota.
     pub quota: Option<u32>,
     /// Cloud-API requests per second; `None` for no limit.
@@ -69,6 +72,7 @@ impl Default for Knobs {
             create_latency_ms: 0,
             boot_delay_ms: 0,
             failure_rate: 0.0,
+            boot_failure_rate: 0.0,
             quota: None,
             rate_limit: None,
             out_of_capacity: Vec::new(),
@@ -87,6 +91,7 @@ impl fmt::Debug for Knobs {
             .field("create_latency_ms", &self.create_latency_ms)
             .field("boot_delay_ms", &self.boot_delay_ms)
             .field("failure_rate", &self.failure_rate)
+            .field("boot_failure_rate", &self.boot_failure_rate)
             .field("quota", &self.quota)
             .field("rate_limit", &self.rate_limit)
             .field("out_of_capacity", &self.out_of_capacity)
@@ -102,11 +107,13 @@ impl Knobs {
     /// Reports every knob that is out of range at once.
     pub fn validate(&self) -> Result<(), InvalidKnobs> {
         let mut problems = Vec::new();
-        if !(0.0..=1.0).contains(&self.failure_rate) {
-            problems.push(format!(
-                "failure_rate must be between 0 and 1, got {}",
-                self.failure_rate
-            ));
+        for (name, rate) in [
+            ("failure_rate", self.failure_rate),
+            ("boot_failure_rate", self.boot_failure_rate),
+        ] {
+            if !(0.0..=1.0).contains(&rate) {
+                problems.push(format!("{name} must be between 0 and 1, got {rate}"));
+            }
         }
         if let Some(target) = &self.ssh_target
             && target.parse::<std::net::SocketAddr>().is_err()

@@ -21,6 +21,9 @@ pub enum InstanceState {
     /// part of the documented wire format so drivers are written to expect it.
     Stopping,
     Terminated,
+    /// Its boot failed (the `boot_failure_rate` knob): it never runs, and
+    /// says why in `fault`.
+    Failed,
 }
 
 /// An instance as the API returns it (`docs/sim-cloud.md`).
@@ -38,7 +41,13 @@ pub struct Instance {
     pub ssh_port: u16,
     pub username: String,
     pub client_token: Option<String>,
+    /// Why it failed, in state `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
 }
+
+/// What a `failed` instance says.
+pub(crate) const BOOT_FAULT: &str = "the instance failed to boot (boot_failure_rate)";
 
 /// One cloud-API call as `/sim/calls` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,6 +117,8 @@ pub(crate) enum Created {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct ListQuery {
     pub tags: Vec<(String, String)>,
+    /// Only these ids (`id=`, repeated), if any are given.
+    pub ids: Vec<u64>,
     pub page_size: usize,
     /// Only ids above this one are returned.
     pub after: Option<u64>,
@@ -139,6 +150,10 @@ pub(crate) struct Record {
     /// the `ssh_target` knob).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<Endpoint>,
+    /// Whether its boot fails (`boot_failure_rate`): once its boot delay
+    /// has passed it is `failed`, not `running`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub boot_fails: bool,
 }
 
 /// Where an instance says it can be reached.
@@ -160,6 +175,7 @@ impl Record {
             None if now_ms < self.created_at_ms.saturating_add(knobs.boot_delay_ms) => {
                 InstanceState::Pending
             }
+            None if self.boot_fails => InstanceState::Failed,
             None => InstanceState::Running,
         }
     }
@@ -182,10 +198,12 @@ impl Record {
             Some(e) => (e.address.clone(), e.port),
             None => (own, 22),
         };
+        let state = self.state(knobs, now_ms);
         Instance {
             hostname: format!("{id}.sim.internal"),
             id,
-            state: self.state(knobs, now_ms),
+            state,
+            fault: (state == InstanceState::Failed).then(|| BOOT_FAULT.to_owned()),
             instance_type: self.instance_type.clone(),
             image: self.image.clone(),
             tags: self.tags.clone(),
@@ -355,12 +373,14 @@ impl State {
     /// Creates an instance. `roll` is a uniform number in `[0, 1)` compared with
     /// the failure rate. An injected failure creates nothing: the point is to
     /// exercise the caller's retry path, and the client token makes a retry
-    /// safe either way.
+    /// safe either way. `boot_roll`, another, is compared with the boot
+    /// failure rate: an instance that loses it fails once its boot delay
+    /// has passed.
     pub(crate) fn create(
         &mut self,
         request: CreateRequest,
         now_ms: u64,
-        roll: f64,
+        [roll, boot_roll]: [f64; 2],
         endpoint: Option<Endpoint>,
     ) -> Result<Created, ApiError> {
         self.purge(now_ms);
@@ -404,6 +424,7 @@ impl State {
             terminated_at_ms: None,
             client_token: request.client_token,
             endpoint,
+            boot_fails: boot_roll < self.knobs.boot_failure_rate,
         };
         let view = record.view(&self.knobs, now_ms);
         self.instances.insert(id, record);
@@ -476,6 +497,7 @@ impl State {
             .instances
             .range(start..)
             .map(|(_, r)| r)
+            .filter(|r| query.ids.is_empty() || query.ids.contains(&r.id))
             .filter(|r| query.tags.iter().all(|(k, v)| r.tags.get(k) == Some(v)));
         let instances: Vec<Instance> = matching
             .by_ref()

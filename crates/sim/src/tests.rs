@@ -441,6 +441,60 @@ async fn failure_rate_one_always_fails_creates() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_instance_whose_boot_fails_is_pending_then_failed_with_its_fault() {
+    let (cloud, app) = sim(Knobs {
+        boot_delay_ms: 1000,
+        boot_failure_rate: 1.0,
+        ..Knobs::default()
+    });
+    let made = create(&app, small(json!({}))).await;
+    assert_eq!(made.status, StatusCode::CREATED);
+    assert_eq!(made.body["state"], "pending");
+    assert!(made.body.get("fault").is_none(), "{}", made.body);
+    let id = made.body["id"].as_str().unwrap().to_owned();
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    let seen = send(&app, "GET", &format!("/v1/instances/{id}"), None, None).await;
+    assert_eq!(seen.body["state"], "failed");
+    assert_eq!(seen.body["fault"], state::BOOT_FAULT);
+    // It still counts against the quota until deleted.
+    assert_eq!(cloud.instances().len(), 1);
+    // Only the instances created while the knob is set fail.
+    cloud
+        .set_knobs(Knobs {
+            boot_failure_rate: 0.0,
+            ..cloud.knobs()
+        })
+        .unwrap();
+    let next = create(&app, small(json!({}))).await;
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    let id = next.body["id"].as_str().unwrap();
+    let seen = send(&app, "GET", &format!("/v1/instances/{id}"), None, None).await;
+    assert_eq!(seen.body["state"], "running");
+}
+
+#[tokio::test]
+async fn a_list_by_ids_shows_those_alone() {
+    let (_cloud, app) = sim(Knobs::default());
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let made = create(&app, small(json!({}))).await;
+        ids.push(made.body["id"].as_str().unwrap().to_owned());
+    }
+    let uri = format!("/v1/instances?id={}&id={}", ids[1], ids[3]);
+    let page = send(&app, "GET", &uri, None, None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let listed: Vec<&str> = (page.body["instances"].as_array().unwrap().iter())
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [ids[1].as_str(), ids[3].as_str()]);
+    let many: String = (0..101).map(|_| format!("id={}&", ids[0])).collect();
+    let refused = send(&app, "GET", &format!("/v1/instances?{many}"), None, None).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    let bad = send(&app, "GET", "/v1/instances?id=nope", None, None).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
 #[tokio::test]
 async fn state_file_round_trip() {
     let dir = tempfile::tempdir().unwrap();
