@@ -970,3 +970,54 @@ async fn a_store_from_before_the_packing_column_opens_with_its_nodes_as_they_wer
     };
     assert!(rows >= 2, "{rows} nodes with a packing");
 }
+
+/// A driver built against contract 0.1 and one built against 0.2 serve one
+/// pool side by side in one `berth serve`: each on a cloud of its own, a
+/// request served by both at once, and each one's nodes deleted again.
+/// `/v1/drivers` names the contract each speaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_01_driver_and_a_02_driver_serve_one_pool_side_by_side() {
+    let new_cloud = SimServer::start().await;
+    let old_cloud = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = plugin("sim-0.1");
+    let extra = format!(
+        "[providers.sim.limits]\nmax-instances = 2\n\
+         [providers.old]\ndriver = {old:?}\nallow-hosts = [\"{}\"]\n\
+         config = {{ endpoint = \"{}\" }}\n\
+         [providers.old.limits]\nmax-instances = 2\n\
+         [labels.small.providers.old]\ninstance-type = \"small\"\nimage = \"img\"\n\
+         vcpus = 1\nram = \"1GiB\"\nprice = 0.1\n",
+        old_cloud.addr(),
+        old_cloud.url(),
+    );
+    let config = serve_config_with(&new_cloud, dir.path(), &plugin("sim"), "", &extra);
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+
+    let drivers = server.client(OPS).drivers().await.unwrap();
+    let contract_of = |file: &str| {
+        let d = drivers.iter().find(|d| d.file == file);
+        d.map(|d| d.contract.clone()).unwrap_or_default()
+    };
+    assert_eq!(contract_of("berth_driver_sim"), "0.2.0", "{drivers:?}");
+    assert_eq!(contract_of("berth_driver_sim_0_1"), "0.1.0", "{drivers:?}");
+
+    // Four nodes, two limits of two: both providers serve the request.
+    let asked = server.request(CI, &[("small", 4)]).await;
+    let served = server.fulfilled(CI, &asked.id).await;
+    let mut by_provider: Vec<&str> = served.nodes.iter().map(|n| n.provider.as_str()).collect();
+    by_provider.sort();
+    assert_eq!(by_provider, ["old", "old", "sim", "sim"], "{served:?}");
+    assert_eq!(live(&new_cloud.cloud).len(), 2);
+    assert_eq!(live(&old_cloud.cloud).len(), 2);
+
+    for node in &served.nodes {
+        server.client(CI).release(&node.id).await.unwrap();
+    }
+    until(30, "both clouds empty", || async {
+        (live(&new_cloud.cloud).is_empty() && live(&old_cloud.cloud).is_empty()).then_some(())
+    })
+    .await;
+}

@@ -1,4 +1,4 @@
-//! Guest bindings generated from `wit/berth-driver@0.1.0/driver.wit` (world
+//! Guest bindings generated from `wit/berth-driver@0.2.0/driver.wit` (world
 //! `driver-plugin`).
 //!
 //! Driver authors do not use this module directly: the WIT types are
@@ -7,7 +7,7 @@
 //! generated export macro expands in the driver's crate and must reach it.
 
 wit_bindgen::generate!({
-    path: "../wit/berth-driver@0.1.0",
+    path: "../wit/berth-driver@0.2.0",
     world: "berth:driver/driver-plugin",
     // The world imports wasi:http, clocks and random; generate those too
     // rather than depending on another crate's copy of them.

@@ -1,6 +1,6 @@
 //! The [`Driver`] trait a driver author implements.
 
-use crate::types::{AccountLimits, CreateSpec, DriverInfo, Error, Instance};
+use crate::types::{AccountLimits, CreateSpec, DriverInfo, Error, Instance, Page};
 
 /// A cloud driver. Implement it and export it with [`crate::export_driver!`].
 ///
@@ -27,17 +27,59 @@ pub trait Driver: Sized + 'static {
     fn configure(pool_id: &str, config: &str) -> Result<Self, Error>;
 
     /// Creates one instance carrying `spec.tags` and returns it as soon as
-    /// the cloud accepted it. Pass `spec.node_id` as the cloud's idempotency
-    /// token where there is one.
+    /// the cloud accepted it. Pass `spec.token` as the cloud's idempotency
+    /// key where there is one, or find the instance an earlier create with
+    /// that token made and return it (see `create-spec.token` in the WIT).
     fn create(&mut self, spec: CreateSpec) -> Result<Instance, Error>;
 
-    /// Every instance carrying all of the `filter` tags (which always include
-    /// `berth-pool`), following every page the cloud returns.
-    fn list(&mut self, filter: &[(String, String)]) -> Result<Vec<Instance>, Error>;
+    /// Creates each of `specs` in as few calls to the cloud as it allows:
+    /// one result per spec, in order. Only called when [`Driver::describe`]
+    /// declares `Capabilities::CREATE_MANY`; the default says it is not
+    /// supported, for each spec.
+    fn create_many(&mut self, specs: Vec<CreateSpec>) -> Vec<Result<Instance, Error>> {
+        specs
+            .iter()
+            .map(|_| {
+                Err(crate::error::permanent(
+                    "create-many is not supported by this driver",
+                ))
+            })
+            .collect()
+    }
+
+    /// The instances among `ids` that exist and carry the `berth-pool` tag;
+    /// an id left out is gone. Ask the cloud for these ids only, never for a
+    /// list of everything. ([`crate::pages::only_ids`] keeps a cloud's
+    /// answer to the ids asked and the pool.)
+    fn get(&mut self, ids: &[String]) -> Result<Vec<Instance>, Error>;
+
+    /// One page of the instances carrying all of the `filter` tags (which
+    /// always include `berth-pool`), starting at `cursor` (`None`: the
+    /// first page). Fetch one page of the cloud's and return its cursor
+    /// for the next in [`Page::next`], `None` on the last; never follow
+    /// pages inside one call. A cloud without pages can page a whole
+    /// answer with [`crate::pages::page_of`].
+    fn list(&mut self, filter: &[(String, String)], cursor: Option<&str>) -> Result<Page, Error>;
 
     /// Deletes an instance. An instance that is already gone is `not-found`,
     /// which the host treats as success.
     fn delete(&mut self, instance_id: &str) -> Result<(), Error>;
+
+    /// Deletes each of `instance_ids` in as few calls to the cloud as it
+    /// allows, with one check for the batch that they carry the pool's
+    /// tag: one result per id, in order. Only called when
+    /// [`Driver::describe`] declares `Capabilities::DELETE_MANY`; the
+    /// default says it is not supported, for each id.
+    fn delete_many(&mut self, instance_ids: &[String]) -> Vec<Result<(), Error>> {
+        instance_ids
+            .iter()
+            .map(|_| {
+                Err(crate::error::permanent(
+                    "delete-many is not supported by this driver",
+                ))
+            })
+            .collect()
+    }
 
     /// Replaces the instance's berth tags with `tags` and leaves its other
     /// tags alone (see [`crate::tags::replace_berth_tags`]).
@@ -89,6 +131,15 @@ pub mod __private {
             None => message.to_owned(),
         };
         eprintln!("{}", line.replace(['\n', '\r'], " "));
+    }
+
+    /// A batch call made before `configure`: the same error for each item.
+    pub fn each<D: Driver, R>(
+        slot: &'static Slot<D>,
+        items: usize,
+        f: impl FnOnce(&mut D) -> Vec<Result<R, Error>>,
+    ) -> Vec<Result<R, Error>> {
+        with(slot, |d| Ok(f(d))).unwrap_or_else(|e| (0..items).map(|_| Err(e.clone())).collect())
     }
 
     /// `configure`: replaces the slot's driver only on success.
@@ -158,17 +209,44 @@ macro_rules! export_driver {
                         <$driver as $crate::Driver>::create(d, spec)
                     })
                 }
-                fn list(
-                    filter: $crate::types::Tags,
+                fn create_many(
+                    specs: ::std::vec::Vec<$crate::types::CreateSpec>,
+                ) -> ::std::vec::Vec<
+                    ::core::result::Result<$crate::types::Instance, $crate::types::Error>,
+                > {
+                    let n = specs.len();
+                    $crate::driver::__private::each(&__BERTH_DRIVER, n, |d| {
+                        <$driver as $crate::Driver>::create_many(d, specs)
+                    })
+                }
+                fn get(
+                    ids: ::std::vec::Vec<::std::string::String>,
                 ) -> ::core::result::Result<
                     ::std::vec::Vec<$crate::types::Instance>,
                     $crate::types::Error,
                 > {
                     $crate::driver::__private::with(&__BERTH_DRIVER, |d| {
+                        <$driver as $crate::Driver>::get(d, &ids)
+                    })
+                }
+                fn list(
+                    filter: $crate::types::Tags,
+                    cursor: ::core::option::Option<::std::string::String>,
+                ) -> ::core::result::Result<$crate::types::Page, $crate::types::Error> {
+                    $crate::driver::__private::with(&__BERTH_DRIVER, |d| {
                         <$driver as $crate::Driver>::list(
                             d,
                             $crate::driver::__private::tags(&filter),
+                            cursor.as_deref(),
                         )
+                    })
+                }
+                fn delete_many(
+                    instance_ids: ::std::vec::Vec<::std::string::String>,
+                ) -> ::std::vec::Vec<::core::result::Result<(), $crate::types::Error>> {
+                    let n = instance_ids.len();
+                    $crate::driver::__private::each(&__BERTH_DRIVER, n, |d| {
+                        <$driver as $crate::Driver>::delete_many(d, &instance_ids)
                     })
                 }
                 fn delete(

@@ -1,12 +1,12 @@
 //! The Rust SDK for berth cloud drivers.
 //!
 //! A driver is a WebAssembly component (`wasm32-wasip2`, `crate-type =
-//! ["cdylib"]`) that implements the `berth:driver@0.1.0` contract in
-//! `wit/berth-driver@0.1.0/driver.wit`. With this crate a driver is one type implementing
+//! ["cdylib"]`) that implements the `berth:driver@0.2.0` contract in
+//! `wit/berth-driver@0.2.0/driver.wit`. With this crate a driver is one type implementing
 //! [`Driver`] and one [`export_driver!`] line:
 //!
 //! ```no_run
-//! use berth_sdk::types::{CreateSpec, DriverInfo, Error, Instance};
+//! use berth_sdk::types::{CreateSpec, DriverInfo, Error, Instance, Page};
 //! use berth_sdk::{Driver, error};
 //!
 //! struct MyCloud {
@@ -30,8 +30,11 @@
 //!     fn create(&mut self, _spec: CreateSpec) -> Result<Instance, Error> {
 //!         Err(error::permanent("not written yet"))
 //!     }
-//!     fn list(&mut self, _filter: &[(String, String)]) -> Result<Vec<Instance>, Error> {
+//!     fn get(&mut self, _ids: &[String]) -> Result<Vec<Instance>, Error> {
 //!         Ok(vec![])
+//!     }
+//!     fn list(&mut self, _filter: &[(String, String)], _cursor: Option<&str>) -> Result<Page, Error> {
+//!         Ok(Page { instances: vec![], next: None })
 //!     }
 //!     fn delete(&mut self, id: &str) -> Result<(), Error> {
 //!         Err(error::not_found(id))
@@ -49,6 +52,8 @@
 //! - [`error`]: constructors for each error case.
 //! - [`http`]: a blocking HTTP client over `wasi:http`.
 //! - [`tags`]: berth's tag keys and the `list` / `set-tags` rules.
+//! - [`pages`]: helpers for the answers of `get` and `list`.
+//! - [`auth`]: what the host's credentials learned that a driver may know.
 //! - [`log`]: structured records into the host's log.
 //! - [`state`]: durable records the host keeps for the provider.
 //! - [`net`]: a TCP probe under the provider's allowed hosts.
@@ -59,6 +64,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod auth;
 #[allow(missing_docs, clippy::all)]
 #[doc(hidden)]
 pub mod bindings;
@@ -68,6 +74,7 @@ pub mod error;
 pub mod http;
 pub mod log;
 pub mod net;
+pub mod pages;
 pub mod state;
 pub mod tags;
 pub mod types;

@@ -4,9 +4,11 @@
 //! The driver holds no credentials and signs nothing: the host signs each
 //! allowed request with AWS SigV4 for the provider. Instances carry berth's
 //! tags from the moment `RunInstances` makes them (`TagSpecifications`), and
-//! the node id is the launch's `ClientToken`, so a retried create never makes
-//! two. The driver touches only instances tagged with its pool id: `delete`
-//! and `set-tags` look the instance up with that tag first.
+//! berth's create token is the launch's `ClientToken`, so a retried create
+//! never makes two. The driver touches only instances tagged with its pool
+//! id: a batch of deletes is looked up with that tag first, in one
+//! `DescribeInstances` for the batch, and so is an instance before
+//! `set-tags`.
 
 #![forbid(unsafe_code)]
 
@@ -22,9 +24,9 @@ use std::collections::HashMap;
 use berth_sdk::http::Request;
 use berth_sdk::tags::{self, POOL_TAG};
 use berth_sdk::types::{
-    AccountLimits, Capabilities, CreateSpec, DriverInfo, Error, Instance, InstanceState,
+    AccountLimits, Capabilities, CreateSpec, DriverInfo, Error, Instance, InstanceState, Page,
 };
-use berth_sdk::{Driver, error};
+use berth_sdk::{Driver, error, pages};
 
 use config::{Config, LabelOptions, Market};
 use query::{CONTENT_TYPE, Query};
@@ -67,15 +69,26 @@ impl Ec2 {
     /// but does not. EC2 answers `InvalidInstanceID.NotFound` (not-found)
     /// for an id it does not know.
     fn describe_owned(&self, id: &str) -> Result<Option<Instance>, Error> {
+        Ok(self.describe_ids(&[id.to_owned()])?.pop())
+    }
+
+    /// The instances among `ids` that carry this pool's tag, in one
+    /// `DescribeInstances`: by the `instance-id` filter, which (unlike
+    /// `InstanceId.N`) is no error for an id that does not exist. At most
+    /// 1000 ids, one page's worth.
+    fn describe_ids(&self, ids: &[String]) -> Result<Vec<Instance>, Error> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
         let mut q = Query::new("DescribeInstances");
-        q.param("InstanceId.1", id)
-            .tag_filters(&self.pool_filter(&[]));
+        // Filter.1 is the pool's tag.
+        q.tag_filters(&self.pool_filter(&[]))
+            .param("Filter.2.Name", "instance-id")
+            .list("Filter.2.Value", ids.iter().map(String::as_str))
+            .param("MaxResults", "1000");
         let body = self.call(&q, None)?;
         let page = xml::describe_instances(&body).map_err(error::transient)?;
-        Ok(page
-            .instances
-            .into_iter()
-            .find(|i| i.id == id && tags::tag(&i.tags, POOL_TAG) == Some(self.pool_id.as_str())))
+        Ok(pages::only_ids(page.instances, ids, &self.pool_id))
     }
 
     /// The root device name of `image`, for a block device mapping.
@@ -110,7 +123,7 @@ impl Ec2 {
             .param("InstanceType", &spec.instance_type)
             .param("MinCount", "1")
             .param("MaxCount", "1")
-            .param("ClientToken", &spec.node_id)
+            .param("ClientToken", &spec.token)
             // A machine that shuts itself down is gone, not a stopped
             // volume that bills on.
             .param("InstanceInitiatedShutdownBehavior", "terminate")
@@ -176,15 +189,16 @@ impl Driver for Ec2 {
             version: env!("CARGO_PKG_VERSION").into(),
             description: "Instances on AWS EC2, over the EC2 Query API. The host signs every \
                           request with the provider's AWS credentials (SigV4); the driver holds \
-                          none. Instances are tagged at launch and the node id is the launch's \
-                          client token. The image is an AMI id, the instance type an EC2 \
+                          none. Instances are tagged at launch and berth's create token is the \
+                          launch's client token. The image is an AMI id, the instance type an EC2 \
                           instance type."
                 .into(),
             config: config::config_fields(),
             label_options: config::label_option_fields(),
             capabilities: Capabilities::IDEMPOTENT_CREATE
                 | Capabilities::USER_DATA
-                | Capabilities::SSH_KEYS,
+                | Capabilities::SSH_KEYS
+                | Capabilities::DELETE_MANY,
         }
     }
 
@@ -212,14 +226,14 @@ impl Driver for Ec2 {
         if spec.instance_type.trim().is_empty() {
             return Err(error::invalid_config("instance type: must not be empty"));
         }
-        if spec.node_id.is_empty()
-            || spec.node_id.len() > MAX_CLIENT_TOKEN
-            || !spec.node_id.bytes().all(|b| b.is_ascii_graphic())
+        if spec.token.is_empty()
+            || spec.token.len() > MAX_CLIENT_TOKEN
+            || !spec.token.bytes().all(|b| b.is_ascii_graphic())
         {
             return Err(error::permanent(format!(
-                "node id {:?} cannot be a ClientToken (1 to {MAX_CLIENT_TOKEN} printable ASCII \
-                 characters)",
-                spec.node_id
+                "create token {:?} cannot be a ClientToken (1 to {MAX_CLIENT_TOKEN} printable \
+                 ASCII characters)",
+                spec.token
             )));
         }
         // The pool tag is this pool's, whatever the spec says.
@@ -244,76 +258,103 @@ impl Driver for Ec2 {
         Ok(instance)
     }
 
-    fn list(&mut self, filter: &[(String, String)]) -> Result<Vec<Instance>, Error> {
+    fn get(&mut self, ids: &[String]) -> Result<Vec<Instance>, Error> {
+        self.describe_ids(ids)
+    }
+
+    fn list(&mut self, filter: &[(String, String)], cursor: Option<&str>) -> Result<Page, Error> {
         // A filter naming another pool matches nothing this driver may see.
         if filter
             .iter()
             .any(|(k, v)| k == POOL_TAG && *v != self.pool_id)
         {
-            return Ok(vec![]);
+            return Ok(Page {
+                instances: vec![],
+                next: None,
+            });
         }
         let wanted = self.pool_filter(filter);
-        let mut first = Query::new("DescribeInstances");
-        first
-            .tag_filters(&wanted)
+        let mut q = Query::new("DescribeInstances");
+        q.tag_filters(&wanted)
             .param("MaxResults", &self.config.page_size.to_string());
-        let mut instances: Vec<Instance> = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut q = first.clone();
-            if let Some(t) = &token {
-                q.param("NextToken", t);
-            }
-            let body = self.call(&q, None)?;
-            let page = xml::describe_instances(&body).map_err(error::transient)?;
-            instances.extend(page.instances);
-            match page.next_token {
-                // A token that does not move would loop until the deadline.
-                Some(next) if token.as_ref() == Some(&next) => {
-                    return Err(error::transient(format!(
-                        "DescribeInstances repeated its page token {next:?}"
-                    )));
-                }
-                Some(next) => token = Some(next),
-                None => break,
-            }
+        if let Some(token) = cursor {
+            q.param("NextToken", token);
+        }
+        let body = self.call(&q, None)?;
+        let page = xml::describe_instances(&body).map_err(error::transient)?;
+        // A token that does not move would have the host loop.
+        if page.next_token.is_some() && page.next_token.as_deref() == cursor {
+            return Err(error::transient(format!(
+                "DescribeInstances repeated its page token {cursor:?}"
+            )));
         }
         // The filters sent are a superset of the exact match (see
         // `Query::tag_filters`); keep exactly the instances carrying every
         // wanted tag, each once.
+        let mut instances = page.instances;
         let mut seen = std::collections::HashSet::new();
         instances.retain(|i| tags::has_all(&i.tags, &wanted) && seen.insert(i.id.clone()));
-        Ok(instances)
+        Ok(Page {
+            instances,
+            next: page.next_token,
+        })
     }
 
     fn delete(&mut self, instance_id: &str) -> Result<(), Error> {
-        match self.describe_owned(instance_id)? {
-            None => {
-                return Err(error::not_found(format!(
-                    "{instance_id} does not carry {POOL_TAG}={}; left alone",
+        let mut answers = self.delete_many(&[instance_id.to_owned()]);
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(error::transient("no answer for the delete")))
+    }
+
+    /// One `DescribeInstances` for the batch, to leave alone what does not
+    /// carry this pool's tag, then one `TerminateInstances` for the rest.
+    fn delete_many(&mut self, instance_ids: &[String]) -> Vec<Result<(), Error>> {
+        let all_fail = |e: Error| instance_ids.iter().map(|_| Err(e.clone())).collect();
+        let owned = match self.describe_ids(instance_ids) {
+            Ok(owned) => owned,
+            Err(e) => return all_fail(e),
+        };
+        let state_of = |id: &str| owned.iter().find(|i| i.id == id).map(|i| i.state.clone());
+        let to_end: Vec<&str> = instance_ids
+            .iter()
+            .map(String::as_str)
+            .filter(|id| matches!(state_of(id), Some(s) if s != InstanceState::Terminated))
+            .collect();
+        let changes = if to_end.is_empty() {
+            Vec::new()
+        } else {
+            let mut q = Query::new("TerminateInstances");
+            q.list("InstanceId", to_end.iter().copied());
+            let ended = self
+                .call(&q, None)
+                .and_then(|body| xml::terminate_instances(&body).map_err(error::transient));
+            match ended {
+                Ok(changes) => changes,
+                Err(e) => return all_fail(e),
+            }
+        };
+        instance_ids
+            .iter()
+            .map(|id| match state_of(id) {
+                None => Err(error::not_found(format!(
+                    "{id} does not carry {POOL_TAG}={}; left alone",
                     self.pool_id
-                )));
-            }
-            Some(i) if i.state == InstanceState::Terminated => {
-                return Err(error::not_found(format!(
-                    "{instance_id} is already terminated"
-                )));
-            }
-            Some(_) => {}
-        }
-        let mut q = Query::new("TerminateInstances");
-        q.param("InstanceId.1", instance_id);
-        let body = self.call(&q, None)?;
-        let changes = xml::terminate_instances(&body).map_err(error::transient)?;
-        match changes.iter().find(|c| c.instance_id == instance_id) {
-            Some(c) if c.previous == "terminated" => Err(error::not_found(format!(
-                "{instance_id} is already terminated"
-            ))),
-            Some(_) => Ok(()),
-            None => Err(error::transient(format!(
-                "TerminateInstances did not report {instance_id}"
-            ))),
-        }
+                ))),
+                Some(InstanceState::Terminated) => {
+                    Err(error::not_found(format!("{id} is already terminated")))
+                }
+                Some(_) => match changes.iter().find(|c| c.instance_id == *id) {
+                    Some(c) if c.previous == "terminated" => {
+                        Err(error::not_found(format!("{id} is already terminated")))
+                    }
+                    Some(_) => Ok(()),
+                    None => Err(error::transient(format!(
+                        "TerminateInstances did not report {id}"
+                    ))),
+                },
+            })
+            .collect()
     }
 
     fn set_tags(&mut self, instance_id: &str, new: &[(String, String)]) -> Result<(), Error> {
@@ -403,6 +444,7 @@ mod tests {
     fn spec(options: &str) -> CreateSpec {
         CreateSpec {
             node_id: "n-00000000000000ab".into(),
+            token: "3f2c1a4e-7b6d-8e9f-a0b1-c2d3e4f5a6b7".into(),
             instance_type: "t3.micro".into(),
             image: "ami-0abc".into(),
             tags: t(&[("berth-pool", "p1"), ("berth-node", "n-00000000000000ab")]),
@@ -480,7 +522,7 @@ mod tests {
             "InstanceType=t3.micro",
             "MinCount=1",
             "MaxCount=1",
-            "ClientToken=n-00000000000000ab",
+            "ClientToken=3f2c1a4e-7b6d-8e9f-a0b1-c2d3e4f5a6b7",
             "InstanceInitiatedShutdownBehavior=terminate",
             "TagSpecification.1.ResourceType=instance",
             "TagSpecification.1.Tag.1.Key=berth-pool",
@@ -545,14 +587,17 @@ mod tests {
         s.image = String::new();
         assert!(matches!(d.create(s), Err(Error::InvalidConfig(m)) if m.contains("image")));
         let mut s = spec("{}");
-        s.node_id = "n".repeat(65);
+        s.token = "n".repeat(65);
         assert!(matches!(d.create(s), Err(Error::Permanent(m)) if m.contains("ClientToken")));
     }
 
     #[test]
     fn foreign_pool_lists_nothing_without_a_request() {
         let mut d = driver();
-        assert!(matches!(d.list(&t(&[("berth-pool", "other")])), Ok(v) if v.is_empty()));
+        assert!(matches!(
+            d.list(&t(&[("berth-pool", "other")]), None),
+            Ok(p) if p.instances.is_empty() && p.next.is_none()
+        ));
         assert!(matches!(
             d.set_tags("i-1", &t(&[("berth-pool", "other")])),
             Err(Error::Permanent(_))

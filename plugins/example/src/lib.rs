@@ -1,7 +1,8 @@
 //! The smallest complete berth driver: a "cloud" that lives in memory.
 //!
 //! It shows every part of a driver (describe, config validation, typed
-//! errors, idempotent create, tag rules, limits) without a network, and it is
+//! errors, idempotent create, get, pages, tag rules, limits) without a
+//! network, and it is
 //! the SDK's compiling example. It is not a usable cloud: the instances live in
 //! the memory of one component instance, and the host runs several instances
 //! of a driver side by side and replaces one that traps, so a `list` may reach
@@ -16,9 +17,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use berth_sdk::tags::{self, POOL_TAG};
 use berth_sdk::types::{
     AccountLimits, Addresses, Capabilities, ConfigField, Connection, CreateSpec, DriverInfo, Error,
-    FieldType, Instance, InstanceState,
+    FieldType, Instance, InstanceState, Page,
 };
-use berth_sdk::{Driver, error};
+use berth_sdk::{Driver, error, pages};
 use serde::Deserialize;
 
 /// The provider config, as JSON.
@@ -35,7 +36,7 @@ struct Example {
     pool_id: String,
     max_instances: Option<u32>,
     instances: BTreeMap<String, Instance>,
-    /// Instance id by the `node_id` that created it (the idempotency token).
+    /// Instance id by the create token that made it.
     tokens: BTreeMap<String, String>,
     next_id: u64,
 }
@@ -77,11 +78,11 @@ impl Driver for Example {
                 "label options: this driver takes none",
             ));
         }
-        // `node_id` is an idempotency key: a retried create returns the
-        // instance the first attempt made.
+        // The token is an idempotency key: a retried create returns the
+        // instance the first try made.
         if let Some(existing) = self
             .tokens
-            .get(&spec.node_id)
+            .get(&spec.token)
             .and_then(|id| self.instances.get(id))
         {
             return Ok(existing.clone());
@@ -118,19 +119,26 @@ impl Driver for Example {
             },
         };
         self.next_id += 1;
-        self.tokens.insert(spec.node_id, instance.id.clone());
+        self.tokens.insert(spec.token, instance.id.clone());
         self.instances.insert(instance.id.clone(), instance.clone());
         berth_sdk::log::info("created", &[("id", &instance.id)]);
         Ok(instance)
     }
 
-    fn list(&mut self, filter: &[(String, String)]) -> Result<Vec<Instance>, Error> {
-        Ok(self
+    fn get(&mut self, ids: &[String]) -> Result<Vec<Instance>, Error> {
+        let found = ids.iter().filter_map(|id| self.instances.get(id)).cloned();
+        Ok(pages::only_ids(found, ids, &self.pool_id))
+    }
+
+    fn list(&mut self, filter: &[(String, String)], cursor: Option<&str>) -> Result<Page, Error> {
+        let all = self
             .instances
             .values()
             .filter(|i| tags::has_all(&i.tags, filter))
             .cloned()
-            .collect())
+            .collect();
+        // Pages of 100, in id order: the host asks for each in turn.
+        Ok(pages::page_of(all, cursor, 100))
     }
 
     fn delete(&mut self, instance_id: &str) -> Result<(), Error> {

@@ -46,6 +46,9 @@ pub(crate) struct ApiInstance {
     ssh_port: Option<u16>,
     #[serde(default)]
     username: Option<String>,
+    /// Why it failed, in state `failed`.
+    #[serde(default)]
+    fault: Option<String>,
 }
 
 impl From<ApiInstance> for Instance {
@@ -55,6 +58,7 @@ impl From<ApiInstance> for Instance {
             "running" => InstanceState::Running,
             "stopping" => InstanceState::Stopping,
             "terminated" => InstanceState::Terminated,
+            "failed" => InstanceState::Failed(i.fault.unwrap_or_default()),
             _ => InstanceState::Unknown,
         };
         Instance {
@@ -160,9 +164,12 @@ mod tests {
             ("running", InstanceState::Running),
             ("stopping", InstanceState::Stopping),
             ("terminated", InstanceState::Terminated),
+            ("failed", InstanceState::Failed("no host".into())),
             ("exploded", InstanceState::Unknown),
         ] {
-            let json = format!(r#"{{"id": "i-1", "state": "{text}", "instance_type": "t"}}"#);
+            let json = format!(
+                r#"{{"id": "i-1", "state": "{text}", "instance_type": "t", "fault": "no host"}}"#
+            );
             let i: Instance = serde_json::from_str::<ApiInstance>(&json)
                 .map(Into::into)
                 .expect("parses");

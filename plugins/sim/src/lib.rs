@@ -9,9 +9,11 @@
 mod api;
 
 use berth_sdk::http::{Request, Response, Url, encode_component};
+use berth_sdk::pages;
 use berth_sdk::tags::{self, POOL_TAG, is_berth_tag};
 use berth_sdk::types::{
     AccountLimits, Capabilities, ConfigField, CreateSpec, DriverInfo, Error, FieldType, Instance,
+    Page,
 };
 use berth_sdk::{Driver, error};
 use serde::Deserialize;
@@ -127,7 +129,7 @@ impl Driver for Sim {
             instance_type: &spec.instance_type,
             image: &spec.image,
             tags: tags.into_iter().collect(),
-            client_token: &spec.node_id,
+            client_token: &spec.token,
             user_data: spec.user_data.as_deref(),
             ssh_public_key: spec.ssh_public_key.as_deref(),
         };
@@ -140,13 +142,38 @@ impl Driver for Sim {
         }
     }
 
-    fn list(&mut self, filter: &[(String, String)]) -> Result<Vec<Instance>, Error> {
+    fn get(&mut self, ids: &[String]) -> Result<Vec<Instance>, Error> {
+        if ids.is_empty() {
+            return Ok(vec![]);
+        }
+        // One list of these ids: the host asks for at most 100, which one
+        // page of the largest size holds.
+        let mut query = format!(
+            "tag:{POOL_TAG}={}&page_size={MAX_PAGE_SIZE}",
+            encode_component(&self.pool_id)
+        );
+        for id in ids {
+            query.push_str(&format!("&id={}", encode_component(id)));
+        }
+        let resp = Request::get(&self.url(&format!("/v1/instances?{query}"))).send()?;
+        if resp.status != 200 {
+            return Err(api_error(&resp, None));
+        }
+        let page: InstancePage = resp.json()?;
+        let found = page.instances.into_iter().map(Instance::from);
+        Ok(pages::only_ids(found, ids, &self.pool_id))
+    }
+
+    fn list(&mut self, filter: &[(String, String)], cursor: Option<&str>) -> Result<Page, Error> {
         // A filter naming another pool matches nothing this driver may see.
         if filter
             .iter()
             .any(|(k, v)| k == POOL_TAG && *v != self.pool_id)
         {
-            return Ok(vec![]);
+            return Ok(Page {
+                instances: vec![],
+                next: None,
+            });
         }
         let mut query = format!("tag:{POOL_TAG}={}", encode_component(&self.pool_id));
         for (k, v) in filter.iter().filter(|(k, _)| k != POOL_TAG) {
@@ -159,36 +186,32 @@ impl Driver for Sim {
         if let Some(n) = self.page_size {
             query.push_str(&format!("&page_size={n}"));
         }
-        let mut instances = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut url = self.url(&format!("/v1/instances?{query}"));
-            if let Some(t) = &token {
-                url.push_str(&format!("&page_token={}", encode_component(t)));
-            }
-            let resp = Request::get(&url).send()?;
-            if resp.status != 200 {
-                return Err(api_error(&resp, None));
-            }
-            let page: InstancePage = resp.json()?;
-            instances.extend(page.instances.into_iter().map(Instance::from));
-            match page.next_page_token {
-                // A token that does not move would loop forever.
-                Some(next) if token.as_ref() != Some(&next) => token = Some(next),
-                Some(next) => {
-                    return Err(error::transient(format!(
-                        "sim repeated page token {next:?}"
-                    )));
-                }
-                None => break,
-            }
+        if let Some(token) = cursor {
+            query.push_str(&format!("&page_token={}", encode_component(token)));
         }
+        let resp = Request::get(&self.url(&format!("/v1/instances?{query}"))).send()?;
+        if resp.status != 200 {
+            return Err(api_error(&resp, None));
+        }
+        let page: InstancePage = resp.json()?;
+        let mut instances: Vec<Instance> = page.instances.into_iter().map(Instance::from).collect();
         // The sim filters already; checking again costs nothing and keeps
         // the rule that only this pool's instances are ever shown.
         let mut wanted = filter.to_vec();
         wanted.push((POOL_TAG.to_owned(), self.pool_id.clone()));
         instances.retain(|i| tags::has_all(&i.tags, &wanted));
-        Ok(instances)
+        // A token that does not move would have the host loop.
+        if let (Some(next), Some(given)) = (&page.next_page_token, cursor)
+            && next == given
+        {
+            return Err(error::transient(format!(
+                "sim repeated page token {next:?}"
+            )));
+        }
+        Ok(Page {
+            instances,
+            next: page.next_page_token,
+        })
     }
 
     fn delete(&mut self, instance_id: &str) -> Result<(), Error> {

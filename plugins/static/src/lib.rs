@@ -16,6 +16,7 @@ mod slots;
 
 use berth_sdk::types::{
     AccountLimits, Capabilities, ConfigField, CreateSpec, DriverInfo, Error, FieldType, Instance,
+    Page,
 };
 use berth_sdk::{Driver, error};
 
@@ -164,8 +165,17 @@ impl Driver for StaticHosts {
         self.slots.create(&env::Sandbox, &spec)
     }
 
-    fn list(&mut self, filter: &[(String, String)]) -> Result<Vec<Instance>, Error> {
-        self.slots.list(&env::Sandbox, filter)
+    fn get(&mut self, ids: &[String]) -> Result<Vec<Instance>, Error> {
+        self.slots.get(&env::Sandbox, ids)
+    }
+
+    fn list(&mut self, filter: &[(String, String)], _cursor: Option<&str>) -> Result<Page, Error> {
+        // One page, the last: the records are read in one scan, and a
+        // provider holds at most 10,000 of them.
+        Ok(Page {
+            instances: self.slots.list(&env::Sandbox, filter)?,
+            next: None,
+        })
     }
 
     fn delete(&mut self, instance_id: &str) -> Result<(), Error> {

@@ -195,6 +195,29 @@ impl Slots {
         Ok(out)
     }
 
+    /// The pool's slots among `ids`, each read by its key.
+    pub fn get(&self, env: &impl Env, ids: &[String]) -> Result<Vec<Instance>, Error> {
+        let mut probes = Probes::new();
+        let mut out = Vec::new();
+        for id in ids {
+            let Some(slot) = SlotId::parse(id) else {
+                continue;
+            };
+            let Some(text) = env.get(&slot.key())? else {
+                continue;
+            };
+            let stored = Stored {
+                record: Record::decode(&text),
+                slot,
+                text,
+            };
+            if let Some(record) = stored.of_pool(&self.pool_id) {
+                out.push(self.instance(env, &stored.slot, &stored.text, record, &mut probes));
+            }
+        }
+        Ok(out)
+    }
+
     /// Frees a slot of this pool; `not-found` when none is allocated under
     /// `id`. The node's index goes first: a call stopped between the two
     /// writes then leaves a slot record without an index (which a retried

@@ -7,9 +7,9 @@ use berth_sdk::http::{Request, Response, Url, encode_component};
 use berth_sdk::tags::{self, POOL_TAG, is_berth_tag};
 use berth_sdk::types::{
     AccountLimits, Addresses, Capabilities, ConfigField, Connection, CreateSpec, DriverInfo,
-    Error, FieldType, Instance, InstanceState,
+    Error, FieldType, Instance, InstanceState, Page,
 };
-use berth_sdk::{Driver, error};
+use berth_sdk::{Driver, error, pages};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -84,14 +84,14 @@ impl Driver for Cloud {
         let mut tags: serde_json::Map<String, Value> =
             spec.tags.into_iter().map(|(k, v)| (k, v.into())).collect();
         tags.insert(POOL_TAG.to_owned(), self.pool_id.clone().into());
-        // Your cloud: its create call. The node id is the idempotency token,
-        // so a create sent twice makes one machine.
+        // Your cloud: its create call. berth's create token is the
+        // idempotency key, so a create sent twice makes one machine.
         let resp = Request::post(&format!("{}/v1/instances", self.endpoint))
             .json(&json!({
                 "instance_type": spec.instance_type,
                 "image": spec.image,
                 "tags": tags,
-                "client_token": spec.node_id,
+                "client_token": spec.token,
             }))
             .send()?;
         match resp.status {
@@ -100,12 +100,31 @@ impl Driver for Cloud {
         }
     }
 
-    fn list(&mut self, filter: &[(String, String)]) -> Result<Vec<Instance>, Error> {
-        // Another pool's instances are never shown.
-        if filter.iter().any(|(k, v)| k == POOL_TAG && *v != self.pool_id) {
+    fn get(&mut self, ids: &[String]) -> Result<Vec<Instance>, Error> {
+        if ids.is_empty() {
             return Ok(vec![]);
         }
-        // Your cloud: its list call, filtered by the pool tag, every page.
+        // Your cloud: a lookup of just these ids (a filter by id, or one
+        // call each), never a list of everything.
+        let mut url = format!(
+            "{}/v1/instances?tag:{POOL_TAG}={}&page_size=1000",
+            self.endpoint,
+            encode_component(&self.pool_id)
+        );
+        for id in ids {
+            url.push_str(&format!("&id={}", encode_component(id)));
+        }
+        let (found, _) = list_page(&url)?;
+        Ok(pages::only_ids(found, ids, &self.pool_id))
+    }
+
+    fn list(&mut self, filter: &[(String, String)], cursor: Option<&str>) -> Result<Page, Error> {
+        // Another pool's instances are never shown.
+        if filter.iter().any(|(k, v)| k == POOL_TAG && *v != self.pool_id) {
+            return Ok(Page { instances: vec![], next: None });
+        }
+        // Your cloud: its list call, filtered by the pool tag, one page per
+        // call: the host asks for the next with the cursor given back.
         let mut url = format!(
             "{}/v1/instances?tag:{POOL_TAG}={}",
             self.endpoint,
@@ -114,34 +133,18 @@ impl Driver for Cloud {
         if let Some(n) = self.page_size {
             url.push_str(&format!("&page_size={n}"));
         }
-        let mut found = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let page_url = match &token {
-                Some(t) => format!("{url}&page_token={}", encode_component(t)),
-                None => url.clone(),
-            };
-            let resp = Request::get(&page_url).send()?;
-            if resp.status != 200 {
-                return Err(api_error(&resp));
-            }
-            let page: Value = resp.json()?;
-            for i in page["instances"].as_array().into_iter().flatten() {
-                found.push(instance(i)?);
-            }
-            match page["next_page_token"].as_str() {
-                // A token that does not move would loop for ever.
-                Some(next) if token.as_deref() == Some(next) => {
-                    return Err(error::transient("the API repeated a page token"));
-                }
-                Some(next) => token = Some(next.to_owned()),
-                None => break,
-            }
+        if let Some(token) = cursor {
+            url.push_str(&format!("&page_token={}", encode_component(token)));
+        }
+        let (mut found, next) = list_page(&url)?;
+        // A token that does not move would have the host loop.
+        if next.is_some() && next.as_deref() == cursor {
+            return Err(error::transient("the API repeated a page token"));
         }
         let mut wanted = filter.to_vec();
         wanted.push((POOL_TAG.to_owned(), self.pool_id.clone()));
         found.retain(|i| tags::has_all(&i.tags, &wanted));
-        Ok(found)
+        Ok(Page { instances: found, next })
     }
 
     fn delete(&mut self, instance_id: &str) -> Result<(), Error> {
@@ -182,6 +185,21 @@ impl Driver for Cloud {
     }
 }
 
+/// Your cloud: one page of its list call, and its token for the next.
+fn list_page(url: &str) -> Result<(Vec<Instance>, Option<String>), Error> {
+    let resp = Request::get(url).send()?;
+    if resp.status != 200 {
+        return Err(api_error(&resp));
+    }
+    let page: Value = resp.json()?;
+    let mut found = Vec::new();
+    for i in page["instances"].as_array().into_iter().flatten() {
+        found.push(instance(i)?);
+    }
+    let next = page["next_page_token"].as_str().map(str::to_owned);
+    Ok((found, next))
+}
+
 /// Your cloud: its instance JSON as the contract's `Instance`.
 fn instance(v: &Value) -> Result<Instance, Error> {
     let text = |key: &str| v[key].as_str().map(str::to_owned);
@@ -191,6 +209,8 @@ fn instance(v: &Value) -> Result<Instance, Error> {
         Some("running") => InstanceState::Running,
         Some("stopping") => InstanceState::Stopping,
         Some("terminated") => InstanceState::Terminated,
+        // The cloud gave up on it; berth replaces it at once.
+        Some("failed") => InstanceState::Failed(text("fault").unwrap_or_default()),
         _ => InstanceState::Unknown,
     };
     let tags = v["tags"]

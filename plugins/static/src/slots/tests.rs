@@ -127,6 +127,7 @@ fn t(pairs: &[(&str, &str)]) -> Tags {
 fn spec(pool: &str, node: &str, ty: &str) -> CreateSpec {
     CreateSpec {
         node_id: node.into(),
+        token: format!("token-of-{node}"),
         instance_type: ty.into(),
         image: "ignored".into(),
         tags: t(&[(POOL_TAG, pool), (NODE_TAG, node), ("berth-label", "l")]),
