@@ -713,6 +713,25 @@ async fn driver_test_passes(
     }
 }
 
+/// The sim driver as built for contract 0.1, kept in the tree as drivers in
+/// the wild are, is read as 0.1 and passes every step of the kit, as the
+/// 0.2 build of the same driver does.
+#[tokio::test]
+async fn a_kept_01_driver_passes_the_kit() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = plugin("sim-0.1");
+    let check = run_berth([OsStr::new("driver"), "check".as_ref(), old.as_ref()], &[]).await;
+    assert!(check.success(), "{check}");
+    assert!(
+        check
+            .stdout
+            .contains("speaks berth:driver@0.1.0: exports berth:driver/driver@0.1.0"),
+        "{check}"
+    );
+    driver_test_passes_every_step(&old, &sim, dir.path()).await;
+}
+
 /// [`driver_test_passes`] with a page size (the paging step) and the sim's
 /// recorded error responses (`--faults`, the error mapping), in `dir`.
 async fn driver_test_passes_every_step(
