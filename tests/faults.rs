@@ -150,7 +150,12 @@ impl Rig {
 /// Runs `fault` for `hold` (or, for `EmptyOnce`, until it has been given
 /// once), then checks everything the module docs promise.
 async fn under(fault: ListFault, hold: Duration) {
-    let rig = rig(None).await;
+    under_confirming(fault, hold, None).await;
+}
+
+/// [`under`] with `missing-confirm` as given.
+async fn under_confirming(fault: ListFault, hold: Duration, missing_confirm: Option<&str>) {
+    let rig = rig(missing_confirm).await;
     let in_use = rig.settle_ten().await;
     let before = rig.live();
     assert_eq!(before.len(), 10, "{before:?}");
@@ -235,6 +240,15 @@ async fn empty_lists_for_40_seconds_cost_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_of_the_first_page_only_cost_nothing() {
     under(ListFault::Truncated, Duration::from_secs(20)).await;
+}
+
+/// Lists of the first page only for five times `missing-confirm`: the
+/// instances they leave out are suspected, then looked up by id (`get`),
+/// which shows them, so none is replaced and the cloud never holds more
+/// than `max-instances`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_of_the_first_page_only_for_longer_than_missing_confirm_replace_nothing() {
+    under_confirming(ListFault::Truncated, Duration::from_secs(15), Some("3s")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -173,6 +173,14 @@ struct ProviderRt {
     /// Nodes whose instance the latest complete lists did not show:
     /// suspected, not gone (see `reconcile`).
     missing: HashMap<NodeId, Missing>,
+    /// Of those, the ones suspected long enough to be looked up by id: a
+    /// `get` that does not show them confirms them gone.
+    to_confirm: BTreeSet<NodeId>,
+    get_busy: bool,
+    /// When the next `get` may go (after one that failed).
+    next_get: Time,
+    /// `get`s in a row that failed, for the backoff.
+    get_failures: u32,
     /// Lists in a row that failed or were not believed, for the backoff.
     list_failures: u32,
     /// How the provider's lists are going.
@@ -318,6 +326,10 @@ impl Pool {
                 leak_bucket: Bucket::new(LEAK_DELETES_PER_SECOND, LEAK_DELETES_PER_SECOND as u32),
                 leaks: HashMap::new(),
                 missing: HashMap::new(),
+                to_confirm: BTreeSet::new(),
+                get_busy: false,
+                next_get: Time::ZERO,
+                get_failures: 0,
                 list_failures: 0,
                 list_health: ListHealth::Ok,
                 last_listed: None,
@@ -565,6 +577,10 @@ impl Pool {
             if !rt.list_busy {
                 at(rt.next_list);
             }
+            let get_owed = !rt.get_busy && !rt.to_confirm.is_empty() && rt.next_get <= after;
+            if !rt.get_busy && !rt.to_confirm.is_empty() {
+                at(rt.next_get);
+            }
             if let Some(t) = rt.held_until {
                 at(t);
             }
@@ -580,6 +596,7 @@ impl Pool {
                 leak_owed |= leak.due <= after;
             }
             let owes = list_owed
+                || get_owed
                 || leak_owed
                 || !rt.want_create.is_empty()
                 || !rt.want_delete.is_empty()

@@ -49,6 +49,26 @@ impl Pool {
             rt.lists_started += 1;
             return Some(DriverCall::List { provider: p });
         }
+        // Instances suspected missing long enough are looked up by id
+        // before their nodes are given up (see `reconcile`).
+        if !rt.get_busy && rt.next_get <= now && !rt.to_confirm.is_empty() {
+            let rt = &self.ix.providers[p.0 as usize];
+            let instances: Vec<String> = (rt.to_confirm.iter())
+                .filter_map(|id| self.nodes.get(id)?.instance.clone())
+                .take(GET_MAX)
+                .collect();
+            let rt = &mut self.ix.providers[p.0 as usize];
+            if instances.is_empty() {
+                rt.to_confirm.clear();
+            } else {
+                rt.get_busy = true;
+                return Some(DriverCall::Get {
+                    provider: p,
+                    instances,
+                });
+            }
+        }
+        let rt = &mut self.ix.providers[p.0 as usize];
         if let Some(&id) = rt.want_delete.first() {
             let instance = self.nodes.get(&id).and_then(|n| n.instance.clone())?;
             self.set_busy(id, true);
@@ -133,6 +153,9 @@ impl Pool {
         match call {
             DriverCall::List { provider } => {
                 self.ix.providers[provider.0 as usize].list_busy = false
+            }
+            DriverCall::Get { provider, .. } => {
+                self.ix.providers[provider.0 as usize].get_busy = false
             }
             DriverCall::Delete {
                 provider,

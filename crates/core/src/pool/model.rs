@@ -490,6 +490,12 @@ pub enum DriverCall {
     /// List the provider's instances carrying the pool id; report with
     /// [`super::Pool::listed`].
     List { provider: ProviderIx },
+    /// Look up these instances by id (at most [`GET_MAX`]); report with
+    /// [`super::Pool::got`].
+    Get {
+        provider: ProviderIx,
+        instances: Vec<String>,
+    },
     /// Replace berth's tags on a node's instance; report with
     /// [`super::Pool::tagged`].
     SetTags {
@@ -507,6 +513,7 @@ impl DriverCall {
             DriverCall::Create { provider, .. }
             | DriverCall::Delete { provider, .. }
             | DriverCall::List { provider }
+            | DriverCall::Get { provider, .. }
             | DriverCall::SetTags { provider, .. } => *provider,
         }
     }
@@ -518,10 +525,14 @@ impl DriverCall {
             DriverCall::Create { .. } => Call::Create,
             DriverCall::Delete { .. } => Call::Delete,
             DriverCall::List { .. } => Call::List,
+            DriverCall::Get { .. } => Call::Get,
             DriverCall::SetTags { .. } => Call::SetTags,
         }
     }
 }
+
+/// The most instances one `get` asks for (the contract's bound).
+pub const GET_MAX: usize = 100;
 
 /// Probe whether a running node's instance is ready (`ready = "tcp"` or
 /// `"ssh"`). The host makes it; report with [`super::Pool::probed`].

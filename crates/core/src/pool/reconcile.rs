@@ -418,6 +418,9 @@ impl Pool {
             self.notices.push(Notice::Reappeared { node });
         }
         let mut confirmed = Vec::new();
+        let rt = &mut self.ix.providers[pix];
+        let missing_now = &rt.missing;
+        rt.to_confirm.retain(|id| missing_now.contains_key(id));
         for &id in missing {
             let rt = &mut self.ix.providers[pix];
             // Kept for its holder until now: once nobody uses it, it goes.
@@ -436,13 +439,97 @@ impl Pool {
             });
             m.lists += 1;
             if !m.confirmed && m.lists >= 2 && now.since(m.since) >= confirm {
-                confirmed.push(id);
+                // Long enough: a look by id decides (`got`).
+                rt.to_confirm.insert(id);
             }
             if new {
                 let instance = self.nodes[&id].instance.clone().unwrap_or_default();
                 self.notices.push(Notice::Missing { node: id, instance });
             }
         }
+        for id in confirmed {
+            self.lost(id, now);
+        }
+    }
+
+    /// The outcome of a [`DriverCall::Get`] of `asked`: instances suspected
+    /// missing are confirmed gone if the answer leaves them out, and are
+    /// there after all if it shows them; whatever it shows brings its node
+    /// in line, as a list would. A failed `get` confirms nothing: it is
+    /// asked again after a backoff.
+    pub fn got(
+        &mut self,
+        now: Time,
+        p: ProviderIx,
+        asked: &[String],
+        result: Result<Vec<Instance>, Failure>,
+    ) {
+        let pix = p.0 as usize;
+        self.ix.providers[pix].get_busy = false;
+        let rate_limited = self.call_done(p, result.as_ref().err(), now);
+        let found = match result {
+            Ok(found) => found,
+            Err(_) => {
+                let rt = &mut self.ix.providers[pix];
+                rt.get_failures += 1;
+                if !rate_limited {
+                    rt.next_get = now + calls::backoff(rt.get_failures);
+                }
+                return;
+            }
+        };
+        self.ix.providers[pix].get_failures = 0;
+        let mut shown: HashSet<&str> = HashSet::new();
+        let mut seen_live = HashSet::new();
+        for inst in &found {
+            // Only what was asked, of this pool: a driver's answer is a claim.
+            if !asked.contains(&inst.id)
+                || inst.tags.get(POOL_TAG) != Some(&self.config.pool_id)
+                || !shown.insert(inst.id.as_str())
+            {
+                continue;
+            }
+            let Some(id) = self.holder(p, &inst.id) else {
+                continue;
+            };
+            let live = !matches!(
+                inst.state,
+                InstanceState::Terminated | InstanceState::Stopping
+            );
+            if live {
+                seen_live.insert(id);
+            }
+            self.observe(id, inst, live, now);
+        }
+        // Suspicions the answer ends: shown alive, there after all.
+        let rt = &mut self.ix.providers[pix];
+        let mut reappeared = Vec::new();
+        rt.missing.retain(|id, m| {
+            if seen_live.contains(id) {
+                if !m.confirmed {
+                    reappeared.push(*id);
+                }
+                return false;
+            }
+            true
+        });
+        for node in reappeared {
+            self.notices.push(Notice::Reappeared { node });
+        }
+        // Those asked and not shown: gone.
+        let rt = &mut self.ix.providers[pix];
+        let confirmed: Vec<NodeId> = (rt.to_confirm.iter().copied())
+            .filter(|id| {
+                self.nodes.get(id).is_some_and(|n| {
+                    n.instance
+                        .as_ref()
+                        .is_some_and(|i| asked.contains(i) && !shown.contains(i.as_str()))
+                })
+            })
+            .collect();
+        let rt = &mut self.ix.providers[pix];
+        rt.to_confirm
+            .retain(|id| !seen_live.contains(id) && !confirmed.contains(id));
         for id in confirmed {
             self.lost(id, now);
         }

@@ -81,6 +81,7 @@ pub(super) fn config(providers: Vec<Provider>, labels: Vec<Label>) -> Config {
 pub(super) enum Call {
     Create,
     List,
+    Get,
     Delete,
     SetTags,
     /// A readiness probe: not a driver call, but the instance is reached.
@@ -99,6 +100,7 @@ impl Call {
         match call {
             DriverCall::Create { .. } => Call::Create,
             DriverCall::List { .. } => Call::List,
+            DriverCall::Get { .. } => Call::Get,
             DriverCall::Delete { .. } => Call::Delete,
             DriverCall::SetTags { .. } => Call::SetTags,
         }
@@ -220,6 +222,7 @@ pub(super) enum Outcome {
     Created(NodeId, Result<Instance, Failure>),
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
     Listed(ProviderIx, Result<Vec<Instance>, Failure>),
+    Got(ProviderIx, Vec<String>, Result<Vec<Instance>, Failure>),
     Tagged(NodeId, Result<(), Failure>),
     Probed(NodeId, Result<Vec<String>, String>),
 }
@@ -230,6 +233,7 @@ impl Outcome {
             Outcome::Created(_, r) => r.as_ref().err(),
             Outcome::Deleted(.., r) => r.as_ref().err(),
             Outcome::Listed(_, r) => r.as_ref().err(),
+            Outcome::Got(_, _, r) => r.as_ref().err(),
             Outcome::Tagged(_, r) => r.as_ref().err(),
             Outcome::Probed(..) => None,
         }
@@ -344,6 +348,10 @@ impl Cloud {
                     instance,
                 } => Outcome::Deleted(*provider, *node, instance.clone(), Err(e)),
                 DriverCall::List { provider } => Outcome::Listed(*provider, Err(e)),
+                DriverCall::Get {
+                    provider,
+                    instances,
+                } => Outcome::Got(*provider, instances.clone(), Err(e)),
                 DriverCall::SetTags { node, .. } => Outcome::Tagged(*node, Err(e)),
             };
         }
@@ -387,6 +395,19 @@ impl Cloud {
                 }
                 Outcome::Listed(*provider, Ok(all))
             }
+            // A look by id tells no lies: what list lies do is lose pages.
+            DriverCall::Get {
+                provider,
+                instances,
+            } => {
+                let fp = &self.providers[p];
+                let found = (instances.iter())
+                    .filter_map(|id| fp.instances.get(id))
+                    .filter(|i| i.terminated.is_none_or(|t| now.since(t) < fp.linger))
+                    .map(|i| self.report(p, i, now))
+                    .collect();
+                Outcome::Got(*provider, instances.clone(), Ok(found))
+            }
             DriverCall::Delete {
                 provider,
                 node,
@@ -425,6 +446,7 @@ impl Cloud {
                 Outcome::Created(n, _) => Outcome::Created(n, Err(f.failure)),
                 Outcome::Deleted(p, n, i, _) => Outcome::Deleted(p, n, i, Err(f.failure)),
                 Outcome::Listed(p, _) => Outcome::Listed(p, Err(f.failure)),
+                Outcome::Got(p, asked, _) => Outcome::Got(p, asked, Err(f.failure)),
                 Outcome::Tagged(n, _) => Outcome::Tagged(n, Err(f.failure)),
                 probed @ Outcome::Probed(..) => probed,
             },
@@ -799,6 +821,10 @@ impl Harness {
             Outcome::Listed(p, r) => {
                 let r = r.map(|all| crate::driver::check::listing(all).0);
                 self.pool.listed(now, p, call.made, r)
+            }
+            Outcome::Got(p, asked, r) => {
+                let r = r.map(|all| crate::driver::check::listing(all).0);
+                self.pool.got(now, p, &asked, r)
             }
             Outcome::Tagged(id, r) => self.pool.tagged(now, id, r),
             // A probe's outcome returned above; it is not a driver call.

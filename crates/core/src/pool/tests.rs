@@ -1934,6 +1934,45 @@ fn a_suspected_instance_listed_again_is_simply_there() {
     assert!(h.calls(0, Call::Delete).is_empty());
 }
 
+/// Lists that lose a page for longer than `missing-confirm` replace
+/// nothing that still runs: the instances they leave out are looked up by
+/// id before their nodes are given up, and the look shows them.
+#[test]
+fn a_list_that_keeps_losing_a_page_replaces_nothing_that_still_runs() {
+    let mut h = one(|c| c.labels[0].min_ready = 4);
+    settle(&mut h);
+    assert!(h.run_until(secs(30), |h| h.count("a", "ready") == 4));
+    let creates_before = h.calls(0, Call::Create).len();
+    let t = h.config.timings.clone();
+    // Every list for the whole time loses its second half.
+    h.cloud.providers[0].lies.push((Lie::Truncated, 1000));
+    h.advance(t.missing_confirm + 4 * t.sync_interval);
+    ok(&h);
+    assert!(
+        !h.calls(0, Call::Get).is_empty(),
+        "the suspects were looked up by id"
+    );
+    assert_eq!(
+        h.calls(0, Call::Create).len(),
+        creates_before,
+        "nothing replaced"
+    );
+    assert!(h.calls(0, Call::Delete).is_empty());
+    assert_eq!(h.count("a", "ready"), 4);
+    assert_eq!(h.live(0), 4);
+    // An instance that really went is still confirmed gone by the look,
+    // and replaced.
+    let victim = h.nodes("a", "ready")[0].clone();
+    h.cloud.providers[0]
+        .instances
+        .remove(victim.instance.as_deref().unwrap());
+    h.advance(t.missing_confirm + 4 * t.sync_interval);
+    ok(&h);
+    assert_eq!(h.pool.node(victim.id).unwrap().state.name(), "gone");
+    assert_eq!(h.count("a", "ready"), 4);
+    assert_eq!(h.live(0), 4);
+}
+
 #[test]
 fn a_node_in_use_whose_instance_is_gone_stays_with_its_holder_until_released() {
     let (mut h, a, _) = two_nodes();

@@ -38,6 +38,8 @@ pub(super) enum Called {
     Created(NodeId, Result<Instance, Failure>),
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
     Listed(ProviderIx, Time, Result<Vec<Instance>, Failure>),
+    /// The ids asked, and what the driver answered.
+    Got(ProviderIx, Vec<String>, Result<Vec<Instance>, Failure>),
     Tagged(NodeId, Result<(), Failure>),
 }
 
@@ -135,6 +137,7 @@ pub(super) fn call(
                         Called::Deleted(p, node, instance, Err(failed))
                     }
                     DriverCall::List { .. } => Called::Listed(p, clock.now(), Err(failed)),
+                    DriverCall::Get { instances, .. } => Called::Got(p, instances, Err(failed)),
                     DriverCall::SetTags { node, .. } => Called::Tagged(node, Err(failed)),
                 }
             }
@@ -165,6 +168,13 @@ pub(super) async fn make(
             );
             observer.refused(name, r);
         }
+    };
+    // A list's or a get's instances, checked one by one and for ids named
+    // twice.
+    let listing = |all| {
+        let (kept, bad) = check::listing(all);
+        refused(&bad);
+        kept
     };
     match call {
         DriverCall::Create { node, spec, .. } => {
@@ -198,12 +208,15 @@ pub(super) async fn make(
             let filter: Tags = [(POOL_TAG.to_owned(), pool_id.to_owned())].into();
             let r = provider.list(filter).await;
             heard(r.as_ref().map(|_| ()));
-            let r = r.map_err(failure).map(|all| {
-                let (kept, bad) = check::listing(all);
-                refused(&bad);
-                kept
-            });
-            Called::Listed(p, listed_from, r)
+            Called::Listed(p, listed_from, r.map_err(failure).map(listing))
+        }
+        DriverCall::Get {
+            provider: p,
+            instances,
+        } => {
+            let r = provider.get(instances.clone()).await;
+            heard(r.as_ref().map(|_| ()));
+            Called::Got(p, instances, r.map_err(failure).map(listing))
         }
         DriverCall::SetTags {
             node,

@@ -29,6 +29,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait Cloud: Send + Sync {
     fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>>;
     fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>>;
+    fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>>;
     fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>>;
     fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>>;
 }
@@ -39,6 +40,9 @@ impl Cloud for Sandbox {
     }
     fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
         Box::pin(Sandbox::list(self, filter))
+    }
+    fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+        Box::pin(Sandbox::get(self, ids))
     }
     fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>> {
         Box::pin(Sandbox::delete(self, id))

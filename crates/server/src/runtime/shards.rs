@@ -771,6 +771,7 @@ pub async fn execute(cloud: &dyn Cloud, call: wire::Call) -> Result<Answer, Call
     Ok(match call {
         wire::Call::Create(spec) => Answer::Created(Box::new(cloud.create(spec).await?)),
         wire::Call::List(filter) => Answer::Listed(cloud.list(filter).await?),
+        wire::Call::Get(ids) => Answer::Got(cloud.get(ids).await?),
         wire::Call::Delete(id) => cloud.delete(&id).await?.into(),
         wire::Call::SetTags { id, tags } => {
             cloud.set_tags(&id, tags).await?;
@@ -809,6 +810,15 @@ impl Cloud for Routed {
             match self.run(Which::List, wire::Call::List(filter)).await? {
                 Answer::Listed(all) => Ok(all),
                 other => Err(self.unexpected(Which::List, other)),
+            }
+        })
+    }
+
+    fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+        Box::pin(async move {
+            match self.run(Which::Get, wire::Call::Get(ids)).await? {
+                Answer::Got(found) => Ok(found),
+                other => Err(self.unexpected(Which::Get, other)),
             }
         })
     }

@@ -334,6 +334,7 @@ impl Loop {
             Called::Created(id, r) => pool.created(now, id, r),
             Called::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
             Called::Listed(p, started, r) => pool.listed(now, p, started, r),
+            Called::Got(p, asked, r) => pool.got(now, p, &asked, r),
             Called::Tagged(id, r) => pool.tagged(now, id, r),
         }
     }

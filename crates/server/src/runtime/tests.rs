@@ -101,6 +101,14 @@ impl Cloud for Fake {
         })
     }
 
+    fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+        Box::pin(async move {
+            self.record(Call::Get);
+            let all = self.instances.lock().unwrap();
+            Ok(ids.iter().filter_map(|id| all.get(id)).cloned().collect())
+        })
+    }
+
     fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>> {
         Box::pin(async move {
             self.record(Call::Delete);

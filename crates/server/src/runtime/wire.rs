@@ -21,13 +21,14 @@ pub struct CallBody {
 pub enum Call {
     Create(CreateSpec),
     List(Tags),
+    Get(Vec<String>),
     Delete(String),
     SetTags { id: String, tags: Tags },
 }
 
 impl Call {
     /// Whether making the call again, after an attempt whose outcome is
-    /// not known, does no harm: a list reads, a delete of a gone instance
+    /// not known, does no harm: a list or a get reads, a delete of a gone instance
     /// is `not-found`, tags set twice are the same tags. A create could
     /// make a second machine.
     pub fn repeatable(&self) -> bool {
@@ -41,6 +42,7 @@ impl Call {
 pub enum Answer {
     Created(Box<Instance>),
     Listed(Vec<Instance>),
+    Got(Vec<Instance>),
     Deleted { already_gone: bool },
     Tagged,
     Failed(Error),

@@ -191,6 +191,10 @@ impl Cloud for Via {
         self.note();
         self.cloud.list(filter)
     }
+    fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+        self.note();
+        self.cloud.get(ids)
+    }
     fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>> {
         self.note();
         self.cloud.delete(id)
