@@ -179,6 +179,10 @@ struct ProviderRt {
     get_busy: bool,
     /// When the next `get` may go (after one that failed).
     next_get: Time,
+    /// When the booting nodes are next worth a look (by `get`, or by a
+    /// list when there are more than one `get` takes); `None` when none
+    /// boots.
+    next_boot_poll: Option<Time>,
     /// `get`s in a row that failed, for the backoff.
     get_failures: u32,
     /// Lists in a row that failed or were not believed, for the backoff.
@@ -329,6 +333,7 @@ impl Pool {
                 to_confirm: BTreeSet::new(),
                 get_busy: false,
                 next_get: Time::ZERO,
+                next_boot_poll: None,
                 get_failures: 0,
                 list_failures: 0,
                 list_health: ListHealth::Ok,
@@ -577,9 +582,16 @@ impl Pool {
             if !rt.list_busy {
                 at(rt.next_list);
             }
-            let get_owed = !rt.get_busy && !rt.to_confirm.is_empty() && rt.next_get <= after;
+            let poll_owed = rt.next_boot_poll.is_some_and(|t| t <= after);
+            let get_owed =
+                !rt.get_busy && (poll_owed || (!rt.to_confirm.is_empty() && rt.next_get <= after));
             if !rt.get_busy && !rt.to_confirm.is_empty() {
                 at(rt.next_get);
+            }
+            if !rt.get_busy
+                && let Some(t) = rt.next_boot_poll
+            {
+                at(t);
             }
             if let Some(t) = rt.held_until {
                 at(t);

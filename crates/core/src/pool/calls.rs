@@ -49,18 +49,39 @@ impl Pool {
             rt.lists_started += 1;
             return Some(DriverCall::List { provider: p });
         }
-        // Instances suspected missing long enough are looked up by id
-        // before their nodes are given up (see `reconcile`).
-        if !rt.get_busy && rt.next_get <= now && !rt.to_confirm.is_empty() {
+        // Booting instances are looked at by id, and so are instances
+        // suspected missing long enough, before their nodes are given up
+        // (see `reconcile`).
+        let confirm_due = rt.next_get <= now && !rt.to_confirm.is_empty();
+        let poll_due = rt.next_boot_poll.is_some_and(|t| t <= now);
+        if !rt.get_busy && (confirm_due || poll_due) {
             let rt = &self.ix.providers[p.0 as usize];
-            let instances: Vec<String> = (rt.to_confirm.iter())
-                .filter_map(|id| self.nodes.get(id)?.instance.clone())
-                .take(GET_MAX)
-                .collect();
+            let mut instances: Vec<String> = Vec::new();
+            if confirm_due {
+                instances.extend(
+                    (rt.to_confirm.iter()).filter_map(|id| self.nodes.get(id)?.instance.clone()),
+                );
+            }
+            if poll_due {
+                instances.extend(self.booting(p).map(|(_, i)| i.to_owned()));
+            }
+            instances.sort();
+            instances.dedup();
             let rt = &mut self.ix.providers[p.0 as usize];
-            if instances.is_empty() {
+            if poll_due {
+                rt.next_boot_poll = None;
+            }
+            if confirm_due && instances.is_empty() {
                 rt.to_confirm.clear();
-            } else {
+            }
+            if instances.len() > GET_MAX && poll_due && !rt.list_busy {
+                // More than one look by id takes: a list sees them all.
+                rt.list_busy = true;
+                rt.lists_started += 1;
+                return Some(DriverCall::List { provider: p });
+            }
+            if !instances.is_empty() {
+                instances.truncate(GET_MAX);
                 rt.get_busy = true;
                 return Some(DriverCall::Get {
                     provider: p,
@@ -348,7 +369,7 @@ impl Pool {
             let cap = self.config.timings.boot_poll_interval;
             let at = boot_poll_after(self.boot_seen(id, now), now, cap);
             let rt = &mut self.ix.providers[node.provider.0 as usize];
-            rt.next_list = rt.next_list.min(at);
+            rt.next_boot_poll = Some(rt.next_boot_poll.map_or(at, |t| t.min(at)));
             self.timer(t, Timer::BootTimeout(id));
         }
     }
@@ -358,6 +379,31 @@ impl Pool {
     /// boot polls are timed from. A cloud's boot starts before its create
     /// answers, so the first list 100 ms after the answer finds a boot of
     /// 100 ms done.
+    /// The provider's nodes whose instance exists and does not run yet
+    /// (and that no readiness probe watches), with their instance ids.
+    pub(super) fn booting(&self, p: ProviderIx) -> impl Iterator<Item = (NodeId, &str)> {
+        (self.ix.providers[p.0 as usize].with_instance.iter())
+            .filter(|id| !self.is_probed(**id))
+            .filter_map(|id| {
+                let n = self.nodes.get(id)?;
+                match n.state {
+                    NodeState::Booting { .. } | NodeState::Creating { .. } => {
+                        Some((*id, n.instance.as_deref()?))
+                    }
+                    _ => None,
+                }
+            })
+    }
+
+    /// When the provider's booting nodes are next worth a look: the first
+    /// of them by [`boot_poll_after`]; `None` when none boots.
+    pub(super) fn next_boot_poll(&self, p: ProviderIx, now: Time) -> Option<Time> {
+        let cap = self.config.timings.boot_poll_interval;
+        self.booting(p)
+            .map(|(id, _)| boot_poll_after(self.boot_seen(id, now), now, cap))
+            .min()
+    }
+
     pub(super) fn boot_seen(&self, id: NodeId, now: Time) -> Time {
         self.attached_at.get(&id).copied().unwrap_or(now)
     }

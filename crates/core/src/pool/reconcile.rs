@@ -19,7 +19,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::calls::boot_poll_after;
 use super::vouch::shown;
 use super::*;
 use crate::driver::{Instance, InstanceState};
@@ -270,27 +269,18 @@ impl Pool {
         }
         // Only instances that exist and are not running yet need the quick
         // poll; creates still owed do not (a poll would only spend the
-        // provider's rate limit that the creates need). The next list comes
-        // when the first of them is next worth a look.
-        let cap = self.config.timings.boot_poll_interval;
-        let boot_poll = self.ix.providers[pix]
-            .with_instance
-            .iter()
-            .filter(|id| !self.is_probed(**id))
-            .filter_map(|id| match self.nodes.get(id).map(|n| &n.state) {
-                Some(NodeState::Booting { .. } | NodeState::Creating { .. }) => {
-                    Some(boot_poll_after(self.boot_seen(*id, now), now, cap))
-                }
-                _ => None,
-            })
-            .min();
+        // provider's rate limit that the creates need). They are looked at
+        // by id (`get`) when the first of them is next worth a look; the
+        // next list comes after `sync-interval`.
+        let boot_poll = self.next_boot_poll(p, now);
         let synced = now + self.config.timings.sync_interval;
-        let next = boot_poll.map_or(synced, |at| at.min(synced));
         // A create whose outcome is not known waits for the next list: at
         // once.
         let waiting =
             (self.unsure.keys()).any(|id| self.nodes.get(id).is_some_and(|n| n.provider == p));
-        self.ix.providers[pix].next_list = if waiting { now } else { next };
+        let rt = &mut self.ix.providers[pix];
+        rt.next_list = if waiting { now } else { synced };
+        rt.next_boot_poll = boot_poll;
     }
 
     /// A list that failed or was not believed: the next comes after a backoff
@@ -467,6 +457,11 @@ impl Pool {
         let pix = p.0 as usize;
         self.ix.providers[pix].get_busy = false;
         let rate_limited = self.call_done(p, result.as_ref().err(), now);
+        // The booting nodes' next look, whatever this one showed.
+        let reschedule = |pool: &mut Pool| {
+            let at = pool.next_boot_poll(p, now);
+            pool.ix.providers[pix].next_boot_poll = at;
+        };
         let found = match result {
             Ok(found) => found,
             Err(_) => {
@@ -475,6 +470,7 @@ impl Pool {
                 if !rate_limited {
                     rt.next_get = now + calls::backoff(rt.get_failures);
                 }
+                reschedule(self);
                 return;
             }
         };
@@ -533,6 +529,7 @@ impl Pool {
         for id in confirmed {
             self.lost(id, now);
         }
+        reschedule(self);
     }
 
     /// A node given up as vanished whose instance is listed again.

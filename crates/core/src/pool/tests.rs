@@ -867,6 +867,38 @@ fn boot_timeout_is_the_delete_reason() {
     );
 }
 
+/// A few booting nodes are looked at by id, all in one `get` a poll, not
+/// by lists of the whole provider; more than one `get` takes are listed.
+#[test]
+fn booting_nodes_are_looked_at_by_id_and_many_are_listed() {
+    for (count, by_get) in [(3, true), (GET_MAX as u32 + 1, false)] {
+        let mut h = one(|_| {});
+        h.dt = Duration::from_millis(10);
+        settle(&mut h);
+        h.cloud.providers[0].boot_delay = secs(10);
+        let (lists, gets) = (h.calls(0, Call::List).len(), h.calls(0, Call::Get).len());
+        let r = h.submit(&[("a", count)], 0);
+        assert!(h.run_until(secs(30), |h| h.fulfilled(r)), "{count}");
+        ok(&h);
+        let lists = h.calls(0, Call::List).len() - lists;
+        let gets = h.calls(0, Call::Get).len() - gets;
+        if by_get {
+            assert_eq!(lists, 0, "{count}: no list while they boot");
+            assert!((1..=12).contains(&gets), "{count}: {gets} gets");
+            let widest = (h.log.iter())
+                .filter_map(|(_, e)| match e {
+                    Effect::Call(DriverCall::Get { instances, .. }) => Some(instances.len()),
+                    _ => None,
+                })
+                .max();
+            assert_eq!(widest, Some(count as usize), "one get asks for them all");
+        } else {
+            assert_eq!(gets, 0, "{count}: more than a get takes");
+            assert!(lists >= 2, "{count}: {lists} lists");
+        }
+    }
+}
+
 #[test]
 fn a_booting_node_is_polled_until_it_runs() {
     let mut h = one(|_| {});
@@ -1340,7 +1372,8 @@ fn a_node_whose_instance_is_confirmed_missing_is_gone_and_its_request_served_aga
             machine("b", vec![offer(1, "t1")]),
         ],
     ));
-    h.cloud.providers[1].boot_delay = secs(120);
+    // b boots well past the confirmation: the request still waits then.
+    h.cloud.providers[1].boot_delay = secs(300);
     let r = h.submit(&[("a", 1), ("b", 1)], 0);
     settle(&mut h);
     let a = h.nodes("a", "ready")[0].id;
@@ -1365,7 +1398,7 @@ fn a_node_whose_instance_is_confirmed_missing_is_gone_and_its_request_served_aga
     ));
     assert!(h.notices.contains(&Notice::Vanished { node: a }));
     assert!(!h.pool.request(r).unwrap().nodes.contains(&a));
-    h.advance(secs(120));
+    h.advance(secs(300));
     assert!(h.fulfilled(r));
     assert_eq!(h.calls(0, Call::Create).len(), 2);
 }
