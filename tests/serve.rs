@@ -1021,3 +1021,66 @@ async fn a_01_driver_and_a_02_driver_serve_one_pool_side_by_side() {
     })
     .await;
 }
+
+/// An instance the cloud reports failed is deleted and replaced at once,
+/// through the binary: with `boot-timeout` at ten minutes, the request is
+/// served within seconds of the cloud giving up on its first instance, and
+/// berth deletes that instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        boot_delay_ms: 300,
+        boot_failure_rate: 1.0,
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config_with(
+        &sim,
+        dir.path(),
+        &plugin("sim"),
+        "boot-timeout = \"10m\"\nlaunch-retries = 3",
+        "",
+    );
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+    let asked = server.request(CI, &[("small", 1)]).await;
+
+    // The cloud gives up on the first instance once its boot delay passed.
+    let failed = until(30, "a failed instance", || async {
+        (sim.cloud.instances().into_iter())
+            .find(|i| i.state == berth::sim::InstanceState::Failed)
+            .map(|i| i.id)
+    })
+    .await;
+    // From now on instances boot: the replacement serves the request.
+    sim.cloud
+        .set_knobs(berth::sim::Knobs {
+            boot_failure_rate: 0.0,
+            ..sim.cloud.knobs()
+        })
+        .unwrap();
+    let served = server.fulfilled(CI, &asked.id).await;
+    assert_ne!(served.nodes[0].instance.as_deref(), Some(failed.as_str()));
+    let nodes = server.client(OPS).nodes(&Default::default()).await.unwrap();
+    let old = nodes
+        .iter()
+        .find(|n| n.instance.as_deref() == Some(failed.as_str()))
+        .unwrap_or_else(|| panic!("no node of {failed} in {nodes:?}"));
+    assert!(matches!(old.state.as_str(), "deleting" | "gone"), "{old:?}");
+    // Deleted by berth, not waited out.
+    until(30, "the failed instance deleted", || async {
+        let gone = (sim.cloud.instances().into_iter())
+            .find(|i| i.id == failed)
+            .is_none_or(|i| i.state == berth::sim::InstanceState::Terminated);
+        gone.then_some(())
+    })
+    .await;
+    let old = server.client(OPS).node(&old.id).await.unwrap();
+    assert_eq!(
+        (old.state.as_str(), old.reason.as_deref()),
+        ("gone", Some("deleted")),
+        "{old:?}"
+    );
+}
