@@ -40,13 +40,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The conformance kit's steps that exercise a driver's contract (after
 /// load, describe and configure): every driver must pass each.
-pub const KIT_STEPS: [&str; 8] = [
+pub const KIT_STEPS: [&str; 11] = [
     "create with tags",
     "listed with tags",
+    "get by id",
+    "one token, one instance",
     "seen by another instance",
     "set-tags visible",
     "foreign pool isolation",
     "gone after delete",
+    "get after delete",
     "delete again",
     "cleanup",
 ];

@@ -92,10 +92,11 @@ pub async fn check(engine: &Engine, path: &Path) -> Report {
 }
 
 /// Runs the conformance test: describe → configure → create with tags →
-/// listed with those tags → seen by a second instance → set-tags visible →
-/// a foreign pool's list does not show it → error mapping (with faults) →
-/// delete → gone or terminated → delete again is not an error → paging →
-/// cleanup.
+/// listed with those tags → got by id → created again with its token, the
+/// same instance → seen by a second instance → set-tags visible → a foreign
+/// pool's list does not show it → error mapping (with faults) → delete →
+/// gone or terminated, in a list and by id → delete again is not an error →
+/// paging → cleanup.
 pub async fn test(engine: &Engine, path: &Path, config: &TestConfig) -> Report {
     test_until(engine, path, config, std::future::pending()).await
 }

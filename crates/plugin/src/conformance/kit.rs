@@ -104,6 +104,11 @@ impl Kit<'_> {
         self.patiently(|| provider.list(filter.clone())).await
     }
 
+    pub(super) async fn get(&mut self, ids: Vec<String>) -> Result<Vec<Instance>, CallError> {
+        let provider = self.provider;
+        self.patiently(|| provider.get(ids.clone())).await
+    }
+
     pub(super) async fn delete(&mut self, id: &str) -> Result<Deletion, CallError> {
         let provider = self.provider;
         let done = self.patiently(|| provider.delete(id)).await;
@@ -127,7 +132,7 @@ impl Kit<'_> {
         let spec = self.spec("created");
         let tags = spec.tags.clone();
         let started = Instant::now();
-        let instance = match self.create(spec).await {
+        let instance = match self.create(spec.clone()).await {
             Ok(i) => {
                 let checked = has_all(&i.tags, &tags).map(|()| format!("{} ({})", i.id, i.state));
                 report.record("create with tags", started, checked);
@@ -150,6 +155,42 @@ impl Kit<'_> {
                     .map(|()| format!("{id} listed with its tags ({} in pool)", all.len()))
             });
         report.record("listed with tags", started, shown);
+
+        // `get` answers the ids asked, and only those.
+        let started = Instant::now();
+        let got = self
+            .get(vec![id.clone()])
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|found| {
+                if let Some(other) = found.iter().find(|i| i.id != id) {
+                    return Err(format!("a get of {id} also answered {}", other.id));
+                }
+                let it = (found.iter().find(|i| i.id == id))
+                    .ok_or_else(|| format!("a get of {id} did not answer it"))?;
+                has_all(&it.tags, &tags).map(|()| format!("{id} got by id with its tags"))
+            });
+        report.record("get by id", started, got);
+
+        // A create sent again with the same token (as after a restart)
+        // makes no second instance.
+        if self.provider.driver().info().capabilities.idempotent_create {
+            let started = Instant::now();
+            let again = match self.create(spec).await {
+                Ok(i) if i.id == id => Ok(format!("the same instance, {id}")),
+                Ok(i) => Err(format!(
+                    "a second instance, {}, for the token that made {id}",
+                    i.id
+                )),
+                Err(e) => Err(format!("the create sent again failed: {e}")),
+            };
+            report.record("one token, one instance", started, again);
+        } else {
+            report.skip(
+                "one token, one instance",
+                "the driver does not declare idempotent-create",
+            );
+        }
 
         // The host runs several instances of a driver side by side, so
         // nothing that matters may live in one instance's memory.
@@ -252,6 +293,22 @@ impl Kit<'_> {
                 Some(i) => Err(format!("still listed as {}", i.state)),
             });
         report.record("gone after delete", started, gone);
+
+        let started = Instant::now();
+        let got = self
+            .get(vec![id.to_owned()])
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|found| match found.iter().find(|i| i.id == id) {
+                None => Ok("not answered: gone".to_string()),
+                Some(i)
+                    if matches!(i.state, InstanceState::Terminated | InstanceState::Stopping) =>
+                {
+                    Ok(format!("answered as {}", i.state))
+                }
+                Some(i) => Err(format!("a get still answers it as {}", i.state)),
+            });
+        report.record("get after delete", started, got);
 
         let started = Instant::now();
         let again = self
