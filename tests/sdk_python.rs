@@ -55,7 +55,7 @@ fn python_sdk_unit_tests_pass() {
         .args([
             "--quiet",
             "-d",
-            "wit/berth-driver@0.1.0",
+            "wit/berth-driver@0.2.0",
             "-w",
             "berth:driver/driver-plugin",
             "bindings",

@@ -2,7 +2,10 @@
 docs/sim-cloud.md).
 
 It behaves like the Rust driver in plugins/sim: the same config, paging,
-error mapping and tag rules. It talks to the sim's instance API over
+error mapping and tag rules, for contract `berth:driver@0.2.0`: `get` asks
+the sim for the ids alone, `list` answers one page of the sim's a call, a
+create sends berth's token as the sim's client token, and an instance whose
+boot failed is reported `failed`, with the sim's fault. It talks to the sim's instance API over
 wasi:http and sends no credentials: when the sim requires a token, the host
 adds it.
 
@@ -10,7 +13,9 @@ componentize-py exports the class named after the WIT interface, `Driver`.
 An error is returned to the host with `fail(error)`, which raises
 componentize-py's `Err(error)` with one of the contract's error cases; any
 other exception traps, and the host replaces the instance. The helpers for
-HTTP, errors and tags come from the SDK, `berth_driver` (sdk/python).
+HTTP, errors, tags and pages come from the SDK, `berth_driver`
+(sdk/python), and so does `Defaults`, which answers the batch calls
+(`create_many`, `delete_many`) as not supported: the sim takes no batches.
 """
 
 import json
@@ -18,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, TypeVar
 
 from berth_driver import errors
+from berth_driver.driver import Defaults
 from berth_driver.errors import fail, invalid_config, permanent, transient
 from berth_driver.http import HttpError, Response, encode_component, parse_url, send
+from berth_driver.pages import only_ids
 from berth_driver.tags import POOL_TAG, Tags, has_all, is_berth_tag
 from wit_world import exports
 from wit_world.imports import berth_driver_types as t
@@ -59,8 +66,9 @@ class Sim:
             "instance_type": spec.instance_type,
             "image": spec.image,
             "tags": tag_object(tags),
-            # The idempotency token: a retried create never makes two.
-            "client_token": spec.node_id,
+            # berth's create token is the idempotency key: a create tried
+            # twice makes one instance.
+            "client_token": spec.token,
         }
         if spec.user_data is not None:
             body["user_data"] = spec.user_data
@@ -71,37 +79,44 @@ class Sim:
             return decode(resp, sim_api.instance)
         fail(api_error(resp, spec.instance_type))
 
-    def list(self, filter: Tags) -> List[t.Instance]:
+    def get(self, ids: List[str]) -> List[t.Instance]:
+        if not ids:
+            return []
+        # One list of these ids: the host asks for at most 100, which one
+        # page of the largest size holds.
+        query = f"tag:{POOL_TAG}={encode_component(self.pool_id)}&page_size={MAX_PAGE_SIZE}"
+        query += "".join(f"&id={encode_component(i)}" for i in ids)
+        resp = request("GET", self.url(f"/v1/instances?{query}"))
+        if resp.status != 200:
+            fail(api_error(resp, None))
+        page = decode(resp, sim_api.instance_page)
+        return only_ids(page.instances, ids, self.pool_id)
+
+    def list(self, filter: Tags, cursor: Optional[str]) -> t.Page:
         # A filter naming another pool matches nothing this driver may see.
         if any(k == POOL_TAG and v != self.pool_id for k, v in filter):
-            return []
+            return t.Page(instances=[], next=None)
         query = f"tag:{POOL_TAG}={encode_component(self.pool_id)}"
         for k, v in filter:
             if k != POOL_TAG:
                 query += f"&tag:{encode_component(k)}={encode_component(v)}"
         if self.page_size is not None:
             query += f"&page_size={self.page_size}"
-        instances: List[t.Instance] = []
-        token: Optional[str] = None
-        while True:
-            url = self.url(f"/v1/instances?{query}")
-            if token is not None:
-                url += f"&page_token={encode_component(token)}"
-            resp = request("GET", url)
-            if resp.status != 200:
-                fail(api_error(resp, None))
-            page = decode(resp, sim_api.instance_page)
-            instances.extend(page.instances)
-            if page.next_page_token is None:
-                break
-            # A token that does not move would loop forever.
-            if page.next_page_token == token:
-                fail(transient(f"sim repeated page token {json.dumps(token)}"))
-            token = page.next_page_token
+        # One page a call: the host asks for the next with `next`.
+        if cursor is not None:
+            query += f"&page_token={encode_component(cursor)}"
+        resp = request("GET", self.url(f"/v1/instances?{query}"))
+        if resp.status != 200:
+            fail(api_error(resp, None))
+        page = decode(resp, sim_api.instance_page)
+        # A token that does not move would have the host loop.
+        if page.next_page_token is not None and page.next_page_token == cursor:
+            fail(transient(f"sim repeated page token {json.dumps(cursor)}"))
         # The sim filters already; checking again costs nothing and keeps
         # the rule that only this pool's instances are ever shown.
         wanted = [*filter, (POOL_TAG, self.pool_id)]
-        return [i for i in instances if has_all(i.tags, wanted)]
+        instances = [i for i in page.instances if has_all(i.tags, wanted)]
+        return t.Page(instances=instances, next=page.next_page_token)
 
     def delete(self, instance_id: str) -> None:
         # The host only deletes ids it listed through this driver, so they
@@ -273,8 +288,10 @@ def configured() -> Sim:
     return _configured
 
 
-class Driver(exports.Driver):
-    """The `berth:driver/driver` export."""
+class Driver(Defaults, exports.Driver):
+    """The `berth:driver/driver` export. `Defaults` answers `create_many`
+    and `delete_many` as not supported: `describe` declares neither
+    capability, so the host calls `create` and `delete` once per instance."""
 
     def describe(self) -> t.DriverInfo:
         return describe()
@@ -286,8 +303,11 @@ class Driver(exports.Driver):
     def create(self, spec: t.CreateSpec) -> t.Instance:
         return configured().create(spec)
 
-    def list(self, filter: Tags) -> List[t.Instance]:
-        return configured().list(filter)
+    def get(self, ids: List[str]) -> List[t.Instance]:
+        return configured().get(ids)
+
+    def list(self, filter: Tags, cursor: Optional[str]) -> t.Page:
+        return configured().list(filter, cursor)
 
     def delete(self, instance_id: str) -> None:
         configured().delete(instance_id)

@@ -10,10 +10,10 @@ from typing import Any, Dict, List, Optional
 from wit_world.imports import berth_driver_types as t
 
 _STATES = {
-    "pending": t.InstanceState.PENDING,
-    "running": t.InstanceState.RUNNING,
-    "stopping": t.InstanceState.STOPPING,
-    "terminated": t.InstanceState.TERMINATED,
+    "pending": t.InstanceState_Pending,
+    "running": t.InstanceState_Running,
+    "stopping": t.InstanceState_Stopping,
+    "terminated": t.InstanceState_Terminated,
 }
 
 U16_MAX = 2**16 - 1
@@ -29,7 +29,7 @@ def instance(obj: Any) -> t.Instance:
         _string(value, f"tags.{key}")
     return t.Instance(
         id=_string(obj.get("id"), "id"),
-        state=_STATES.get(_string(obj.get("state"), "state"), t.InstanceState.UNKNOWN),
+        state=state(obj),
         instance_type=_string(obj.get("instance_type"), "instance_type"),
         # Sorted by key, as the Rust driver reports them.
         tags=sorted(tags.items()),
@@ -46,6 +46,15 @@ def instance(obj: Any) -> t.Instance:
             host_keys=[],
         ),
     )
+
+
+def state(obj: Dict[str, Any]) -> t.InstanceState:
+    """The sim's `state` as the contract's: `failed` carries the sim's
+    `fault`, why the instance will never run."""
+    text = _string(obj.get("state"), "state")
+    if text == "failed":
+        return t.InstanceState_Failed(_optional_string(obj, "fault") or "")
+    return _STATES.get(text, t.InstanceState_Unknown)()
 
 
 @dataclass

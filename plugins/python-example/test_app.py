@@ -11,6 +11,7 @@ from unittest import mock
 
 from berth_driver.http import Response
 from berth_driver.testing import FakeHttp, error_of, response
+from componentize_py_types import Err
 from wit_world.imports import berth_driver_types as t
 
 import app
@@ -23,6 +24,25 @@ def err_body(code: str, **extra: object) -> dict:
 
 def sim_instance(id: str, tags: dict, state: str = "pending") -> dict:
     return {"id": id, "state": state, "instance_type": "small", "tags": tags}
+
+
+TOKEN = "0b3c5d7e-1f2a-4b6c-8d9e-a1b2c3d4e5f6"
+
+
+def spec(instance_type: str = "small", tags: Optional[list] = None, **more) -> t.CreateSpec:
+    """A create as the host asks for it."""
+    fields = dict(
+        node_id="n-1",
+        token=TOKEN,
+        instance_type=instance_type,
+        image="img",
+        tags=tags or [],
+        user_data=None,
+        ssh_public_key=None,
+        options="{}",
+    )
+    fields.update(more)
+    return t.CreateSpec(**fields)
 
 
 def sent(cloud: FakeHttp) -> list:
@@ -98,7 +118,7 @@ class Configure(unittest.TestCase):
 
     def test_calls_before_configure_fail(self):
         with mock.patch.object(app, "_configured", None):
-            e = error_of(lambda: app.Driver().list([]))
+            e = error_of(lambda: app.Driver().list([], None))
         self.assertEqual(e, t.Error_InvalidConfig("driver not configured"))
 
 
@@ -126,7 +146,7 @@ class Instances(unittest.TestCase):
             i,
             t.Instance(
                 id="i-2a",
-                state=t.InstanceState.PENDING,
+                state=t.InstanceState_Pending(),
                 instance_type="small",
                 tags=[("berth-node", "n-1"), ("berth-pool", "p1")],
                 addresses=t.Addresses(None, "10.0.0.42", None, "i-2a.sim.internal"),
@@ -137,13 +157,20 @@ class Instances(unittest.TestCase):
 
     def test_states(self):
         for text, want in [
-            ("pending", t.InstanceState.PENDING),
-            ("running", t.InstanceState.RUNNING),
-            ("stopping", t.InstanceState.STOPPING),
-            ("terminated", t.InstanceState.TERMINATED),
-            ("exploded", t.InstanceState.UNKNOWN),
+            ("pending", t.InstanceState_Pending()),
+            ("running", t.InstanceState_Running()),
+            ("stopping", t.InstanceState_Stopping()),
+            ("terminated", t.InstanceState_Terminated()),
+            ("failed", t.InstanceState_Failed("")),
+            ("exploded", t.InstanceState_Unknown()),
         ]:
             self.assertEqual(sim_api.instance(sim_instance("i-1", {}, text)).state, want)
+
+    def test_a_failed_instance_carries_the_sims_fault(self):
+        failed = {**sim_instance("i-1", {}, "failed"), "fault": "the instance failed to boot"}
+        self.assertEqual(sim_api.instance(failed).state, t.InstanceState_Failed("the instance failed to boot"))
+        e = error_of(app.decode, response(200, {**failed, "fault": 7}), sim_api.instance)
+        self.assertIsInstance(e, t.Error_Transient)
 
     def test_malformed_is_transient(self):
         for body in [
@@ -160,29 +187,27 @@ class Instances(unittest.TestCase):
 
 
 class Calls(unittest.TestCase):
-    def test_create_forces_pool_tag_and_token(self):
+    def test_create_forces_pool_tag_and_sends_the_token(self):
         tags = [("berth-pool", "other"), ("berth-node", "n-1")]
-        spec = t.CreateSpec("n-1", "small", "img", tags, None, "ssh-ed25519 k", "{}")
         with FakeHttp() as cloud:
             cloud.respond("POST", "http://sim/v1/instances", 201, sim_instance("i-1", {"berth-pool": "p1"}))
-            self.assertEqual(SIM.create(spec).id, "i-1")
+            self.assertEqual(SIM.create(spec(tags=tags, ssh_public_key="ssh-ed25519 k")).id, "i-1")
         self.assertEqual(
             sent(cloud),
             [("POST", "http://sim/v1/instances", {
                 "instance_type": "small",
                 "image": "img",
                 "tags": {"berth-node": "n-1", "berth-pool": "p1"},
-                "client_token": "n-1",
+                "client_token": TOKEN,
                 "ssh_public_key": "ssh-ed25519 k",
             })],
         )
         self.assertEqual(cloud.requests[0].header("content-type"), "application/json")
 
     def test_create_capacity_names_the_type(self):
-        spec = t.CreateSpec("n-1", "big", "img", [], None, None, "{}")
         with FakeHttp() as cloud:
             cloud.respond("POST", "http://sim/v1/instances", 503, err_body("insufficient_capacity"))
-            e = error_of(SIM.create, spec)
+            e = error_of(SIM.create, spec("big"))
         self.assertEqual(e, t.Error_Capacity(t.Capacity(t.CapacityScope_InstanceType("big"), "m")))
 
     def test_no_response_is_transient(self):
@@ -191,30 +216,67 @@ class Calls(unittest.TestCase):
             e = error_of(SIM.delete, "i-1")
         self.assertEqual(e, t.Error_Transient("request failed: HttpRequestDenied"))
 
-    def test_list_follows_pages_and_filters(self):
+    def test_list_answers_one_page_and_the_sims_cursor(self):
         mine = sim_instance("i-1", {"berth-pool": "p1", "berth-label": "a b"})
         stray = sim_instance("i-2", {"berth-pool": "p2", "berth-label": "a b"})
         url = "http://sim/v1/instances?tag:berth-pool=p1&tag:berth-label=a%20b&page_size=1"
         sim = app.Sim("p1", "http://sim", 1)
+        filter = [("berth-pool", "p1"), ("berth-label", "a b")]
         with FakeHttp() as cloud:
             cloud.respond("GET", url, json={"instances": [mine], "next_page_token": "t/1"})
+            first = sim.list(filter, None)
+            # One request a call, whatever the sim has after it.
+            self.assertEqual(len(cloud.requests), 1)
             cloud.respond("GET", f"{url}&page_token=t%2F1", json={"instances": [stray], "next_page_token": None})
-            got = sim.list([("berth-pool", "p1"), ("berth-label", "a b")])
-        self.assertEqual([i.id for i in got], ["i-1"])
+            last = sim.list(filter, first.next)
+        self.assertEqual(([i.id for i in first.instances], first.next), (["i-1"], "t/1"))
+        # The stray instance of another pool is dropped.
+        self.assertEqual(last, t.Page(instances=[], next=None))
         self.assertEqual(cloud.pending(), [])
 
     def test_list_of_foreign_pool_asks_nothing(self):
         with FakeHttp() as cloud:
-            self.assertEqual(SIM.list([("berth-pool", "p2")]), [])
+            self.assertEqual(SIM.list([("berth-pool", "p2")], None), t.Page(instances=[], next=None))
         self.assertEqual(cloud.requests, [])
 
     def test_list_repeated_token_is_transient(self):
-        url = "http://sim/v1/instances?tag:berth-pool=p1"
-        page = {"instances": [], "next_page_token": "x"}
+        url = "http://sim/v1/instances?tag:berth-pool=p1&page_token=x"
         with FakeHttp() as cloud:
-            cloud.respond("GET", url, json=page)
-            cloud.respond("GET", f"{url}&page_token=x", json=page)
-            self.assertIsInstance(error_of(SIM.list, []), t.Error_Transient)
+            cloud.respond("GET", url, json={"instances": [], "next_page_token": "x"})
+            e = error_of(SIM.list, [], "x")
+        self.assertEqual(e, t.Error_Transient('sim repeated page token "x"'))
+
+    def test_get_asks_for_those_ids_in_one_list(self):
+        url = "http://sim/v1/instances?tag:berth-pool=p1&page_size=1000&id=i-1&id=i-2&id=i%2F3"
+        found = [
+            sim_instance("i-1", {"berth-pool": "p1"}, "failed"),
+            # Another pool's, and one not asked for: neither is answered.
+            sim_instance("i-2", {"berth-pool": "p2"}),
+            sim_instance("i-9", {"berth-pool": "p1"}),
+        ]
+        with FakeHttp() as cloud:
+            cloud.respond("GET", url, json={"instances": found, "next_page_token": None})
+            got = SIM.get(["i-1", "i-2", "i/3"])
+        self.assertEqual([(i.id, i.state) for i in got], [("i-1", t.InstanceState_Failed(""))])
+        self.assertEqual(len(cloud.requests), 1)
+
+    def test_get_of_nothing_asks_nothing(self):
+        with FakeHttp() as cloud:
+            self.assertEqual(SIM.get([]), [])
+        self.assertEqual(cloud.requests, [])
+
+    def test_get_maps_the_sims_errors(self):
+        url = "http://sim/v1/instances?tag:berth-pool=p1&page_size=1000&id=nope"
+        with FakeHttp() as cloud:
+            cloud.respond("GET", url, 400, err_body("invalid_request"))
+            self.assertEqual(error_of(SIM.get, ["nope"]), t.Error_Permanent("m"))
+
+    def test_batches_are_not_supported(self):
+        self.assertFalse(app.describe().capabilities & (t.Capabilities.CREATE_MANY | t.Capabilities.DELETE_MANY))
+        made = app.Driver().create_many([spec(), spec()])
+        self.assertEqual(made, [Err(t.Error_Permanent("create-many is not supported by this driver"))] * 2)
+        gone = app.Driver().delete_many(["i-1"])
+        self.assertEqual(gone, [Err(t.Error_Permanent("delete-many is not supported by this driver"))])
 
     def test_delete_not_found(self):
         with FakeHttp() as cloud:

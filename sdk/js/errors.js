@@ -1,4 +1,4 @@
-// The contract's `error` variant (wit/berth-driver@0.1.0/driver.wit) as JavaScript exceptions,
+// The contract's `error` variant (wit/berth-driver@0.2.0/driver.wit) as JavaScript exceptions,
 // and the usual mapping of an HTTP status to its case.
 //
 // componentize-js turns an exception thrown by an exported function into the
@@ -30,6 +30,26 @@ export class DriverError extends Error {
 /** Whether `e` is an error the host receives as the contract's `error`. */
 export function isDriverError(e) {
   return e instanceof DriverError;
+}
+
+/** The message of a contract `error` value: its text, or its payload's `message`. */
+function messageOf(value) {
+  const val = value?.val;
+  if (typeof val === 'string') return val;
+  if (typeof val?.message === 'string') return val.message;
+  return JSON.stringify(val ?? null, (_k, v) => (typeof v === 'bigint' ? v.toString() : v));
+}
+
+/**
+ * The `DriverError` of a contract `error` value (`{tag, val}`), as an
+ * import of the world fails with it (the `auth` import does): throwing it
+ * returns the same error from the driver's call.
+ */
+export function fromError(value) {
+  if (value === null || typeof value !== 'object' || typeof value.tag !== 'string') {
+    throw new TypeError(`not a contract error: ${value}`);
+  }
+  return new DriverError(value.tag, value.val, messageOf(value));
 }
 
 /** `ms` as a `u64` (a `BigInt`), saturated; throws on a negative or fraction. */

@@ -4,10 +4,13 @@
 // The fake host for tests is not here but in 'berth-driver-sdk/testing', so
 // it never ends up in a driver's bundle.
 
+export * as auth from './auth.js';
+export { defaults, err, notSupported, ok } from './driver.js';
 export {
   DEFAULT_RETRY_AFTER_MS,
   DriverError,
   error,
+  fromError,
   isDriverError,
   parseRetryAfter,
   responseError,
@@ -15,6 +18,7 @@ export {
 } from './errors.js';
 export { encodeComponent, parseUrl, send } from './http.js';
 export * as log from './log.js';
+export { onlyIds, pageOf } from './pages.js';
 export {
   BERTH_PREFIX,
   IDLE_TAG,

@@ -1,7 +1,7 @@
 // A fake host for unit tests under node (`node --test`), outside any
 // component: an HTTP transport that answers from recorded responses and
-// keeps every request and log record, so a driver's modules, `send` and all,
-// run unchanged.
+// keeps every request and log record, and answers `auth.info`, so a
+// driver's modules, `send` and all, run unchanged.
 //
 //   import { installFakeHost } from 'berth-driver-sdk/testing';
 //
@@ -17,7 +17,7 @@
 
 import { setHost } from '#host';
 
-import { error } from './errors.js';
+import { error, isDriverError } from './errors.js';
 
 const encoder = new TextEncoder();
 
@@ -73,8 +73,8 @@ function answer(spec, req) {
 }
 
 /**
- * A fake host: routes, the requests it received and the log records
- * written. Make one with `installFakeHost`.
+ * A fake host: routes, the requests it received, the log records written,
+ * and the answers of `auth.info`. Make one with `installFakeHost`.
  */
 export class FakeHost {
   constructor() {
@@ -82,7 +82,10 @@ export class FakeHost {
     this.requests = [];
     /** Every log record, in order: `{level, message, fields}`. */
     this.logs = [];
+    /** Every host `auth.info` asked about, in order. */
+    this.authAsked = [];
     this.routes = [];
+    this.auths = new Map();
     this.previous = undefined;
     this.installed = false;
   }
@@ -108,6 +111,29 @@ export class FakeHost {
     return this;
   }
 
+  /**
+   * Answers `auth.info(host)` with `answer`: the JSON text the host's
+   * credential exchange returned, `undefined`, or a `DriverError` (an
+   * `error.*`) to throw, as the host's `auth` import fails. A host given no
+   * answer has no credential exchanged for a token: `undefined`. Returns
+   * this host, for chaining.
+   */
+  auth(host, answer) {
+    if (answer !== undefined && typeof answer !== 'string' && !isDriverError(answer)) {
+      throw new TypeError('auth: the answer is JSON text, undefined or a DriverError');
+    }
+    this.auths.set(host, answer);
+    return this;
+  }
+
+  /** `auth.info(host)`: records `host` and answers it. */
+  authInfo(host) {
+    this.authAsked.push(host);
+    const answer = this.auths.get(host);
+    if (isDriverError(answer)) throw answer;
+    return answer;
+  }
+
   /** The requests made with `method` (any case), to `url` when given (a string or a `RegExp`). */
   requestsTo(method, url) {
     return this.requests.filter(
@@ -121,6 +147,7 @@ export class FakeHost {
       this.previous = setHost({
         request: (req) => this.request(req),
         log: (level, message, fields) => this.logs.push({ level, message, fields }),
+        authInfo: (host) => this.authInfo(host),
       });
       this.installed = true;
     }

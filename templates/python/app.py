@@ -8,8 +8,10 @@ cloud's calls and JSON, and keep the rest.
 
 componentize-py exports the class named after the WIT interface, `Driver`.
 A call returns one of the contract's errors with `fail(error)`; any other
-exception traps, and the host replaces the instance. HTTP, errors and tags
-come from the SDK, `berth_driver`.
+exception traps, and the host replaces the instance. HTTP, errors, tags and
+the helpers for `get` and `list` come from the SDK, `berth_driver`; its
+`Defaults` answers the batch calls (`create_many`, `delete_many`) as not
+supported, which is right for a driver that does not declare them.
 """
 
 import json
@@ -17,8 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from berth_driver import errors
+from berth_driver.driver import Defaults
 from berth_driver.errors import fail, invalid_config, transient
 from berth_driver.http import HttpError, Response, encode_component, parse_url, send
+from berth_driver.pages import only_ids
 from berth_driver.tags import POOL_TAG, Tags, has_all, is_berth_tag
 from wit_world import exports
 from wit_world.imports import berth_driver_types as t
@@ -83,42 +87,51 @@ class Cloud:
             "instance_type": spec.instance_type,
             "image": spec.image,
             "tags": tags,
-            # The idempotency token: a retried create never makes two.
-            "client_token": spec.node_id,
+            # berth's create token is the idempotency key: a create tried
+            # twice makes one instance.
+            "client_token": spec.token,
         }
         resp = request("POST", f"{self.endpoint}/v1/instances", body)
         if resp.status not in (200, 201):
             fail(api_error(resp, spec.instance_type))
         return read(resp, to_instance)
 
-    def list(self, filter: Tags) -> List[t.Instance]:
+    def get(self, ids: List[str]) -> List[t.Instance]:
+        if not ids:
+            return []
+        # CLOUD: a lookup of just these ids (a filter by id, or one call
+        # each), never a list of everything. The host asks for at most 100,
+        # which one page of the largest size holds.
+        query = f"tag:{POOL_TAG}={encode_component(self.pool_id)}&page_size={MAX_PAGE_SIZE}"
+        query += "".join(f"&id={encode_component(i)}" for i in ids)
+        resp = request("GET", f"{self.endpoint}/v1/instances?{query}")
+        if resp.status != 200:
+            fail(api_error(resp))
+        found, _ = read(resp, to_page)
+        # Only the ids asked, and only this pool's.
+        return only_ids(found, ids, self.pool_id)
+
+    def list(self, filter: Tags, cursor: Optional[str]) -> t.Page:
         # A filter naming another pool matches nothing this driver may see.
         if any(k == POOL_TAG and v != self.pool_id for k, v in filter):
-            return []
+            return t.Page(instances=[], next=None)
         wanted = [(POOL_TAG, self.pool_id), *((k, v) for k, v in filter if k != POOL_TAG)]
         # CLOUD: your cloud's list call, filtered by tag on the cloud's side
-        # where it can.
+        # where it can. One page per call: the host asks for the next one
+        # with the cursor given back in `next`.
         query = "&".join(f"tag:{encode_component(k)}={encode_component(v)}" for k, v in wanted)
         if self.page_size is not None:
             query += f"&page_size={self.page_size}"
-        found: List[t.Instance] = []
-        token: Optional[str] = None
-        while True:  # every page
-            url = f"{self.endpoint}/v1/instances?{query}"
-            if token is not None:
-                url += f"&page_token={encode_component(token)}"
-            resp = request("GET", url)
-            if resp.status != 200:
-                fail(api_error(resp))
-            instances, next_token = read(resp, to_page)
-            found.extend(instances)
-            if next_token is None:
-                break
-            if next_token == token:  # would loop until the deadline
-                fail(transient(f"list: the cloud repeated page token {next_token!r}"))
-            token = next_token
+        if cursor is not None:
+            query += f"&page_token={encode_component(cursor)}"
+        resp = request("GET", f"{self.endpoint}/v1/instances?{query}")
+        if resp.status != 200:
+            fail(api_error(resp))
+        found, next_token = read(resp, to_page)
+        if next_token is not None and next_token == cursor:  # the host would loop
+            fail(transient(f"list: the cloud repeated page token {next_token!r}"))
         # Only this pool's instances, and only those with every filter tag.
-        return [i for i in found if has_all(i.tags, wanted)]
+        return t.Page(instances=[i for i in found if has_all(i.tags, wanted)], next=next_token)
 
     def delete(self, instance_id: str) -> None:
         # CLOUD: your cloud's delete call.
@@ -201,18 +214,26 @@ def api_error(resp: Response, instance_type: Optional[str] = None) -> t.Error:
 # type raises ValueError, which `read` turns into a `transient` error.
 
 STATES = {
-    "pending": t.InstanceState.PENDING,
-    "running": t.InstanceState.RUNNING,
-    "stopping": t.InstanceState.STOPPING,
-    "terminated": t.InstanceState.TERMINATED,
+    "pending": t.InstanceState_Pending,
+    "running": t.InstanceState_Running,
+    "stopping": t.InstanceState_Stopping,
+    "terminated": t.InstanceState_Terminated,
 }
+
+
+def to_state(obj: Any) -> t.InstanceState:
+    state = field(obj, "state", str)
+    if state == "failed":
+        # The cloud gave up on it, and says why; berth replaces it at once.
+        return t.InstanceState_Failed(field(obj, "fault", str, optional=True) or "")
+    return STATES.get(state, t.InstanceState_Unknown)()
 
 
 def to_instance(obj: Any) -> t.Instance:
     tags = field(obj, "tags", dict, optional=True) or {}
     return t.Instance(
         id=field(obj, "id", str),
-        state=STATES.get(field(obj, "state", str), t.InstanceState.UNKNOWN),
+        state=to_state(obj),
         instance_type=field(obj, "instance_type", str),
         # Every tag, verbatim: after a restart they are berth's only record.
         tags=sorted((k, field(tags, k, str)) for k in tags),
@@ -304,8 +325,10 @@ def configured() -> Cloud:
     return _configured
 
 
-class Driver(exports.Driver):
-    """The `berth:driver/driver` export."""
+class Driver(Defaults, exports.Driver):
+    """The `berth:driver/driver` export. `Defaults` answers `create_many`
+    and `delete_many`, which the host calls only when `describe` declares
+    the `CREATE_MANY` or `DELETE_MANY` capability, as not supported."""
 
     def describe(self) -> t.DriverInfo:
         return describe()
@@ -317,8 +340,11 @@ class Driver(exports.Driver):
     def create(self, spec: t.CreateSpec) -> t.Instance:
         return configured().create(spec)
 
-    def list(self, filter: Tags) -> List[t.Instance]:
-        return configured().list(filter)
+    def get(self, ids: List[str]) -> List[t.Instance]:
+        return configured().get(ids)
+
+    def list(self, filter: Tags, cursor: Optional[str]) -> t.Page:
+        return configured().list(filter, cursor)
 
     def delete(self, instance_id: str) -> None:
         configured().delete(instance_id)

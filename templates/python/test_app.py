@@ -10,6 +10,7 @@ real endpoint.
 import unittest
 
 from berth_driver.testing import FakeHttp, error_of, response
+from componentize_py_types import Err
 from wit_world.imports import berth_driver_types as t
 
 import app
@@ -17,9 +18,9 @@ import app
 CLOUD = app.Cloud(pool_id="p1", endpoint="http://cloud", page_size=None)
 
 
-def instance(id: str, tags: dict) -> dict:
+def instance(id: str, tags: dict, state: str = "pending", **more) -> dict:
     """An instance as the cloud's JSON."""
-    return {"id": id, "state": "pending", "instance_type": "small", "tags": tags}
+    return {"id": id, "state": state, "instance_type": "small", "tags": tags, **more}
 
 
 class Configure(unittest.TestCase):
@@ -42,9 +43,10 @@ class Configure(unittest.TestCase):
 
 
 class Calls(unittest.TestCase):
-    def test_create_forces_the_pool_tag_and_sends_the_node_id(self):
+    def test_create_forces_the_pool_tag_and_sends_the_token(self):
         spec = t.CreateSpec(
             node_id="n-1",
+            token="6f1c2a4e-9b7d-4c3e-8a5f-0d2b1e3c4a5b",
             instance_type="small",
             image="img",
             tags=[("berth-pool", "other"), ("berth-node", "n-1")],
@@ -61,27 +63,74 @@ class Calls(unittest.TestCase):
                 "instance_type": "small",
                 "image": "img",
                 "tags": {"berth-pool": "p1", "berth-node": "n-1"},
-                "client_token": "n-1",
+                "client_token": "6f1c2a4e-9b7d-4c3e-8a5f-0d2b1e3c4a5b",
             },
         )
 
-    def test_list_follows_every_page_and_filters(self):
+    def test_list_returns_one_page_and_its_cursor(self):
         url = "http://cloud/v1/instances?tag:berth-pool=p1&tag:berth-label=a%20b&page_size=1"
         mine = instance("i-1", {"berth-pool": "p1", "berth-label": "a b"})
         also_mine = instance("i-3", {"berth-pool": "p1", "berth-label": "a b"})
         # The cloud filters already; an instance that slips through is dropped.
         other = instance("i-2", {"berth-pool": "p2", "berth-label": "a b"})
+        cloud_ = app.Cloud("p1", "http://cloud", 1)
+        filter = [("berth-pool", "p1"), ("berth-label", "a b")]
         with FakeHttp() as cloud:
             cloud.respond("GET", url, json={"instances": [mine], "next_page_token": "t/1"})
+            first = cloud_.list(filter, None)
+            # One request per call: the host asks for the next page.
+            self.assertEqual(len(cloud.requests), 1)
             cloud.respond("GET", url + "&page_token=t%2F1", json={"instances": [other, also_mine], "next_page_token": None})
-            got = app.Cloud("p1", "http://cloud", 1).list([("berth-pool", "p1"), ("berth-label", "a b")])
-        self.assertEqual([i.id for i in got], ["i-1", "i-3"])
+            last = cloud_.list(filter, first.next)
+        self.assertEqual(([i.id for i in first.instances], first.next), (["i-1"], "t/1"))
+        self.assertEqual(([i.id for i in last.instances], last.next), (["i-3"], None))
         self.assertEqual(cloud.pending(), [])
+
+    def test_list_refuses_a_page_token_that_does_not_move(self):
+        url = "http://cloud/v1/instances?tag:berth-pool=p1&page_token=x"
+        with FakeHttp() as cloud:
+            cloud.respond("GET", url, json={"instances": [], "next_page_token": "x"})
+            self.assertIsInstance(error_of(CLOUD.list, [], "x"), t.Error_Transient)
 
     def test_list_of_another_pool_asks_nothing(self):
         with FakeHttp() as cloud:
-            self.assertEqual(CLOUD.list([("berth-pool", "p2")]), [])
+            self.assertEqual(CLOUD.list([("berth-pool", "p2")], None), t.Page(instances=[], next=None))
         self.assertEqual(cloud.requests, [])
+
+    def test_get_asks_for_the_ids_alone_and_keeps_the_pools(self):
+        url = "http://cloud/v1/instances?tag:berth-pool=p1&page_size=1000&id=i-1&id=i%2F2&id=i-3"
+        found = [
+            instance("i-1", {"berth-pool": "p1"}),
+            # Another pool's, and one not asked for: both dropped.
+            instance("i/2", {"berth-pool": "p2"}),
+            instance("i-4", {"berth-pool": "p1"}),
+        ]
+        with FakeHttp() as cloud:
+            cloud.respond("GET", url, json={"instances": found, "next_page_token": None})
+            got = CLOUD.get(["i-1", "i/2", "i-3"])
+        self.assertEqual([i.id for i in got], ["i-1"])
+        with FakeHttp() as cloud:
+            self.assertEqual(CLOUD.get([]), [])
+        self.assertEqual(cloud.requests, [])
+
+    def test_states_and_the_failed_reason(self):
+        for state, more, want in [
+            ("pending", {}, t.InstanceState_Pending()),
+            ("running", {}, t.InstanceState_Running()),
+            ("stopping", {}, t.InstanceState_Stopping()),
+            ("terminated", {}, t.InstanceState_Terminated()),
+            ("failed", {"fault": "no host"}, t.InstanceState_Failed("no host")),
+            ("failed", {}, t.InstanceState_Failed("")),
+            ("exploded", {}, t.InstanceState_Unknown()),
+        ]:
+            got = app.to_instance(instance("i-1", {}, state, **more))
+            self.assertEqual(got.state, want, state)
+
+    def test_batches_are_not_supported(self):
+        self.assertFalse(app.describe().capabilities & t.Capabilities.CREATE_MANY)
+        permanent = lambda what: Err(t.Error_Permanent(f"{what} is not supported by this driver"))
+        self.assertEqual(app.Driver().create_many(["a", "b"]), [permanent("create-many")] * 2)
+        self.assertEqual(app.Driver().delete_many(["i-1"]), [permanent("delete-many")])
 
     def test_delete_of_a_gone_instance_is_not_found(self):
         with FakeHttp() as cloud:

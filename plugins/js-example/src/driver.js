@@ -1,16 +1,31 @@
 // A berth driver for the instance API of the simulated cloud (`berth sim`,
 // docs/sim-cloud.md), written in JavaScript and built into a component with
-// componentize-js. It behaves as the Rust driver in plugins/sim does.
+// componentize-js. It behaves as the Rust driver in plugins/sim does, for
+// contract berth:driver@0.2.0: `get` asks the sim for the ids alone, `list`
+// answers one page of the sim's a call, a create sends berth's token as the
+// sim's client token, and an instance whose boot failed is reported
+// `failed`, with the sim's fault.
 //
 // componentize-js binds the world's exported interface `berth:driver/driver`
 // to the object this module exports as `driver`; WIT names become camelCase
 // (`set-tags` is `setTags`). A returned value is the `ok` case of a `result`;
 // a thrown `DriverError` is the `err` case (see the SDK's errors.js).
-// Requests block (the SDK's `send`), so every function is synchronous.
+// Requests block (the SDK's `send`), so every function is synchronous. The
+// sim takes no batches: the SDK's `defaults` answer `createMany` and
+// `deleteMany` as not supported.
 
-import { POOL_TAG, encodeComponent, error, hasAll, isBerthTag, send } from 'berth-driver-sdk';
+import {
+  POOL_TAG,
+  defaults,
+  encodeComponent,
+  error,
+  hasAll,
+  isBerthTag,
+  onlyIds,
+  send,
+} from 'berth-driver-sdk';
 
-import { checkLabelOptions, parseConfig } from './config.js';
+import { MAX_PAGE_SIZE, checkLabelOptions, parseConfig } from './config.js';
 import { apiError, readInstance, readLimits, readPage } from './sim-api.js';
 
 /** This driver's version; keep it equal to package.json's. */
@@ -35,6 +50,10 @@ function instanceUrl(c, id) {
 }
 
 export const driver = {
+  // createMany, deleteMany: a `permanent` error for each item. `describe`
+  // declares neither capability, so the host never calls them.
+  ...defaults,
+
   describe() {
     return {
       name: 'js-example',
@@ -84,8 +103,9 @@ export const driver = {
       instance_type: spec.instanceType,
       image: spec.image,
       tags,
-      // A retried create returns the first instance instead of making two.
-      client_token: spec.nodeId,
+      // berth's create token: a create tried twice returns the first
+      // instance instead of making two.
+      client_token: spec.token,
     };
     if (spec.userData !== undefined) body.user_data = spec.userData;
     if (spec.sshPublicKey !== undefined) body.ssh_public_key = spec.sshPublicKey;
@@ -94,35 +114,45 @@ export const driver = {
     throw apiError(resp, spec.instanceType);
   },
 
-  list(filter) {
+  get(ids) {
+    const c = configured();
+    if (ids.length === 0) return [];
+    // One list of these ids: the host asks for at most 100, which one page of
+    // the largest size holds.
+    let query = `tag:${POOL_TAG}=${encodeComponent(c.poolId)}&page_size=${MAX_PAGE_SIZE}`;
+    for (const id of ids) query += `&id=${encodeComponent(id)}`;
+    const resp = send('GET', `${c.endpoint}/v1/instances?${query}`);
+    if (resp.status !== 200) throw apiError(resp);
+    return onlyIds(readPage(resp.json()).instances, ids, c.poolId);
+  },
+
+  list(filter, cursor) {
     const c = configured();
     // A filter naming another pool matches nothing this driver may see.
-    if (filter.some(([k, v]) => k === POOL_TAG && v !== c.poolId)) return [];
+    if (filter.some(([k, v]) => k === POOL_TAG && v !== c.poolId)) {
+      return { instances: [], next: undefined };
+    }
     let query = `tag:${POOL_TAG}=${encodeComponent(c.poolId)}`;
     for (const [k, v] of filter) {
       if (k !== POOL_TAG) query += `&tag:${encodeComponent(k)}=${encodeComponent(v)}`;
     }
     if (c.pageSize !== undefined) query += `&page_size=${c.pageSize}`;
-    const instances = [];
-    let token;
-    for (;;) {
-      let url = `${c.endpoint}/v1/instances?${query}`;
-      if (token !== undefined) url += `&page_token=${encodeComponent(token)}`;
-      const resp = send('GET', url);
-      if (resp.status !== 200) throw apiError(resp);
-      const page = readPage(resp.json());
-      instances.push(...page.instances);
-      if (page.nextPageToken === undefined) break;
-      // A token that does not move would loop until the deadline.
-      if (page.nextPageToken === token) {
-        throw error.transient(`sim repeated page token ${JSON.stringify(token)}`);
-      }
-      token = page.nextPageToken;
+    // One page a call: the host asks for the next with `next`.
+    if (cursor !== undefined) query += `&page_token=${encodeComponent(cursor)}`;
+    const resp = send('GET', `${c.endpoint}/v1/instances?${query}`);
+    if (resp.status !== 200) throw apiError(resp);
+    const page = readPage(resp.json());
+    // A token that does not move would have the host loop.
+    if (page.nextPageToken !== undefined && page.nextPageToken === cursor) {
+      throw error.transient(`sim repeated page token ${JSON.stringify(cursor)}`);
     }
     // The sim filters already; checking again costs nothing and keeps the
     // rule that only this pool's instances are ever shown.
     const wanted = [...filter, [POOL_TAG, c.poolId]];
-    return instances.filter((i) => hasAll(i.tags, wanted));
+    return {
+      instances: page.instances.filter((i) => hasAll(i.tags, wanted)),
+      next: page.nextPageToken,
+    };
   },
 
   delete(instanceId) {

@@ -8,6 +8,16 @@ import { error, statusError } from 'berth-driver-sdk';
 
 const STATES = new Set(['pending', 'running', 'stopping', 'terminated']);
 
+/**
+ * The sim's `state` as the contract's variant: `{tag}`, or `{tag: 'failed',
+ * val}` with the sim's `fault`, why the instance will never run.
+ */
+export function readState(i) {
+  const state = string(i.state, 'state');
+  if (state === 'failed') return { tag: 'failed', val: optional(i.fault, 'fault', string) ?? '' };
+  return { tag: STATES.has(state) ? state : 'unknown' };
+}
+
 /** One instance as the sim reports it, as the contract's `instance`. */
 export function readInstance(json) {
   const i = object(json, 'instance');
@@ -15,10 +25,9 @@ export function readInstance(json) {
   const entries = Object.entries(tags).map(([k, v]) => [k, string(v, `tags.${k}`)]);
   // Sorted by key, as the Rust driver's map returns them.
   entries.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-  const state = string(i.state, 'state');
   return {
     id: string(i.id, 'id'),
-    state: STATES.has(state) ? state : 'unknown',
+    state: readState(i),
     instanceType: string(i.instance_type, 'instance_type'),
     tags: entries,
     addresses: {

@@ -1,5 +1,5 @@
 // Unit tests of the driver under node: config validation, label options, the
-// sim's wire format and its error mapping, and the six calls themselves
+// sim's wire format and its error mapping, and the calls themselves
 // against the SDK's fake host (recorded sim answers, every request kept).
 // `npm test` runs them with node's test runner; the whole driver is tested
 // against a running sim with `berth driver test` (see README.md).
@@ -125,7 +125,7 @@ test('an instance from the sim JSON', () => {
   );
   assert.deepEqual(i, {
     id: 'i-000000000000002a',
-    state: 'pending',
+    state: { tag: 'pending' },
     instanceType: 'small',
     tags: [
       ['berth-node', 'n-1'],
@@ -144,15 +144,20 @@ test('an instance from the sim JSON', () => {
 
 test('instance states, and bodies that are not the sim JSON', () => {
   for (const [text, want] of [
-    ['pending', 'pending'],
-    ['running', 'running'],
-    ['stopping', 'stopping'],
-    ['terminated', 'terminated'],
-    ['exploded', 'unknown'],
+    ['pending', { tag: 'pending' }],
+    ['running', { tag: 'running' }],
+    ['stopping', { tag: 'stopping' }],
+    ['terminated', { tag: 'terminated' }],
+    ['failed', { tag: 'failed', val: '' }],
+    ['exploded', { tag: 'unknown' }],
   ]) {
-    assert.equal(readInstance({ id: 'i-1', state: text, instance_type: 't' }).state, want);
+    assert.deepEqual(readInstance({ id: 'i-1', state: text, instance_type: 't' }).state, want, text);
   }
+  // A failed instance carries the sim's fault.
+  const failed = { id: 'i-1', state: 'failed', instance_type: 't', fault: 'the instance failed to boot' };
+  assert.deepEqual(readInstance(failed).state, { tag: 'failed', val: 'the instance failed to boot' });
   for (const body of [
+    { ...failed, fault: 7 },
     { state: 'running', instance_type: 't' },
     { id: 'i-1', state: 'running', instance_type: 't', tags: { k: 1 } },
     { id: 'i-1', state: 'running', instance_type: 't', ssh_port: 70000 },
@@ -199,35 +204,50 @@ function configured(t, config = {}) {
   return fake;
 }
 
-test('create forces the pool tag and passes the node id as the client token', (t) => {
+const TOKEN = '0b3c5d7e-1f2a-4b6c-8d9e-a1b2c3d4e5f6';
+
+/** A create as the host asks for it. */
+function spec(more = {}) {
+  return {
+    nodeId: 'n-1',
+    token: TOKEN,
+    instanceType: 'small',
+    image: 'u',
+    tags: [],
+    userData: undefined,
+    sshPublicKey: undefined,
+    options: '{}',
+    ...more,
+  };
+}
+
+test('create forces the pool tag and passes the token as the client token', (t) => {
   const fake = configured(t);
   fake.route('POST', `${SIM}/v1/instances`, { status: 201, body: simInstance('i-1', { 'berth-node': 'n-1' }) });
-  const made = driver.create({
-    nodeId: 'n-1',
-    instanceType: 'small',
-    image: 'ubuntu',
-    tags: [['berth-pool', 'other'], ['berth-node', 'n-1'], ['env', 'ci']],
-    options: '{}',
-    userData: 'echo hi',
-    sshPublicKey: undefined,
-  });
+  const made = driver.create(
+    spec({
+      image: 'ubuntu',
+      tags: [['berth-pool', 'other'], ['berth-node', 'n-1'], ['env', 'ci']],
+      userData: 'echo hi',
+    }),
+  );
   assert.equal(made.id, 'i-1');
   assert.deepEqual(fake.requests[0].json(), {
     instance_type: 'small',
     image: 'ubuntu',
     tags: { 'berth-node': 'n-1', env: 'ci', 'berth-pool': 'p1' },
-    client_token: 'n-1',
+    client_token: TOKEN,
     user_data: 'echo hi',
   });
   // Refused label options make no request.
-  const e = thrown(() => driver.create({ nodeId: 'n-2', instanceType: 'small', image: 'u', tags: [], options: '{"zone": "a"}' }));
+  const e = thrown(() => driver.create(spec({ nodeId: 'n-2', options: '{"zone": "a"}' })));
   assert.equal(e.tag, 'invalid-config');
   assert.equal(fake.requests.length, 1);
 });
 
 test('create maps the sim failures', (t) => {
   const fake = configured(t);
-  const spec = { nodeId: 'n-1', instanceType: 'small', image: 'u', tags: [], options: '{}' };
+  const create = spec();
   fake.route(
     'POST',
     `${SIM}/v1/instances`,
@@ -236,40 +256,81 @@ test('create maps the sim failures', (t) => {
     { status: 201, body: '{not json' },
     { failure: 'ConnectionRefused' },
   );
-  assert.deepEqual(thrown(() => driver.create(spec)), {
+  assert.deepEqual(thrown(() => driver.create(create)), {
     tag: 'capacity',
     val: { scope: { tag: 'instance-type', val: 'small' }, message: 'full' },
   });
-  assert.deepEqual(thrown(() => driver.create(spec)), {
+  assert.deepEqual(thrown(() => driver.create(create)), {
     tag: 'rate-limited',
     val: { retryAfterMs: 2000n, message: 'slow' },
   });
-  assert.equal(thrown(() => driver.create(spec)).tag, 'transient');
-  assert.deepEqual(thrown(() => driver.create(spec)), { tag: 'transient', val: 'request failed: ConnectionRefused' });
+  assert.equal(thrown(() => driver.create(create)).tag, 'transient');
+  assert.deepEqual(thrown(() => driver.create(create)), { tag: 'transient', val: 'request failed: ConnectionRefused' });
 });
 
-test('list follows every page and shows only the filtered pool', (t) => {
+test('list answers one page of the sim and its cursor, the filtered pool only', (t) => {
   const fake = configured(t, { page_size: 2 });
   const base = `${SIM}/v1/instances?tag:berth-pool=p1&tag:berth-label=a%20b&page_size=2`;
+  const filter = [['berth-pool', 'p1'], ['berth-label', 'a b']];
   fake.route('GET', base, { body: { instances: [simInstance('i-1', { 'berth-label': 'a b' }), simInstance('i-2', { 'berth-label': 'a b' })], next_page_token: 't/1' } });
   fake.route('GET', `${base}&page_token=t%2F1`, {
     // The sim filters already; an instance that slipped through is dropped.
     body: { instances: [simInstance('i-3', { 'berth-label': 'a b' }), simInstance('i-4')], next_page_token: null },
   });
-  const listed = driver.list([['berth-pool', 'p1'], ['berth-label', 'a b']]);
-  assert.deepEqual(listed.map((i) => i.id), ['i-1', 'i-2', 'i-3']);
+  const first = driver.list(filter, undefined);
+  assert.deepEqual([first.instances.map((i) => i.id), first.next], [['i-1', 'i-2'], 't/1']);
+  // One request a call, whatever the sim has after it.
+  assert.equal(fake.requests.length, 1);
+  const last = driver.list(filter, first.next);
+  assert.deepEqual([last.instances.map((i) => i.id), last.next], [['i-3'], undefined]);
   assert.equal(fake.requests.length, 2);
   // Another pool: nothing, and no request.
-  assert.deepEqual(driver.list([['berth-pool', 'p2']]), []);
+  assert.deepEqual(driver.list([['berth-pool', 'p2']], undefined), { instances: [], next: undefined });
   assert.equal(fake.requests.length, 2);
 });
 
 test('list refuses a page token that does not move', (t) => {
   const fake = configured(t);
-  const base = `${SIM}/v1/instances?tag:berth-pool=p1`;
-  fake.route('GET', base, { body: { instances: [], next_page_token: 'x' } });
-  fake.route('GET', `${base}&page_token=x`, { body: { instances: [], next_page_token: 'x' } });
-  assert.deepEqual(thrown(() => driver.list([])), { tag: 'transient', val: 'sim repeated page token "x"' });
+  fake.route('GET', `${SIM}/v1/instances?tag:berth-pool=p1&page_token=x`, { body: { instances: [], next_page_token: 'x' } });
+  assert.deepEqual(thrown(() => driver.list([], 'x')), { tag: 'transient', val: 'sim repeated page token "x"' });
+});
+
+test('get asks the sim for those ids in one list', (t) => {
+  const fake = configured(t);
+  const url = `${SIM}/v1/instances?tag:berth-pool=p1&page_size=1000&id=i-1&id=i-2&id=i%2F3`;
+  fake.route('GET', url, {
+    body: {
+      instances: [
+        { ...simInstance('i-1'), state: 'failed', fault: 'no host' },
+        // Another pool's, and one not asked for: neither is answered.
+        simInstance('i-2', { 'berth-pool': 'p2' }),
+        simInstance('i-9'),
+      ],
+      next_page_token: null,
+    },
+  });
+  const got = driver.get(['i-1', 'i-2', 'i/3']);
+  assert.deepEqual(got.map((i) => [i.id, i.state]), [['i-1', { tag: 'failed', val: 'no host' }]]);
+  // Nothing asked, nothing sent.
+  assert.deepEqual(driver.get([]), []);
+  assert.equal(fake.requests.length, 1);
+});
+
+test('get maps the sim failures', (t) => {
+  const fake = configured(t);
+  fake.route('GET', `${SIM}/v1/instances?tag:berth-pool=p1&page_size=1000&id=nope`, {
+    status: 400,
+    body: { error: { code: 'invalid_request', message: 'bad id' } },
+  });
+  assert.deepEqual(thrown(() => driver.get(['nope'])), { tag: 'permanent', val: 'bad id' });
+});
+
+test('batches are not supported', () => {
+  const caps = driver.describe().capabilities;
+  assert.ok(!caps.createMany && !caps.deleteMany);
+  const permanent = (what) => ({ tag: 'err', val: { tag: 'permanent', val: `${what} is not supported by this driver` } });
+  assert.deepEqual(driver.createMany([spec(), spec()]), [permanent('create-many'), permanent('create-many')]);
+  assert.deepEqual(driver.deleteMany(['i-1']), [permanent('delete-many')]);
 });
 
 test('delete: done, already gone, or an error', (t) => {

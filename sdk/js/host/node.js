@@ -1,6 +1,6 @@
-// The host outside a component (node, for unit tests): there is no wasi:http
-// and no host log, so requests go to whatever transport `testing.js`
-// installed, and fail loudly when there is none.
+// The host outside a component (node, for unit tests): there is no wasi:http,
+// no host log and no `auth` import, so requests and auth questions go to
+// whatever host `testing.js` installed, and fail loudly when there is none.
 //
 // `http.js` and `log.js` import the host as `#host`; package.json resolves it
 // to this module under node (the `node` condition) and to `wasi.js` anywhere
@@ -9,9 +9,9 @@
 let installed;
 
 /**
- * Installs `host` (`{request(req), log(level, message, fields)}`, see
- * `wasi.js` for the shapes) or removes it with `undefined`; returns the one
- * it replaces.
+ * Installs `host` (`{request(req), log(level, message, fields),
+ * authInfo(host)}`, see `wasi.js` for the shapes) or removes it with
+ * `undefined`; returns the one it replaces.
  */
 export function setHost(host) {
   const previous = installed;
@@ -28,6 +28,17 @@ export function request(req) {
     );
   }
   return installed.request(req);
+}
+
+/** Asks the installed host what its credential for `host` learned. */
+export function authInfo(host) {
+  if (installed?.authInfo === undefined) {
+    throw new Error(
+      `berth-driver-sdk: no auth import outside a component (${host}); ` +
+        "in tests, install a fake host: installFakeHost() from 'berth-driver-sdk/testing'",
+    );
+  }
+  return installed.authInfo(host);
 }
 
 /** Writes one log record to the installed host, or nowhere. */

@@ -1,6 +1,7 @@
 // The host inside a component: requests over the world's
 // `wasi:http/outgoing-handler` import, log records through
-// `berth:driver/log`. Only a bundle built for componentize-js reaches this
+// `berth:driver/log`, what the host's credentials learned through
+// `berth:driver/auth`. Only a bundle built for componentize-js reaches this
 // module (package.json's `#host` resolves to `node.js` under node), because
 // these imports exist only inside the component.
 //
@@ -15,7 +16,8 @@
 // link-local or metadata addresses) and bounds the whole call with a deadline,
 // so the client sets no timeouts of its own.
 
-import { log as hostLog } from 'berth:driver/log@0.1.0';
+import { authInfo as hostAuthInfo } from 'berth:driver/auth@0.2.0';
+import { log as hostLog } from 'berth:driver/log@0.2.0';
 import { handle } from 'wasi:http/outgoing-handler@0.2.12';
 import {
   Fields,
@@ -25,7 +27,7 @@ import {
   httpErrorCode,
 } from 'wasi:http/types@0.2.12';
 
-import { error } from '../errors.js';
+import { error, fromError } from '../errors.js';
 
 // componentize-js gives every WIT resource a dispose method under this key
 // (the same expression its bindings use). Resources are dropped explicitly
@@ -44,6 +46,20 @@ const METHODS = ['get', 'head', 'post', 'put', 'delete', 'connect', 'options', '
 /** Writes one record to the host's log. */
 export function log(level, message, fields) {
   hostLog(level, message, fields);
+}
+
+/**
+ * The non-secret part of the latest exchange of the credential the host
+ * holds for `host`, JSON text, or `undefined` when none is exchanged. The
+ * import fails with the contract's `error`, thrown here as the SDK's
+ * `DriverError`.
+ */
+export function authInfo(host) {
+  try {
+    return hostAuthInfo(host);
+  } catch (e) {
+    throw fromError(payload(e));
+  }
 }
 
 /**

@@ -8,6 +8,7 @@ import {
   DEFAULT_RETRY_AFTER_MS,
   DriverError,
   error,
+  fromError,
   isDriverError,
   parseRetryAfter,
   responseError,
@@ -133,4 +134,19 @@ test('a response maps with its Retry-After header and a message of its own', () 
     responseError(resp(429, { 'retry-after': '4' }, ''), { retryAfter: '9', message: 'm' }).payload.val,
     { retryAfterMs: 9000n, message: 'm' },
   );
+});
+
+test('fromError: a contract error value as the DriverError that returns it', () => {
+  for (const value of [
+    { tag: 'unauthorized', val: 'refused' },
+    { tag: 'rate-limited', val: { retryAfterMs: 5n, message: 'slow' } },
+    { tag: 'capacity', val: { scope: { tag: 'general' }, message: 'full' } },
+  ]) {
+    const e = fromError(value);
+    assert.ok(isDriverError(e));
+    assert.deepEqual(e.payload, value);
+  }
+  assert.equal(fromError({ tag: 'transient', val: 'down' }).message, 'transient: down');
+  assert.equal(fromError({ tag: 'rate-limited', val: { retryAfterMs: 5n, message: 'slow' } }).message, 'rate-limited: slow');
+  assert.throws(() => fromError('transient'), TypeError);
 });

@@ -1,5 +1,6 @@
 """A fake host for a driver's unit tests on plain CPython, outside the
-component: answers to HTTP requests, the errors a call returns, the log.
+component: answers to HTTP requests, the errors a call returns, the log,
+and what `berth_driver.auth.info` reads.
 
 The driver's own imports (`wit_world`, `componentize_py_types`) come from
 the stubs componentize-py writes for the world, which have the contract's
@@ -18,11 +19,14 @@ reaches those stubs:
 """
 
 import json as _json
+import types as _types
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union,
+)
 
-from berth_driver import http
+from berth_driver import auth, http
 from berth_driver.http import HttpError, Response
 
 _ABSENT = object()
@@ -173,3 +177,30 @@ def capture_log() -> Iterator[List[Tuple[Any, str, List[Tuple[str, str]]]]]:
         yield records
     finally:
         log.log = original
+
+
+@contextmanager
+def fake_auth(answers: Mapping[str, Any]) -> Iterator[List[str]]:
+    """Answers `berth_driver.auth.info(host)` in the host's place while the
+    block runs: `answers[host]` is the JSON text to return (a `str`), `None`,
+    or one of the contract's errors, which the call raises as the host's
+    `Err(error)`. A host not in `answers` has no credential exchanged for a
+    token: `None`, as the host answers. Yields the list of hosts asked, in
+    order."""
+    from componentize_py_types import Err
+
+    asked: List[str] = []
+
+    def auth_info(host: str) -> Optional[str]:
+        asked.append(host)
+        answer = answers.get(host)
+        if answer is None or isinstance(answer, str):
+            return answer
+        raise Err(answer)
+
+    original = auth._auth
+    auth._auth = _types.SimpleNamespace(auth_info=auth_info)  # type: ignore[assignment]
+    try:
+        yield asked
+    finally:
+        auth._auth = original

@@ -4,7 +4,7 @@ Every test module imports this first. It puts the SDK's source folder first
 on `sys.path`, and, unless the stubs `componentize-py bindings` writes are
 on the path already, stands in for the few parts of them the SDK's tests
 use: `componentize_py_types`, and in `wit_world.imports` the contract's
-error types (`berth_driver_types`) and `log`. They are shaped like
+error, instance and page types (`berth_driver_types`), `log` and `auth`. They are shaped like
 componentize-py's (dataclasses, one class per variant case), so the same
 tests pass against the real stubs:
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Generic, List, Tuple, TypeVar, Union
+from typing import Generic, List, Optional, Tuple, TypeVar, Union
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -107,6 +107,68 @@ class Error_Permanent:
     value: str
 
 
+@dataclass
+class InstanceState_Pending:
+    pass
+
+
+@dataclass
+class InstanceState_Running:
+    pass
+
+
+@dataclass
+class InstanceState_Stopping:
+    pass
+
+
+@dataclass
+class InstanceState_Terminated:
+    pass
+
+
+@dataclass
+class InstanceState_Failed:
+    value: str
+
+
+@dataclass
+class InstanceState_Unknown:
+    pass
+
+
+@dataclass
+class Addresses:
+    public_ipv4: Optional[str]
+    private_ipv4: Optional[str]
+    ipv6: Optional[str]
+    hostname: Optional[str]
+
+
+@dataclass
+class Connection:
+    username: Optional[str]
+    port: Optional[int]
+    host_keys: List[str]
+
+
+@dataclass
+class Instance:
+    id: str
+    state: object
+    instance_type: str
+    tags: List[Tuple[str, str]]
+    addresses: Addresses
+    created_at_ms: Optional[int]
+    connection: Connection
+
+
+@dataclass
+class Page:
+    instances: List[Instance]
+    next: Optional[str]
+
+
 class Level(Enum):
     TRACE = 0
     DEBUG = 1
@@ -116,6 +178,10 @@ class Level(Enum):
 
 
 def log(level: Level, message: str, fields: List[Tuple[str, str]]) -> None:
+    raise NotImplementedError
+
+
+def auth_info(host: str) -> Optional[str]:
     raise NotImplementedError
 
 
@@ -132,8 +198,18 @@ def _install() -> None:
         Error_RateLimited, Error_QuotaExceeded, Error_Capacity, Error_NotFound,
         Error_Unauthorized, Error_InvalidConfig, Error_Transient, Error_Permanent,
     ]
+    states = [
+        InstanceState_Pending, InstanceState_Running, InstanceState_Stopping,
+        InstanceState_Terminated, InstanceState_Failed, InstanceState_Unknown,
+    ]
     contract = _module(
         "wit_world.imports.berth_driver_types",
+        Addresses=Addresses,
+        Connection=Connection,
+        Instance=Instance,
+        InstanceState=Union[tuple(states)],
+        Page=Page,
+        **{state.__name__: state for state in states},
         RateLimit=RateLimit,
         Capacity=Capacity,
         CapacityScope_InstanceType=CapacityScope_InstanceType,
@@ -143,7 +219,10 @@ def _install() -> None:
         **{case.__name__: case for case in error_cases},
     )
     logging = _module("wit_world.imports.log", Level=Level, log=log)
-    imports = _module("wit_world.imports", berth_driver_types=contract, log=logging)
+    credentials = _module("wit_world.imports.auth", auth_info=auth_info)
+    imports = _module(
+        "wit_world.imports", berth_driver_types=contract, log=logging, auth=credentials
+    )
     _module("wit_world", imports=imports)
 
 

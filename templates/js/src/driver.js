@@ -11,14 +11,18 @@
 // (`set-tags` is `setTags`). A returned value is the `ok` case of a result, a
 // thrown `DriverError` (the SDK's `error.*`) the `err` case; any other
 // exception traps, and the host replaces the instance. Requests block (the
-// SDK's `send`), so every function is synchronous.
+// SDK's `send`), so every function is synchronous. The SDK's `defaults`
+// answer the batch calls (`createMany`, `deleteMany`) as not supported,
+// which is right for a driver that does not declare them.
 
 import {
   POOL_TAG,
+  defaults,
   encodeComponent,
   error,
   hasAll,
   isBerthTag,
+  onlyIds,
   parseUrl,
   responseError,
   send,
@@ -43,6 +47,10 @@ function configured() {
 }
 
 export const driver = {
+  // createMany, deleteMany: not supported, a `permanent` error for each item.
+  // The host calls them only when `describe` declares the capability.
+  ...defaults,
+
   describe() {
     return {
       name: '{{name}}',
@@ -90,43 +98,50 @@ export const driver = {
       instance_type: spec.instanceType,
       image: spec.image,
       tags,
-      // The idempotency token: a retried create never makes two.
-      client_token: spec.nodeId,
+      // berth's create token is the idempotency key: a create tried twice
+      // makes one instance.
+      client_token: spec.token,
     });
     if (resp.status !== 200 && resp.status !== 201) throw apiError(resp, spec.instanceType);
     return toInstance(resp.json());
   },
 
-  list(filter) {
+  get(ids) {
+    const c = configured();
+    if (ids.length === 0) return [];
+    // CLOUD: a lookup of just these ids (a filter by id, or one call each),
+    // never a list of everything. The host asks for at most 100, which one
+    // page of the largest size holds.
+    let query = `tag:${POOL_TAG}=${encodeComponent(c.poolId)}&page_size=${MAX_PAGE_SIZE}`;
+    for (const id of ids) query += `&id=${encodeComponent(id)}`;
+    const resp = send('GET', `${c.endpoint}/v1/instances?${query}`);
+    if (resp.status !== 200) throw apiError(resp);
+    // Only the ids asked, and only this pool's.
+    return onlyIds(toPage(resp.json()).instances, ids, c.poolId);
+  },
+
+  list(filter, cursor) {
     const c = configured();
     // A filter naming another pool matches nothing this driver may see.
-    if (filter.some(([k, v]) => k === POOL_TAG && v !== c.poolId)) return [];
+    if (filter.some(([k, v]) => k === POOL_TAG && v !== c.poolId)) {
+      return { instances: [], next: undefined };
+    }
     const wanted = [[POOL_TAG, c.poolId], ...filter.filter(([k]) => k !== POOL_TAG)];
     // CLOUD: your cloud's list call, filtered by tag on the cloud's side
-    // where it can.
+    // where it can. One page per call: the host asks for the next one with
+    // the cursor given back in `next`.
     let query = wanted.map(([k, v]) => `tag:${encodeComponent(k)}=${encodeComponent(v)}`).join('&');
     if (c.pageSize !== undefined) query += `&page_size=${c.pageSize}`;
-    const found = [];
-    let token;
-    for (;;) {
-      // every page
-      let url = `${c.endpoint}/v1/instances?${query}`;
-      if (token !== undefined) url += `&page_token=${encodeComponent(token)}`;
-      const resp = send('GET', url);
-      if (resp.status !== 200) throw apiError(resp);
-      const page = resp.json();
-      const instances = field(page, 'instances', 'array');
-      found.push(...instances.map(toInstance));
-      const next = field(page, 'next_page_token', 'string', true);
-      if (next === undefined) break;
-      if (next === token) {
-        // It would loop until the call's deadline.
-        throw error.transient(`list: the cloud repeated page token ${JSON.stringify(next)}`);
-      }
-      token = next;
+    if (cursor !== undefined) query += `&page_token=${encodeComponent(cursor)}`;
+    const resp = send('GET', `${c.endpoint}/v1/instances?${query}`);
+    if (resp.status !== 200) throw apiError(resp);
+    const page = toPage(resp.json());
+    if (page.next !== undefined && page.next === cursor) {
+      // The host would loop until the call's deadline.
+      throw error.transient(`list: the cloud repeated page token ${JSON.stringify(cursor)}`);
     }
     // Only this pool's instances, and only those with every filter tag.
-    return found.filter((i) => hasAll(i.tags, wanted));
+    return { instances: page.instances.filter((i) => hasAll(i.tags, wanted)), next: page.next };
   },
 
   delete(instanceId) {
@@ -233,14 +248,31 @@ export function apiError(resp, instanceType) {
 
 const STATES = new Set(['pending', 'running', 'stopping', 'terminated']);
 
-function toInstance(json) {
-  const tags = field(json, 'tags', 'object', true) ?? {};
+/** The cloud's state as the contract's variant, `{tag}` or `{tag: 'failed', val}`. */
+export function toState(json) {
   const state = field(json, 'state', 'string');
+  if (state === 'failed') {
+    // The cloud gave up on it, and says why; berth replaces it at once.
+    return { tag: 'failed', val: field(json, 'fault', 'string', true) ?? '' };
+  }
+  return { tag: STATES.has(state) ? state : 'unknown' };
+}
+
+/** One page of the cloud's list: `{instances, next}`, `next` undefined on the last. */
+function toPage(json) {
+  return {
+    instances: field(json, 'instances', 'array').map(toInstance),
+    next: field(json, 'next_page_token', 'string', true),
+  };
+}
+
+export function toInstance(json) {
+  const tags = field(json, 'tags', 'object', true) ?? {};
   const optional = (key) => field(json, key, 'string', true);
   const createdAt = field(json, 'created_at_ms', 'integer', true);
   return {
     id: field(json, 'id', 'string'),
-    state: STATES.has(state) ? state : 'unknown',
+    state: toState(json),
     instanceType: field(json, 'instance_type', 'string'),
     // Every tag, verbatim: after a restart they are berth's only record.
     tags: Object.keys(tags)

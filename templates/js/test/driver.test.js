@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import { DriverError } from 'berth-driver-sdk';
 import { installFakeHost } from 'berth-driver-sdk/testing';
 
-import { apiError, driver, parseConfig } from '../src/driver.js';
+import { apiError, driver, parseConfig, toInstance } from '../src/driver.js';
 
 const CLOUD = 'http://cloud';
 
@@ -25,9 +25,11 @@ function thrown(f) {
 }
 
 /** An instance as the cloud's JSON. */
-function instance(id, tags) {
-  return { id, state: 'pending', instance_type: 'small', tags };
+function instance(id, tags, state = 'pending', more = {}) {
+  return { id, state, instance_type: 'small', tags, ...more };
 }
+
+const TOKEN = '6f1c2a4e-9b7d-4c3e-8a5f-0d2b1e3c4a5b';
 
 /** A fake host, and the driver configured for pool `p1`. */
 function configured(t, extra = {}) {
@@ -55,11 +57,12 @@ test('configure accepts a config and names every wrong field', () => {
   }
 });
 
-test('create forces the pool tag and sends the node id', (t) => {
+test('create forces the pool tag and sends the token', (t) => {
   const fake = configured(t);
   fake.route('POST', `${CLOUD}/v1/instances`, { status: 201, body: instance('i-1', { 'berth-pool': 'p1' }) });
   const made = driver.create({
     nodeId: 'n-1',
+    token: TOKEN,
     instanceType: 'small',
     image: 'img',
     tags: [['berth-pool', 'other'], ['berth-node', 'n-1']],
@@ -72,25 +75,79 @@ test('create forces the pool tag and sends the node id', (t) => {
     instance_type: 'small',
     image: 'img',
     tags: { 'berth-pool': 'p1', 'berth-node': 'n-1' },
-    client_token: 'n-1',
+    client_token: TOKEN,
   });
 });
 
-test('list follows every page and filters', (t) => {
+test('list answers one page and its cursor, and filters', (t) => {
   const fake = configured(t, { page_size: 1 });
   const url = `${CLOUD}/v1/instances?tag:berth-pool=p1&tag:berth-label=a%20b&page_size=1`;
   const mine = (id) => instance(id, { 'berth-pool': 'p1', 'berth-label': 'a b' });
+  const filter = [['berth-pool', 'p1'], ['berth-label', 'a b']];
   fake.route('GET', url, { body: { instances: [mine('i-1')], next_page_token: 't/1' } });
   fake.route('GET', `${url}&page_token=t%2F1`, {
     // The cloud filters already; an instance that slips through is dropped.
     body: { instances: [instance('i-2', { 'berth-pool': 'p2' }), mine('i-3')], next_page_token: null },
   });
-  const listed = driver.list([['berth-pool', 'p1'], ['berth-label', 'a b']]);
-  assert.deepEqual(listed.map((i) => i.id), ['i-1', 'i-3']);
+  const first = driver.list(filter, undefined);
+  assert.deepEqual([first.instances.map((i) => i.id), first.next], [['i-1'], 't/1']);
+  // One request per call: the host asks for the next page.
+  assert.equal(fake.requests.length, 1);
+  const last = driver.list(filter, first.next);
+  assert.deepEqual([last.instances.map((i) => i.id), last.next], [['i-3'], undefined]);
   assert.equal(fake.requests.length, 2);
   // Another pool: nothing, and no request.
-  assert.deepEqual(driver.list([['berth-pool', 'p2']]), []);
+  assert.deepEqual(driver.list([['berth-pool', 'p2']], undefined), { instances: [], next: undefined });
   assert.equal(fake.requests.length, 2);
+});
+
+test('list refuses a page token that does not move', (t) => {
+  const fake = configured(t);
+  fake.route('GET', `${CLOUD}/v1/instances?tag:berth-pool=p1&page_token=x`, {
+    body: { instances: [], next_page_token: 'x' },
+  });
+  assert.equal(thrown(() => driver.list([], 'x')).tag, 'transient');
+});
+
+test("get asks for the ids alone and keeps the pool's", (t) => {
+  const fake = configured(t);
+  const url = `${CLOUD}/v1/instances?tag:berth-pool=p1&page_size=1000&id=i-1&id=i%2F2&id=i-3`;
+  fake.route('GET', url, {
+    body: {
+      instances: [
+        instance('i-1', { 'berth-pool': 'p1' }),
+        // Another pool's, and one not asked for: both dropped.
+        instance('i/2', { 'berth-pool': 'p2' }),
+        instance('i-4', { 'berth-pool': 'p1' }),
+      ],
+      next_page_token: null,
+    },
+  });
+  assert.deepEqual(driver.get(['i-1', 'i/2', 'i-3']).map((i) => i.id), ['i-1']);
+  assert.deepEqual(driver.get([]), []);
+  assert.equal(fake.requests.length, 1);
+});
+
+test('states, and the reason of a failed instance', () => {
+  for (const [state, more, want] of [
+    ['pending', {}, { tag: 'pending' }],
+    ['running', {}, { tag: 'running' }],
+    ['stopping', {}, { tag: 'stopping' }],
+    ['terminated', {}, { tag: 'terminated' }],
+    ['failed', { fault: 'no host' }, { tag: 'failed', val: 'no host' }],
+    ['failed', {}, { tag: 'failed', val: '' }],
+    ['exploded', {}, { tag: 'unknown' }],
+  ]) {
+    assert.deepEqual(toInstance(instance('i-1', {}, state, more)).state, want, state);
+  }
+});
+
+test('batches are not supported', () => {
+  const caps = driver.describe().capabilities;
+  assert.ok(!caps.createMany && !caps.deleteMany);
+  const permanent = (what) => ({ tag: 'err', val: { tag: 'permanent', val: `${what} is not supported by this driver` } });
+  assert.deepEqual(driver.createMany([{}, {}]), [permanent('create-many'), permanent('create-many')]);
+  assert.deepEqual(driver.deleteMany(['i-1']), [permanent('delete-many')]);
 });
 
 test('delete of a gone instance is not-found', (t) => {
