@@ -140,10 +140,10 @@ pub enum DeleteReason {
     SlotsIdle,
     /// Its launch failed after the instance existed.
     LaunchFailed,
-    /// The cloud reported its instance failed: it will never run.
-    InstanceFailed,
     /// Ready and unused while a request for other labels needed its room.
     Evicted,
+    /// The cloud reported its instance failed: it will never run.
+    InstanceFailed,
 }
 
 impl DeleteReason {
