@@ -1042,6 +1042,9 @@ async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
         "boot-timeout = \"10m\"\nlaunch-retries = 3",
         "",
     );
+    // The request waits out a failed launch try: its requestor's lease
+    // must outlast that without renewals.
+    set_lease_ttl(&config, "60s");
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
     server.until_ready(30, "ready").await;
