@@ -1087,3 +1087,45 @@ async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
         "{old:?}"
     );
 }
+
+/// Booting nodes are polled by id through the binary: with `sync-interval`
+/// at a minute and a 3 s boot polled every 100 ms, the driver is asked for
+/// the booting instances by `get`, again and again, while whole lists stay
+/// the few of start-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn booting_nodes_are_polled_by_get_not_by_lists() {
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        boot_delay_ms: 3000,
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "", "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let slow_sync = text.replace("sync-interval = \"1s\"", "sync-interval = \"60s\"");
+    assert_ne!(slow_sync, text);
+    std::fs::write(&config, slow_sync).unwrap();
+    set_lease_ttl(&config, "60s");
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+    let calls = |m: &str, call: &str| {
+        let series =
+            format!("berth_driver_calls_total{{provider=\"sim\",call=\"{call}\",outcome=\"ok\"}}");
+        metric(m, &series).unwrap_or(0.0)
+    };
+    let before = server.metrics(Some(OPS)).await;
+    let asked = server.request(CI, &[("small", 3)]).await;
+    server.fulfilled(CI, &asked.id).await;
+    let after = server.metrics(Some(OPS)).await;
+    let lists = calls(&after, "list") - calls(&before, "list");
+    let gets = calls(&after, "get") - calls(&before, "get");
+    assert!(
+        gets >= 5.0,
+        "{gets} gets, {lists} lists while three nodes booted"
+    );
+    assert!(
+        lists <= 1.0,
+        "{gets} gets, {lists} lists while three nodes booted"
+    );
+}
