@@ -1120,6 +1120,7 @@ async fn booting_nodes_are_polled_by_get_not_by_lists() {
     let after = server.metrics(Some(OPS)).await;
     let lists = calls(&after, "list") - calls(&before, "list");
     let gets = calls(&after, "get") - calls(&before, "get");
+    eprintln!("{gets} gets, {lists} lists while three nodes booted");
     assert!(
         gets >= 5.0,
         "{gets} gets, {lists} lists while three nodes booted"
