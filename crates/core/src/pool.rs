@@ -155,6 +155,9 @@ struct ProviderRt {
     listed: bool,
     in_flight: u32,
     max_in_flight: u32,
+    /// What the provider's driver takes in one call, as it declared
+    /// ([`Pool::declared`]): until then, one instance per call.
+    batches: Batches,
     want_create: BTreeSet<NodeId>,
     want_delete: BTreeSet<NodeId>,
     want_tags: BTreeSet<NodeId>,
@@ -320,6 +323,7 @@ impl Pool {
                 list_busy: false,
                 lists_started: 0,
                 listed: false,
+                batches: Batches::default(),
                 in_flight: 0,
                 max_in_flight: p.max_calls.max(1),
                 want_create: BTreeSet::new(),

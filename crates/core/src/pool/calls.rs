@@ -89,51 +89,14 @@ impl Pool {
                 });
             }
         }
-        let rt = &mut self.ix.providers[p.0 as usize];
-        if let Some(&id) = rt.want_delete.first() {
-            let instance = self.nodes.get(&id).and_then(|n| n.instance.clone())?;
-            self.set_busy(id, true);
-            return Some(DriverCall::Delete {
-                provider: p,
-                node: Some(id),
-                instance,
-            });
+        if let Some(call) = self.next_deletes(p, now) {
+            return Some(call);
         }
-        let leak_due = rt.leaks.values().any(|l| !l.busy && l.due <= now);
-        if leak_due
-            && rt.leak_bucket.try_take(now)
-            && let Some((instance, leak)) =
-                rt.leaks.iter_mut().find(|(_, l)| !l.busy && l.due <= now)
-        {
-            leak.busy = true;
-            return Some(DriverCall::Delete {
-                provider: p,
-                node: leak.node,
-                instance: instance.clone(),
-            });
-        }
+        let rt = &self.ix.providers[p.0 as usize];
         let creates_paused =
             !rt.listed || rt.mismatch.is_some() || rt.quota_paused_until.is_some_and(|t| t > now);
-        let next_create = (rt.want_create.iter()).find(|id| !self.unsure.contains_key(id));
-        if !creates_paused && let Some(&id) = next_create {
-            let spec = self.nodes.get(&id).and_then(|n| self.create_spec(n));
-            self.set_busy(id, true);
-            let Some(spec) = spec else {
-                // The label no longer has an offer here; nothing to create.
-                self.set_busy(id, false);
-                self.failed_try(
-                    id,
-                    "the label has no offer on this provider".into(),
-                    DeleteReason::LaunchFailed,
-                    now,
-                );
-                return self.next_call(p, now);
-            };
-            return Some(DriverCall::Create {
-                provider: p,
-                node: id,
-                spec,
-            });
+        if !creates_paused && let Some(call) = self.next_creates(p, now) {
+            return Some(call);
         }
         // A node with another call in flight (or waiting out a backoff)
         // keeps its place: its tags are owed once that call is done.
@@ -169,6 +132,110 @@ impl Pool {
         call
     }
 
+    /// The deletes now due on `p`: the nodes' own, then leaks within
+    /// their own rate. One call each, or, for a driver that declared
+    /// `delete-many`, all of them (up to [`BATCH_MAX`]) in one.
+    fn next_deletes(&mut self, p: ProviderIx, now: Time) -> Option<DriverCall> {
+        let rt = &self.ix.providers[p.0 as usize];
+        let most = if rt.batches.delete { BATCH_MAX } else { 1 };
+        let nodes: Vec<NodeId> = rt.want_delete.iter().take(most).copied().collect();
+        let mut deletes = Vec::new();
+        for id in nodes {
+            // Every node owed a delete has an instance (see the index).
+            let Some(instance) = self.nodes.get(&id).and_then(|n| n.instance.clone()) else {
+                continue;
+            };
+            self.set_busy(id, true);
+            deletes.push(ToDelete {
+                node: Some(id),
+                instance,
+            });
+        }
+        let rt = &mut self.ix.providers[p.0 as usize];
+        while deletes.len() < most {
+            let due = |l: &Leak| !l.busy && l.due <= now;
+            if !rt.leaks.values().any(due) || !rt.leak_bucket.try_take(now) {
+                break;
+            }
+            let Some((instance, leak)) = rt.leaks.iter_mut().find(|(_, l)| due(l)) else {
+                break;
+            };
+            leak.busy = true;
+            deletes.push(ToDelete {
+                node: leak.node,
+                instance: instance.clone(),
+            });
+        }
+        if deletes.len() > 1 {
+            return Some(DriverCall::DeleteMany {
+                provider: p,
+                deletes,
+            });
+        }
+        let ToDelete { node, instance } = deletes.pop()?;
+        Some(DriverCall::Delete {
+            provider: p,
+            node,
+            instance,
+        })
+    }
+
+    /// The creates now due on `p` (creates not paused): one call each, or,
+    /// for a driver that declared `create-many`, all of them (up to
+    /// [`BATCH_MAX`]) in one. A create whose outcome is unsure waits for
+    /// the list that tells.
+    fn next_creates(&mut self, p: ProviderIx, now: Time) -> Option<DriverCall> {
+        let rt = &self.ix.providers[p.0 as usize];
+        let most = if rt.batches.create { BATCH_MAX } else { 1 };
+        let due: Vec<NodeId> = (rt.want_create.iter())
+            .filter(|id| !self.unsure.contains_key(id))
+            .take(most)
+            .copied()
+            .collect();
+        if due.is_empty() {
+            return None;
+        }
+        let mut creates = Vec::new();
+        for id in due {
+            match self.nodes.get(&id).and_then(|n| self.create_spec(n)) {
+                Some(spec) => {
+                    self.set_busy(id, true);
+                    creates.push((id, spec));
+                }
+                // The label no longer has an offer here; nothing to create.
+                None => self.failed_try(
+                    id,
+                    "the label has no offer on this provider".into(),
+                    DeleteReason::LaunchFailed,
+                    now,
+                ),
+            }
+        }
+        if creates.len() > 1 {
+            return Some(DriverCall::CreateMany {
+                provider: p,
+                creates,
+            });
+        }
+        match creates.pop() {
+            Some((node, spec)) => Some(DriverCall::Create {
+                provider: p,
+                node,
+                spec,
+            }),
+            // Those given up may have made room for other calls.
+            None => self.next_call(p, now),
+        }
+    }
+
+    /// What provider `p`'s driver declared it takes many of in one call:
+    /// from now on, calls due together go to it in batches.
+    pub fn declared(&mut self, p: ProviderIx, batches: Batches) {
+        if let Some(rt) = self.ix.providers.get_mut(p.0 as usize) {
+            rt.batches = batches;
+        }
+    }
+
     /// Returns a claimed call to the owed set.
     fn unclaim(&mut self, call: &DriverCall) {
         match call {
@@ -193,7 +260,21 @@ impl Pool {
                     }
                 }
             },
+            DriverCall::DeleteMany { provider, deletes } => {
+                for ToDelete { node, instance } in deletes {
+                    self.unclaim(&DriverCall::Delete {
+                        provider: *provider,
+                        node: *node,
+                        instance: instance.clone(),
+                    });
+                }
+            }
             DriverCall::Create { node, .. } => self.set_busy(*node, false),
+            DriverCall::CreateMany { creates, .. } => {
+                for (node, _) in creates {
+                    self.set_busy(*node, false);
+                }
+            }
             DriverCall::SetTags { provider, node, .. } => {
                 self.set_busy(*node, false);
                 self.ix.providers[provider.0 as usize]
@@ -239,8 +320,38 @@ impl Pool {
         let Some(node) = self.nodes.get(&id) else {
             return;
         };
+        let rate_limited = self.call_done(node.provider, result.as_ref().err(), now);
+        self.create_done(now, id, result, rate_limited);
+    }
+
+    /// The outcome of a [`DriverCall::CreateMany`] to provider `p`: one
+    /// answer per node. A call that failed as a whole gives each node its
+    /// failure.
+    pub fn created_many(
+        &mut self,
+        now: Time,
+        p: ProviderIx,
+        results: Vec<(NodeId, Result<Instance, Failure>)>,
+    ) {
+        let limited = results.iter().find_map(|(_, r)| rate_limit(r));
+        let rate_limited = self.call_done(p, limited, now);
+        for (id, result) in results {
+            self.create_done(now, id, result, rate_limited);
+        }
+    }
+
+    /// What a create's answer changes, once its call is counted done.
+    fn create_done(
+        &mut self,
+        now: Time,
+        id: NodeId,
+        result: Result<Instance, Failure>,
+        rate_limited: bool,
+    ) {
+        let Some(node) = self.nodes.get(&id) else {
+            return;
+        };
         let p = node.provider;
-        let rate_limited = self.call_done(p, result.as_ref().err(), now);
         self.set_busy(id, false);
         let Some(node) = self.nodes.get(&id) else {
             return;
@@ -480,6 +591,34 @@ impl Pool {
         result: Result<(), Failure>,
     ) {
         let rate_limited = self.call_done(p, result.as_ref().err(), now);
+        self.delete_done(now, p, node, instance, result, rate_limited);
+    }
+
+    /// The outcome of a [`DriverCall::DeleteMany`] to provider `p`: one
+    /// answer per instance. `Ok` includes "already gone".
+    pub fn deleted_many(
+        &mut self,
+        now: Time,
+        p: ProviderIx,
+        results: Vec<(ToDelete, Result<(), Failure>)>,
+    ) {
+        let limited = results.iter().find_map(|(_, r)| rate_limit(r));
+        let rate_limited = self.call_done(p, limited, now);
+        for (ToDelete { node, instance }, result) in results {
+            self.delete_done(now, p, node, &instance, result, rate_limited);
+        }
+    }
+
+    /// What a delete's answer changes, once its call is counted done.
+    fn delete_done(
+        &mut self,
+        now: Time,
+        p: ProviderIx,
+        node: Option<NodeId>,
+        instance: &str,
+        result: Result<(), Failure>,
+        rate_limited: bool,
+    ) {
         // A node's own delete has the node busy; a leak delete (which may
         // name a node long gone) does not. The instance id alone cannot
         // tell them apart.
@@ -550,6 +689,15 @@ impl Pool {
             }
         }
     }
+}
+
+/// The rate limit among a batch's answers, if one said so: it holds the
+/// provider's calls as the whole call's would.
+fn rate_limit<T>(result: &Result<T, Failure>) -> Option<&Failure> {
+    result
+        .as_ref()
+        .err()
+        .filter(|f| matches!(f, Failure::Driver(DriverError::RateLimited { .. })))
 }
 
 /// The first gap after which a booting node is looked at.

@@ -480,12 +480,24 @@ pub enum DriverCall {
         node: NodeId,
         spec: crate::driver::CreateSpec,
     },
+    /// Launch several nodes in one call, for a driver that declared
+    /// `create-many`; report with [`super::Pool::created_many`].
+    CreateMany {
+        provider: ProviderIx,
+        creates: Vec<(NodeId, crate::driver::CreateSpec)>,
+    },
     /// Delete an instance; report with [`super::Pool::deleted`]. `node` is
     /// `None` for a leaked instance.
     Delete {
         provider: ProviderIx,
         node: Option<NodeId>,
         instance: String,
+    },
+    /// Delete several instances in one call, for a driver that declared
+    /// `delete-many`; report with [`super::Pool::deleted_many`].
+    DeleteMany {
+        provider: ProviderIx,
+        deletes: Vec<ToDelete>,
     },
     /// List the provider's instances carrying the pool id; report with
     /// [`super::Pool::listed`].
@@ -511,7 +523,9 @@ impl DriverCall {
     pub fn provider(&self) -> ProviderIx {
         match self {
             DriverCall::Create { provider, .. }
+            | DriverCall::CreateMany { provider, .. }
             | DriverCall::Delete { provider, .. }
+            | DriverCall::DeleteMany { provider, .. }
             | DriverCall::List { provider }
             | DriverCall::Get { provider, .. }
             | DriverCall::SetTags { provider, .. } => *provider,
@@ -523,7 +537,9 @@ impl DriverCall {
         use crate::driver::Call;
         match self {
             DriverCall::Create { .. } => Call::Create,
+            DriverCall::CreateMany { .. } => Call::CreateMany,
             DriverCall::Delete { .. } => Call::Delete,
+            DriverCall::DeleteMany { .. } => Call::DeleteMany,
             DriverCall::List { .. } => Call::List,
             DriverCall::Get { .. } => Call::Get,
             DriverCall::SetTags { .. } => Call::SetTags,
@@ -531,8 +547,37 @@ impl DriverCall {
     }
 }
 
+/// What a provider's driver takes many of in one call: its `create-many`
+/// and `delete-many` capabilities.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Batches {
+    pub create: bool,
+    pub delete: bool,
+}
+
+impl From<&crate::driver::Capabilities> for Batches {
+    fn from(c: &crate::driver::Capabilities) -> Batches {
+        Batches {
+            create: c.create_many,
+            delete: c.delete_many,
+        }
+    }
+}
+
+/// One instance of a [`DriverCall::DeleteMany`]: `node` is `None` for a
+/// leaked instance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToDelete {
+    pub node: Option<NodeId>,
+    pub instance: String,
+}
+
 /// The most instances one `get` asks for (the contract's bound).
 pub const GET_MAX: usize = 100;
+
+/// The most items one `create-many` or `delete-many` carries (the
+/// contract's bound).
+pub const BATCH_MAX: usize = 100;
 
 /// Probe whether a running node's instance is ready (`ready = "tcp"` or
 /// `"ssh"`). The host makes it; report with [`super::Pool::probed`].

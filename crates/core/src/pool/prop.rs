@@ -401,6 +401,8 @@ struct Cloudiness {
     boot_ms: u64,
     /// How long p1 lists terminated instances.
     linger_ms: u64,
+    /// Whether p0's driver takes creates and deletes in batches.
+    batches: bool,
 }
 
 fn cloudiness() -> impl Strategy<Value = Cloudiness> {
@@ -409,13 +411,17 @@ fn cloudiness() -> impl Strategy<Value = Cloudiness> {
         any::<bool>(),
         prop_oneof![Just(0u64), Just(10_000u64), 0u64..30_000],
         prop_oneof![Just(0u64), Just(20_000u64)],
+        any::<bool>(),
     )
-        .prop_map(|(latency_ms, reach_late, boot_ms, linger_ms)| Cloudiness {
-            latency_ms,
-            reach_late,
-            boot_ms,
-            linger_ms,
-        })
+        .prop_map(
+            |(latency_ms, reach_late, boot_ms, linger_ms, batches)| Cloudiness {
+                latency_ms,
+                reach_late,
+                boot_ms,
+                linger_ms,
+                batches,
+            },
+        )
 }
 
 fn run(ops: &[Op], c: &Cloudiness) -> Result<(), TestCaseError> {
@@ -424,6 +430,15 @@ fn run(ops: &[Op], c: &Cloudiness) -> Result<(), TestCaseError> {
     h.reach_late = c.reach_late;
     h.cloud.providers[0].boot_delay = Duration::from_millis(c.boot_ms);
     h.cloud.providers[1].linger = Duration::from_millis(c.linger_ms);
+    if c.batches {
+        h.declare(
+            0,
+            Batches {
+                create: true,
+                delete: true,
+            },
+        );
+    }
     h.strict = true;
     let mut run = Run {
         h,
@@ -570,6 +585,7 @@ fn regression_big_request_behind_slot_backing() {
         reach_late: false,
         boot_ms: 10000,
         linger_ms: 0,
+        batches: false,
     };
     run(&ops, &cloud).unwrap();
 }
@@ -597,6 +613,7 @@ fn regression_create_answers_a_leaked_instance() {
         reach_late: true,
         boot_ms: 0,
         linger_ms: 0,
+        batches: false,
     };
     run(&ops, &cloud).unwrap();
 }

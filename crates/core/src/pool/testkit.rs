@@ -80,9 +80,11 @@ pub(super) fn config(providers: Vec<Provider>, labels: Vec<Label>) -> Config {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Call {
     Create,
+    CreateMany,
     List,
     Get,
     Delete,
+    DeleteMany,
     SetTags,
     /// A readiness probe: not a driver call, but the instance is reached.
     Probe,
@@ -99,6 +101,8 @@ impl Call {
     fn driver(call: &DriverCall) -> Call {
         match call {
             DriverCall::Create { .. } => Call::Create,
+            DriverCall::CreateMany { .. } => Call::CreateMany,
+            DriverCall::DeleteMany { .. } => Call::DeleteMany,
             DriverCall::List { .. } => Call::List,
             DriverCall::Get { .. } => Call::Get,
             DriverCall::Delete { .. } => Call::Delete,
@@ -179,6 +183,8 @@ pub(super) struct FakeProvider {
     pub held_until: Option<Time>,
     pub in_flight: u32,
     pub max_in_flight: u32,
+    /// What its driver declares it takes many of in one call.
+    pub batches: Batches,
 }
 
 impl FakeProvider {
@@ -220,7 +226,9 @@ pub(super) struct Cloud {
 #[derive(Clone, Debug)]
 pub(super) enum Outcome {
     Created(NodeId, Result<Instance, Failure>),
+    CreatedMany(ProviderIx, Vec<(NodeId, Result<Instance, Failure>)>),
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
+    DeletedMany(ProviderIx, Vec<(ToDelete, Result<(), Failure>)>),
     Listed(ProviderIx, Result<Vec<Instance>, Failure>),
     Got(ProviderIx, Vec<String>, Result<Vec<Instance>, Failure>),
     Tagged(NodeId, Result<(), Failure>),
@@ -232,6 +240,10 @@ impl Outcome {
         match self {
             Outcome::Created(_, r) => r.as_ref().err(),
             Outcome::Deleted(.., r) => r.as_ref().err(),
+            // A batch's answers each carry their own: a rate limit among
+            // them holds the provider.
+            Outcome::CreatedMany(_, all) => all.iter().find_map(|(_, r)| r.as_ref().err()),
+            Outcome::DeletedMany(_, all) => all.iter().find_map(|(_, r)| r.as_ref().err()),
             Outcome::Listed(_, r) => r.as_ref().err(),
             Outcome::Got(_, _, r) => r.as_ref().err(),
             Outcome::Tagged(_, r) => r.as_ref().err(),
@@ -353,10 +365,100 @@ impl Cloud {
                     instances,
                 } => Outcome::Got(*provider, instances.clone(), Err(e)),
                 DriverCall::SetTags { node, .. } => Outcome::Tagged(*node, Err(e)),
+                DriverCall::CreateMany { provider, creates } => Outcome::CreatedMany(
+                    *provider,
+                    (creates.iter())
+                        .map(|(n, _)| (*n, Err(e.clone())))
+                        .collect(),
+                ),
+                DriverCall::DeleteMany { provider, deletes } => Outcome::DeletedMany(
+                    *provider,
+                    (deletes.iter())
+                        .map(|d| (d.clone(), Err(e.clone())))
+                        .collect(),
+                ),
             };
         }
         let lie = self.providers[p].lie(call);
-        let outcome = match effect {
+        let outcome = self.answer(p, now, effect, lie);
+        match fault {
+            // It went through, and then the answer was lost or wrong.
+            Some(f) => match outcome {
+                Outcome::Created(n, _) => Outcome::Created(n, Err(f.failure)),
+                Outcome::Deleted(p, n, i, _) => Outcome::Deleted(p, n, i, Err(f.failure)),
+                Outcome::Listed(p, _) => Outcome::Listed(p, Err(f.failure)),
+                Outcome::Got(p, asked, _) => Outcome::Got(p, asked, Err(f.failure)),
+                Outcome::Tagged(n, _) => Outcome::Tagged(n, Err(f.failure)),
+                Outcome::CreatedMany(p, all) => Outcome::CreatedMany(
+                    p,
+                    (all.into_iter())
+                        .map(|(n, _)| (n, Err(f.failure.clone())))
+                        .collect(),
+                ),
+                Outcome::DeletedMany(p, all) => Outcome::DeletedMany(
+                    p,
+                    (all.into_iter())
+                        .map(|(d, _)| (d, Err(f.failure.clone())))
+                        .collect(),
+                ),
+                probed @ Outcome::Probed(..) => probed,
+            },
+            None => outcome,
+        }
+    }
+
+    /// A create that reached provider `p`: within its quota and capacity,
+    /// an instance.
+    fn create(
+        &mut self,
+        p: usize,
+        now: Time,
+        spec: &crate::driver::CreateSpec,
+    ) -> Result<Instance, Failure> {
+        let fp = &self.providers[p];
+        if fp.quota.is_some_and(|q| fp.live().count() as u32 >= q) {
+            return Err(Failure::Driver(DriverError::QuotaExceeded(
+                "instances".into(),
+            )));
+        }
+        if fp.out_of_capacity.contains(&spec.instance_type) {
+            return Err(Failure::Driver(DriverError::Capacity {
+                scope: crate::driver::CapacityScope::InstanceType(spec.instance_type.clone()),
+                message: "sold out".into(),
+            }));
+        }
+        let id = self.plant(p as u16, &spec.instance_type, spec.tags.clone(), now);
+        let i = &self.providers[p].instances[&id];
+        Ok(self.report(p, i, now))
+    }
+
+    /// A delete that reached provider `p`.
+    fn delete(&mut self, p: usize, now: Time, instance: &str) -> Result<(), Failure> {
+        match self.providers[p].instances.get_mut(instance) {
+            Some(i) => {
+                i.terminated.get_or_insert(now);
+                Ok(())
+            }
+            None => Err(Failure::Driver(DriverError::NotFound(instance.to_owned()))),
+        }
+    }
+
+    /// What the cloud does with a call that reached it, and answers.
+    fn answer(&mut self, p: usize, now: Time, effect: &DriverCall, lie: Option<Lie>) -> Outcome {
+        match effect {
+            // A batch is each of its items, told no lies.
+            DriverCall::CreateMany { provider, creates } => {
+                let answers = (creates.iter())
+                    .map(|(node, spec)| (*node, self.create(p, now, spec)))
+                    .collect();
+                Outcome::CreatedMany(*provider, answers)
+            }
+            DriverCall::DeleteMany { provider, deletes } => {
+                let answers = (deletes.iter())
+                    .map(|d| (d.clone(), self.delete(p, now, &d.instance)))
+                    .collect();
+                Outcome::DeletedMany(*provider, answers)
+            }
             DriverCall::Create { node, .. }
                 if lie == Some(Lie::HeldCreate)
                     && let Some(held) = self.owned_live(p).next() =>
@@ -364,24 +466,7 @@ impl Cloud {
                 Outcome::Created(*node, Ok(self.report(p, held, now)))
             }
             DriverCall::Create { node, spec, .. } => {
-                let fp = &self.providers[p];
-                let result = if fp.quota.is_some_and(|q| fp.live().count() as u32 >= q) {
-                    Err(Failure::Driver(DriverError::QuotaExceeded(
-                        "instances".into(),
-                    )))
-                } else if fp.out_of_capacity.contains(&spec.instance_type) {
-                    Err(Failure::Driver(DriverError::Capacity {
-                        scope: crate::driver::CapacityScope::InstanceType(
-                            spec.instance_type.clone(),
-                        ),
-                        message: "sold out".into(),
-                    }))
-                } else {
-                    let id = self.plant(p as u16, &spec.instance_type, spec.tags.clone(), now);
-                    let i = &self.providers[p].instances[&id];
-                    Ok(self.report(p, i, now))
-                };
-                Outcome::Created(*node, result)
+                Outcome::Created(*node, self.create(p, now, spec))
             }
             DriverCall::List { provider } => {
                 let fp = &self.providers[p];
@@ -412,16 +497,12 @@ impl Cloud {
                 provider,
                 node,
                 instance,
-            } => {
-                let result = match self.providers[p].instances.get_mut(instance) {
-                    Some(i) => {
-                        i.terminated.get_or_insert(now);
-                        Ok(())
-                    }
-                    None => Err(Failure::Driver(DriverError::NotFound(instance.clone()))),
-                };
-                Outcome::Deleted(*provider, *node, instance.clone(), result)
-            }
+            } => Outcome::Deleted(
+                *provider,
+                *node,
+                instance.clone(),
+                self.delete(p, now, instance),
+            ),
             DriverCall::SetTags {
                 node,
                 instance,
@@ -439,18 +520,6 @@ impl Cloud {
                 };
                 Outcome::Tagged(*node, result)
             }
-        };
-        match fault {
-            // It went through, and then the answer was lost or wrong.
-            Some(f) => match outcome {
-                Outcome::Created(n, _) => Outcome::Created(n, Err(f.failure)),
-                Outcome::Deleted(p, n, i, _) => Outcome::Deleted(p, n, i, Err(f.failure)),
-                Outcome::Listed(p, _) => Outcome::Listed(p, Err(f.failure)),
-                Outcome::Got(p, asked, _) => Outcome::Got(p, asked, Err(f.failure)),
-                Outcome::Tagged(n, _) => Outcome::Tagged(n, Err(f.failure)),
-                probed @ Outcome::Probed(..) => probed,
-            },
-            None => outcome,
         }
     }
 }
@@ -817,7 +886,22 @@ impl Harness {
                 });
                 self.pool.created(now, id, r)
             }
+            Outcome::CreatedMany(p, all) => {
+                let all = (all.into_iter())
+                    .map(|(id, r)| {
+                        let r = r.and_then(|i| match crate::driver::check::instance(&i) {
+                            Ok(()) => Ok(i),
+                            Err(bad) => {
+                                Err(Failure::host(HostFailureKind::BadAnswer, bad.to_string()))
+                            }
+                        });
+                        (id, r)
+                    })
+                    .collect();
+                self.pool.created_many(now, p, all)
+            }
             Outcome::Deleted(p, node, instance, r) => self.pool.deleted(now, p, node, &instance, r),
+            Outcome::DeletedMany(p, all) => self.pool.deleted_many(now, p, all),
             Outcome::Listed(p, r) => {
                 let r = r.map(|all| crate::driver::check::listing(all).0);
                 self.pool.listed(now, p, call.made, r)
@@ -899,6 +983,16 @@ impl Harness {
             .seed
             .wrapping_add(self.restarts.wrapping_mul(0x1000_0001));
         self.pool = Pool::restore(self.config.clone(), seed, self.store.snapshot(), self.now);
+        // The new process learns what the drivers declare as they start.
+        for (p, fp) in self.cloud.providers.iter().enumerate() {
+            self.pool.declared(ProviderIx(p as u16), fp.batches);
+        }
+    }
+
+    /// Provider `p`'s driver declares it takes batches.
+    pub(super) fn declare(&mut self, p: u16, batches: Batches) {
+        self.cloud.providers[usize::from(p)].batches = batches;
+        self.pool.declared(ProviderIx(p), batches);
     }
 
     pub(super) fn submit(&mut self, wants: &[(&str, u32)], priority: i32) -> RequestId {

@@ -2632,3 +2632,109 @@ fn a_provider_held_for_another_stores_instances_goes_on_once_they_are_gone() {
     assert_eq!(h.count("a", "ready"), 1);
     assert!(h.store.identity.confirmed);
 }
+
+/// Creates and deletes due together go to a driver that declared
+/// `create-many` and `delete-many` in one call each; to one that did not,
+/// one call per instance.
+#[test]
+fn calls_due_together_go_in_one_batch_to_a_driver_that_takes_them() {
+    for batches in [false, true] {
+        let mut h = one(|_| {});
+        if batches {
+            h.declare(
+                0,
+                Batches {
+                    create: true,
+                    delete: true,
+                },
+            );
+        }
+        let r = h.submit(&[("a", 5)], 0);
+        assert!(h.run_until(secs(30), |h| h.fulfilled(r)));
+        for n in h.pool.request(r).unwrap().nodes.clone() {
+            h.release(n);
+        }
+        assert!(h.run_until(secs(30), |h| h.live(0) == 0
+            && h.pool.nodes().all(|n| n.state.is_final())));
+        ok(&h);
+        let count = |call| h.calls(0, call).len();
+        let made = (
+            count(Call::Create),
+            count(Call::CreateMany),
+            count(Call::Delete),
+            count(Call::DeleteMany),
+        );
+        if batches {
+            assert_eq!(made, (0, 1, 0, 1), "one batch each way");
+            let sizes: Vec<usize> = (h.log.iter())
+                .filter_map(|(_, e)| match e {
+                    Effect::Call(DriverCall::CreateMany { creates, .. }) => Some(creates.len()),
+                    Effect::Call(DriverCall::DeleteMany { deletes, .. }) => Some(deletes.len()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(sizes, [5, 5]);
+        } else {
+            assert_eq!(made, (5, 0, 5, 0), "one call per instance");
+        }
+    }
+}
+
+/// Each answer in a batch counts on its own: with room for three in the
+/// account, a batch of five creates makes three nodes' instances, and the
+/// other two are given up on a quota pause, as five single creates would.
+#[test]
+fn each_answer_of_a_batch_counts_on_its_own() {
+    let mut h = one(|_| {});
+    h.declare(
+        0,
+        Batches {
+            create: true,
+            delete: true,
+        },
+    );
+    h.cloud.providers[0].quota = Some(3);
+    let r = h.submit(&[("a", 5)], 0);
+    assert!(h.run_until(secs(5), |h| h.count("a", "ready") == 3));
+    ok(&h);
+    assert_eq!(h.calls(0, Call::CreateMany).len(), 1);
+    assert_eq!(h.live(0), 3);
+    assert!(
+        (h.notices.iter()).any(|n| matches!(n, Notice::QuotaPaused { .. })),
+        "{:?}",
+        h.notices
+    );
+    assert!(!h.fulfilled(r));
+    // Room again: the request is served with what is missing.
+    h.cloud.providers[0].quota = None;
+    assert!(h.run_until(secs(600), |h| h.fulfilled(r)));
+    assert_eq!(h.live(0), 5);
+    ok(&h);
+}
+
+/// A batch of creates whose answer was lost after it reached the cloud is
+/// not sent again blind: the next list finds its instances, and no node
+/// gets a second one.
+#[test]
+fn a_batch_of_creates_whose_answer_was_lost_makes_no_second_instances() {
+    let mut h = one(|_| {});
+    h.declare(
+        0,
+        Batches {
+            create: true,
+            delete: true,
+        },
+    );
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::CreateMany,
+        failure: Failure::Unknown("the answer was lost".into()),
+        times: 1,
+        reached: true,
+    });
+    let r = h.submit(&[("a", 4)], 0);
+    assert!(h.run_until(secs(60), |h| h.fulfilled(r)));
+    ok(&h);
+    assert_eq!(h.calls(0, Call::CreateMany).len(), 1, "never sent again");
+    assert_eq!(h.calls(0, Call::Create).len(), 0);
+    assert_eq!(h.live(0), 4);
+}
