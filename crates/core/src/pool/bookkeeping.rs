@@ -105,12 +105,9 @@ impl Pool {
 }
 
 /// What of a node its tags show beyond what never changes: its idle
-/// behaviour and the request it is handed out to.
+/// behaviour and the request it is handed out to or set aside for.
 fn tag_view(n: &Node) -> (Idle, Option<RequestId>) {
-    match n.state {
-        NodeState::InUse { request, .. } => (n.idle, Some(request)),
-        _ => (n.idle, None),
-    }
+    (n.idle, n.request())
 }
 
 impl Indexes {

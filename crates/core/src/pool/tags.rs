@@ -6,7 +6,8 @@ use super::*;
 
 impl Pool {
     /// The tags a node's instance carries: what a restart needs, signed
-    /// with the store's key (`identity.rs`), and whether it is handed out.
+    /// with the store's key (`identity.rs`), and the request it is handed
+    /// out to or set aside for.
     pub(super) fn node_tags(&self, node: &Node) -> Tags {
         let mut tags = Tags::new();
         let label = &self.config[node.label].name;
@@ -35,7 +36,10 @@ impl Pool {
                 tags.insert(SLOTS_HELD_TAG.into(), held.to_string());
             }
         }
-        if let NodeState::InUse { request, .. } = node.state {
+        // Handed out, or set aside for a request: a node launched for a
+        // request carries it from its create, so handing it out costs no
+        // call to the cloud.
+        if let Some(request) = node.request() {
             tags.insert(REQUEST_TAG.into(), request.to_string());
         }
         let signature = self.identity.sign(Signed {

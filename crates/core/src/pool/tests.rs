@@ -2738,3 +2738,31 @@ fn a_batch_of_creates_whose_answer_was_lost_makes_no_second_instances() {
     assert_eq!(h.calls(0, Call::Create).len(), 0);
     assert_eq!(h.live(0), 4);
 }
+
+/// A node launched for a request carries `berth-request` from its create:
+/// handing it out costs no `set-tags`. A ready node handed out costs one,
+/// and its instance shows the request either way.
+#[test]
+fn a_node_launched_for_a_request_is_handed_out_without_a_tag_call() {
+    let mut h = one(|_| {});
+    let r = h.submit(&[("a", 3)], 0);
+    assert!(h.run_until(secs(30), |h| h.fulfilled(r)));
+    assert_eq!(h.calls(0, Call::SetTags).len(), 0);
+    assert_eq!(shown_of(&h, r), 3);
+    ok(&h);
+
+    let mut h = one(|c| a_mut(c).min_ready = 1);
+    assert!(h.run_until(secs(30), |h| h.count("a", "ready") == 1));
+    let r = h.submit(&[("a", 1)], 0);
+    assert!(h.run_until(secs(30), |h| h.fulfilled(r)
+        && h.calls(0, Call::SetTags).len() == 1));
+    assert_eq!(shown_of(&h, r), 1);
+    ok(&h);
+}
+
+/// How many of the cloud's live instances are tagged with request `r`.
+fn shown_of(h: &Harness, r: RequestId) -> usize {
+    (h.cloud.providers[0].live())
+        .filter(|i| i.tags.get(REQUEST_TAG) == Some(&r.to_string()))
+        .count()
+}
