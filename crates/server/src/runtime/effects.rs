@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use berth_config::ProviderIx;
 use berth_core::driver::check::{self, BadAnswer};
 use berth_core::driver::{Instance, POOL_TAG, Tags};
-use berth_core::pool::{DriverCall, Failure, HostFailureKind, NodeId, Probe, Time};
+use berth_core::pool::{DriverCall, Failure, HostFailureKind, NodeId, Probe, Time, ToDelete};
 use berth_plugin::{CallError, CallErrorKind};
 
 use super::clock::Clock;
@@ -36,7 +36,9 @@ pub(super) enum Outcome {
 /// What a driver call brought back.
 pub(super) enum Called {
     Created(NodeId, Result<Instance, Failure>),
+    CreatedMany(ProviderIx, Vec<(NodeId, Result<Instance, Failure>)>),
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
+    DeletedMany(ProviderIx, Vec<(ToDelete, Result<(), Failure>)>),
     Listed(ProviderIx, Time, Result<Vec<Instance>, Failure>),
     /// The ids asked, and what the driver answered.
     Got(ProviderIx, Vec<String>, Result<Vec<Instance>, Failure>),
@@ -139,6 +141,18 @@ pub(super) fn call(
                     DriverCall::List { .. } => Called::Listed(p, clock.now(), Err(failed)),
                     DriverCall::Get { instances, .. } => Called::Got(p, instances, Err(failed)),
                     DriverCall::SetTags { node, .. } => Called::Tagged(node, Err(failed)),
+                    DriverCall::CreateMany { creates, .. } => Called::CreatedMany(
+                        p,
+                        (creates.into_iter())
+                            .map(|(n, _)| (n, Err(failed.clone())))
+                            .collect(),
+                    ),
+                    DriverCall::DeleteMany { deletes, .. } => Called::DeletedMany(
+                        p,
+                        (deletes.into_iter())
+                            .map(|d| (d, Err(failed.clone())))
+                            .collect(),
+                    ),
                 }
             }
         };
@@ -176,23 +190,52 @@ pub(super) async fn make(
         refused(&bad);
         kept
     };
+    // A created instance, checked before the pool believes it.
+    let created = |inst: Instance| match check::instance(&inst) {
+        Ok(()) => Ok(inst),
+        Err(bad) => {
+            refused(std::slice::from_ref(&bad));
+            Err(Failure::host(
+                HostFailureKind::BadAnswer,
+                format!("the driver answered {bad}"),
+            ))
+        }
+    };
     match call {
         DriverCall::Create { node, spec, .. } => {
             let r = provider.create(spec).await;
             heard(r.as_ref().map(|_| ()));
-            let r = r
-                .map_err(failure)
-                .and_then(|inst| match check::instance(&inst) {
-                    Ok(()) => Ok(inst),
-                    Err(bad) => {
-                        refused(std::slice::from_ref(&bad));
-                        Err(Failure::host(
-                            HostFailureKind::BadAnswer,
-                            format!("the driver answered {bad}"),
-                        ))
-                    }
-                });
-            Called::Created(node, r)
+            Called::Created(node, r.map_err(failure).and_then(created))
+        }
+        DriverCall::CreateMany {
+            provider: p,
+            creates,
+        } => {
+            let (nodes, specs): (Vec<NodeId>, Vec<_>) = creates.into_iter().unzip();
+            let r = provider.create_many(specs).await;
+            heard(r.as_ref().map(|_| ()));
+            let answers = match r {
+                Ok(all) => (all.into_iter())
+                    .map(|a| a.map_err(Failure::Driver).and_then(created))
+                    .collect(),
+                Err(e) => vec![Err(failure(e)); nodes.len()],
+            };
+            Called::CreatedMany(p, nodes.into_iter().zip(answers).collect())
+        }
+        DriverCall::DeleteMany {
+            provider: p,
+            deletes,
+        } => {
+            let ids = deletes.iter().map(|d| d.instance.clone()).collect();
+            let r = provider.delete_many(ids).await;
+            heard(r.as_ref().map(|_| ()));
+            let answers = match r {
+                Ok(all) => (all.into_iter())
+                    .map(|a| a.map(|_| ()).map_err(Failure::Driver))
+                    .collect(),
+                Err(e) => vec![Err(failure(e)); deletes.len()],
+            };
+            Called::DeletedMany(p, deletes.into_iter().zip(answers).collect())
         }
         DriverCall::Delete {
             provider: p,

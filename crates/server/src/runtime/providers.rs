@@ -15,9 +15,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use berth_config::{ProviderIx, Settings};
-use berth_core::driver::{CreateSpec, Instance, Tags};
+use berth_core::driver::{CreateSpec, DriverError, Instance, Tags};
+use berth_core::pool::Batches;
 use berth_plugin::{
-    CallError, Deletion, Driver, DriverState, Engine, Gate, LoadLimits, Sandbox, SandboxConfig,
+    CallError, CallErrorKind, Deletion, Driver, DriverState, Engine, Gate, LoadLimits, Sandbox,
+    SandboxConfig,
 };
 
 /// A boxed future that can move between threads.
@@ -32,6 +34,53 @@ pub trait Cloud: Send + Sync {
     fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>>;
     fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>>;
     fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>>;
+
+    /// What the driver takes many of in one call. The pool sends batches
+    /// only to a provider that declares them.
+    fn batches(&self) -> Batches {
+        Batches::default()
+    }
+
+    /// Creates each of `specs`: one answer each, in order. Without a
+    /// `create-many` of its own, one create after another.
+    fn create_many(&self, specs: Vec<CreateSpec>) -> BoxFuture<'_, Many<Instance>> {
+        Box::pin(async move {
+            let mut answers = Vec::with_capacity(specs.len());
+            for spec in specs {
+                answers.push(one_of_many(self.create(spec).await)?);
+            }
+            Ok(answers)
+        })
+    }
+
+    /// Deletes each of `ids`: one answer each, in order. Without a
+    /// `delete-many` of its own, one delete after another.
+    fn delete_many(&self, ids: Vec<String>) -> BoxFuture<'_, Many<Deletion>> {
+        Box::pin(async move {
+            let mut answers = Vec::with_capacity(ids.len());
+            for id in &ids {
+                answers.push(one_of_many(self.delete(id).await)?);
+            }
+            Ok(answers)
+        })
+    }
+}
+
+/// A batch's answers, one per item, or the error that failed the call as a
+/// whole.
+pub type Many<T> = Result<Vec<Result<T, DriverError>>, CallError>;
+
+/// One item's answer in a batch made a call at a time: a driver's error is
+/// the item's; any other (a trap, a peer lost) fails the batch.
+fn one_of_many<T>(answer: Result<T, CallError>) -> Result<Result<T, DriverError>, CallError> {
+    match answer {
+        Ok(t) => Ok(Ok(t)),
+        Err(CallError {
+            kind: CallErrorKind::Driver(e),
+            ..
+        }) => Ok(Err(e)),
+        Err(e) => Err(e),
+    }
 }
 
 impl Cloud for Sandbox {
@@ -49,6 +98,15 @@ impl Cloud for Sandbox {
     }
     fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>> {
         Box::pin(Sandbox::set_tags(self, id, tags))
+    }
+    fn batches(&self) -> Batches {
+        Batches::from(&self.driver().info().capabilities)
+    }
+    fn create_many(&self, specs: Vec<CreateSpec>) -> BoxFuture<'_, Many<Instance>> {
+        Box::pin(Sandbox::create_many(self, specs))
+    }
+    fn delete_many(&self, ids: Vec<String>) -> BoxFuture<'_, Many<Deletion>> {
+        Box::pin(Sandbox::delete_many(self, ids))
     }
 }
 
@@ -238,6 +296,15 @@ impl Providers {
             State::Up(cloud, _) => Ok(cloud),
             State::Failed { error, .. } => Err(error),
             State::Closed | State::Starting => Err("berth is stopping".into()),
+        }
+    }
+
+    /// What provider `p`'s driver takes many of in one call, once it has
+    /// started.
+    pub fn batches(&self, p: ProviderIx) -> Option<Batches> {
+        match &*self.slots.get(p.0 as usize)?.tx.borrow() {
+            State::Up(cloud, _) => Some(cloud.batches()),
+            _ => None,
         }
     }
 

@@ -49,11 +49,12 @@ use tokio::sync::{Notify, watch};
 
 use berth_config::ProviderIx;
 use berth_core::driver::{Call as Which, CreateSpec, Instance, Tags};
+use berth_core::pool::Batches;
 use berth_plugin::{CallError, CallErrorKind, Deletion, Gate};
 use berth_store::{PgShards, Roster, RosterLease};
 
 use super::observer::Observer;
-use super::providers::{BoxFuture, Cloud, Providers};
+use super::providers::{BoxFuture, Cloud, Many, Providers};
 use super::wire::{self, Answer};
 
 /// The header that carries the pool's peer secret.
@@ -773,6 +774,12 @@ pub async fn execute(cloud: &dyn Cloud, call: wire::Call) -> Result<Answer, Call
         wire::Call::List(filter) => Answer::Listed(cloud.list(filter).await?),
         wire::Call::Get(ids) => Answer::Got(cloud.get(ids).await?),
         wire::Call::Delete(id) => cloud.delete(&id).await?.into(),
+        wire::Call::CreateMany(specs) => Answer::CreatedMany(cloud.create_many(specs).await?),
+        wire::Call::DeleteMany(ids) => Answer::DeletedMany(
+            (cloud.delete_many(ids).await?.into_iter())
+                .map(|d| d.map(|d| d == Deletion::AlreadyGone))
+                .collect(),
+        ),
         wire::Call::SetTags { id, tags } => {
             cloud.set_tags(&id, tags).await?;
             Answer::Tagged
@@ -835,6 +842,44 @@ impl Cloud for Routed {
                     Deletion::Deleted
                 }),
                 other => Err(self.unexpected(Which::Delete, other)),
+            }
+        })
+    }
+
+    /// The holder runs the same driver file: what it declares here.
+    fn batches(&self) -> Batches {
+        self.providers.batches(self.p).unwrap_or_default()
+    }
+
+    fn create_many(&self, specs: Vec<CreateSpec>) -> BoxFuture<'_, Many<Instance>> {
+        Box::pin(async move {
+            let asked = specs.len();
+            match self
+                .run(Which::CreateMany, wire::Call::CreateMany(specs))
+                .await?
+            {
+                Answer::CreatedMany(all) if all.len() == asked => Ok(all),
+                other => Err(self.unexpected(Which::CreateMany, other)),
+            }
+        })
+    }
+
+    fn delete_many(&self, ids: Vec<String>) -> BoxFuture<'_, Many<Deletion>> {
+        Box::pin(async move {
+            let asked = ids.len();
+            match self
+                .run(Which::DeleteMany, wire::Call::DeleteMany(ids))
+                .await?
+            {
+                Answer::DeletedMany(all) if all.len() == asked => Ok((all.into_iter())
+                    .map(|a| {
+                        a.map(|gone| match gone {
+                            true => Deletion::AlreadyGone,
+                            false => Deletion::Deleted,
+                        })
+                    })
+                    .collect()),
+                other => Err(self.unexpected(Which::DeleteMany, other)),
             }
         })
     }

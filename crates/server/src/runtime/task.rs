@@ -333,6 +333,8 @@ impl Loop {
         match called {
             Called::Created(id, r) => pool.created(now, id, r),
             Called::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
+            Called::CreatedMany(p, all) => pool.created_many(now, p, all),
+            Called::DeletedMany(p, all) => pool.deleted_many(now, p, all),
             Called::Listed(p, started, r) => pool.listed(now, p, started, r),
             Called::Got(p, asked, r) => pool.got(now, p, &asked, r),
             Called::Tagged(id, r) => pool.tagged(now, id, r),
@@ -410,6 +412,13 @@ impl Loop {
     pub(super) async fn step(&mut self) -> Result<(), StoreError> {
         self.take_in().await?;
         let now = self.clock.now();
+        // What each started driver takes in batches, as it declared.
+        for p in 0..self.pool.config().providers.len() {
+            let p = berth_config::ProviderIx(p as u16);
+            if let Some(batches) = self.providers.batches(p) {
+                self.pool.declared(p, batches);
+            }
+        }
         self.pool.tick(now, &mut self.effects);
         let changes = self.pool.take_changes();
         for r in &changes.requests {

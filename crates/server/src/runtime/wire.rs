@@ -20,9 +20,11 @@ pub struct CallBody {
 #[serde(rename_all = "snake_case")]
 pub enum Call {
     Create(CreateSpec),
+    CreateMany(Vec<CreateSpec>),
     List(Tags),
     Get(Vec<String>),
     Delete(String),
+    DeleteMany(Vec<String>),
     SetTags { id: String, tags: Tags },
 }
 
@@ -32,7 +34,7 @@ impl Call {
     /// is `not-found`, tags set twice are the same tags. A create could
     /// make a second machine.
     pub fn repeatable(&self) -> bool {
-        !matches!(self, Call::Create(_))
+        !matches!(self, Call::Create(_) | Call::CreateMany(_))
     }
 }
 
@@ -41,9 +43,15 @@ impl Call {
 #[serde(rename_all = "snake_case")]
 pub enum Answer {
     Created(Box<Instance>),
+    /// One answer per spec, in order.
+    CreatedMany(Vec<Result<Instance, DriverError>>),
     Listed(Vec<Instance>),
     Got(Vec<Instance>),
-    Deleted { already_gone: bool },
+    Deleted {
+        already_gone: bool,
+    },
+    /// One answer per id, in order: whether it was already gone.
+    DeletedMany(Vec<Result<bool, DriverError>>),
     Tagged,
     Failed(Error),
 }
@@ -144,6 +152,20 @@ mod tests {
             "at http://b:1 pid 7, which holds the provider: provider stopped"
         );
 
+        let many = Answer::DeletedMany(vec![
+            Ok(true),
+            Ok(false),
+            Err(DriverError::Transient("t".into())),
+        ]);
+        let text = serde_json::to_string(&many).unwrap();
+        let Answer::DeletedMany(back) = serde_json::from_str(&text).unwrap() else {
+            panic!("{text}");
+        };
+        assert_eq!(
+            back,
+            [Ok(true), Ok(false), Err(DriverError::Transient("t".into()))]
+        );
+
         let instance = Instance {
             id: "i-1".into(),
             state: InstanceState::Stopping,
@@ -163,6 +185,21 @@ mod tests {
             },
             failure: None,
         };
+        let created = Answer::CreatedMany(vec![
+            Ok(instance.clone()),
+            Err(DriverError::QuotaExceeded("q".into())),
+        ]);
+        let text = serde_json::to_string(&created).unwrap();
+        let Answer::CreatedMany(back) = serde_json::from_str(&text).unwrap() else {
+            panic!("{text}");
+        };
+        assert_eq!(
+            back,
+            [
+                Ok(instance.clone()),
+                Err(DriverError::QuotaExceeded("q".into()))
+            ]
+        );
         let text = serde_json::to_string(&Answer::Created(Box::new(instance.clone()))).unwrap();
         let Answer::Created(m) = serde_json::from_str(&text).unwrap() else {
             panic!("{text}");
