@@ -1238,16 +1238,21 @@ async fn ec2_api_calls_per_node_lifecycle() {
     assert!(!text.contains("boot-poll-interval"));
     let config = parse_config(&text, dir.path(), VAR, &moto.secret);
     let ci = config.pool.label("ci").expect("label");
-    const NODES: u32 = 12;
+    const NODES: u32 = 50;
     seed_compiled(dir.path()).await;
 
     let service = start(config).await;
     let h = service.handle.clone();
-    // create → ready → handed out
+    // create → ready → handed out, 50 together
     let req = fulfil(&h, "batch", vec![(ci, NODES)]).await;
-    // → released → deleted
-    for n in &req.nodes {
-        h.release(*n).await.expect("release");
+    // → released together → deleted
+    let mut released = tokio::task::JoinSet::new();
+    for n in req.nodes.clone() {
+        let h = h.clone();
+        released.spawn(async move { h.release(n).await });
+    }
+    for r in released.join_all().await {
+        r.expect("release");
     }
     until_pool(&h, 60, "every node deleted", |p| {
         p.nodes().count() == NODES as usize
@@ -1268,22 +1273,27 @@ async fn ec2_api_calls_per_node_lifecycle() {
     let n = u64::from(NODES);
     println!(
         "EC2 API calls per node lifecycle: {:.2} (RunInstances {run}, TerminateInstances {terminate}, \
-         DescribeInstances {describe} over {n} nodes, CreateTags {tags})",
+         DescribeInstances {describe}, CreateTags {tags}, over {n} nodes)",
         total as f64 / n as f64
     );
     assert_eq!(run, n, "one launch per node: {calls:?}");
-    assert_eq!(terminate, n, "one terminate per node: {calls:?}");
-    // Tags go in at launch; a node handed out is tagged with its request
-    // (`berth-request`), at most once (none if it came back first).
-    assert!(tags <= n, "at most one tagging per hand-out: {calls:?}");
-    // One lookup per delete, plus the lists: at least the deletes', and
-    // not a poll storm.
-    assert!(describe >= n && describe <= 4 * n, "{calls:?}");
+    // Deletes due together go in batches (`delete-many`): one
+    // TerminateInstances each, and one DescribeInstances to check them.
+    assert!(terminate < n / 4, "deletes in batches: {calls:?}");
+    // Nodes launched for the request carry `berth-request` from their
+    // create: their hand-out tags nothing.
+    assert_eq!(tags, 0, "no tagging at hand-out: {calls:?}");
+    // No describe per terminate, and no poll storm: the lists of
+    // start-up, gets of the booting nodes, one look per delete batch.
+    assert!(describe < n / 2, "{calls:?}");
     assert_eq!(
         total,
         run + terminate + describe + tags,
         "nothing but these: {calls:?}"
     );
+    // The figure itself (the target is at most 1.3) is measured in
+    // docs/BENCHMARKS.md: how many boot polls a launch wave takes depends
+    // on how fast the cloud answers its creates.
     // Every node's instance is terminated in moto.
     let all = moto.instances().await;
     assert_eq!(all.len(), NODES as usize, "{all:?}");
