@@ -18,8 +18,8 @@ use tracing::{Instrument, debug, instrument, warn};
 
 use super::machines::Port;
 use super::state::{
-    ApiError, Call, CreateRequest, Created, DEFAULT_PAGE_SIZE, Endpoint, ListQuery, MAX_PAGE_SIZE,
-    parse_id,
+    ApiError, Call, CallItem, CreateRequest, Created, DEFAULT_PAGE_SIZE, Endpoint, ListQuery,
+    MAX_PAGE_SIZE, parse_id,
 };
 use super::{Instance, Knobs, SimCloud};
 
@@ -36,6 +36,8 @@ pub(super) fn router(cloud: SimCloud) -> Router {
         .route("/v1/instances/{id}", get(get_instance).delete(delete))
         .route("/v1/instances/{id}/tags", put(set_tags))
         .route("/v1/limits", get(limits))
+        .route("/v1/batch/create", post(batch_create))
+        .route("/v1/batch/delete", post(batch_delete))
         // Added after the routes so it wraps exactly the cloud API.
         .layer(middleware::from_fn_with_state(cloud.clone(), gate));
     // The same API under `/c/NAME`: callers that share one cloud name
@@ -54,31 +56,7 @@ pub(super) fn router(cloud: SimCloud) -> Router {
 
 /// The one place an [`ApiError`] becomes a status, headers and body.
 fn error_response(error: ApiError) -> Response {
-    let (status, code) = match &error {
-        ApiError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
-        ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
-        ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
-        ApiError::QuotaExceeded { .. } => (StatusCode::FORBIDDEN, "quota_exceeded"),
-        ApiError::InsufficientCapacity { .. } => {
-            (StatusCode::SERVICE_UNAVAILABLE, "insufficient_capacity")
-        }
-        ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
-        ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
-    };
-    let mut body = json!({"error": {"code": code, "message": error.to_string()}});
-    // The spec says the body "also has" these fields; they go both at the top
-    // level and inside `error` so a client reading either place finds them.
-    let extra = match &error {
-        ApiError::InsufficientCapacity { instance_type } => {
-            Some(("instance_type", json!(instance_type)))
-        }
-        ApiError::RateLimited { retry_after_ms } => Some(("retry_after_ms", json!(retry_after_ms))),
-        _ => None,
-    };
-    if let Some((key, value)) = extra {
-        body["error"][key] = value.clone();
-        body[key] = value;
-    }
+    let (status, body) = error_body(&error);
     let mut response = (status, Json(body)).into_response();
     let headers = response.headers_mut();
     match &error {
@@ -93,6 +71,37 @@ fn error_response(error: ApiError) -> Response {
         _ => {}
     }
     response
+}
+
+/// An error's status and JSON body: what a call answers, and what one item
+/// of a batch carries.
+fn error_body(error: &ApiError) -> (StatusCode, Value) {
+    let (status, code) = match error {
+        ApiError::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+        ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+        ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+        ApiError::QuotaExceeded { .. } => (StatusCode::FORBIDDEN, "quota_exceeded"),
+        ApiError::InsufficientCapacity { .. } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "insufficient_capacity")
+        }
+        ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+        ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+    };
+    let mut body = json!({"error": {"code": code, "message": error.to_string()}});
+    // The spec says the body "also has" these fields; they go both at the top
+    // level and inside `error` so a client reading either place finds them.
+    let extra = match error {
+        ApiError::InsufficientCapacity { instance_type } => {
+            Some(("instance_type", json!(instance_type)))
+        }
+        ApiError::RateLimited { retry_after_ms } => Some(("retry_after_ms", json!(retry_after_ms))),
+        _ => None,
+    };
+    if let Some((key, value)) = extra {
+        body["error"][key] = value.clone();
+        body[key] = value;
+    }
+    (status, body)
 }
 
 impl IntoResponse for ApiError {
@@ -144,6 +153,8 @@ async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Re
         }
     };
     let status = response.status().as_u16();
+    let items =
+        (response.extensions().get::<ItemStatuses>()).map_or_else(Vec::new, |i| i.0.clone());
     span.record("status", status);
     span.in_scope(|| debug!(status, "cloud api call"));
     cloud.lock().record_call(Call {
@@ -153,9 +164,14 @@ async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Re
         status,
         retry_after_ms,
         caller,
+        items,
     });
     response
 }
+
+/// A batch call's items, for the call record.
+#[derive(Clone)]
+struct ItemStatuses(Vec<CallItem>);
 
 /// A call counted as come in and not yet recorded until dropped.
 struct InFlight {
@@ -206,6 +222,20 @@ async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, 
         // Outside the lock: other calls carry on while this one is "slow".
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
+    let (created, snapshot) = create_one(&cloud, request)?;
+    persist(&cloud, snapshot).await?;
+    Ok(match created {
+        Created::New(instance) => (StatusCode::CREATED, Json(instance)).into_response(),
+        Created::Existing(instance) => (StatusCode::OK, Json(instance)).into_response(),
+    })
+}
+
+/// Creates one instance (or finds the one its client token made), and
+/// starts its machine; what the state file then needs, if anything.
+fn create_one(
+    cloud: &SimCloud,
+    request: CreateRequest,
+) -> Result<(Created, Option<super::state_file::Snapshot>), ApiError> {
     let rolls: [f64; 2] = [rand::random(), rand::random()];
     let knobs = cloud.knobs();
     // A machine of its own to reach, once it is known to be new.
@@ -232,17 +262,134 @@ async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, 
         let after = Duration::from_millis(knobs.boot_delay_ms + knobs.ssh_accept_delay_ms);
         cloud.shared.machines.start(id, port, after, target);
     }
-    persist(&cloud, snapshot).await?;
-    Ok(match created {
+    match &created {
         Created::New(instance) => {
             debug!(id = %instance.id, instance_type = %instance.instance_type, "created instance");
-            (StatusCode::CREATED, Json(instance)).into_response()
         }
         Created::Existing(instance) => {
             debug!(id = %instance.id, "create matched an existing client token");
-            (StatusCode::OK, Json(instance)).into_response()
         }
-    })
+    }
+    Ok((created, snapshot))
+}
+
+/// One item's error in a batch: the status and body the call alone would
+/// have answered, the status also in the body.
+fn item_error(error: &ApiError) -> (StatusCode, Value) {
+    let (status, mut body) = error_body(error);
+    body["status"] = json!(status.as_u16());
+    (status, body)
+}
+
+/// A batch call's answer, its items kept for the call record.
+fn batch_answer(results: Vec<Value>, statuses: Vec<CallItem>) -> Response {
+    let mut response = Json(json!({ "results": results })).into_response();
+    response.extensions_mut().insert(ItemStatuses(statuses));
+    response
+}
+
+/// Most items one batch call takes.
+const MAX_BATCH: usize = 100;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchCreate {
+    instances: Vec<CreateRequest>,
+}
+
+/// `POST /v1/batch/create`: each of `instances` created as `POST
+/// /v1/instances` would, in one call (one rate-limit token, one create
+/// latency). One result per item, in order: `{"instance": …}`, or the
+/// error body the create alone would have answered with its `status`.
+#[instrument(skip_all)]
+async fn batch_create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, ApiError> {
+    let BatchCreate { instances } = parse_body(&body)?;
+    if instances.is_empty() || instances.len() > MAX_BATCH {
+        return Err(ApiError::InvalidRequest(format!(
+            "a batch takes 1 to {MAX_BATCH} instances, got {}",
+            instances.len()
+        )));
+    }
+    let latency = cloud.lock().knobs().create_latency_ms;
+    if latency > 0 {
+        tokio::time::sleep(Duration::from_millis(latency)).await;
+    }
+    let mut results = Vec::with_capacity(instances.len());
+    let mut statuses = Vec::with_capacity(instances.len());
+    let mut changed = false;
+    for request in instances {
+        let (status, result, id) = match create_one(&cloud, request) {
+            Ok((Created::New(i), snapshot)) => {
+                changed |= snapshot.is_some();
+                let id = Some(i.id.clone());
+                (StatusCode::CREATED, json!({ "instance": i }), id)
+            }
+            Ok((Created::Existing(i), _)) => {
+                let id = Some(i.id.clone());
+                (StatusCode::OK, json!({ "instance": i }), id)
+            }
+            Err(e) => {
+                let (status, body) = item_error(&e);
+                (status, body, None)
+            }
+        };
+        let status = status.as_u16();
+        statuses.push(CallItem { status, id });
+        results.push(result);
+    }
+    let snapshot = changed.then(|| cloud.snapshot(&cloud.lock())).flatten();
+    persist(&cloud, snapshot).await?;
+    Ok(batch_answer(results, statuses))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchDelete {
+    ids: Vec<String>,
+}
+
+/// `POST /v1/batch/delete`: each of `ids` terminated as `DELETE
+/// /v1/instances/{id}` would, in one call. One result per id, in order:
+/// `{}`, or the error body with its `status`.
+#[instrument(skip_all)]
+async fn batch_delete(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, ApiError> {
+    let BatchDelete { ids } = parse_body(&body)?;
+    if ids.is_empty() || ids.len() > MAX_BATCH {
+        return Err(ApiError::InvalidRequest(format!(
+            "a batch takes 1 to {MAX_BATCH} ids, got {}",
+            ids.len()
+        )));
+    }
+    let (answers, snapshot) = {
+        let now = cloud.now_ms();
+        let mut state = cloud.lock();
+        let answers: Vec<(StatusCode, Value)> = (ids.iter())
+            .map(|id| match state.delete(id, now) {
+                Ok(()) => {
+                    if let Some(n) = parse_id(id) {
+                        cloud.shared.machines.stop(n);
+                    }
+                    (StatusCode::NO_CONTENT, json!({}))
+                }
+                Err(e) => item_error(&e),
+            })
+            .collect();
+        (answers, cloud.snapshot(&state))
+    };
+    persist(&cloud, snapshot).await?;
+    let (statuses, results) = (answers.into_iter().zip(ids))
+        .map(|((status, result), id)| {
+            let status = status.as_u16();
+            (
+                CallItem {
+                    status,
+                    id: Some(id),
+                },
+                result,
+            )
+        })
+        .unzip();
+    Ok(batch_answer(results, statuses))
 }
 
 /// Most `id=` a list takes.

@@ -63,6 +63,19 @@ pub struct Call {
     /// `/c/NAME` prefix (several berth processes on one cloud).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caller: Option<String>,
+    /// For a batch call: each item, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<CallItem>,
+}
+
+/// One item of a batch call, as the cloud recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CallItem {
+    /// What the call alone would have answered.
+    pub status: u16,
+    /// The instance: the one deleted (or asked for), or the one created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 /// Why a cloud-API call was refused. Turned into a status and error body in

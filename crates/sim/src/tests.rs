@@ -944,3 +944,82 @@ async fn a_call_is_in_flight_from_when_it_comes_in_until_it_is_recorded_or_dropp
     assert_eq!(cloud.in_flight(Some("b1")), 0);
     assert_eq!(cloud.calls().len(), 1);
 }
+
+fn results_id(reply: &Reply, i: usize) -> String {
+    reply.body["results"][i]["instance"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// A batch create is each create in one call: items within the quota get
+/// their instance, the one past it its error, in order; a client token
+/// finds the instance it made before. A batch delete answers per id too.
+#[tokio::test(start_paused = true)]
+async fn batches_answer_each_item_as_its_own_call_would() {
+    let (cloud, app) = sim(Knobs {
+        quota: Some(2),
+        ..Knobs::default()
+    });
+    let mut first = small(json!({"k": "v"}));
+    first["client_token"] = json!("t-1");
+    let batch = json!({"instances": [first.clone(), small(json!({})), small(json!({}))]});
+    let made = send(&app, "POST", "/v1/batch/create", Some(batch), None).await;
+    assert_eq!(made.status, StatusCode::OK, "{:?}", made.body);
+    let results = made.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    let id = results[0]["instance"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(results[0]["instance"]["tags"]["k"], "v");
+    assert!(results[1]["instance"]["id"].is_string());
+    assert_eq!(results[2]["error"]["code"], "quota_exceeded");
+    assert_eq!(results[2]["status"], 403);
+    // The same token again: the same instance, and no third.
+    let again = json!({"instances": [first]});
+    let again = send(&app, "POST", "/v1/batch/create", Some(again), None).await;
+    assert_eq!(again.body["results"][0]["instance"]["id"], id.as_str());
+    assert_eq!(cloud.instances().len(), 2);
+
+    let gone = json!({"ids": [id.clone(), "i-00000099", id.clone()]});
+    let deleted = send(&app, "POST", "/v1/batch/delete", Some(gone), None).await;
+    assert_eq!(deleted.status, StatusCode::OK, "{:?}", deleted.body);
+    let results = deleted.body["results"].as_array().unwrap();
+    assert_eq!(results[0], json!({}));
+    assert_eq!(results[1]["error"]["code"], "not_found");
+    assert_eq!(
+        results[2]["error"]["code"], "not_found",
+        "already terminated"
+    );
+    // Three calls, as the cloud records them, with each item's status.
+    let batches: Vec<Vec<(u16, Option<String>)>> = (cloud.calls().into_iter())
+        .filter(|c| c.path.starts_with("/v1/batch/"))
+        .map(|c| c.items.into_iter().map(|i| (i.status, i.id)).collect())
+        .collect();
+    let second = results_id(&made, 1);
+    let gone = "i-00000099".to_owned();
+    assert_eq!(
+        batches,
+        [
+            vec![(201, Some(id.clone())), (201, Some(second)), (403, None)],
+            vec![(200, Some(id.clone()))],
+            vec![
+                (204, Some(id.clone())),
+                (404, Some(gone)),
+                (404, Some(id.clone()))
+            ],
+        ]
+    );
+
+    for bad in [
+        json!({"ids": []}),
+        json!({"instances": []}),
+        json!({"ids": vec!["x"; 101]}),
+    ] {
+        let path = if bad.get("ids").is_some() {
+            "delete"
+        } else {
+            "create"
+        };
+        let r = send(&app, "POST", &format!("/v1/batch/{path}"), Some(bad), None).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    }
+}
