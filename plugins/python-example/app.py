@@ -15,7 +15,8 @@ componentize-py's `Err(error)` with one of the contract's error cases; any
 other exception traps, and the host replaces the instance. The helpers for
 HTTP, errors, tags and pages come from the SDK, `berth_driver`
 (sdk/python), and so does `Defaults`, which answers the batch calls
-(`create_many`, `delete_many`) as not supported: the sim takes no batches.
+(`create_many`, `delete_many`) as not supported: this example leaves the
+sim's batch calls to the Rust driver.
 """
 
 import json

@@ -10,9 +10,9 @@
 // to the object this module exports as `driver`; WIT names become camelCase
 // (`set-tags` is `setTags`). A returned value is the `ok` case of a `result`;
 // a thrown `DriverError` is the `err` case (see the SDK's errors.js).
-// Requests block (the SDK's `send`), so every function is synchronous. The
-// sim takes no batches: the SDK's `defaults` answer `createMany` and
-// `deleteMany` as not supported.
+// Requests block (the SDK's `send`), so every function is synchronous. This
+// example leaves the sim's batch calls to the Rust driver: the SDK's
+// `defaults` answer `createMany` and `deleteMany` as not supported.
 
 import {
   POOL_TAG,

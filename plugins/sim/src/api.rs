@@ -8,7 +8,7 @@ use berth_sdk::types::{Addresses, Connection, Instance, InstanceState};
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/instances`.
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 pub(crate) struct CreateBody<'a> {
     pub instance_type: &'a str,
     pub image: &'a str,
@@ -18,6 +18,36 @@ pub(crate) struct CreateBody<'a> {
     pub user_data: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ssh_public_key: Option<&'a str>,
+}
+
+/// `POST /v1/batch/create`.
+#[derive(Serialize)]
+pub(crate) struct BatchCreateBody<'a> {
+    pub instances: Vec<CreateBody<'a>>,
+}
+
+/// `POST /v1/batch/delete`.
+#[derive(Serialize)]
+pub(crate) struct BatchDeleteBody<'a> {
+    pub ids: &'a [String],
+}
+
+/// What a batch call answers: one result per item, in order.
+#[derive(Deserialize)]
+pub(crate) struct BatchResults {
+    pub results: Vec<BatchResult>,
+}
+
+/// One item's result: its instance (a create), nothing (a delete), or the
+/// error the call alone would have answered, with that call's status.
+#[derive(Deserialize)]
+pub(crate) struct BatchResult {
+    #[serde(default)]
+    pub instance: Option<ApiInstance>,
+    #[serde(default)]
+    pub status: Option<u16>,
+    #[serde(flatten)]
+    pub error: ErrorBody,
 }
 
 /// `PUT /v1/instances/{id}/tags`.

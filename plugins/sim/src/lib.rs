@@ -18,7 +18,10 @@ use berth_sdk::types::{
 use berth_sdk::{Driver, error};
 use serde::Deserialize;
 
-use api::{ApiInstance, CreateBody, InstancePage, LimitsBody, SetTagsBody};
+use api::{
+    ApiInstance, BatchCreateBody, BatchDeleteBody, BatchResults, CreateBody, ErrorBody,
+    InstancePage, LimitsBody, SetTagsBody,
+};
 
 /// The sim's largest page.
 const MAX_PAGE_SIZE: u32 = 1000;
@@ -47,6 +50,54 @@ impl Sim {
 
     fn instance_url(&self, id: &str) -> String {
         self.url(&format!("/v1/instances/{}", encode_component(id)))
+    }
+}
+
+impl Sim {
+    /// What `POST /v1/instances` (alone or in a batch) sends for `spec`.
+    fn create_body<'a>(&self, spec: &'a CreateSpec) -> Result<CreateBody<'a>, Error> {
+        check_label_options(&spec.options)?;
+        let mut tags: Vec<(String, String)> = (spec.tags.iter())
+            .filter(|(k, _)| k != POOL_TAG)
+            .cloned()
+            .collect();
+        // Never create outside this pool, whatever the spec says.
+        tags.push((POOL_TAG.to_owned(), self.pool_id.clone()));
+        Ok(CreateBody {
+            instance_type: &spec.instance_type,
+            image: &spec.image,
+            tags: tags.into_iter().collect(),
+            client_token: &spec.token,
+            user_data: spec.user_data.as_deref(),
+            ssh_public_key: spec.ssh_public_key.as_deref(),
+        })
+    }
+
+    /// Makes a batch call of `count` items: one result each, in order;
+    /// a call that failed, or answered another number of results, gives
+    /// every item its error.
+    fn batch(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+        count: usize,
+    ) -> Vec<Result<api::BatchResult, Error>> {
+        let failed = |e: Error| (0..count).map(|_| Err(e.clone())).collect();
+        let resp = match Request::post(&self.url(path)).json(body).send() {
+            Ok(resp) => resp,
+            Err(e) => return failed(e.into()),
+        };
+        if resp.status != 200 {
+            return failed(api_error(&resp, None));
+        }
+        match resp.json::<BatchResults>() {
+            Ok(r) if r.results.len() == count => r.results.into_iter().map(Ok).collect(),
+            Ok(r) => failed(error::transient(format!(
+                "the sim answered {} results to {count} items",
+                r.results.len()
+            ))),
+            Err(e) => failed(e.into()),
+        }
     }
 }
 
@@ -81,7 +132,9 @@ impl Driver for Sim {
             capabilities: Capabilities::ACCOUNT_LIMITS
                 | Capabilities::IDEMPOTENT_CREATE
                 | Capabilities::USER_DATA
-                | Capabilities::SSH_KEYS,
+                | Capabilities::SSH_KEYS
+                | Capabilities::CREATE_MANY
+                | Capabilities::DELETE_MANY,
         }
     }
 
@@ -117,22 +170,7 @@ impl Driver for Sim {
     }
 
     fn create(&mut self, spec: CreateSpec) -> Result<Instance, Error> {
-        check_label_options(&spec.options)?;
-        let mut tags: Vec<(String, String)> = spec
-            .tags
-            .into_iter()
-            .filter(|(k, _)| k != POOL_TAG)
-            .collect();
-        // Never create outside this pool, whatever the spec says.
-        tags.push((POOL_TAG.to_owned(), self.pool_id.clone()));
-        let body = CreateBody {
-            instance_type: &spec.instance_type,
-            image: &spec.image,
-            tags: tags.into_iter().collect(),
-            client_token: &spec.token,
-            user_data: spec.user_data.as_deref(),
-            ssh_public_key: spec.ssh_public_key.as_deref(),
-        };
+        let body = self.create_body(&spec)?;
         let resp = Request::post(&self.url("/v1/instances"))
             .json(&body)
             .send()?;
@@ -214,6 +252,54 @@ impl Driver for Sim {
         })
     }
 
+    fn create_many(&mut self, specs: Vec<CreateSpec>) -> Vec<Result<Instance, Error>> {
+        // Specs the driver refuses itself get their error; the rest go in
+        // one call.
+        let bodies: Vec<Result<CreateBody<'_>, Error>> =
+            specs.iter().map(|s| self.create_body(s)).collect();
+        let sent: Vec<CreateBody<'_>> = bodies
+            .iter()
+            .filter_map(|b| b.as_ref().ok().cloned())
+            .collect();
+        let count = sent.len();
+        let mut answers = match sent.is_empty() {
+            true => Vec::new(),
+            false => self.batch(
+                "/v1/batch/create",
+                &BatchCreateBody { instances: sent },
+                count,
+            ),
+        }
+        .into_iter();
+        (bodies.into_iter().zip(&specs))
+            .map(|(body, spec)| {
+                body?;
+                match answers.next() {
+                    Some(Ok(r)) => match r.instance {
+                        Some(i) => Ok(i.into()),
+                        None => Err(item_error(r.status, r.error, Some(&spec.instance_type))),
+                    },
+                    Some(Err(e)) => Err(e),
+                    None => Err(error::transient(
+                        "the sim answered fewer results than asked",
+                    )),
+                }
+            })
+            .collect()
+    }
+
+    fn delete_many(&mut self, instance_ids: &[String]) -> Vec<Result<(), Error>> {
+        let body = BatchDeleteBody { ids: instance_ids };
+        (self
+            .batch("/v1/batch/delete", &body, instance_ids.len())
+            .into_iter())
+        .map(|r| match r? {
+            r if r.status.is_none() && r.error.error.code.is_empty() => Ok(()),
+            r => Err(item_error(r.status, r.error, None)),
+        })
+        .collect()
+    }
+
     fn delete(&mut self, instance_id: &str) -> Result<(), Error> {
         // The host only deletes ids it listed through this driver, so they
         // carry the pool tag; the sim has no conditional delete to check it.
@@ -285,8 +371,7 @@ fn check_label_options(options: &str) -> Result<(), Error> {
 /// Turns a failed sim response into the contract's error: the one place the
 /// sim's statuses and codes are mapped.
 fn api_error(resp: &Response, instance_type: Option<&str>) -> Error {
-    let body: api::ErrorBody = resp.json().unwrap_or_default();
-    let code = body.error.code.as_str();
+    let body: ErrorBody = resp.json().unwrap_or_default();
     let message = if body.error.message.is_empty() {
         format!(
             "sim answered {}: {}",
@@ -296,15 +381,36 @@ fn api_error(resp: &Response, instance_type: Option<&str>) -> Error {
     } else {
         body.error.message.clone()
     };
-    match (resp.status, code) {
+    let retry_after = || {
+        let secs = resp.header("retry-after")?.trim().parse::<u64>().ok()?;
+        Some(secs.saturating_mul(1000))
+    };
+    error_of(resp.status, &body, message, retry_after(), instance_type)
+}
+
+/// One item's error in a batch's answer.
+fn item_error(status: Option<u16>, body: ErrorBody, instance_type: Option<&str>) -> Error {
+    let status = status.unwrap_or(500);
+    let message = match body.error.message.is_empty() {
+        true => format!("sim answered {status} for this item"),
+        false => body.error.message.clone(),
+    };
+    error_of(status, &body, message, None, instance_type)
+}
+
+/// The contract's error for what the sim answered: its status, its error
+/// body, and `Retry-After` in milliseconds if a header gave one.
+fn error_of(
+    status: u16,
+    body: &ErrorBody,
+    message: String,
+    retry_after: Option<u64>,
+    instance_type: Option<&str>,
+) -> Error {
+    let code = body.error.code.as_str();
+    match (status, code) {
         (429, _) => {
-            let retry_after_ms = body
-                .retry_after_ms
-                .or_else(|| {
-                    let secs = resp.header("retry-after")?.trim().parse::<u64>().ok()?;
-                    Some(secs.saturating_mul(1000))
-                })
-                .unwrap_or(1000);
+            let retry_after_ms = body.retry_after_ms.or(retry_after).unwrap_or(1000);
             error::rate_limited(retry_after_ms, message)
         }
         (403, "quota_exceeded") => error::quota_exceeded(message),
@@ -421,6 +527,47 @@ mod tests {
         assert!(matches!(e, Error::Permanent(_)), "{e:?}");
         let e = api_error(&resp(500, &[], &err_body("internal_error", "")), None);
         assert!(matches!(e, Error::Transient(_)), "{e:?}");
+    }
+
+    /// A batch item's error maps as the call alone would have, from the
+    /// status it carries.
+    #[test]
+    fn maps_batch_item_errors() {
+        let item = |json: &str| -> api::BatchResult { serde_json::from_str(json).unwrap() };
+        let r = item(r#"{"status": 403, "error": {"code": "quota_exceeded", "message": "m"}}"#);
+        assert!(r.instance.is_none());
+        let e = item_error(r.status, r.error, None);
+        assert!(
+            matches!(e, Error::QuotaExceeded(ref m) if m == "m"),
+            "{e:?}"
+        );
+        let r = item(
+            r#"{"status": 429, "error": {"code": "rate_limited", "message": "m"}, "retry_after_ms": 700}"#,
+        );
+        let e = item_error(r.status, r.error, None);
+        assert!(
+            matches!(
+                e,
+                Error::RateLimited(RateLimit {
+                    retry_after_ms: 700,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let r =
+            item(r#"{"status": 503, "error": {"code": "insufficient_capacity", "message": "m"}}"#);
+        let e = item_error(r.status, r.error, Some("small"));
+        assert!(
+            matches!(e, Error::Capacity(ref c) if matches!(c.scope, CapacityScope::InstanceType(ref t) if t == "small")),
+            "{e:?}"
+        );
+        // An error without a status is the sim's fault: worth a retry.
+        let r = item(r#"{"error": {"code": "x", "message": ""}}"#);
+        let e = item_error(r.status, r.error, None);
+        assert!(matches!(e, Error::Transient(_)), "{e:?}");
+        let r = item(r#"{}"#);
+        assert!(r.instance.is_none() && r.status.is_none());
     }
 
     #[test]
