@@ -1,13 +1,14 @@
 //! One conformance run against a configured provider, step by step:
-//! create, list, set-tags, the foreign pool, error mapping, delete, paging,
-//! and the cleanup of whatever the run made.
+//! create, list, set-tags, the foreign pool, error mapping, delete, the
+//! batches, paging, and the cleanup of whatever the run made.
 
 use std::time::{Duration, Instant};
 
 use crate::sandbox::Recorded;
 use crate::{CallError, CallErrorKind, Deletion, Sandbox};
 use berth_core::driver::{
-    CreateSpec, DriverError, Instance, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG, Tags,
+    Capabilities, CreateSpec, DriverError, Instance, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG,
+    Tags,
 };
 
 use super::config::{TestConfig, has_all};
@@ -90,6 +91,55 @@ impl Kit<'_> {
         }
     }
 
+    /// [`Kit::patiently`] for a batch call: made again for the items
+    /// answered `rate-limited` alone (after the longest `retry-after` among
+    /// them), the others' answers kept; one answer per item, in order.
+    pub(super) async fn patient_batch<I, T, F, Fut>(
+        &mut self,
+        items: Vec<I>,
+        mut call: F,
+    ) -> Result<Vec<Result<T, DriverError>>, CallError>
+    where
+        I: Clone,
+        F: FnMut(Vec<I>) -> Fut,
+        Fut: Future<Output = Result<Vec<Result<T, DriverError>>, CallError>>,
+    {
+        let mut answers: Vec<Option<Result<T, DriverError>>> = items.iter().map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        let (mut waited, mut last) = (Duration::ZERO, Duration::ZERO);
+        while !pending.is_empty() {
+            let asked: Vec<I> = pending.iter().map(|&i| items[i].clone()).collect();
+            let got = self.patiently(|| call(asked.clone())).await?;
+            let mut wait = Duration::ZERO;
+            let mut limited = Vec::new();
+            for (&i, answer) in pending.iter().zip(got) {
+                if let Err(DriverError::RateLimited { retry_after, .. }) = &answer {
+                    wait = wait.max(*retry_after);
+                    limited.push(i);
+                }
+                answers[i] = Some(answer);
+            }
+            let wait = wait.max(last * 2).max(Duration::from_millis(10));
+            if limited.is_empty() || waited + wait > RATE_LIMIT_PATIENCE {
+                break;
+            }
+            tokio::time::sleep(wait).await;
+            waited += wait;
+            last = wait;
+            self.waited += wait;
+            pending = limited;
+        }
+        let unanswered = || {
+            Err(DriverError::Permanent(
+                "the batch answered no result for this item".into(),
+            ))
+        };
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(unanswered))
+            .collect())
+    }
+
     pub(super) async fn create(&mut self, spec: CreateSpec) -> Result<Instance, CallError> {
         let provider = self.provider;
         let made = self.patiently(|| provider.create(spec.clone())).await;
@@ -122,8 +172,91 @@ impl Kit<'_> {
         if let Some(id) = self.cycle(report).await {
             self.faults(&id, report).await;
             self.removal(&id, report).await;
+            self.batches(Some(&id), report).await;
+        } else {
+            self.batches(None, report).await;
         }
         self.paging(report).await;
+    }
+
+    /// `create-many` and `delete-many`, where the driver declares them:
+    /// one answer per item, in order, each instance as its spec asked; a
+    /// batch delete that also names `gone` (deleted before) takes it as
+    /// gone, not as an error.
+    pub(super) async fn batches(&mut self, gone: Option<&str>, report: &mut Report) {
+        let caps = self.provider.driver().info().capabilities.clone();
+        if !caps.create_many && !caps.delete_many {
+            report.skip(
+                "batches",
+                "the driver declares neither create-many nor delete-many",
+            );
+            return;
+        }
+        let started = Instant::now();
+        let result = self.batch_round(&caps, gone).await;
+        report.record("batches", started, result);
+    }
+
+    async fn batch_round(
+        &mut self,
+        caps: &Capabilities,
+        gone: Option<&str>,
+    ) -> Result<String, String> {
+        let specs = vec![self.spec("batch"), self.spec("batch")];
+        let mut said = Vec::new();
+        let mut ids = Vec::new();
+        if caps.create_many {
+            let provider = self.provider;
+            let answers = (self
+                .patient_batch(specs.clone(), |s| provider.create_many(s))
+                .await)
+                .map_err(|e| format!("create-many: {e}"))?;
+            for (spec, answer) in specs.iter().zip(answers) {
+                let i = answer.map_err(|e| format!("create-many answered {e}"))?;
+                self.created.push(i.id.clone());
+                has_all(&i.tags, &spec.tags).map_err(|e| format!("{}: {e}", i.id))?;
+                ids.push(i.id);
+            }
+            if ids[0] == ids[1] {
+                return Err(format!("create-many answered {} for two specs", ids[0]));
+            }
+            said.push(format!("create-many made {}", ids.join(" and ")));
+        } else {
+            for spec in specs {
+                let made = self.create(spec).await;
+                ids.push(made.map_err(|e| format!("create: {e}"))?.id);
+            }
+        }
+        if !caps.delete_many {
+            for id in &ids {
+                self.delete(id).await.map_err(|e| format!("delete: {e}"))?;
+            }
+            return Ok(said.join("; "));
+        }
+        let mut asked = ids.clone();
+        asked.extend(gone.map(str::to_owned));
+        let provider = self.provider;
+        let answers = (self
+            .patient_batch(asked.clone(), |ids| provider.delete_many(ids))
+            .await)
+            .map_err(|e| format!("delete-many: {e}"))?;
+        for (id, answer) in asked.iter().zip(&answers) {
+            if let Err(e) = answer {
+                return Err(format!("delete-many answered {e} for {id}"));
+            }
+        }
+        self.deleted.extend(ids.iter().cloned());
+        let found = self.get(ids.clone()).await.map_err(|e| e.to_string())?;
+        let live =
+            |i: &&Instance| !matches!(i.state, InstanceState::Terminated | InstanceState::Stopping);
+        if let Some(i) = found.iter().find(live) {
+            return Err(format!("{} is still {} after delete-many", i.id, i.state));
+        }
+        said.push(match gone {
+            Some(g) => format!("delete-many deleted them, and took {g} as already gone"),
+            None => "delete-many deleted them".to_owned(),
+        });
+        Ok(said.join("; "))
     }
 
     /// Create, list, another instance's list, set-tags, foreign pool; the
