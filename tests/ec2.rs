@@ -773,11 +773,17 @@ async fn aws_ec2_passes_the_conformance_kit_against_moto_with_signing_armed() {
             "{step} did not pass:\n{report}"
         );
     }
-    // moto's own record: the kit's one instance, terminated.
+    // The driver declares delete-many: the kit deletes a batch.
+    assert!(report.to_string().contains("PASS  batches"), "{report}");
+    // moto's own record: the kit's one instance and the batch's two,
+    // terminated.
     let all = moto.instances().await;
-    assert_eq!(all.len(), 1, "{all:?}");
-    let (_, only) = all.iter().next().unwrap();
-    assert_eq!(only.state, "terminated", "{all:?}");
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert!(all.values().all(|i| i.state == "terminated"), "{all:?}");
+    let batch = Some("batch");
+    let (_, only) = (all.iter())
+        .find(|(_, i)| i.tags.get("berth-conformance").map(String::as_str) != batch)
+        .expect("the kit's first instance");
     // With the tags set-tags left: berth-conformance removed, berth-idle added.
     assert!(!only.tags.contains_key("berth-conformance"), "{all:?}");
     assert_eq!(
@@ -802,7 +808,7 @@ async fn aws_ec2_passes_the_conformance_kit_against_moto_with_signing_armed() {
         create.detail.contains("unauthorized") && create.detail.contains("AuthFailure"),
         "{report}"
     );
-    assert_eq!(moto.instances().await.len(), 1, "nothing launched");
+    assert_eq!(moto.instances().await.len(), 3, "nothing more launched");
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -160,6 +160,8 @@ async fn under_confirming(fault: ListFault, hold: Duration, missing_confirm: Opt
     let before = rig.live();
     assert_eq!(before.len(), 10, "{before:?}");
     let calls_before = rig.sim.cloud.calls().len();
+    let creates_before = crate::support::creates(&rig.sim.cloud);
+    let deletes_before = crate::support::deletes(&rig.sim.cloud).len();
 
     rig.proxy.arm(Some(fault));
     let started = Instant::now();
@@ -195,11 +197,8 @@ async fn under_confirming(fault: ListFault, hold: Duration, missing_confirm: Opt
     .await;
     // And nothing happened meanwhile, by the cloud's own record.
     let after_calls: Vec<_> = rig.sim.cloud.calls()[calls_before..].to_vec();
-    let deletes = after_calls.iter().filter(|c| c.method == "DELETE").count();
-    let creates = after_calls
-        .iter()
-        .filter(|c| c.method == "POST" && c.path == "/v1/instances")
-        .count();
+    let deletes = crate::support::deletes(&rig.sim.cloud).len() - deletes_before;
+    let creates = crate::support::creates(&rig.sim.cloud) - creates_before;
     eprintln!(
         "{fault:?}: {faulted} of {lists} lists answered wrongly over {:?}; statuses seen {seen_status:?}; {deletes} deletes, {creates} creates, at most {most_live} live",
         started.elapsed()

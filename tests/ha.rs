@@ -865,9 +865,14 @@ async fn the_providers_spread_over_the_processes_and_each_sends_only_its_own() {
             "{name} is held by b{}, and other processes called it: {others:?}",
             holders[k]
         );
-        let creates = (since.iter())
-            .filter(|(_, c)| c.method == "POST" && c.path.ends_with("/v1/instances"))
-            .count();
+        // Creates alone, and the items of batches.
+        let creates: usize = (since.iter())
+            .filter(|(_, c)| c.method == "POST")
+            .map(|(_, c)| match c.path.ends_with("/v1/batch/create") {
+                true => c.items.len(),
+                false => usize::from(c.path.ends_with("/v1/instances")),
+            })
+            .sum();
         println!(
             "{name}: held by b{}, {} calls, {creates} creates",
             holders[k],

@@ -161,7 +161,8 @@ async fn the_binary_deletes_what_it_created_when_interrupted() {
         .kill_on_drop(true)
         .spawn()
         .expect("berth driver test");
-    // The cycle's instance is deleted; then paging creates them one by one.
+    // The cycle's instance is deleted, and the batch step's two; then
+    // paging creates them one by one.
     let mut waited = 0;
     while live(&sim.cloud).len() < 3 {
         assert!(waited < 600, "the paging step never got going");
@@ -199,8 +200,10 @@ async fn the_binary_deletes_what_it_created_when_interrupted() {
     assert!(out.contains("FAIL  interrupted"), "{out}");
     assert!(out.contains("PASS  cleanup"), "{out}");
     assert!(live(&sim.cloud).is_empty(), "{:?}\n{out}", live(&sim.cloud));
-    // Every instance the sim made, and no fewer, is named as deleted.
-    let made = sim.cloud.instances().len() - 1;
+    // Every instance the sim made for paging, and no fewer, is named as
+    // deleted: the cycle's one and the batch step's two were deleted by
+    // their steps.
+    let made = sim.cloud.instances().len() - 3;
     assert!(
         out.contains(&format!("deleted {made} instances")),
         "{made} made:\n{out}"

@@ -195,9 +195,8 @@ async fn a_server_that_never_answers_fails_the_launch_after_the_boot_timeout_and
     // One launch and one retry, each deleted, by the cloud's own record.
     assert_eq!(creates(&sim.cloud), 2);
     until(10, "both instances deleted", || async {
-        let deletes = (sim.cloud.calls().iter())
-            .filter(|c| c.method == "DELETE" && c.status == 204)
-            .count();
+        let all = crate::support::deletes(&sim.cloud).into_iter();
+        let deletes = all.filter(|(_, status)| *status == 204).count();
         (deletes == 2).then_some(())
     })
     .await;

@@ -755,13 +755,13 @@ async fn a_config_it_cannot_use_ends_berth_with_code_2() {
     assert!(log.contains("sync-interval"), "{log}");
 }
 
-/// The sim's answers with `status` to creates, by when it answered them.
+/// The sim's answers with `status` to creates (alone or in a batch), by
+/// when it answered them.
 fn refused_creates(sim: &SimServer, status: u16) -> Vec<u64> {
-    let calls = sim.cloud.calls();
-    let refused = calls
-        .iter()
-        .filter(|c| c.method == "POST" && c.status == status);
-    refused.map(|c| c.at_ms).collect()
+    let all = crate::support::create_statuses(&sim.cloud).into_iter();
+    all.filter(|(_, s)| *s == status)
+        .map(|(at, _)| at)
+        .collect()
 }
 
 /// Refusals grouped into bursts: the creates that were on their way
@@ -1086,6 +1086,70 @@ async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
         ("gone", Some("deleted")),
         "{old:?}"
     );
+}
+
+/// Creates and deletes due together reach the cloud in batches through the
+/// binary, the sim driver declaring `create-many` and `delete-many`: a
+/// request for six nodes is one batch create, and six nodes released
+/// together, while the provider's rate limit (two calls a second) holds
+/// them, are deleted in fewer calls than six, by the cloud's own record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_due_together_reach_the_cloud_in_batches() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "", "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let limited = text.replace(
+        "[providers.sim]\n",
+        "[providers.sim]\nrate = 2\nburst = 1\n",
+    );
+    assert_ne!(limited, text);
+    std::fs::write(&config, limited).unwrap();
+    set_lease_ttl(&config, "60s");
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+    let asked = server.request(CI, &[("small", 6)]).await;
+    let served = server.fulfilled(CI, &asked.id).await;
+    let posts = |path: &str| -> Vec<berth::sim::Call> {
+        (sim.cloud.calls().into_iter())
+            .filter(|c| c.method == "POST" && c.path == path)
+            .collect()
+    };
+    let batches = posts("/v1/batch/create");
+    assert_eq!(posts("/v1/instances").len(), 0, "no create alone");
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    assert_eq!(batches[0].items.len(), 6, "{batches:?}");
+    assert!(batches[0].items.iter().all(|i| i.status == 201));
+
+    let mut released = tokio::task::JoinSet::new();
+    for n in served.nodes {
+        let client = server.client(CI);
+        released.spawn(async move { client.release(&n.id).await });
+    }
+    for r in released.join_all().await {
+        r.expect("release");
+    }
+    until(30, "every instance deleted", || async {
+        let deleted = crate::support::deletes(&sim.cloud);
+        (deleted.iter().filter(|(_, s)| *s == 204).count() == 6).then_some(())
+    })
+    .await;
+    let calls = sim.cloud.calls();
+    let alone = (calls.iter()).filter(|c| c.method == "DELETE").count();
+    let batched = posts("/v1/batch/delete");
+    eprintln!(
+        "six deletes: {alone} alone, {} in {} batches",
+        batched.iter().map(|c| c.items.len()).sum::<usize>(),
+        batched.len()
+    );
+    assert!(!batched.is_empty(), "no batch delete: {calls:?}");
+    assert!(alone + batched.len() < 6, "{calls:?}");
+    assert_eq!(crate::support::deletes(&sim.cloud).len(), 6, "{calls:?}");
+    // The driver's calls as berth counts them.
+    let metrics = server.metrics(Some(OPS)).await;
+    let series = "berth_driver_calls_total{provider=\"sim\",call=\"create-many\",outcome=\"ok\"}";
+    assert_eq!(metric(&metrics, series), Some(1.0), "{metrics}");
 }
 
 /// Booting nodes are polled by id through the binary: with `sync-interval`

@@ -52,12 +52,10 @@ fn is_live(sim: &SimServer, id: &str) -> bool {
     instance(sim, id).state != berth::sim::InstanceState::Terminated
 }
 
-/// Whether a delete of `id` reached the cloud.
+/// How many deletes of `id` (alone or in a batch) reached the cloud.
 fn deletes_of(sim: &SimServer, id: &str) -> usize {
-    let path = format!("/v1/instances/{id}");
-    (sim.cloud.calls().iter())
-        .filter(|c| c.method == "DELETE" && c.path == path)
-        .count()
+    let all = crate::support::deletes(&sim.cloud).into_iter();
+    all.filter(|(i, _)| i == id).count()
 }
 
 /// A node's view, as an admin sees it.

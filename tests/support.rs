@@ -72,13 +72,44 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// How many creates `cloud` has been sent, by its own record.
+/// How many creates `cloud` has been sent, by its own record: alone, or
+/// as items of a batch.
 pub fn creates(cloud: &berth::sim::SimCloud) -> usize {
-    cloud
-        .calls()
-        .iter()
-        .filter(|c| c.method == "POST" && c.path == "/v1/instances")
-        .count()
+    create_statuses(cloud).len()
+}
+
+/// When each create `cloud` was sent (alone, or as an item of a batch)
+/// came, and what it answered, in its own record.
+pub fn create_statuses(cloud: &berth::sim::SimCloud) -> Vec<(u64, u16)> {
+    let mut all = Vec::new();
+    for c in cloud.calls() {
+        if c.method != "POST" {
+            continue;
+        }
+        if c.path.ends_with("/v1/instances") {
+            all.push((c.at_ms, c.status));
+        } else if c.path.ends_with("/v1/batch/create") {
+            all.extend(c.items.iter().map(|i| (c.at_ms, i.status)));
+        }
+    }
+    all
+}
+
+/// Each delete `cloud` was sent (alone, or as an item of a batch): the
+/// instance id, and what it answered, in its own record.
+pub fn deletes(cloud: &berth::sim::SimCloud) -> Vec<(String, u16)> {
+    let mut all = Vec::new();
+    for c in cloud.calls() {
+        if c.method == "DELETE"
+            && let Some((_, id)) = c.path.rsplit_once("/v1/instances/")
+        {
+            all.push((id.to_owned(), c.status));
+        } else if c.method == "POST" && c.path.ends_with("/v1/batch/delete") {
+            let items = c.items.iter();
+            all.extend(items.map(|i| (i.id.clone().unwrap_or_default(), i.status)));
+        }
+    }
+    all
 }
 
 /// The workspace root (host/ is one below it).
