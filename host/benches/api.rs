@@ -22,7 +22,8 @@
 //! instances boot in MS milliseconds, with berth on its default
 //! `boot-poll-interval`: how soon berth sees a boot, and how many lists it
 //! spends per booting node. For a boot of 5 s or more it runs one cold
-//! request and one burst of 20.
+//! request and one burst of 20. Then one request whose first instance
+//! fails to boot: how soon berth replaces it.
 //!
 //! `... -- ssh` measures what `ready = "ssh"` costs: the sim's instances
 //! lead to a real sshd (as in `tests/readiness.rs`) and boot at once;
@@ -396,6 +397,7 @@ async fn main() {
         ssh_scenario(&addr).await;
     } else if let Some(ms) = boot {
         cold_scenarios(&addr, &cloud, ms).await;
+        failed_scenario(&addr, &cloud, ms).await;
     } else {
         scenarios(std::slice::from_ref(&addr), &addr).await;
     }
@@ -478,18 +480,47 @@ async fn several(dir: &std::path::Path, text: &str, processes: usize, holder_onl
     }
 }
 
-/// The cloud's list calls (each a page of at most 100 instances: a list of
-/// the 236 prewarmed instances and more is 3 of them) and creates so far.
-fn lists_and_creates(cloud: &berth::sim::SimCloud) -> (usize, usize) {
-    let calls = cloud.calls();
-    let count = |method: &str| {
-        calls
-            .iter()
-            .filter(|c| c.method == method && c.path.starts_with("/v1/instances"))
-            .filter(|c| !c.path.starts_with("/v1/instances/"))
-            .count()
-    };
-    (count("GET"), count("POST"))
+/// What the cloud was asked so far, by its own record.
+#[derive(Clone, Copy, Default)]
+struct Asked {
+    /// List calls, each a page of at most 100 instances (a list of the 236
+    /// prewarmed instances and more is 3 of them).
+    lists: usize,
+    /// Looks at instances by id (`get`: a list with `id=`).
+    gets: usize,
+    /// Creates, alone or as items of a batch.
+    creates: usize,
+}
+
+impl std::ops::Sub for Asked {
+    type Output = Asked;
+    fn sub(self, before: Asked) -> Asked {
+        Asked {
+            lists: self.lists - before.lists,
+            gets: self.gets - before.gets,
+            creates: self.creates - before.creates,
+        }
+    }
+}
+
+fn asked(cloud: &berth::sim::SimCloud) -> Asked {
+    let mut a = Asked::default();
+    for c in cloud.calls() {
+        match (c.method.as_str(), c.path.as_str()) {
+            ("GET", "/v1/instances") => {
+                let by_id = (c.query.as_deref().unwrap_or_default().split('&'))
+                    .any(|kv| kv.starts_with("id="));
+                match by_id {
+                    true => a.gets += 1,
+                    false => a.lists += 1,
+                }
+            }
+            ("POST", "/v1/instances") => a.creates += 1,
+            ("POST", "/v1/batch/create") => a.creates += c.items.len(),
+            _ => {}
+        }
+    }
+    a
 }
 
 /// The scenarios that launch, against a cloud whose instances take
@@ -504,43 +535,121 @@ async fn cold_scenarios(addr: &str, cloud: &berth::sim::SimCloud, boot_ms: u64) 
     println!("prewarm of 236 nodes: {:.2} s", t.elapsed().as_secs_f64());
 
     let slow = boot_ms >= 5000;
-    let (lists, creates) = lists_and_creates(cloud);
+    let before = asked(cloud);
     let mut one = Vec::new();
     for _ in 0..if slow { 1 } else { 20 } {
         one.push(admin.request(json!({"cold": 1})).await.0);
     }
     one.sort();
-    let (l, c) = lists_and_creates(cloud);
+    let now = asked(cloud);
+    let a = now - before;
+    let per = |n: usize| n as f64 / a.creates.max(1) as f64;
     println!(
-        "one cold request ({} in turn):                p50 {}  max {}  (target <= 150 ms); {:.2} list calls per booting node",
+        "one cold request ({} in turn):                p50 {}  max {}  (target <= 150 ms); per booting node {:.2} list calls, {:.2} gets",
         one.len(),
         ms(percentile(&one, 0.5)),
         ms(one[one.len() - 1]),
-        (l - lists) as f64 / (c - creates).max(1) as f64
+        per(a.lists),
+        per(a.gets)
     );
 
-    let (lists, creates) = (l, c);
+    let before = now;
     let n = if slow { 20 } else { 200 };
     let cold = burst(&[addr.to_owned()], n, json!({"cold": 1})).await;
-    let (l, c) = lists_and_creates(cloud);
+    let now = asked(cloud);
+    let a = now - before;
     println!(
-        "{n} single-node requests, no ready nodes:     {}  (target <= 0.5 s); {} list calls for {} creates",
+        "{n} single-node requests, no ready nodes:     {}  (target <= 0.5 s); {} list calls and {} gets for {} creates",
         ms(cold),
-        l - lists,
-        c - creates
+        a.lists,
+        a.gets,
+        a.creates
     );
     if slow {
         return;
     }
 
-    let (lists, creates) = (l, c);
+    let before = now;
     let slots = burst(&[addr.to_owned()], 200, json!({"slot4": 1})).await;
-    let (l, c) = lists_and_creates(cloud);
+    let a = asked(cloud) - before;
     println!(
-        "200 requests on a 4-slot label, cold:          {}  (target <= 0.5 s); {} list calls for {} creates",
+        "200 requests on a 4-slot label, cold:          {}  (target <= 0.5 s); {} list calls and {} gets for {} creates",
         ms(slots),
-        l - lists,
-        c - creates
+        a.lists,
+        a.gets,
+        a.creates
+    );
+}
+
+/// One cold request whose first instance fails to boot (the sim's
+/// `boot_failure_rate`): how long after the cloud gave up on it berth
+/// deleted it and created its replacement, by the cloud's own record, beside
+/// when the poll that sees it was due (the rule of `boot_poll_after` on the
+/// default `boot-poll-interval`) and `boot-timeout` (10 min).
+async fn failed_scenario(addr: &str, cloud: &berth::sim::SimCloud, boot_ms: u64) {
+    let mut admin = Conn::open(addr).await;
+    let set_failures = |rate: f64| {
+        let knobs = berth::sim::Knobs {
+            boot_failure_rate: rate,
+            ..cloud.knobs()
+        };
+        cloud.set_knobs(knobs).expect("knobs");
+    };
+    set_failures(1.0);
+    let (s, r) = admin
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(&json!({"labels": {"cold": 1}})),
+        )
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let failed = loop {
+        let failed =
+            (cloud.instances().into_iter()).find(|i| i.state == berth::sim::InstanceState::Failed);
+        if let Some(f) = failed {
+            break f;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    set_failures(0.0);
+    // A connection of its own: the first may have idled out meanwhile.
+    let mut admin = Conn::open(addr).await;
+    let mut r = r;
+    while r["state"] == "pending" {
+        let path = format!("/v1/requests/{}?wait=60s", r["id"].as_str().unwrap());
+        r = admin.call("GET", &path, None).await.1;
+    }
+    assert_eq!(r["state"], "fulfilled", "{r}");
+    let failed_at = failed.created_at_ms + boot_ms;
+    let calls = cloud.calls();
+    let deleted_at = (calls.iter())
+        .find(|c| {
+            c.path.ends_with(&format!("/v1/instances/{}", failed.id))
+                || (c.path == "/v1/batch/delete"
+                    && (c.items.iter()).any(|i| i.id.as_deref() == Some(failed.id.as_str())))
+        })
+        .map(|c| c.at_ms)
+        .expect("the failed instance deleted");
+    let replaced_at = (calls.iter())
+        .filter(|c| c.method == "POST" && c.at_ms >= failed_at)
+        .find(|c| c.path == "/v1/instances" || c.path == "/v1/batch/create")
+        .map(|c| c.at_ms)
+        .expect("a replacement created");
+    // When the poll after the failure was due: 100 ms after the create,
+    // then gaps that double up to 5 s.
+    let (mut gap, mut due) = (100u64, 100u64);
+    while due <= boot_ms {
+        gap = (gap * 2).min(5_000);
+        due += gap;
+    }
+    println!(
+        "a failed instance ({boot_ms} ms boot): deleted {} ms and replaced {} ms after it failed; \
+         the poll after it was due {} ms after (gap {} ms); boot-timeout 600000 ms",
+        deleted_at.saturating_sub(failed_at),
+        replaced_at.saturating_sub(failed_at),
+        due - boot_ms,
+        gap
     );
 }
 

@@ -116,6 +116,7 @@ impl IntoResponse for ApiError {
 async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Response {
     let method = request.method().to_string();
     let path = request.uri().path().to_owned();
+    let query = request.uri().query().map(str::to_owned);
     let caller = request
         .extensions()
         .get::<axum::extract::OriginalUri>()
@@ -161,6 +162,7 @@ async fn gate(State(cloud): State<SimCloud>, request: Request, next: Next) -> Re
         at_ms,
         method,
         path,
+        query,
         status,
         retry_after_ms,
         caller,

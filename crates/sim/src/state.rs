@@ -55,6 +55,9 @@ pub struct Call {
     pub at_ms: u64,
     pub method: String,
     pub path: String,
+    /// The query string, if any (a list's tags, ids and page token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
     pub status: u16,
     /// For a `429`: how long the caller was told to wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]

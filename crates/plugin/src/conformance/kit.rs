@@ -184,7 +184,7 @@ impl Kit<'_> {
     /// batch delete that also names `gone` (deleted before) takes it as
     /// gone, not as an error.
     pub(super) async fn batches(&mut self, gone: Option<&str>, report: &mut Report) {
-        let caps = self.provider.driver().info().capabilities.clone();
+        let caps = self.provider.driver().info().capabilities;
         if !caps.create_many && !caps.delete_many {
             report.skip(
                 "batches",
