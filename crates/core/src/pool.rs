@@ -134,6 +134,19 @@ struct LabelRt {
     backoff_until: Time,
 }
 
+/// A list whose pages are being followed.
+struct Listing {
+    /// When its first page was asked for: what the list shows is as of then.
+    started: Time,
+    /// The cursor of the page owed next (`None`: the first).
+    cursor: Option<String>,
+    /// Whether a page call is in flight.
+    asking: bool,
+    pages: u32,
+    /// The instances of the pages so far.
+    instances: Vec<crate::driver::Instance>,
+}
+
 /// Per-provider runtime state.
 struct ProviderRt {
     usage: Usage,
@@ -153,6 +166,8 @@ struct ProviderRt {
     /// A list has completed since start: until then nothing is created, so
     /// that creates left from before a crash are found rather than repeated.
     listed: bool,
+    /// The list under way (`list_busy`): the pages it has so far.
+    listing: Option<Listing>,
     in_flight: u32,
     max_in_flight: u32,
     /// What the provider's driver takes in one call, as it declared
@@ -323,6 +338,7 @@ impl Pool {
                 list_busy: false,
                 lists_started: 0,
                 listed: false,
+                listing: None,
                 batches: Batches::default(),
                 in_flight: 0,
                 max_in_flight: p.max_calls.max(1),

@@ -44,10 +44,16 @@ impl Pool {
     /// Claims the next call a provider owes (marking it in flight).
     fn next_call(&mut self, p: ProviderIx, now: Time) -> Option<DriverCall> {
         let rt = &mut self.ix.providers[p.0 as usize];
+        // The next page of the list under way, then a new list.
+        if let Some(l) = rt.listing.as_mut().filter(|l| !l.asking) {
+            l.asking = true;
+            return Some(DriverCall::List {
+                provider: p,
+                cursor: l.cursor.clone(),
+            });
+        }
         if !rt.list_busy && rt.next_list <= now {
-            rt.list_busy = true;
-            rt.lists_started += 1;
-            return Some(DriverCall::List { provider: p });
+            return Some(self.start_list(p, now));
         }
         // Booting instances are looked at by id, and so are instances
         // suspected missing long enough, before their nodes are given up
@@ -76,9 +82,7 @@ impl Pool {
             }
             if instances.len() > GET_MAX && poll_due && !rt.list_busy {
                 // More than one look by id takes: a list sees them all.
-                rt.list_busy = true;
-                rt.lists_started += 1;
-                return Some(DriverCall::List { provider: p });
+                return Some(self.start_list(p, now));
             }
             if !instances.is_empty() {
                 instances.truncate(GET_MAX);
@@ -130,6 +134,24 @@ impl Pool {
         }
         self.ix.providers[p.0 as usize].want_tags.extend(later);
         call
+    }
+
+    /// Starts a list of `p`: its first page.
+    fn start_list(&mut self, p: ProviderIx, now: Time) -> DriverCall {
+        let rt = &mut self.ix.providers[p.0 as usize];
+        rt.list_busy = true;
+        rt.lists_started += 1;
+        rt.listing = Some(Listing {
+            started: now,
+            cursor: None,
+            asking: true,
+            pages: 0,
+            instances: Vec::new(),
+        });
+        DriverCall::List {
+            provider: p,
+            cursor: None,
+        }
     }
 
     /// The deletes now due on `p`: the nodes' own, then leaks within
@@ -239,8 +261,16 @@ impl Pool {
     /// Returns a claimed call to the owed set.
     fn unclaim(&mut self, call: &DriverCall) {
         match call {
-            DriverCall::List { provider } => {
-                self.ix.providers[provider.0 as usize].list_busy = false
+            DriverCall::List { provider, cursor } => {
+                let rt = &mut self.ix.providers[provider.0 as usize];
+                match (cursor, rt.listing.as_mut()) {
+                    // A later page is owed again.
+                    (Some(_), Some(l)) => l.asking = false,
+                    _ => {
+                        rt.list_busy = false;
+                        rt.listing = None;
+                    }
+                }
             }
             DriverCall::Get { provider, .. } => {
                 self.ix.providers[provider.0 as usize].get_busy = false

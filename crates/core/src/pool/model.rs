@@ -499,9 +499,14 @@ pub enum DriverCall {
         provider: ProviderIx,
         deletes: Vec<ToDelete>,
     },
-    /// List the provider's instances carrying the pool id; report with
-    /// [`super::Pool::listed`].
-    List { provider: ProviderIx },
+    /// One page of a list of the provider's instances carrying the pool
+    /// id: the first (`cursor` `None`) or the one after the page that gave
+    /// `cursor`; report with [`super::Pool::listed`]. The core follows a
+    /// list's pages one call at a time and believes it once it is complete.
+    List {
+        provider: ProviderIx,
+        cursor: Option<String>,
+    },
     /// Look up these instances by id (at most [`GET_MAX`]); report with
     /// [`super::Pool::got`].
     Get {
@@ -526,7 +531,7 @@ impl DriverCall {
             | DriverCall::CreateMany { provider, .. }
             | DriverCall::Delete { provider, .. }
             | DriverCall::DeleteMany { provider, .. }
-            | DriverCall::List { provider }
+            | DriverCall::List { provider, .. }
             | DriverCall::Get { provider, .. }
             | DriverCall::SetTags { provider, .. } => *provider,
         }
@@ -572,6 +577,14 @@ pub struct ToDelete {
     pub instance: String,
 }
 
+/// The most pages one list follows: a list that has not ended by then is
+/// not believed.
+pub const MAX_PAGES: u32 = 1000;
+
+/// The longest cursor a page may hand back, in bytes: a longer one fails
+/// the list.
+pub const MAX_CURSOR: usize = 4096;
+
 /// The most instances one `get` asks for (the contract's bound).
 pub const GET_MAX: usize = 100;
 
@@ -594,6 +607,12 @@ pub struct Probe {
 pub enum Notice {
     /// Instances without the pool id seen on a provider (said once).
     Foreign { provider: ProviderIx, count: usize },
+    /// A complete list's pages named an instance more than once: every
+    /// entry of it was left out of the list.
+    ListRefused {
+        provider: ProviderIx,
+        refused: Vec<crate::driver::check::BadAnswer>,
+    },
     /// An owned instance no node accounts for was deleted.
     LeakDeleted {
         provider: ProviderIx,

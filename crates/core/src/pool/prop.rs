@@ -513,8 +513,13 @@ fn run(ops: &[Op], c: &Cloudiness) -> Result<(), TestCaseError> {
     h.check_no_leaks()
         .map_err(|e| TestCaseError::fail(format!("after quiet time: {e}")))?;
     for id in &run.unsigned {
-        let touched = h.log.iter().any(|(_, e)| {
-            matches!(e, Effect::Call(DriverCall::Delete { instance, .. }) | Effect::Call(DriverCall::SetTags { instance, .. }) if instance == id)
+        let touched = h.log.iter().any(|(_, e)| match e {
+            Effect::Call(DriverCall::Delete { instance, .. })
+            | Effect::Call(DriverCall::SetTags { instance, .. }) => instance == id,
+            Effect::Call(DriverCall::DeleteMany { deletes, .. }) => {
+                deletes.iter().any(|d| &d.instance == id)
+            }
+            _ => false,
         });
         let held = h.pool.nodes().any(|n| n.instance.as_deref() == Some(id));
         if touched || held {

@@ -21,11 +21,69 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::vouch::shown;
 use super::*;
-use crate::driver::{Instance, InstanceState};
+use crate::driver::{Instance, InstanceState, Page};
 
 impl Pool {
-    /// The outcome of an [`DriverCall::List`] that started at `started`.
-    pub fn listed(
+    /// The outcome of a [`DriverCall::List`]: one page. The next page is
+    /// owed while the page names one; a list is believed (or not) once its
+    /// last page is in. A page that failed fails the list, which starts
+    /// again later from its first page; one answered `rate-limited` is
+    /// asked again once the provider's hold is over.
+    pub fn listed(&mut self, now: Time, p: ProviderIx, result: Result<Page, Failure>) {
+        let pix = p.0 as usize;
+        let rate_limited = self.call_done(p, result.as_ref().err(), now);
+        let rt = &mut self.ix.providers[pix];
+        // A page of a list given up meanwhile changes nothing.
+        let Some(listing) = rt.listing.as_mut() else {
+            return;
+        };
+        listing.asking = false;
+        let started = listing.started;
+        let result = match result {
+            Err(_) if rate_limited => return,
+            Err(e) => Err(e),
+            Ok(page) => {
+                listing.instances.extend(page.instances);
+                listing.pages += 1;
+                match page.next {
+                    Some(c) if c.len() > MAX_CURSOR => Err(Failure::host(
+                        HostFailureKind::BadAnswer,
+                        format!(
+                            "a page's cursor of {} bytes (at most {MAX_CURSOR})",
+                            c.len()
+                        ),
+                    )),
+                    Some(_) if listing.pages >= MAX_PAGES => Err(Failure::host(
+                        HostFailureKind::BadAnswer,
+                        format!("the list did not end after {MAX_PAGES} pages"),
+                    )),
+                    Some(c) => {
+                        listing.cursor = Some(c);
+                        return;
+                    }
+                    None => Ok(std::mem::take(&mut listing.instances)),
+                }
+            }
+        };
+        rt.listing = None;
+        rt.list_busy = false;
+        // Pages checked one by one cannot see an instance named on two.
+        let result = result.map(|all| {
+            let (kept, refused) = crate::driver::check::listing(all);
+            if !refused.is_empty() {
+                self.notices.push(Notice::ListRefused {
+                    provider: p,
+                    refused,
+                });
+            }
+            kept
+        });
+        self.list_done(now, p, started, result);
+    }
+
+    /// What a whole list that started at `started` changes (or, failed,
+    /// does not).
+    fn list_done(
         &mut self,
         now: Time,
         p: ProviderIx,
@@ -33,8 +91,6 @@ impl Pool {
         result: Result<Vec<Instance>, Failure>,
     ) {
         let pix = p.0 as usize;
-        self.ix.providers[pix].list_busy = false;
-        let rate_limited = self.call_done(p, result.as_ref().err(), now);
         let instances = match result {
             Ok(instances) => instances,
             Err(e) => {
@@ -52,7 +108,8 @@ impl Pool {
                 {
                     *e = error.clone();
                 }
-                self.list_not_believed(p, now, rate_limited, |failures| Notice::ListFailing {
+                // (A page answered `rate-limited` never fails its list.)
+                self.list_not_believed(p, now, false, |failures| Notice::ListFailing {
                     provider: p,
                     failures,
                     error,

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::{Label, Offer, Provider, Readiness, Timings};
-use crate::driver::{Addresses, Connection, DriverError, Instance, InstanceState};
+use crate::driver::{Addresses, Connection, DriverError, Instance, InstanceState, Page};
 
 /// Where every test's clock starts: a realistic wall-clock time.
 pub(super) const T0: Time = Time(1_700_000_000_000);
@@ -185,6 +185,11 @@ pub(super) struct FakeProvider {
     pub max_in_flight: u32,
     /// What its driver declares it takes many of in one call.
     pub batches: Batches,
+    /// Instances per list page (`None`: every one on one page).
+    pub page_size: Option<usize>,
+    /// While set, every page from this one (counted from 0) on fails as
+    /// `transient`.
+    pub failing_pages: Option<usize>,
 }
 
 impl FakeProvider {
@@ -229,7 +234,7 @@ pub(super) enum Outcome {
     CreatedMany(ProviderIx, Vec<(NodeId, Result<Instance, Failure>)>),
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
     DeletedMany(ProviderIx, Vec<(ToDelete, Result<(), Failure>)>),
-    Listed(ProviderIx, Result<Vec<Instance>, Failure>),
+    Listed(ProviderIx, Result<Page, Failure>),
     Got(ProviderIx, Vec<String>, Result<Vec<Instance>, Failure>),
     Tagged(NodeId, Result<(), Failure>),
     Probed(NodeId, Result<Vec<String>, String>),
@@ -359,7 +364,7 @@ impl Cloud {
                     node,
                     instance,
                 } => Outcome::Deleted(*provider, *node, instance.clone(), Err(e)),
-                DriverCall::List { provider } => Outcome::Listed(*provider, Err(e)),
+                DriverCall::List { provider, .. } => Outcome::Listed(*provider, Err(e)),
                 DriverCall::Get {
                     provider,
                     instances,
@@ -468,17 +473,32 @@ impl Cloud {
             DriverCall::Create { node, spec, .. } => {
                 Outcome::Created(*node, self.create(p, now, spec))
             }
-            DriverCall::List { provider } => {
+            DriverCall::List { provider, cursor } => {
+                // Pages by id marker: those after the cursor's id.
                 let fp = &self.providers[p];
-                let mut all: Vec<Instance> = fp
-                    .instances
-                    .values()
+                let after = |id: &String| cursor.as_ref().is_none_or(|c| id > c);
+                let size = fp.page_size.unwrap_or(usize::MAX);
+                let rest: Vec<&FakeInstance> =
+                    fp.instances.values().filter(|i| after(&i.id)).collect();
+                let page_index = fp.instances.len().saturating_sub(rest.len()) / size.max(1);
+                if fp.failing_pages.is_some_and(|first| page_index >= first) {
+                    return Outcome::Listed(*provider, Err(transient()));
+                }
+                let more = rest.len() > size;
+                let mut all: Vec<Instance> = (rest.iter().take(size))
                     .map(|i| self.report(p, i, now))
                     .collect();
+                let next = more.then(|| all.last().map(|i| i.id.clone())).flatten();
                 if let Some(lie) = lie {
                     self.tell(p, lie, &mut all, now);
                 }
-                Outcome::Listed(*provider, Ok(all))
+                Outcome::Listed(
+                    *provider,
+                    Ok(Page {
+                        instances: all,
+                        next,
+                    }),
+                )
             }
             // A look by id tells no lies: what list lies do is lose pages.
             DriverCall::Get {
@@ -716,7 +736,6 @@ impl Store {
 #[derive(Clone, Debug)]
 pub(super) struct InFlight {
     pub effect: Effect,
-    pub made: Time,
     pub due: Time,
     /// The cloud's answer, if the call has reached it.
     pub outcome: Option<Outcome>,
@@ -807,7 +826,6 @@ impl Harness {
             self.log.push((self.now, effect.clone()));
             self.in_flight.push(InFlight {
                 effect,
-                made: self.now,
                 due: self.now + self.latency,
                 outcome: None,
             });
@@ -832,24 +850,30 @@ impl Harness {
                 fp.in_flight
             ));
         }
-        // A node in use never loses its instance to berth, whatever lists say.
-        if let Effect::Call(DriverCall::Delete { instance, .. }) = &effect
-            && let Some(holder) = self.pool.holder(effect_provider(&effect), instance)
-            && self
-                .pool
-                .node(holder)
-                .is_some_and(|n| matches!(n.state, NodeState::InUse { .. }))
-        {
-            self.violations.push(format!(
-                "{effect:?} at {:?}: the instance of {holder}, which is in use",
-                self.now
-            ));
+        // A node in use never loses its instance to berth, whatever lists
+        // say: alone or in a batch.
+        let deleted: Vec<&str> = match &effect {
+            Effect::Call(DriverCall::Delete { instance, .. }) => vec![instance],
+            Effect::Call(DriverCall::DeleteMany { deletes, .. }) => {
+                deletes.iter().map(|d| d.instance.as_str()).collect()
+            }
+            _ => Vec::new(),
+        };
+        for instance in deleted {
+            if let Some(holder) = self.pool.holder(effect_provider(&effect), instance)
+                && (self.pool.node(holder))
+                    .is_some_and(|n| matches!(n.state, NodeState::InUse { .. }))
+            {
+                self.violations.push(format!(
+                    "{effect:?} at {:?}: the instance of {holder}, which is in use",
+                    self.now
+                ));
+            }
         }
         self.log.push((self.now, effect.clone()));
         let outcome = (!self.reach_late).then(|| self.cloud.carry_out(self.now, &effect));
         self.in_flight.push(InFlight {
             effect,
-            made: self.now,
             due: self.now + self.latency,
             outcome,
         });
@@ -903,8 +927,11 @@ impl Harness {
             Outcome::Deleted(p, node, instance, r) => self.pool.deleted(now, p, node, &instance, r),
             Outcome::DeletedMany(p, all) => self.pool.deleted_many(now, p, all),
             Outcome::Listed(p, r) => {
-                let r = r.map(|all| crate::driver::check::listing(all).0);
-                self.pool.listed(now, p, call.made, r)
+                let r = r.map(|page| Page {
+                    instances: crate::driver::check::listing(page.instances).0,
+                    next: page.next,
+                });
+                self.pool.listed(now, p, r)
             }
             Outcome::Got(p, asked, r) => {
                 let r = r.map(|all| crate::driver::check::listing(all).0);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::testkit::*;
 use super::*;
 use crate::config::{Label, Offer};
-use crate::driver::{DriverError, LABEL_TAG, NODE_TAG, POOL_TAG};
+use crate::driver::{DriverError, Instance, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG, Page};
 
 /// One provider `p0` and one machine label `a` on it.
 fn one(f: impl FnOnce(&mut Config)) -> Harness {
@@ -2765,4 +2765,183 @@ fn shown_of(h: &Harness, r: RequestId) -> usize {
     (h.cloud.providers[0].live())
         .filter(|i| i.tags.get(REQUEST_TAG) == Some(&r.to_string()))
         .count()
+}
+
+/// The list calls (their cursors) in the harness's log, in order.
+fn list_cursors(h: &Harness) -> Vec<Option<String>> {
+    (h.log.iter())
+        .filter_map(|(_, e)| match e {
+            Effect::Call(DriverCall::List { cursor, .. }) => Some(cursor.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The core follows a list's pages one call at a time, each within the
+/// provider's rate, and believes the list once its last page is in.
+#[test]
+fn a_list_follows_its_pages_one_call_at_a_time_within_the_rate() {
+    let mut h = one(|c| {
+        a_mut(c).min_ready = 5;
+        c.providers[0].rate = Some(1.0);
+        c.providers[0].burst = 1;
+    });
+    h.cloud.providers[0].page_size = Some(2);
+    assert!(h.run_until(secs(120), |h| h.count("a", "ready") == 5));
+    let from = h.log.len();
+    let _ = h.run_until(secs(90), |_| false);
+    // A list of the five: pages of 2, 2 and 1, each after the one before.
+    let pages: Vec<(Time, Option<String>)> = (h.log[from..].iter())
+        .filter_map(|(t, e)| match e {
+            Effect::Call(DriverCall::List { cursor, .. }) => Some((*t, cursor.clone())),
+            _ => None,
+        })
+        .collect();
+    let first = pages
+        .iter()
+        .position(|(_, c)| c.is_none())
+        .expect("a first page");
+    let list: Vec<&(Time, Option<String>)> = pages[first..].iter().take(3).collect();
+    assert_eq!(list.len(), 3, "{pages:?}");
+    assert!(list[1].1.is_some() && list[2].1.is_some(), "{pages:?}");
+    assert_ne!(list[1].1, list[2].1);
+    // One call a second: the rate holds each page.
+    assert!(
+        list[1].0.since(list[0].0) >= Duration::from_millis(900),
+        "{pages:?}"
+    );
+    assert!(
+        list[2].0.since(list[1].0) >= Duration::from_millis(900),
+        "{pages:?}"
+    );
+    assert_eq!(h.count("a", "ready"), 5);
+    ok(&h);
+}
+
+/// A list whose second page keeps failing, for far longer than
+/// `missing-confirm`, changes nothing: the first page alone is never taken
+/// for the whole list, and no node is given up, replaced or deleted.
+#[test]
+fn a_list_whose_page_fails_midway_leaves_every_node_in_place() {
+    let mut h = one(|c| a_mut(c).min_ready = 6);
+    h.cloud.providers[0].page_size = Some(2);
+    assert!(h.run_until(secs(120), |h| h.count("a", "ready") == 6));
+    let ready: Vec<NodeId> = h.nodes("a", "ready").iter().map(|n| n.id).collect();
+    let (creates, deletes) = (
+        h.calls(0, Call::Create).len(),
+        h.calls(0, Call::Delete).len(),
+    );
+    let lists = list_cursors(&h).len();
+    h.cloud.providers[0].failing_pages = Some(1);
+    let confirm = h.config.timings.missing_confirm;
+    let _ = h.run_until(confirm * 4 + secs(60), |_| false);
+    ok(&h);
+    assert!(list_cursors(&h).len() > lists + 4, "lists were tried");
+    assert!(matches!(
+        h.pool.provider_status(ProviderIx(0)).list,
+        ListHealth::Failing { .. }
+    ));
+    let still: Vec<NodeId> = h.nodes("a", "ready").iter().map(|n| n.id).collect();
+    assert_eq!(still, ready);
+    assert_eq!(h.pool.provider_status(ProviderIx(0)).missing, 0);
+    assert_eq!(h.calls(0, Call::Create).len(), creates);
+    assert_eq!(h.calls(0, Call::Delete).len(), deletes);
+    // The pages come back: the list is believed again.
+    h.cloud.providers[0].failing_pages = None;
+    assert!(h.run_until(secs(120), |h| matches!(
+        h.pool.provider_status(ProviderIx(0)).list,
+        ListHealth::Ok
+    )));
+    assert_eq!(h.count("a", "ready"), 6);
+    ok(&h);
+}
+
+/// The first list's pages, answered by hand until the pool stops asking.
+/// Each answer is `page(i)` for the i-th page; returns how many pages were
+/// asked.
+fn answer_pages(pool: &mut Pool, mut page: impl FnMut(u32) -> Page) -> u32 {
+    let now = Time::ZERO;
+    let mut out = Vec::new();
+    pool.tick(now, &mut out);
+    let mut asked = 0;
+    loop {
+        let cursors: Vec<Option<String>> = (out.drain(..))
+            .filter_map(|e| match e {
+                Effect::Call(DriverCall::List { cursor, .. }) => Some(cursor),
+                _ => None,
+            })
+            .collect();
+        match cursors.len() {
+            0 => return asked,
+            1 => {}
+            n => panic!("{n} pages asked at once"),
+        }
+        let answer = page(asked);
+        asked += 1;
+        pool.listed(now, ProviderIx(0), Ok(answer));
+        pool.tick(now, &mut out);
+    }
+}
+
+/// A driver whose list never ends, or that hands back a cursor too long to
+/// keep, gets its list failed, not believed; an instance named on two
+/// pages is refused on both.
+#[test]
+fn a_list_that_never_ends_or_names_an_instance_twice_is_not_taken_at_its_word() {
+    let config = || {
+        Arc::new(config(
+            vec![provider("p0")],
+            vec![machine("a", vec![offer(0, "t0")])],
+        ))
+    };
+    let failing = |pool: &Pool| match &pool.provider_status(ProviderIx(0)).list {
+        ListHealth::Failing { error, .. } => Some(error.clone()),
+        _ => None,
+    };
+
+    let mut pool = Pool::new(config(), 7);
+    let asked = answer_pages(&mut pool, |i| Page {
+        instances: Vec::new(),
+        next: Some(format!("c{i}")),
+    });
+    assert_eq!(asked, MAX_PAGES);
+    let error = failing(&pool).expect("the list failed");
+    assert!(error.contains("did not end after 1000 pages"), "{error}");
+
+    let mut pool = Pool::new(config(), 7);
+    let asked = answer_pages(&mut pool, |_| Page {
+        instances: Vec::new(),
+        next: Some("x".repeat(MAX_CURSOR + 1)),
+    });
+    assert_eq!(asked, 1);
+    let error = failing(&pool).expect("the list failed");
+    assert!(error.contains("cursor of 4097 bytes"), "{error}");
+
+    // An instance of the pool berth does not know, on both pages: refused
+    // on both, so never taken for a leak.
+    let mut pool = Pool::new(config(), 7);
+    let stray = Instance {
+        id: "i-twice".into(),
+        state: InstanceState::Running,
+        instance_type: "t0".into(),
+        tags: [(POOL_TAG.to_string(), "pool-1".to_string())].into(),
+        addresses: Default::default(),
+        created_at_ms: None,
+        connection: Default::default(),
+        failure: None,
+    };
+    let asked = answer_pages(&mut pool, |i| Page {
+        instances: vec![stray.clone()],
+        next: (i == 0).then(|| "c0".to_string()),
+    });
+    assert_eq!(asked, 2);
+    assert!(failing(&pool).is_none());
+    let notices = pool.take_notices();
+    assert!(
+        notices
+            .iter()
+            .any(|n| matches!(n, Notice::ListRefused { refused, .. } if refused.len() == 2)),
+        "{notices:?}"
+    );
+    assert_eq!(pool.provider_status(ProviderIx(0)).leaks_pending, 0);
 }
