@@ -660,6 +660,9 @@ impl Observer for Telemetry {
             Notice::RequestFailed { .. } => {
                 self.requests_failed.inc();
             }
+            Notice::ListRefused { provider, refused } => {
+                self.refused(&config[*provider].name, refused)
+            }
             Notice::Foreign { .. }
             | Notice::Adopted { .. }
             | Notice::Vanished { .. }

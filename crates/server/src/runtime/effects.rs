@@ -11,11 +11,10 @@ use tokio::sync::mpsc;
 
 use berth_config::ProviderIx;
 use berth_core::driver::check::{self, BadAnswer};
-use berth_core::driver::{Instance, POOL_TAG, Tags};
-use berth_core::pool::{DriverCall, Failure, HostFailureKind, NodeId, Probe, Time, ToDelete};
+use berth_core::driver::{Instance, POOL_TAG, Page, Tags};
+use berth_core::pool::{DriverCall, Failure, HostFailureKind, NodeId, Probe, ToDelete};
 use berth_plugin::{CallError, CallErrorKind};
 
-use super::clock::Clock;
 use super::observer::{InFlight, Observer};
 use super::providers::{Cloud, Providers};
 use super::shards::Shards;
@@ -39,7 +38,7 @@ pub(super) enum Called {
     CreatedMany(ProviderIx, Vec<(NodeId, Result<Instance, Failure>)>),
     Deleted(ProviderIx, Option<NodeId>, String, Result<(), Failure>),
     DeletedMany(ProviderIx, Vec<(ToDelete, Result<(), Failure>)>),
-    Listed(ProviderIx, Time, Result<Vec<Instance>, Failure>),
+    Listed(ProviderIx, Result<Page, Failure>),
     /// The ids asked, and what the driver answered.
     Got(ProviderIx, Vec<String>, Result<Vec<Instance>, Failure>),
     Tagged(NodeId, Result<(), Failure>),
@@ -97,7 +96,6 @@ pub(super) fn call(
     providers: &Arc<Providers>,
     route: Option<(Arc<Shards>, i64)>,
     pool_id: &str,
-    clock: Clock,
     outcomes: mpsc::UnboundedSender<Outcome>,
     observer: Arc<dyn Observer>,
 ) {
@@ -124,7 +122,7 @@ pub(super) fn call(
             None => providers.get(p).await,
         };
         let called = match provider {
-            Ok(provider) => make(call, &*provider, &name, &pool_id, clock, &observer, heard).await,
+            Ok(provider) => make(call, &*provider, &name, &pool_id, &observer, heard).await,
             Err(why) => {
                 let e = CallError {
                     provider: name.clone(),
@@ -138,7 +136,7 @@ pub(super) fn call(
                     DriverCall::Delete { node, instance, .. } => {
                         Called::Deleted(p, node, instance, Err(failed))
                     }
-                    DriverCall::List { .. } => Called::Listed(p, clock.now(), Err(failed)),
+                    DriverCall::List { .. } => Called::Listed(p, Err(failed)),
                     DriverCall::Get { instances, .. } => Called::Got(p, instances, Err(failed)),
                     DriverCall::SetTags { node, .. } => Called::Tagged(node, Err(failed)),
                     DriverCall::CreateMany { creates, .. } => Called::CreatedMany(
@@ -168,7 +166,6 @@ pub(super) async fn make(
     provider: &dyn Cloud,
     name: &str,
     pool_id: &str,
-    clock: Clock,
     observer: &Arc<dyn Observer>,
     heard: impl Fn(Result<(), &CallError>),
 ) -> Called {
@@ -246,12 +243,18 @@ pub(super) async fn make(
             heard(r.as_ref().map(|_| ()));
             Called::Deleted(p, node, instance, r.map(|_| ()).map_err(failure))
         }
-        DriverCall::List { provider: p } => {
-            let listed_from = clock.now();
+        DriverCall::List {
+            provider: p,
+            cursor,
+        } => {
             let filter: Tags = [(POOL_TAG.to_owned(), pool_id.to_owned())].into();
-            let r = provider.list(filter).await;
+            let r = provider.list_page(filter, cursor).await;
             heard(r.as_ref().map(|_| ()));
-            Called::Listed(p, listed_from, r.map_err(failure).map(listing))
+            let page = |page: Page| Page {
+                instances: listing(page.instances),
+                next: page.next,
+            };
+            Called::Listed(p, r.map_err(failure).map(page))
         }
         DriverCall::Get {
             provider: p,

@@ -57,6 +57,12 @@ impl Loop {
                 count,
                 "instances without this pool's id are listed; berth leaves them alone"
             ),
+            Notice::ListRefused { provider, refused } => tracing::warn!(
+                provider = pname(provider),
+                count = refused.len(),
+                first = %refused.first().map(ToString::to_string).unwrap_or_default(),
+                "refused what the driver's list answered over its pages: the pool acts as if it had not been said"
+            ),
             Notice::LeakDeleted { .. } | Notice::NotAdopted { .. } => {}
             Notice::Adopted { node, instance } => {
                 tracing::info!(%node, %instance, "adopted an instance from its tags")

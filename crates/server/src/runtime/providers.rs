@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use berth_config::{ProviderIx, Settings};
-use berth_core::driver::{CreateSpec, DriverError, Instance, Tags};
+use berth_core::driver::{CreateSpec, DriverError, Instance, Page, Tags};
 use berth_core::pool::Batches;
 use berth_plugin::{
     CallError, CallErrorKind, Deletion, Driver, DriverState, Engine, Gate, LoadLimits, Sandbox,
@@ -30,7 +30,13 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// fakes of their own, under paused time.
 pub trait Cloud: Send + Sync {
     fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>>;
-    fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>>;
+    /// One page of the list: the first (`cursor` `None`) or the one after
+    /// the page that gave `cursor`.
+    fn list_page(
+        &self,
+        filter: Tags,
+        cursor: Option<String>,
+    ) -> BoxFuture<'_, Result<Page, CallError>>;
     fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>>;
     fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>>;
     fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>>;
@@ -87,8 +93,12 @@ impl Cloud for Sandbox {
     fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>> {
         Box::pin(Sandbox::create(self, spec))
     }
-    fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
-        Box::pin(Sandbox::list(self, filter))
+    fn list_page(
+        &self,
+        filter: Tags,
+        cursor: Option<String>,
+    ) -> BoxFuture<'_, Result<Page, CallError>> {
+        Box::pin(Sandbox::list_page(self, filter, cursor))
     }
     fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
         Box::pin(Sandbox::get(self, ids))

@@ -48,7 +48,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::{Notify, watch};
 
 use berth_config::ProviderIx;
-use berth_core::driver::{Call as Which, CreateSpec, Instance, Tags};
+use berth_core::driver::{Call as Which, CreateSpec, Instance, Page, Tags};
 use berth_core::pool::Batches;
 use berth_plugin::{CallError, CallErrorKind, Deletion, Gate};
 use berth_store::{PgShards, Roster, RosterLease};
@@ -771,7 +771,9 @@ impl Routed {
 pub async fn execute(cloud: &dyn Cloud, call: wire::Call) -> Result<Answer, CallError> {
     Ok(match call {
         wire::Call::Create(spec) => Answer::Created(Box::new(cloud.create(spec).await?)),
-        wire::Call::List(filter) => Answer::Listed(cloud.list(filter).await?),
+        wire::Call::List { filter, cursor } => {
+            Answer::Listed(cloud.list_page(filter, cursor).await?)
+        }
         wire::Call::Get(ids) => Answer::Got(cloud.get(ids).await?),
         wire::Call::Delete(id) => cloud.delete(&id).await?.into(),
         wire::Call::CreateMany(specs) => Answer::CreatedMany(cloud.create_many(specs).await?),
@@ -812,10 +814,17 @@ impl Cloud for Routed {
         })
     }
 
-    fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+    fn list_page(
+        &self,
+        filter: Tags,
+        cursor: Option<String>,
+    ) -> BoxFuture<'_, Result<Page, CallError>> {
         Box::pin(async move {
-            match self.run(Which::List, wire::Call::List(filter)).await? {
-                Answer::Listed(all) => Ok(all),
+            match self
+                .run(Which::List, wire::Call::List { filter, cursor })
+                .await?
+            {
+                Answer::Listed(page) => Ok(page),
                 other => Err(self.unexpected(Which::List, other)),
             }
         })

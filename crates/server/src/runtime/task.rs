@@ -335,7 +335,7 @@ impl Loop {
             Called::Deleted(p, node, instance, r) => pool.deleted(now, p, node, &instance, r),
             Called::CreatedMany(p, all) => pool.created_many(now, p, all),
             Called::DeletedMany(p, all) => pool.deleted_many(now, p, all),
-            Called::Listed(p, started, r) => pool.listed(now, p, started, r),
+            Called::Listed(p, r) => pool.listed(now, p, r),
             Called::Got(p, asked, r) => pool.got(now, p, &asked, r),
             Called::Tagged(id, r) => pool.tagged(now, id, r),
         }
@@ -470,7 +470,6 @@ impl Loop {
                         &self.providers,
                         route,
                         &self.pool.config().pool_id,
-                        self.clock,
                         self.outcomes.clone(),
                         self.observer.clone(),
                     );

@@ -14,7 +14,7 @@ use berth_config::{Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderI
 use berth_core::driver::{
     Addresses, Call, CapacityScope, Connection, CreateSpec, DriverError, InstanceState,
 };
-use berth_core::driver::{Instance, Tags};
+use berth_core::driver::{Instance, Page, Tags};
 use berth_core::pool::{NewRequest, Pool, Time};
 use berth_core::pool::{NodeState, RequestState};
 use berth_plugin::Deletion;
@@ -92,12 +92,20 @@ impl Cloud for Fake {
         })
     }
 
-    fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+    /// Every instance on one page.
+    fn list_page(
+        &self,
+        filter: Tags,
+        _cursor: Option<String>,
+    ) -> BoxFuture<'_, Result<Page, CallError>> {
         Box::pin(async move {
             self.record(Call::List);
             let all = self.instances.lock().unwrap();
             let matches = |i: &&Instance| filter.iter().all(|(k, v)| i.tags.get(k) == Some(v));
-            Ok(all.values().filter(matches).cloned().collect())
+            Ok(Page {
+                instances: all.values().filter(matches).cloned().collect(),
+                next: None,
+            })
         })
     }
 

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use berth_core::driver::{CreateSpec, DriverError, Instance, Tags};
+use berth_core::driver::{CreateSpec, DriverError, Instance, Page, Tags};
 use berth_plugin::{CallError, CallErrorKind, Deletion};
 
 /// The call, for one provider, under the pool's lease of `pool_epoch`.
@@ -21,11 +21,18 @@ pub struct CallBody {
 pub enum Call {
     Create(CreateSpec),
     CreateMany(Vec<CreateSpec>),
-    List(Tags),
+    /// One page of a list: the first, or the one after `cursor`'s.
+    List {
+        filter: Tags,
+        cursor: Option<String>,
+    },
     Get(Vec<String>),
     Delete(String),
     DeleteMany(Vec<String>),
-    SetTags { id: String, tags: Tags },
+    SetTags {
+        id: String,
+        tags: Tags,
+    },
 }
 
 impl Call {
@@ -45,7 +52,7 @@ pub enum Answer {
     Created(Box<Instance>),
     /// One answer per spec, in order.
     CreatedMany(Vec<Result<Instance, DriverError>>),
-    Listed(Vec<Instance>),
+    Listed(Page),
     Got(Vec<Instance>),
     Deleted {
         already_gone: bool,
@@ -211,15 +218,19 @@ mod tests {
             InstanceState::Terminated,
             InstanceState::Unknown,
         ] {
-            let listed = Answer::Listed(vec![Instance {
-                state,
-                ..instance.clone()
-            }]);
+            let listed = Answer::Listed(Page {
+                instances: vec![Instance {
+                    state,
+                    ..instance.clone()
+                }],
+                next: Some("after-i-1".into()),
+            });
             let text = serde_json::to_string(&listed).unwrap();
             let Answer::Listed(back) = serde_json::from_str(&text).unwrap() else {
                 panic!("{text}");
             };
-            assert_eq!(back[0].state, state);
+            assert_eq!(back.instances[0].state, state);
+            assert_eq!(back.next.as_deref(), Some("after-i-1"));
         }
     }
 }

@@ -187,9 +187,13 @@ impl Cloud for Via {
         self.note();
         self.cloud.create(spec)
     }
-    fn list(&self, filter: Tags) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+    fn list_page(
+        &self,
+        filter: Tags,
+        cursor: Option<String>,
+    ) -> BoxFuture<'_, Result<Page, CallError>> {
         self.note();
-        self.cloud.list(filter)
+        self.cloud.list_page(filter, cursor)
     }
     fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
         self.note();
