@@ -255,6 +255,14 @@ async fn lists_that_fail_with_500_cost_nothing() {
     under(ListFault::Status500, Duration::from_secs(15)).await;
 }
 
+/// Lists whose first page comes back and whose next pages fail (ten
+/// instances, pages of four): the first page is never taken for the whole
+/// list, and nothing is replaced, created or deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_whose_later_pages_fail_cost_nothing() {
+    under(ListFault::LaterPages500, Duration::from_secs(15)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_lists_cost_nothing() {
     under(ListFault::Malformed, Duration::from_secs(15)).await;

@@ -164,18 +164,19 @@ async fn quota_exceeded_pauses_creates_on_the_provider() {
     service.stop().await.expect("clean stop");
 }
 
+/// When `cloud` first answered a create (alone or in a batch) with
+/// `status`.
 fn first_status(cloud: &SimCloud, status: u16) -> Option<u64> {
-    cloud
-        .calls()
-        .iter()
-        .find(|c| c.status == status)
-        .map(|c| c.at_ms)
+    let all = crate::support::create_statuses(cloud).into_iter();
+    all.filter(|(_, s)| *s == status).map(|(at, _)| at).next()
 }
 
 #[tokio::test]
 async fn rate_limited_holds_every_call_until_retry_after() {
+    // One call a second: the twelve creates go in one batch, right after
+    // the first list, and are refused.
     let sim = SimServer::start_with(Knobs {
-        rate_limit: Some(4.0),
+        rate_limit: Some(1.0),
         ..Knobs::default()
     })
     .await;
@@ -258,7 +259,8 @@ ram = "32GiB"
     // already on their way (at most min-ready of them). That none comes
     // during the pause is proved exactly, in paused time, by berth-server's
     // runtime tests.
-    let refusals = sim.cloud.calls().iter().filter(|c| c.status == 503).count();
+    let all = crate::support::create_statuses(&sim.cloud).into_iter();
+    let refusals = all.filter(|(_, s)| *s == 503).count();
     assert!((1..=2).contains(&refusals), "{refusals} refusals");
     service.stop().await.expect("clean stop");
 }

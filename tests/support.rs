@@ -54,6 +54,14 @@ pub const KIT_STEPS: [&str; 11] = [
     "cleanup",
 ];
 
+/// The kit's skipped steps in `out` (`berth driver test`'s report) but the
+/// batches, which only a driver declaring them runs.
+pub fn skipped_but_batches(out: &str) -> Vec<&str> {
+    (out.lines())
+        .filter(|l| l.starts_with("SKIP") && !l.starts_with("SKIP  batches"))
+        .collect()
+}
+
 /// The instances of `cloud` that are not terminated, by its own record.
 pub fn live(cloud: &berth::sim::SimCloud) -> Vec<berth::sim::Instance> {
     cloud

@@ -24,10 +24,12 @@ use std::time::{Duration, Instant};
 
 use berth::config::{self, Config, LabelIx, ProviderIx};
 use berth::driver::{
-    Addresses, Connection, IDLE_TAG, Instance, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG,
+    Addresses, Connection, IDLE_TAG, Instance, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG, Page,
     SIG_TAG, STORE_TAG, Tags,
 };
-use berth::pool::{Effect, Identity, NewRequest, NodeId, Pool, RequestState, Signed, Time};
+use berth::pool::{
+    DriverCall, Effect, Identity, NewRequest, NodeId, Pool, RequestState, Signed, Time,
+};
 
 const NODES: usize = 100_000;
 
@@ -117,11 +119,19 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
+/// One list, due at `now`, answered on one page with `instances`: the time
+/// the pool takes to reconcile it.
 fn list_once(pool: &mut Pool, now: Time, instances: Vec<Instance>) -> Duration {
     let mut out = Vec::new();
     pool.tick(now, &mut out);
+    let asked = |e: &Effect| matches!(e, Effect::Call(DriverCall::List { cursor: None, .. }));
+    assert!(out.iter().any(asked), "no list due at {now:?}");
+    let page = Page {
+        instances,
+        next: None,
+    };
     let start = Instant::now();
-    pool.listed(now, ProviderIx(0), now, Ok(instances));
+    pool.listed(now, ProviderIx(0), Ok(page));
     start.elapsed()
 }
 

@@ -26,6 +26,9 @@ pub enum ListFault {
     Hang,
     /// The connection is reset before any answer.
     Reset,
+    /// Every page after the first (asked with a `page_token`) answers `500`;
+    /// first pages are relayed.
+    LaterPages500,
 }
 
 pub struct FaultProxy {
@@ -87,10 +90,12 @@ async fn serve(mut client: TcpStream, upstream: SocketAddr, state: Arc<Mutex<Sta
         return;
     };
     let is_list = head.starts_with("GET /v1/instances");
+    let first_line = head.lines().next().unwrap_or_default();
+    let later_page = first_line.contains("page_token=");
     let fault = if is_list {
         let mut s = state.lock().expect("proxy");
         s.lists += 1;
-        let fault = s.fault;
+        let fault = (s.fault).filter(|f| *f != ListFault::LaterPages500 || later_page);
         if fault.is_some() {
             s.faulted += 1;
         }
@@ -117,7 +122,7 @@ async fn serve(mut client: TcpStream, upstream: SocketAddr, state: Arc<Mutex<Sta
             };
             let _ = client.write_all(&first_page_only(&answer)).await;
         }
-        Some(ListFault::Status500) => {
+        Some(ListFault::Status500 | ListFault::LaterPages500) => {
             let body = r#"{"error":{"code":"internal","message":"injected by the proxy"}}"#;
             let _ = client.write_all(&response(500, body)).await;
         }
