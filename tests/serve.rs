@@ -1046,7 +1046,7 @@ async fn a_01_driver_and_a_02_driver_serve_one_pool_side_by_side() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
     let sim = SimServer::start_with(berth::sim::Knobs {
-        boot_delay_ms: 300,
+        boot_delay_ms: 1000,
         boot_failure_rate: 1.0,
         ..Default::default()
     })
@@ -1067,6 +1067,21 @@ async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
     server.until_ready(30, "ready").await;
     let asked = server.request(CI, &[("small", 1)]).await;
 
+    // The cloud decides at its create whether an instance's boot fails:
+    // the first one will. Instances made from now on boot, so the
+    // replacement serves the request. (Turned off as soon as the first
+    // instance exists, not once it failed: berth replaces it at once, and
+    // a replacement made before the knob turns would fail too.)
+    until(30, "the first instance", || async {
+        (!sim.cloud.instances().is_empty()).then_some(())
+    })
+    .await;
+    sim.cloud
+        .set_knobs(berth::sim::Knobs {
+            boot_failure_rate: 0.0,
+            ..sim.cloud.knobs()
+        })
+        .unwrap();
     // The cloud gives up on the first instance once its boot delay passed.
     let (failed, fault) = until(30, "a failed instance", || async {
         (sim.cloud.instances().into_iter())
@@ -1078,13 +1093,6 @@ async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
         fault.contains("boot_failure_rate"),
         "the sim's fault: {fault:?}"
     );
-    // From now on instances boot: the replacement serves the request.
-    sim.cloud
-        .set_knobs(berth::sim::Knobs {
-            boot_failure_rate: 0.0,
-            ..sim.cloud.knobs()
-        })
-        .unwrap();
     let served = server.fulfilled(CI, &asked.id).await;
     assert_ne!(served.nodes[0].instance.as_deref(), Some(failed.as_str()));
     let nodes = server.client(OPS).nodes(&Default::default()).await.unwrap();
