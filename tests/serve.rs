@@ -884,10 +884,19 @@ async fn nodes_as_stored(server: &Berth) -> Vec<String> {
     seen
 }
 
+/// Undoes schema step 5 (SQLite) or 9 (PostgreSQL): the packing column's
+/// old name.
+const UNDO_PACKING: &str = "ALTER TABLE nodes RENAME COLUMN packing TO role;";
+
+/// Undoes schema step 6 (SQLite) or 10 (PostgreSQL): the failure columns.
+const UNDO_FAILURE_COLUMNS: &str =
+    "ALTER TABLE nodes DROP COLUMN failure; ALTER TABLE requests DROP COLUMN last_failure;";
+
 /// A store from before a node's packing had the core's own word as its
 /// column (`role`: SQLite schema 4, PostgreSQL schema 8) opens in `berth
-/// serve`: its migration step renames the column, and the pool is as it
-/// was, a slot still in use on its backing machine and a plain node ready.
+/// serve`: its migration steps rename the column and add the failure
+/// columns (SQLite step 6, PostgreSQL step 10), and the pool is as it was,
+/// a slot still in use on its backing machine and a plain node ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_from_before_the_packing_column_opens_with_its_nodes_as_they_were() {
     let sim = SimServer::start().await;
@@ -922,19 +931,22 @@ async fn a_store_from_before_the_packing_column_opens_with_its_nodes_as_they_wer
         "{before:#?}"
     );
 
-    // Set back to the schema before the rename: the column's old name and
-    // the version before the step. (A step added later is undone here too.)
+    // Set back to the schema before the rename: the column's old name, no
+    // failure columns (the step after it), and the version before both. (A
+    // step added later is undone here too.)
     match &url {
         Some(url) => {
             let version = psql(url, "SELECT version FROM berth_schema").unwrap();
             assert_eq!(
                 version.trim(),
-                "9",
-                "a step after the rename: undo it here too"
+                "10",
+                "a step after the failure columns: undo it here too"
             );
             psql(
                 url,
-                "ALTER TABLE nodes RENAME COLUMN packing TO role; UPDATE berth_schema SET version = 8",
+                &format!(
+                    "{UNDO_FAILURE_COLUMNS} {UNDO_PACKING} UPDATE berth_schema SET version = 8"
+                ),
             )
             .unwrap();
         }
@@ -943,10 +955,13 @@ async fn a_store_from_before_the_packing_column_opens_with_its_nodes_as_they_wer
             let version: u32 = db
                 .pragma_query_value(None, "user_version", |r| r.get(0))
                 .unwrap();
-            assert_eq!(version, 5, "a step after the rename: undo it here too");
-            db.execute_batch(
-                "ALTER TABLE nodes RENAME COLUMN packing TO role; PRAGMA user_version = 4;",
-            )
+            assert_eq!(
+                version, 6,
+                "a step after the failure columns: undo it here too"
+            );
+            db.execute_batch(&format!(
+                "{UNDO_FAILURE_COLUMNS} {UNDO_PACKING} PRAGMA user_version = 4;"
+            ))
             .unwrap();
         }
     }
@@ -960,7 +975,8 @@ async fn a_store_from_before_the_packing_column_opens_with_its_nodes_as_they_wer
         .await;
     assert_eq!(s, 200, "{answer}");
     server.terminate().await.assert_success();
-    let column = "SELECT count(*) FROM nodes WHERE packing IS NOT NULL";
+    // Each node has its packing back, and no failure: none failed a try.
+    let column = "SELECT count(*) FROM nodes WHERE packing IS NOT NULL AND failure IS NULL";
     let rows = match &url {
         Some(url) => psql(url, column).unwrap().trim().parse::<usize>().unwrap(),
         None => rusqlite::Connection::open(dir.path().join("state/berth.db"))
@@ -1025,11 +1041,12 @@ async fn a_01_driver_and_a_02_driver_serve_one_pool_side_by_side() {
 /// An instance the cloud reports failed is deleted and replaced at once,
 /// through the binary: with `boot-timeout` at ten minutes, the request is
 /// served within seconds of the cloud giving up on its first instance, and
-/// berth deletes that instance.
+/// berth deletes that instance. The cloud's reason shows on the failed node
+/// (`failure`) and on the request (`last_failure`), across a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
     let sim = SimServer::start_with(berth::sim::Knobs {
-        boot_delay_ms: 300,
+        boot_delay_ms: 1000,
         boot_failure_rate: 1.0,
         ..Default::default()
     })
@@ -1050,20 +1067,32 @@ async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
     server.until_ready(30, "ready").await;
     let asked = server.request(CI, &[("small", 1)]).await;
 
-    // The cloud gives up on the first instance once its boot delay passed.
-    let failed = until(30, "a failed instance", || async {
-        (sim.cloud.instances().into_iter())
-            .find(|i| i.state == berth::sim::InstanceState::Failed)
-            .map(|i| i.id)
+    // The cloud decides at its create whether an instance's boot fails:
+    // the first one will. Instances made from now on boot, so the
+    // replacement serves the request. (Turned off as soon as the first
+    // instance exists, not once it failed: berth replaces it at once, and
+    // a replacement made before the knob turns would fail too.)
+    until(30, "the first instance", || async {
+        (!sim.cloud.instances().is_empty()).then_some(())
     })
     .await;
-    // From now on instances boot: the replacement serves the request.
     sim.cloud
         .set_knobs(berth::sim::Knobs {
             boot_failure_rate: 0.0,
             ..sim.cloud.knobs()
         })
         .unwrap();
+    // The cloud gives up on the first instance once its boot delay passed.
+    let (failed, fault) = until(30, "a failed instance", || async {
+        (sim.cloud.instances().into_iter())
+            .find(|i| i.state == berth::sim::InstanceState::Failed)
+            .map(|i| (i.id, i.fault.unwrap_or_default()))
+    })
+    .await;
+    assert!(
+        fault.contains("boot_failure_rate"),
+        "the sim's fault: {fault:?}"
+    );
     let served = server.fulfilled(CI, &asked.id).await;
     assert_ne!(served.nodes[0].instance.as_deref(), Some(failed.as_str()));
     let nodes = server.client(OPS).nodes(&Default::default()).await.unwrap();
@@ -1086,6 +1115,41 @@ async fn an_instance_the_cloud_reports_failed_is_replaced_at_once() {
         ("gone", Some("deleted")),
         "{old:?}"
     );
+
+    // Why: the cloud's reason on the failed node, and that try, naming the
+    // node and its provider, on the request; stored, so a restart shows
+    // them too.
+    let said = format!("the cloud reports instance {failed} failed: {fault}");
+    failure_shown(&server, &old.id, &asked.id, &said).await;
+    // The published document describes both.
+    let (_, doc) = server.call("GET", "/openapi.json", None, None).await;
+    for (schema, field) in [("Node", "failure"), ("Request", "last_failure")] {
+        let property = &doc["components"]["schemas"][schema]["properties"][field];
+        assert!(property.is_object(), "{schema}.{field} is not documented");
+    }
+    server.terminate().await.assert_success();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready again").await;
+    failure_shown(&server, &old.id, &asked.id, &said).await;
+    server.terminate().await.assert_success();
+}
+
+/// Node `node` shows `said` as its failure, and request `request` the
+/// same as its last failure, naming the node and provider `sim`; the
+/// request's node that served it has none.
+async fn failure_shown(server: &Berth, node: &str, request: &str, said: &str) {
+    let (s, n) = server
+        .call("GET", &format!("/v1/nodes/{node}"), Some(OPS), None)
+        .await;
+    assert_eq!(s, 200, "{n}");
+    assert_eq!(n["failure"].as_str(), Some(said), "{n}");
+    let (s, r) = server
+        .call("GET", &format!("/v1/requests/{request}"), Some(CI), None)
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let last = format!("node {node} on provider `sim`: {said}");
+    assert_eq!(r["last_failure"].as_str(), Some(last.as_str()), "{r}");
+    assert_eq!(r["nodes"][0].get("failure"), None, "{r}");
 }
 
 /// Creates and deletes due together reach the cloud in batches through the

@@ -461,6 +461,7 @@ fn render_nodes(nodes: Vec<Node>) -> String {
             ("REQUESTOR", |n| or_dash(n.requestor.as_deref())),
             ("SINCE", |n| age(&n.since, now_ms())),
             ("ADDRESS", |n| or_dash(address(n))),
+            ("FAILURE", |n| n.failure.clone().unwrap_or_default()),
         ],
     )
 }
@@ -480,9 +481,19 @@ fn render_requests(requests: Vec<Request>) -> String {
             ("LABELS", |r| label_list(&r.labels)),
             ("NODES", |r| r.nodes.len().to_string()),
             ("AGE", |r| age(&r.created, now_ms())),
-            ("REASON", |r| r.reason.clone().unwrap_or_default()),
+            ("REASON", reason_or_last_failure),
         ],
     )
+}
+
+/// Why a request failed; for one that has not failed, its last failed
+/// launch try, if any.
+fn reason_or_last_failure(r: &Request) -> String {
+    match (&r.reason, &r.last_failure) {
+        (Some(reason), _) => reason.clone(),
+        (None, Some(last)) => format!("last failure: {last}"),
+        (None, None) => String::new(),
+    }
 }
 
 /// One request: its state and, once it has nodes, how to reach each.
@@ -495,6 +506,9 @@ fn render_request(r: Request) -> String {
     s.push_str(&format!("  labels {labels}  age {age}\n"));
     if let Some(reason) = &r.reason {
         s.push_str(&format!("reason: {reason}\n"));
+    }
+    if let Some(last) = &r.last_failure {
+        s.push_str(&format!("last failure: {last}\n"));
     }
     if !r.nodes.is_empty() {
         s.push_str(&columns(
@@ -715,12 +729,15 @@ mod tests {
         held["requestor"] = json!("ci");
         held["addresses"] = json!({"public_ipv4": "203.0.113.5", "private_ipv4": "10.0.0.5"});
         held["connection"] = json!({"username": "berth", "port": 22});
-        let nodes = json!([node("n-1", "ready"), held.clone()]);
+        let mut retried = node("n-1", "ready");
+        retried["failure"] = json!("create: transient error: try again");
+        let nodes = json!([retried, held.clone()]);
         let pending = json!({"id": "r-1", "requestor": "ci", "priority": 0, "state": "pending",
             "labels": {"small": 1}, "created": t, "nodes": []});
         let mut fulfilled = pending.clone();
         fulfilled["state"] = json!("fulfilled");
         fulfilled["nodes"] = json!([held]);
+        fulfilled["last_failure"] = json!("node n-3 on provider `sim`: create: no room");
         let forbidden = json!({"error": {"code": "forbidden",
             "message": "node x is not held by requestor `ci`"}});
         let app = axum::Router::new()
@@ -767,8 +784,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "ID   LABEL  PROVIDER  STATE   IDLE  REQUESTOR  SINCE  ADDRESS\n\
-             n-1  small  sim       ready   run   -          3m     -\n\
+            "ID   LABEL  PROVIDER  STATE   IDLE  REQUESTOR  SINCE  ADDRESS      FAILURE\n\
+             n-1  small  sim       ready   run   -          3m     -            \
+             create: transient error: try again\n\
              n-2  small  sim       in-use  run   ci         3m     203.0.113.5\n"
         );
 
@@ -792,6 +810,10 @@ mod tests {
         assert_eq!(execute(request, &mut out).await.unwrap(), ExitCode::SUCCESS);
         let out = String::from_utf8(out).unwrap();
         assert!(out.starts_with("r-1  fulfilled  requestor ci"), "{out}");
+        assert!(
+            out.contains("\nlast failure: node n-3 on provider `sim`: create: no room\n"),
+            "{out}"
+        );
         assert!(
             out.contains("\nn-2   small  sim       in-use  berth@203.0.113.5:22\n"),
             "{out}"

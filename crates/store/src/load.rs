@@ -279,6 +279,7 @@ fn read_requests(
                 state,
                 nodes,
                 failures: row.failures,
+                last_failure: row.last_failure,
             },
         );
     }

@@ -41,6 +41,8 @@ pub(super) struct NodeRow {
     pub assigned: Option<String>,
     pub created: u64,
     pub endpoint: Option<String>,
+    /// Why the node's last failed launch try failed (`Node::failure`).
+    pub failure: Option<String>,
 }
 
 /// A `nodes` row as read: the enum columns are still free text.
@@ -55,7 +57,7 @@ impl NodeRow {
     /// The columns of [`NodeRow::into_vals`] and [`NodeRow::read`], in order.
     pub const COLUMNS: &'static str = "id, label, provider, instance_type, vcpus, ram_mib, price, \
         instance, state, since, attempt, request, reason, idle, packing, slot_label, slot_count, \
-        free_since, slot_backing, slot_index, assigned, created, endpoint";
+        free_since, slot_backing, slot_index, assigned, created, endpoint, failure";
 
     /// The row's values in [`NodeRow::COLUMNS`] order.
     pub fn into_vals(self) -> Result<Vec<Val>, StoreError> {
@@ -88,6 +90,7 @@ impl NodeRow {
             self.assigned.into(),
             big(self.created, "created")?,
             self.endpoint.into(),
+            self.failure.into(),
         ])
     }
 
@@ -119,6 +122,7 @@ impl NodeRow {
                 assigned: r.opt_text(20)?,
                 created: r.num(21, "created")?,
                 endpoint: r.opt_text(22)?,
+                failure: r.opt_text(23)?,
             },
             state: r.text(8, "state")?,
             idle: r.text(13, "idle")?,
@@ -165,6 +169,7 @@ impl NodeRow {
             assigned: n.assigned.map(|r| r.to_string()),
             created: n.created.0,
             endpoint: None,
+            failure: n.failure.clone(),
         };
         match &n.packing {
             Packing::Plain => {}
@@ -358,6 +363,7 @@ impl RawNodeRow {
             assigned,
             created: Time(row.created),
             endpoint,
+            failure: row.failure,
         }))
     }
 }
@@ -384,12 +390,14 @@ pub(super) struct RequestRow {
     pub at: Option<u64>,
     pub reason: Option<String>,
     pub failures: u32,
+    /// The last failed launch try made for it (`Request::last_failure`).
+    pub last_failure: Option<String>,
 }
 
 impl RequestRow {
     /// The columns of [`RequestRow::into_vals`] and [`RequestRow::read`], in order.
     pub const COLUMNS: &'static str =
-        "id, requestor, priority, created, state, at, reason, failures";
+        "id, requestor, priority, created, state, at, reason, failures, last_failure";
 
     /// The row's values in [`RequestRow::COLUMNS`] order.
     pub fn into_vals(self) -> Result<Vec<Val>, StoreError> {
@@ -410,6 +418,7 @@ impl RequestRow {
             at,
             self.reason.into(),
             self.failures.into(),
+            self.last_failure.into(),
         ])
     }
 
@@ -425,6 +434,7 @@ impl RequestRow {
             at: r.opt_num(5, "at")?,
             reason: r.opt_text(6)?,
             failures: r.num(7, "failures")?,
+            last_failure: r.opt_text(8)?,
         })
     }
 
@@ -443,6 +453,7 @@ impl RequestRow {
             at,
             reason,
             failures: r.failures,
+            last_failure: r.last_failure.clone(),
         }
     }
 

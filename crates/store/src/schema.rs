@@ -101,6 +101,13 @@ CREATE TABLE pool_identity (
     r#"
 ALTER TABLE nodes RENAME COLUMN role TO packing;
 "#,
+    // Why a node's last launch try failed, and a request's last failed try
+    // (`Node::failure`, `Request::last_failure`): text for people, NULL in
+    // rows stored before this step.
+    r#"
+ALTER TABLE nodes ADD COLUMN failure TEXT;
+ALTER TABLE requests ADD COLUMN last_failure TEXT;
+"#,
 ];
 
 /// The database's schema version.

@@ -213,6 +213,44 @@ impl Db {
     async fn count(&self, table: &str) -> i64 {
         self.ints(&format!("SELECT count(*) FROM {table}")).await[0]
     }
+
+    /// The names of `table`'s columns, sorted.
+    async fn columns(&self, table: &str) -> Vec<String> {
+        let mut names: Vec<String> = match self {
+            Db::Sqlite { store, .. } => {
+                let mut q = store
+                    .conn
+                    .prepare("SELECT name FROM pragma_table_info(?1)")
+                    .unwrap();
+                q.query_map([table], |r| r.get(0))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap()
+            }
+            Db::Postgres { store, .. } => store
+                .client()
+                .query(
+                    "SELECT column_name::TEXT FROM information_schema.columns \
+                     WHERE table_schema = current_schema() AND table_name = $1",
+                    &[&table],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect(),
+        };
+        names.sort();
+        names
+    }
+
+    /// The schema version the store is at.
+    async fn schema_version(&self) -> u32 {
+        match self {
+            Db::Sqlite { store, .. } => store.schema_version().unwrap(),
+            Db::Postgres { store, .. } => store.schema_version().await.unwrap(),
+        }
+    }
 }
 
 impl Store for Db {
@@ -273,6 +311,8 @@ on_both_backends!(
     leases_round_trip_and_expired_ones_are_removed,
     a_commit_over_rows_written_elsewhere_is_refused_whole_until_reloaded,
     a_store_has_one_identity_for_life_and_records_its_confirmation,
+    the_row_tables_have_the_columns_rows_are_written_with,
+    a_store_from_before_the_failure_columns_loads_its_rows_without_one,
 );
 
 fn node(id: u64, state: NodeState) -> Node {
@@ -293,6 +333,7 @@ fn node(id: u64, state: NodeState) -> Node {
         assigned: None,
         created: Time(5),
         endpoint: None,
+        failure: None,
     }
 }
 
@@ -333,6 +374,7 @@ fn request(id: u64, state: RequestState) -> Request {
         state,
         nodes: vec![],
         failures: 0,
+        last_failure: None,
     }
 }
 
@@ -413,6 +455,11 @@ fn every_state() -> Vec<Node> {
         },
     }));
     out[3].endpoint = Some(Box::default());
+    // Why a launch try failed: on a node trying again, on one deleted for
+    // it, on one given up.
+    out[0].failure = Some("create: transient error: try again".into());
+    out[5].failure = Some("not running after the boot timeout (600s)".into());
+    out[7].failure = Some("create: permanent error: no image `x` — nötig\\n…".into());
     out
 }
 
@@ -492,6 +539,90 @@ async fn the_stored_words_are_pinned() {
         // Tags are written with its Display.
         assert_eq!(r.to_string(), *word);
     }
+    // So are the columns rows are written and read with: a column renamed
+    // or added takes a schema step on each backend
+    // (`the_row_tables_have_the_columns_rows_are_written_with`).
+    assert_eq!(
+        rows::NodeRow::COLUMNS,
+        "id, label, provider, instance_type, vcpus, ram_mib, price, instance, state, since, \
+         attempt, request, reason, idle, packing, slot_label, slot_count, free_since, \
+         slot_backing, slot_index, assigned, created, endpoint, failure"
+    );
+    assert_eq!(
+        rows::RequestRow::COLUMNS,
+        "id, requestor, priority, created, state, at, reason, failures, last_failure"
+    );
+}
+
+/// The schema steps make the columns the rows are written and read with
+/// (and each row's `version`), on either backend.
+async fn the_row_tables_have_the_columns_rows_are_written_with(backend: Backend) {
+    let store = backend.fresh().await;
+    for (table, columns) in [
+        ("nodes", rows::NodeRow::COLUMNS),
+        ("requests", rows::RequestRow::COLUMNS),
+    ] {
+        let mut want: Vec<String> = columns.split(", ").map(str::to_owned).collect();
+        want.push("version".into());
+        want.sort();
+        assert_eq!(store.columns(table).await, want, "{table}");
+    }
+}
+
+/// A store from before the failure columns (SQLite step 6, PostgreSQL
+/// step 10) opens: the step adds them, its rows load with none, and they
+/// are written from then on.
+async fn a_store_from_before_the_failure_columns_loads_its_rows_without_one(backend: Backend) {
+    let mut store = backend.fresh().await;
+    let mut n = ready(1);
+    let mut r = request(1, RequestState::Pending);
+    r.failures = 1;
+    store
+        .commit(&Changes {
+            nodes: vec![n.clone()],
+            requests: vec![r.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (steps, back) = match &store {
+        Db::Sqlite { .. } => (schema::MIGRATIONS.len(), "PRAGMA user_version = 5"),
+        Db::Postgres { .. } => (pg::MIGRATIONS.len(), "UPDATE berth_schema SET version = 9"),
+    };
+    let last = if matches!(backend, Backend::Sqlite) {
+        6
+    } else {
+        10
+    };
+    assert_eq!(
+        steps, last,
+        "a step after the failure columns: undo it here too"
+    );
+    store
+        .exec(&format!(
+            "ALTER TABLE nodes DROP COLUMN failure; \
+             ALTER TABLE requests DROP COLUMN last_failure; {back}"
+        ))
+        .await;
+    let mut store = store.reopen().await;
+    assert_eq!(store.schema_version().await, steps as u32);
+    let loaded = load(&mut store).await;
+    assert!(loaded.dropped.is_empty(), "{:?}", loaded.dropped);
+    assert_eq!(loaded.snapshot.nodes, vec![n.clone()]);
+    assert_eq!(loaded.snapshot.requests, vec![r.clone()]);
+    n.failure = Some("not running after the boot timeout (600s)".into());
+    r.last_failure = Some("node n-0000000000000001 on provider `a`: not running".into());
+    store
+        .commit(&Changes {
+            nodes: vec![n.clone()],
+            requests: vec![r.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let loaded = load(&mut store.reopen().await).await;
+    assert_eq!(loaded.snapshot.nodes, vec![n]);
+    assert_eq!(loaded.snapshot.requests, vec![r]);
 }
 
 async fn every_node_state_idle_and_endpoint_round_trips_across_a_reopen(backend: Backend) {
@@ -557,18 +688,28 @@ async fn every_request_state_round_trips_with_wants_and_nodes_in_order(backend: 
     fulfilled.nodes = vec![NodeId(5), NodeId(3), NodeId(4)];
     fulfilled.priority = -3;
     fulfilled.failures = 2;
+    fulfilled.last_failure = Some(
+        "node n-0000000000000002 on provider `a`: the cloud reports instance i-2 failed: \
+         No valid host was found."
+            .into(),
+    );
     let mut pending = request(2, RequestState::Pending);
     pending.nodes = vec![NodeId(9)];
+    pending.failures = 1;
+    pending.last_failure = Some("node n-0000000000000009 on provider `b`: create: ✗".into());
+    let mut failed = request(
+        3,
+        RequestState::Failed {
+            at: Time(8),
+            reason: "no capacity".into(),
+        },
+    );
+    failed.failures = 4;
+    failed.last_failure = Some("node n-0000000000000003 on provider `a`: create: …".into());
     let all = vec![
         fulfilled,
         pending,
-        request(
-            3,
-            RequestState::Failed {
-                at: Time(8),
-                reason: "no capacity".into(),
-            },
-        ),
+        failed,
         request(4, RequestState::Cancelled { at: Time(7) }),
     ];
     store.commit(&requests(all.clone())).await.unwrap();
@@ -1108,7 +1249,8 @@ async fn a_version_one_store_gains_the_leases_table_and_keeps_its_rows() {
     left_by_an_older_berth(
         &path,
         vec![ready(1)],
-        "ALTER TABLE nodes RENAME COLUMN packing TO role; DROP TABLE leases; \
+        "ALTER TABLE nodes DROP COLUMN failure; ALTER TABLE requests DROP COLUMN last_failure; \
+         ALTER TABLE nodes RENAME COLUMN packing TO role; DROP TABLE leases; \
          DROP TABLE pool_identity; PRAGMA user_version = 1;",
     )
     .await;
@@ -1131,7 +1273,8 @@ async fn a_lease_stored_without_its_ttl_is_read_as_the_configured_one() {
     left_by_an_older_berth(
         &path,
         Vec::new(),
-        "ALTER TABLE nodes RENAME COLUMN packing TO role; ALTER TABLE leases DROP COLUMN ttl; \
+        "ALTER TABLE nodes DROP COLUMN failure; ALTER TABLE requests DROP COLUMN last_failure; \
+         ALTER TABLE nodes RENAME COLUMN packing TO role; ALTER TABLE leases DROP COLUMN ttl; \
          DROP TABLE pool_identity; PRAGMA user_version = 2; \
          INSERT INTO leases (requestor, expires) VALUES ('ci', 40);",
     )
@@ -2042,7 +2185,9 @@ async fn a_store_has_one_identity_for_life_and_records_its_confirmation(backend:
 async fn a_store_in_use_from_before_identities_gains_a_confirmed_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("berth.db");
-    let before = "ALTER TABLE nodes RENAME COLUMN packing TO role; DROP TABLE pool_identity; \
+    let before = "ALTER TABLE nodes DROP COLUMN failure; \
+                  ALTER TABLE requests DROP COLUMN last_failure; \
+                  ALTER TABLE nodes RENAME COLUMN packing TO role; DROP TABLE pool_identity; \
                   PRAGMA user_version = 3;";
     left_by_an_older_berth(&path, vec![ready(1)], before).await;
     let mut store = SqliteStore::open(&path, Arc::new(config()), StoreSync::Full).unwrap();

@@ -69,6 +69,11 @@ pub struct Request {
     /// Why it failed, in words a person can act on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The last failed launch try made for it: which node, on which
+    /// provider, and why ("node n-… on provider `sim`: …"). Set from the
+    /// first failed try on, whatever its state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
     pub labels: BTreeMap<String, u32>,
     /// RFC 3339, UTC.
     pub created: String,
@@ -92,6 +97,12 @@ pub struct Node {
     /// Why it is deleting, gone or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Why its last failed launch try failed: the cloud's reason for a
+    /// failed instance, the driver's error for a failed create, a boot
+    /// timeout. Set once a try of it failed, whatever its state; a node
+    /// launched on a later try keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
     /// `run`, `hold` or `drain`.
     pub idle: String,
     pub instance_type: String,

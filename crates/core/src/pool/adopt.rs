@@ -124,6 +124,7 @@ impl Pool {
             assigned: None,
             created: inst.created_at_ms.map_or(now, Time),
             endpoint: None,
+            failure: None,
         });
         self.notices.push(Notice::Adopted {
             node: a.id,

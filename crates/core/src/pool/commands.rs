@@ -148,6 +148,7 @@ impl Pool {
             state: RequestState::Pending,
             nodes: Vec::new(),
             failures: 0,
+            last_failure: None,
         };
         self.pending.insert((req.priority, req.created, id));
         self.requests.insert(id, req);

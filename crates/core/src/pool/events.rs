@@ -253,11 +253,16 @@ impl Pool {
     /// the label has one) until `launch-retries` is used up; then it fails,
     /// and so do the requests it was launched for: its own, or for a backing
     /// node, those of its slots. `delete` is why an instance that exists
-    /// but is no good is deleted.
+    /// but is no good is deleted. `why` is kept as the node's
+    /// [failure](Node::failure), and as the [last
+    /// failure](Request::last_failure) of each of those requests, with the
+    /// node and its provider.
     pub(super) fn failed_try(&mut self, id: NodeId, why: String, delete: DeleteReason, now: Time) {
-        let Some(node) = self.nodes.get(&id) else {
+        let failure = failure_text(&why);
+        if self.update(id, |n| n.failure = Some(failure)).is_none() {
             return;
-        };
+        }
+        let node = &self.nodes[&id];
         let label = node.label;
         let provider = node.provider;
         let assigned = node.assigned;
@@ -280,9 +285,14 @@ impl Pool {
         requests.dedup();
         let mut spent = Vec::new();
         let mut tries = attempt;
+        let last_failure = failure_text(&format!(
+            "node {id} on provider `{}`: {why}",
+            self.config[provider].name
+        ));
         for r in &requests {
             if let Some(req) = self.requests.get_mut(r) {
                 req.failures += 1;
+                req.last_failure = Some(last_failure.clone());
                 tries = tries.max(req.failures);
                 if req.failures > retries {
                     spent.push(*r);

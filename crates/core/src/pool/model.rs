@@ -311,6 +311,12 @@ pub struct Node {
     pub created: Time,
     /// Addresses and login details, once the instance reported them.
     pub endpoint: Option<Box<Endpoint>>,
+    /// Why its last failed launch try failed, for people: the cloud's
+    /// reason for a failed instance, the driver's error for a failed
+    /// create, a boot timeout. `None` while no try of it has failed; a node
+    /// launched on a later try keeps it. At most [`MAX_FAILURE`] bytes and
+    /// printable ([`failure_text`]).
+    pub failure: Option<String>,
 }
 
 impl Node {
@@ -345,6 +351,24 @@ pub struct Request {
     pub nodes: Vec<NodeId>,
     /// Failed launch tries made for this request.
     pub failures: u32,
+    /// The last of them, for people: which node, on which provider, and
+    /// why ("node n-… on provider `sim`: …"). Bounded as
+    /// [`Node::failure`] is.
+    pub last_failure: Option<String>,
+}
+
+/// The longest text a node's [failure](Node::failure) or a request's
+/// [last failure](Request::last_failure) keeps, in bytes (before the `…`
+/// that marks a cut). A driver's error and a cloud's reason are at most
+/// 1024 bytes each (the host cuts them); this leaves room for what berth
+/// says around them.
+pub const MAX_FAILURE: usize = 2048;
+
+/// `text` as a node or request keeps it: unsafe characters escaped
+/// ([`crate::text::printable`]), cut to [`MAX_FAILURE`] bytes.
+pub fn failure_text(text: &str) -> String {
+    use crate::text::{printable, truncated};
+    truncated(&printable(text), MAX_FAILURE).into_owned()
 }
 
 /// Where a request is. Its [name](RequestState::name) is what the store and

@@ -321,6 +321,7 @@ impl Pool {
             assigned,
             created: now,
             endpoint: None,
+            failure: None,
         });
         id
     }
@@ -355,6 +356,7 @@ impl Pool {
             assigned: Some(req),
             created: now,
             endpoint: b.endpoint.clone(),
+            failure: None,
         };
         self.update(backing, |b| {
             if let Packing::Backing {

@@ -840,6 +840,97 @@ fn a_failed_instance_is_deleted_and_replaced_at_the_next_look_not_at_boot_timeou
         Effect::Call(DriverCall::Delete { node: Some(n), .. }) if *n == first.id
     )));
     assert_eq!(h.pool.request(r).unwrap().failures, 1);
+    // The cloud's reason stays on the node and on the request, and is
+    // stored with them.
+    let why = format!("the cloud reports instance {instance} failed: No valid host was found.");
+    assert_eq!(old.failure.as_deref(), Some(why.as_str()));
+    let req = h.pool.request(r).unwrap();
+    let last = format!("node {} on provider `p0`: {why}", first.id);
+    assert_eq!(req.last_failure.as_deref(), Some(last.as_str()));
+    assert_eq!(h.store.nodes[&first.id].failure, old.failure);
+    assert_eq!(h.store.requests[&r].last_failure, req.last_failure);
+    // The replacement that served it failed no try.
+    let served = h.pool.node(req.nodes[0]).unwrap();
+    assert_ne!(served.id, first.id);
+    assert_eq!(served.failure, None);
+    ok(&h);
+}
+
+/// A create the driver fails moves the same node to the other provider:
+/// it keeps the driver's error as its failure, made printable and cut to
+/// [`MAX_FAILURE`], and the request names the node and the provider that
+/// failed it.
+#[test]
+fn a_node_tried_again_elsewhere_keeps_the_drivers_error_bounded() {
+    let c = config(
+        vec![provider("p0"), provider("p1")],
+        vec![machine("a", vec![offer(0, "t0"), offer(1, "t1")])],
+    );
+    let mut h = Harness::new(c);
+    let long = format!("no image `x`\n{}", "y".repeat(3 * MAX_FAILURE));
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: Failure::Driver(DriverError::Permanent(long)),
+        times: 1,
+        reached: false,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    assert!(
+        h.run_until(secs(30), |h| h.fulfilled(r)),
+        "{:?}",
+        h.state(r)
+    );
+    let req = h.pool.request(r).unwrap();
+    let node = h.pool.node(req.nodes[0]).unwrap();
+    assert_eq!(node.provider, ProviderIx(1), "tried again elsewhere");
+    assert_eq!(
+        creates(&h),
+        vec![(0, node.id), (1, node.id)],
+        "the same node"
+    );
+    let failure = node.failure.as_deref().expect("the failed try's reason");
+    assert!(
+        failure.starts_with("create: permanent error: no image `x`\\nyyy"),
+        "{failure}"
+    );
+    assert!(failure.ends_with("y…"), "cut: {failure}");
+    assert_eq!(failure.len(), MAX_FAILURE + "…".len());
+    let last = req
+        .last_failure
+        .as_deref()
+        .expect("the request's last failure");
+    let named = format!("node {} on provider `p0`: create: permanent error", node.id);
+    assert!(last.starts_with(&named), "{last}");
+    assert_eq!(last.len(), MAX_FAILURE + "…".len());
+    assert_eq!(h.store.nodes[&node.id].failure, node.failure);
+    assert_eq!(h.store.requests[&r].last_failure, req.last_failure);
+    ok(&h);
+}
+
+/// A node given up without an instance (failed) keeps why, as does the
+/// request that failed with it.
+#[test]
+fn a_failed_node_and_its_failed_request_keep_the_last_try_s_reason() {
+    let mut h = one(|c| a_mut(c).launch_retries = 0);
+    h.cloud.providers[0].faults.push(Fault {
+        call: Call::Create,
+        failure: transient(),
+        times: 1,
+        reached: false,
+    });
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert!(reason(&h, r).contains("transient error: try again"));
+    let (_, id) = creates(&h)[0];
+    let node = h.pool.node(id).unwrap();
+    assert_eq!(node.state.name(), "failed");
+    let why = "create: transient error: try again";
+    assert_eq!(node.failure.as_deref(), Some(why));
+    assert_eq!(
+        h.pool.request(r).unwrap().last_failure,
+        Some(format!("node {id} on provider `p0`: {why}"))
+    );
+    assert_eq!(h.store.nodes[&id].failure, node.failure);
     ok(&h);
 }
 

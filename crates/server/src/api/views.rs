@@ -78,6 +78,7 @@ pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
         provider: config[n.provider].name.clone(),
         state: n.state.name().to_owned(),
         reason,
+        failure: n.failure.clone(),
         idle: n.idle.as_str().to_owned(),
         instance_type: n.instance_type.clone(),
         instance: n.instance.clone(),
@@ -134,6 +135,7 @@ fn request_with(config: &Config, r: &Request, nodes: Vec<types::Node>) -> types:
         priority: r.priority,
         state: state.to_owned(),
         reason,
+        last_failure: r.last_failure.clone(),
         labels: r
             .wants
             .iter()

@@ -266,6 +266,7 @@ impl Handle {
             state: RequestState::Pending,
             nodes: Vec::new(),
             failures: 0,
+            last_failure: None,
         })
     }
 

@@ -300,6 +300,12 @@ CREATE TABLE pool_identity (
     r#"
 ALTER TABLE nodes RENAME COLUMN role TO packing;
 "#,
+    // As SQLite's step 6: why a node's last launch try failed, and a
+    // request's last failed try.
+    r#"
+ALTER TABLE nodes ADD COLUMN failure TEXT;
+ALTER TABLE requests ADD COLUMN last_failure TEXT;
+"#,
 ];
 
 /// The advisory lock key that migrations hold, so that processes starting
