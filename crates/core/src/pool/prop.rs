@@ -622,3 +622,29 @@ fn regression_create_answers_a_leaked_instance() {
     };
     run(&ops, &cloud).unwrap();
 }
+
+/// A case the property test found once a node launched for a request
+/// carried `berth-request` from its create: a create that trapped after it
+/// reached the cloud left an instance tagged with the request, which was
+/// put in quarantine instead of deleted as a leak.
+#[test]
+fn regression_a_trapped_create_for_a_request_is_a_leak_not_in_quarantine() {
+    use Op::*;
+    let ops = vec![
+        Fault(1, Call::Create, FaultKind::Trap { reached: true }, 2),
+        Advance(3500),
+        Submit(vec![(2, 2), (3, 1)], 0, 0),
+        Fault(0, Call::Create, FaultKind::Trap { reached: false }, 1),
+        Fault(0, Call::Create, FaultKind::Transient, 1),
+        Submit(vec![(0, 1), (1, 1)], 0, 0),
+        Advance(3500),
+    ];
+    let cloud = Cloudiness {
+        latency_ms: 1500,
+        reach_late: false,
+        boot_ms: 0,
+        linger_ms: 0,
+        batches: false,
+    };
+    run(&ops, &cloud).unwrap();
+}

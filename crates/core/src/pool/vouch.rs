@@ -108,7 +108,12 @@ impl Pool {
                 n.id
             ));
         }
-        if let Some(r) = self.handed_out_unknown(inst, node) {
+        // A node the store knows that never held this instance: the try
+        // that made it was given up before anything could be handed out on
+        // it (a node launched for a request carries `berth-request` from
+        // its create), so the tag claims nothing.
+        let never_held = known.is_some_and(|n| n.instance.as_deref() != Some(inst.id.as_str()));
+        if !never_held && let Some(r) = self.handed_out_unknown(inst, node) {
             return Some(format!(
                 "it is tagged as handed out to request {}, which the store does not have it handed to",
                 shown(r)
