@@ -27,7 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 pub use cli::{SimArgs, run};
-pub use state::{Call, CallItem, Instance, InstanceState};
+pub use state::{BOOT_FAULT, Call, CallItem, Instance, InstanceState};
 
 use state::State;
 use state_file::StateFile;

@@ -46,8 +46,8 @@ pub struct Instance {
     pub fault: Option<String>,
 }
 
-/// What a `failed` instance says.
-pub(crate) const BOOT_FAULT: &str = "the instance failed to boot (boot_failure_rate)";
+/// What a `failed` instance says (its `fault`).
+pub const BOOT_FAULT: &str = "the instance failed to boot (boot_failure_rate)";
 
 /// One cloud-API call as `/sim/calls` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

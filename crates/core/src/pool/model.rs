@@ -314,8 +314,8 @@ pub struct Node {
     /// Why its last failed launch try failed, for people: the cloud's
     /// reason for a failed instance, the driver's error for a failed
     /// create, a boot timeout. `None` while no try of it has failed; a node
-    /// launched on a later try keeps it. At most [`MAX_FAILURE`] bytes and
-    /// printable ([`failure_text`]).
+    /// launched on a later try keeps it. Printable and cut to
+    /// [`MAX_FAILURE`] bytes ([`failure_text`]).
     pub failure: Option<String>,
 }
 
