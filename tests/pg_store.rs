@@ -498,7 +498,7 @@ async fn the_peer_call_endpoint_refuses_what_it_cannot_trust() {
     let epoch = psql(&url, "SELECT epoch FROM pool_lease").unwrap();
     let list = |provider: &str, epoch: &str| {
         format!(
-            r#"{{"provider":"{provider}","pool_epoch":{epoch},"call":{{"list":{{"berth-pool":"serve-test"}}}}}}"#
+            r#"{{"provider":"{provider}","pool_epoch":{epoch},"call":{{"list":{{"filter":{{"berth-pool":"serve-test"}},"cursor":null}}}}}}"#
         )
     };
 
@@ -523,8 +523,10 @@ async fn the_peer_call_endpoint_refuses_what_it_cannot_trust() {
     let (s, said) = peer(Some(&secret), &right).await;
     assert_eq!(s, 200, "{said}");
     let answer: Value = serde_json::from_str(&said).unwrap();
-    let listed = answer["listed"].as_array().expect("a list answer");
+    // One page: every instance of the pool, and no cursor after it.
+    let listed = answer["listed"]["instances"].as_array().expect("a page");
     assert_eq!(listed.len(), live_instances(&sim).len(), "{said}");
+    assert!(answer["listed"]["next"].is_null(), "{said}");
     // It serves on.
     let r = berth.request(CI, &[("small", 1)]).await;
     berth.fulfilled(CI, &r.id).await;
