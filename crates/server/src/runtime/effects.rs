@@ -212,9 +212,10 @@ pub(super) async fn make(
             let r = provider.create_many(specs).await;
             heard(r.as_ref().map(|_| ()));
             let answers = match r {
-                Ok(all) => (all.into_iter())
+                Ok(all) if all.len() == nodes.len() => (all.into_iter())
                     .map(|a| a.map_err(Failure::Driver).and_then(created))
                     .collect(),
+                Ok(all) => vec![Err(miscounted(all.len(), nodes.len())); nodes.len()],
                 Err(e) => vec![Err(failure(e)); nodes.len()],
             };
             Called::CreatedMany(p, nodes.into_iter().zip(answers).collect())
@@ -227,9 +228,10 @@ pub(super) async fn make(
             let r = provider.delete_many(ids).await;
             heard(r.as_ref().map(|_| ()));
             let answers = match r {
-                Ok(all) => (all.into_iter())
+                Ok(all) if all.len() == deletes.len() => (all.into_iter())
                     .map(|a| a.map(|_| ()).map_err(Failure::Driver))
                     .collect(),
+                Ok(all) => vec![Err(miscounted(all.len(), deletes.len())); deletes.len()],
                 Err(e) => vec![Err(failure(e)); deletes.len()],
             };
             Called::DeletedMany(p, deletes.into_iter().zip(answers).collect())
@@ -275,6 +277,17 @@ pub(super) async fn make(
             Called::Tagged(node, r.map_err(failure))
         }
     }
+}
+
+/// A batch answered with another number of results than items: which
+/// answer is whose cannot be told, so none is believed. (A sandboxed
+/// driver's answers are counted before they get here; this guards any
+/// other [`Cloud`].)
+fn miscounted(answered: usize, asked: usize) -> Failure {
+    Failure::host(
+        HostFailureKind::BadAnswer,
+        format!("the batch answered {answered} results to {asked} items"),
+    )
 }
 
 pub(super) fn providers_name(providers: &Providers, p: ProviderIx) -> Arc<str> {

@@ -5,6 +5,7 @@
 //! sleep that hopes.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -327,4 +328,95 @@ async fn a_stop_waits_out_its_grace_for_a_hung_call_and_no_longer() {
     // The create's intent was stored; what became of it is the next
     // start's to find out, by listing.
     assert_eq!(fake.times(Call::Create).len(), 1);
+}
+
+/// A cloud that takes creates in batches and answers its first batch with
+/// no result at all, then each as [`Fake`] would.
+struct Miscounting {
+    fake: Arc<Fake>,
+    answered: AtomicBool,
+}
+
+impl Cloud for Miscounting {
+    fn create(&self, spec: CreateSpec) -> BoxFuture<'_, Result<Instance, CallError>> {
+        self.fake.create(spec)
+    }
+    fn list_page(
+        &self,
+        filter: Tags,
+        cursor: Option<String>,
+    ) -> BoxFuture<'_, Result<Page, CallError>> {
+        self.fake.list_page(filter, cursor)
+    }
+    fn get(&self, ids: Vec<String>) -> BoxFuture<'_, Result<Vec<Instance>, CallError>> {
+        self.fake.get(ids)
+    }
+    fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Deletion, CallError>> {
+        self.fake.delete(id)
+    }
+    fn set_tags<'a>(&'a self, id: &'a str, tags: Tags) -> BoxFuture<'a, Result<(), CallError>> {
+        self.fake.set_tags(id, tags)
+    }
+    fn batches(&self) -> berth_core::pool::Batches {
+        berth_core::pool::Batches {
+            create: true,
+            delete: true,
+        }
+    }
+    fn create_many(&self, specs: Vec<CreateSpec>) -> BoxFuture<'_, providers::Many<Instance>> {
+        Box::pin(async move {
+            if !self.answered.swap(true, Ordering::SeqCst) {
+                return Ok(Vec::new());
+            }
+            let mut all = Vec::new();
+            for spec in specs {
+                all.push(Ok(self.fake.create(spec).await.expect("a fake create")));
+            }
+            Ok(all)
+        })
+    }
+}
+
+/// A batch answered with another number of results than it had items
+/// believes none of them: each node's try fails and is made again, and no
+/// node is left waiting for an answer that never comes.
+#[tokio::test(start_paused = true)]
+async fn a_batch_answered_with_the_wrong_number_of_results_is_tried_again() {
+    let fake = Fake::new(Vec::new());
+    let cloud: Arc<dyn Cloud> = Arc::new(Miscounting {
+        fake: fake.clone(),
+        answered: AtomicBool::new(false),
+    });
+    let config = config(Config::DEFAULT_LEASE_TTL);
+    let store = SqliteStore::open_in_memory(config.clone()).expect("store");
+    let parts = Parts {
+        providers: Providers::fixed(vec![("fake".into(), cloud)]),
+        store: Box::new(store),
+        clock: Clock::starting_at(T0),
+        observer: Arc::new(Deaf),
+        gate: Arc::new(berth_plugin::Gate::always()),
+        backend: Backend::Embedded,
+    };
+    let service = Service::spawn(Pool::new(config, 7), parts);
+    let h = service.handle.clone();
+    let two = NewRequest {
+        wants: vec![(LabelIx(0), 2)],
+        ..one_small()
+    };
+    let id = h.submit(two).await.unwrap();
+    let request = tokio::time::timeout(secs(600), h.wait(id))
+        .await
+        .expect("the request settles")
+        .unwrap()
+        .expect("the request");
+    assert!(
+        matches!(request.state, RequestState::Fulfilled { .. }),
+        "{request:?}"
+    );
+    assert_eq!(
+        fake.times(Call::Create).len(),
+        2,
+        "two instances, once each"
+    );
+    service.stop().await.unwrap();
 }
