@@ -142,9 +142,13 @@ impl Cloud for Fake {
 /// One provider `fake`, one label `small` on it (single use, nothing kept
 /// ready), and the pool's task running on them with an in-memory store.
 fn start(fake: &Arc<Fake>, lease_ttl: Duration) -> Service {
+    start_on(fake.clone(), lease_ttl)
+}
+
+/// [`start`] on any [`Cloud`].
+fn start_on(cloud: Arc<dyn Cloud>, lease_ttl: Duration) -> Service {
     let config = config(lease_ttl);
     let store = SqliteStore::open_in_memory(config.clone()).expect("store");
-    let cloud: Arc<dyn Cloud> = fake.clone();
     let parts = Parts {
         providers: Providers::fixed(vec![("fake".into(), cloud)]),
         store: Box::new(store),
@@ -387,17 +391,7 @@ async fn a_batch_answered_with_the_wrong_number_of_results_is_tried_again() {
         fake: fake.clone(),
         answered: AtomicBool::new(false),
     });
-    let config = config(Config::DEFAULT_LEASE_TTL);
-    let store = SqliteStore::open_in_memory(config.clone()).expect("store");
-    let parts = Parts {
-        providers: Providers::fixed(vec![("fake".into(), cloud)]),
-        store: Box::new(store),
-        clock: Clock::starting_at(T0),
-        observer: Arc::new(Deaf),
-        gate: Arc::new(berth_plugin::Gate::always()),
-        backend: Backend::Embedded,
-    };
-    let service = Service::spawn(Pool::new(config, 7), parts);
+    let service = start_on(cloud, Config::DEFAULT_LEASE_TTL);
     let h = service.handle.clone();
     let two = NewRequest {
         wants: vec![(LabelIx(0), 2)],
