@@ -16,7 +16,7 @@ use berth_core::pool::{DriverCall, Failure, HostFailureKind, NodeId, Probe, ToDe
 use berth_plugin::{CallError, CallErrorKind};
 
 use super::observer::{InFlight, Observer};
-use super::providers::{Cloud, Providers};
+use super::providers::{Cloud, Many, Providers};
 use super::shards::Shards;
 
 /// What came back from outside the pool's task.
@@ -211,13 +211,7 @@ pub(super) async fn make(
             let (nodes, specs): (Vec<NodeId>, Vec<_>) = creates.into_iter().unzip();
             let r = provider.create_many(specs).await;
             heard(r.as_ref().map(|_| ()));
-            let answers = match r {
-                Ok(all) if all.len() == nodes.len() => (all.into_iter())
-                    .map(|a| a.map_err(Failure::Driver).and_then(created))
-                    .collect(),
-                Ok(all) => vec![Err(miscounted(all.len(), nodes.len())); nodes.len()],
-                Err(e) => vec![Err(failure(e)); nodes.len()],
-            };
+            let answers = per_item(r, nodes.len(), created);
             Called::CreatedMany(p, nodes.into_iter().zip(answers).collect())
         }
         DriverCall::DeleteMany {
@@ -227,13 +221,7 @@ pub(super) async fn make(
             let ids = deletes.iter().map(|d| d.instance.clone()).collect();
             let r = provider.delete_many(ids).await;
             heard(r.as_ref().map(|_| ()));
-            let answers = match r {
-                Ok(all) if all.len() == deletes.len() => (all.into_iter())
-                    .map(|a| a.map(|_| ()).map_err(Failure::Driver))
-                    .collect(),
-                Ok(all) => vec![Err(miscounted(all.len(), deletes.len())); deletes.len()],
-                Err(e) => vec![Err(failure(e)); deletes.len()],
-            };
+            let answers = per_item(r, deletes.len(), |_| Ok(()));
             Called::DeletedMany(p, deletes.into_iter().zip(answers).collect())
         }
         DriverCall::Delete {
@@ -279,15 +267,29 @@ pub(super) async fn make(
     }
 }
 
-/// A batch answered with another number of results than items: which
-/// answer is whose cannot be told, so none is believed. (A sandboxed
-/// driver's answers are counted before they get here; this guards any
-/// other [`Cloud`].)
-fn miscounted(answered: usize, asked: usize) -> Failure {
-    Failure::host(
-        HostFailureKind::BadAnswer,
-        format!("the batch answered {answered} results to {asked} items"),
-    )
+/// A batch's answer as one outcome per item, each item's success passed
+/// through `ok`. A call that failed as a whole gives each item its failure;
+/// one answered with another number of results than `asked` items is
+/// believed for none of them, since which answer is whose cannot be told
+/// (a sandboxed driver's answers are counted before they get here; this
+/// guards any other [`Cloud`]).
+fn per_item<T, U>(
+    answer: Many<T>,
+    asked: usize,
+    ok: impl Fn(T) -> Result<U, Failure>,
+) -> Vec<Result<U, Failure>> {
+    let whole = match answer {
+        Ok(all) if all.len() == asked => {
+            let each = all.into_iter().map(|a| a.map_err(Failure::Driver));
+            return each.map(|a| a.and_then(&ok)).collect();
+        }
+        Ok(all) => Failure::host(
+            HostFailureKind::BadAnswer,
+            format!("the batch answered {} results to {asked} items", all.len()),
+        ),
+        Err(e) => failure(e),
+    };
+    (0..asked).map(|_| Err(whole.clone())).collect()
 }
 
 pub(super) fn providers_name(providers: &Providers, p: ProviderIx) -> Arc<str> {
