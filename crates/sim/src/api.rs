@@ -224,8 +224,12 @@ async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, 
         // Outside the lock: other calls carry on while this one is "slow".
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
-    let (created, snapshot) = create_one(&cloud, request)?;
-    persist(&cloud, snapshot).await?;
+    let created = create_one(&cloud, request)?;
+    persist(
+        &cloud,
+        snapshot_if(&cloud, matches!(created, Created::New(_))),
+    )
+    .await?;
     Ok(match created {
         Created::New(instance) => (StatusCode::CREATED, Json(instance)).into_response(),
         Created::Existing(instance) => (StatusCode::OK, Json(instance)).into_response(),
@@ -233,11 +237,9 @@ async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, 
 }
 
 /// Creates one instance (or finds the one its client token made), and
-/// starts its machine; what the state file then needs, if anything.
-fn create_one(
-    cloud: &SimCloud,
-    request: CreateRequest,
-) -> Result<(Created, Option<super::state_file::Snapshot>), ApiError> {
+/// starts its machine. The caller writes the state file once a new one was
+/// made (once for a whole batch).
+fn create_one(cloud: &SimCloud, request: CreateRequest) -> Result<Created, ApiError> {
     let rolls: [f64; 2] = [rand::random(), rand::random()];
     let knobs = cloud.knobs();
     // A machine of its own to reach, once it is known to be new.
@@ -247,16 +249,10 @@ fn create_one(
         }
         None => None,
     };
-    let (created, snapshot) = {
+    let created = {
         let now = cloud.now_ms();
-        let mut state = cloud.lock();
         let endpoint = port.as_ref().map(|p| p.endpoint.clone());
-        let created = state.create(request, now, rolls, endpoint)?;
-        let snapshot = match created {
-            Created::New(_) => cloud.snapshot(&state),
-            Created::Existing(_) => None,
-        };
-        (created, snapshot)
+        cloud.lock().create(request, now, rolls, endpoint)?
     };
     if let (Created::New(instance), Some(port), Some(target)) = (&created, port, knobs.ssh_target)
         && let Some(id) = parse_id(&instance.id)
@@ -272,7 +268,22 @@ fn create_one(
             debug!(id = %instance.id, "create matched an existing client token");
         }
     }
-    Ok((created, snapshot))
+    Ok(created)
+}
+
+/// What the state file needs after creates, if one made a new instance.
+fn snapshot_if(cloud: &SimCloud, made_new: bool) -> Option<super::state_file::Snapshot> {
+    made_new.then(|| cloud.snapshot(&cloud.lock())).flatten()
+}
+
+/// Refuses a batch of `count` items that is empty or over [`MAX_BATCH`].
+fn batch_size(count: usize, what: &str) -> Result<(), ApiError> {
+    match count {
+        1..=MAX_BATCH => Ok(()),
+        _ => Err(ApiError::InvalidRequest(format!(
+            "a batch takes 1 to {MAX_BATCH} {what}, got {count}"
+        ))),
+    }
 }
 
 /// One item's error in a batch: the status and body the call alone would
@@ -306,12 +317,7 @@ struct BatchCreate {
 #[instrument(skip_all)]
 async fn batch_create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, ApiError> {
     let BatchCreate { instances } = parse_body(&body)?;
-    if instances.is_empty() || instances.len() > MAX_BATCH {
-        return Err(ApiError::InvalidRequest(format!(
-            "a batch takes 1 to {MAX_BATCH} instances, got {}",
-            instances.len()
-        )));
-    }
+    batch_size(instances.len(), "instances")?;
     let latency = cloud.lock().knobs().create_latency_ms;
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
@@ -321,12 +327,12 @@ async fn batch_create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Resp
     let mut changed = false;
     for request in instances {
         let (status, result, id) = match create_one(&cloud, request) {
-            Ok((Created::New(i), snapshot)) => {
-                changed |= snapshot.is_some();
+            Ok(Created::New(i)) => {
+                changed = true;
                 let id = Some(i.id.clone());
                 (StatusCode::CREATED, json!({ "instance": i }), id)
             }
-            Ok((Created::Existing(i), _)) => {
+            Ok(Created::Existing(i)) => {
                 let id = Some(i.id.clone());
                 (StatusCode::OK, json!({ "instance": i }), id)
             }
@@ -339,8 +345,7 @@ async fn batch_create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Resp
         statuses.push(CallItem { status, id });
         results.push(result);
     }
-    let snapshot = changed.then(|| cloud.snapshot(&cloud.lock())).flatten();
-    persist(&cloud, snapshot).await?;
+    persist(&cloud, snapshot_if(&cloud, changed)).await?;
     Ok(batch_answer(results, statuses))
 }
 
@@ -356,12 +361,7 @@ struct BatchDelete {
 #[instrument(skip_all)]
 async fn batch_delete(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, ApiError> {
     let BatchDelete { ids } = parse_body(&body)?;
-    if ids.is_empty() || ids.len() > MAX_BATCH {
-        return Err(ApiError::InvalidRequest(format!(
-            "a batch takes 1 to {MAX_BATCH} ids, got {}",
-            ids.len()
-        )));
-    }
+    batch_size(ids.len(), "ids")?;
     let (answers, snapshot) = {
         let now = cloud.now_ms();
         let mut state = cloud.lock();
