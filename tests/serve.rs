@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::config::{
-    CI, OPS, OTHER, SLOTS, code, database, on_postgres, serve_config, serve_config_on,
+    CI, OPS, OTHER, SLOTS, code, database, edit_config, on_postgres, serve_config, serve_config_on,
     serve_config_with, set_lease_ttl,
 };
 use crate::support::disk::{Tmpfs, skip};
@@ -1166,13 +1166,8 @@ async fn calls_due_together_reach_the_cloud_in_batches() {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "", "");
-    let text = std::fs::read_to_string(&config).unwrap();
-    let limited = text.replace(
-        "[providers.sim]\n",
-        "[providers.sim]\nrate = 2\nburst = 1\n",
-    );
-    assert_ne!(limited, text);
-    std::fs::write(&config, limited).unwrap();
+    let limited = "[providers.sim]\nrate = 2\nburst = 1\n";
+    edit_config(&config, "[providers.sim]\n", limited);
     set_lease_ttl(&config, "60s");
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
@@ -1233,10 +1228,7 @@ async fn booting_nodes_are_polled_by_get_not_by_lists() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "", "");
-    let text = std::fs::read_to_string(&config).unwrap();
-    let slow_sync = text.replace("sync-interval = \"1s\"", "sync-interval = \"60s\"");
-    assert_ne!(slow_sync, text);
-    std::fs::write(&config, slow_sync).unwrap();
+    edit_config(&config, "sync-interval = \"1s\"", "sync-interval = \"60s\"");
     set_lease_ttl(&config, "60s");
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;

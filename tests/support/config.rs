@@ -45,10 +45,16 @@ pub fn serve_config_with(
 /// Sets the requestors' `lease-ttl` of the config at `path`, written by
 /// [`serve_config_for`] (3 s there), to `ttl`.
 pub fn set_lease_ttl(path: &Path, ttl: &str) {
+    edit_config(path, "lease-ttl = \"3s\"", &format!("lease-ttl = {ttl:?}"));
+}
+
+/// Replaces `from` with `to` in the config file at `path`, which must hold
+/// `from`.
+pub fn edit_config(path: &Path, from: &str, to: &str) {
     let text = std::fs::read_to_string(path).unwrap();
-    let set = text.replace("lease-ttl = \"3s\"", &format!("lease-ttl = {ttl:?}"));
-    assert_ne!(set, text);
-    std::fs::write(path, set).unwrap();
+    let edited = text.replace(from, to);
+    assert_ne!(edited, text, "{from:?} is not in {}", path.display());
+    std::fs::write(path, edited).unwrap();
 }
 
 /// The config of [`serve_config_with`] for any driver: provider `sim` on
