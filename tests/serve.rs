@@ -440,11 +440,12 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
         (creating == 2).then_some(())
     })
     .await;
-    // Counted in flight until they end (a list may be in flight beside).
-    until(10, "the two creates counted in flight", || async {
+    // Counted in flight until they end: one call if they went together as
+    // a batch, two if not (and a list may be in flight beside).
+    until(10, "the creates counted in flight", || async {
         let m = server.metrics(Some(OPS)).await;
         let n = metric(&m, "berth_driver_calls_in_flight{provider=\"sim\"}")?;
-        (n == 2.0).then_some(())
+        (n >= 1.0).then_some(())
     })
     .await;
     let stopping = std::time::Instant::now();
