@@ -14,7 +14,7 @@ use crate::support::config::{
 use crate::support::disk::{Tmpfs, skip};
 use crate::support::postgres::psql;
 use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
-use crate::support::{SimServer, creates, live, metric, plugin, scripted_plugin};
+use crate::support::{SimServer, create_statuses, creates, live, metric, plugin, scripted_plugin};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_end_to_end_through_the_binary() {
@@ -483,6 +483,78 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
     .await;
     let live = live(&sim.cloud).len();
     assert_eq!(live, 2);
+    server.terminate().await.assert_success();
+}
+
+/// A create cut off by SIGKILL after the cloud made its instance and
+/// before berth stored the answer, 20 times over. The sim answers a create
+/// 1 s after making its instance, and leaves a new instance out of lists and
+/// gets for 4 s, as an eventually consistent cloud may. So the restarted
+/// berth does not see the instance, tries the create again with the node's
+/// create token, and the cloud answers with the instance that token made.
+/// Each round then takes the ready node, so that its replacement is the
+/// next create cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_cut_off_by_sigkill_after_the_cloud_made_them_yield_one_instance_each() {
+    const KILLS: usize = 20;
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        create_answer_delay_ms: 1_000,
+        list_lag_ms: 4_000,
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 1", "");
+    set_lease_ttl(&config, "10m");
+    let cfg = config.display().to_string();
+    async fn ready(server: &Berth) {
+        until(
+            60,
+            "the create cut off to be resolved: one ready node",
+            || async {
+                let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
+                (l[0]["ready"].as_u64() == Some(1)).then_some(())
+            },
+        )
+        .await
+    }
+    for round in 0..KILLS {
+        let server = Berth::start(&["--config", &cfg], dir.path()).await;
+        if round > 0 {
+            ready(&server).await;
+            let request = server.request(CI, &[("small", 1)]).await;
+            server.fulfilled(CI, &request.id).await;
+        }
+        // The cloud has made the instance; berth waits for the answer.
+        until(30, "the cloud to make the next instance", || async {
+            (sim.cloud.instances().len() > round).then_some(())
+        })
+        .await;
+        server.signal(libc::SIGKILL);
+        server.exit_within(Duration::from_secs(30)).await;
+    }
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    ready(&server).await;
+
+    // The cloud's own record: one instance per node, none twice.
+    let instances = sim.cloud.instances();
+    let mut nodes: Vec<&str> = (instances.iter())
+        .filter_map(|i| i.tags.get("berth-node").map(String::as_str))
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    assert_eq!(
+        (instances.len(), nodes.len()),
+        (KILLS, KILLS),
+        "{instances:#?}"
+    );
+    assert_eq!(live(&sim.cloud).len(), KILLS);
+    // Each was asked for again after its kill, and the cloud answered with
+    // the instance the token had made (200, not 201).
+    let found = (create_statuses(&sim.cloud).iter())
+        .filter(|(_, status)| *status == 200)
+        .count();
+    assert_eq!(found, KILLS, "{:?}", create_statuses(&sim.cloud));
     server.terminate().await.assert_success();
 }
 

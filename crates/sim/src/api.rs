@@ -230,6 +230,7 @@ async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, 
         snapshot_if(&cloud, matches!(created, Created::New(_))),
     )
     .await?;
+    answer_delay(&cloud).await;
     Ok(match created {
         Created::New(instance) => (StatusCode::CREATED, Json(instance)).into_response(),
         Created::Existing(instance) => (StatusCode::OK, Json(instance)).into_response(),
@@ -269,6 +270,15 @@ fn create_one(cloud: &SimCloud, request: CreateRequest) -> Result<Created, ApiEr
         }
     }
     Ok(created)
+}
+
+/// Waits `create_answer_delay_ms` once a create's instances exist and are
+/// stored: a caller that stops meanwhile never learns of them.
+async fn answer_delay(cloud: &SimCloud) {
+    let delay = cloud.lock().knobs().create_answer_delay_ms;
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
 }
 
 /// What the state file needs after creates, if one made a new instance.
@@ -346,6 +356,7 @@ async fn batch_create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Resp
         results.push(result);
     }
     persist(&cloud, snapshot_if(&cloud, changed)).await?;
+    answer_delay(&cloud).await;
     Ok(batch_answer(results, statuses))
 }
 

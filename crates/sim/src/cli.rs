@@ -24,6 +24,12 @@ pub struct SimArgs {
     /// Time a create takes before it answers, e.g. `250ms`.
     #[arg(long, value_parser = duration::parse, default_value = "0s")]
     pub create_latency: Duration,
+    /// Time a create that made its instance waits before it answers.
+    #[arg(long, value_parser = duration::parse, default_value = "0s")]
+    pub create_answer_delay: Duration,
+    /// How long a new instance is left out of lists and gets.
+    #[arg(long, value_parser = duration::parse, default_value = "0s")]
+    pub list_lag: Duration,
     /// Time a new instance stays pending, e.g. `2s`.
     #[arg(long, value_parser = duration::parse, default_value = "0s")]
     pub boot_delay: Duration,
@@ -84,6 +90,8 @@ impl SimArgs {
     pub(super) fn knobs(&self) -> Knobs {
         Knobs {
             create_latency_ms: millis(self.create_latency),
+            create_answer_delay_ms: millis(self.create_answer_delay),
+            list_lag_ms: millis(self.list_lag),
             boot_delay_ms: millis(self.boot_delay),
             failure_rate: self.failure_rate,
             boot_failure_rate: self.boot_failure_rate,

@@ -39,6 +39,13 @@ use state_file::StateFile;
 pub struct Knobs {
     /// Time a create takes before it answers.
     pub create_latency_ms: u64,
+    /// Time a create that made (or found) its instance waits before it
+    /// answers: the instance exists, and the caller does not know yet.
+    pub create_answer_delay_ms: u64,
+    /// How long a new instance is left out of lists and gets, as by a cloud
+    /// whose reads are eventually consistent (EC2's `DescribeInstances` may
+    /// not show an instance just launched).
+    pub list_lag_ms: u64,
     /// Time a new instance stays `pending` before it is `running`.
     pub boot_delay_ms: u64,
     /// Chance, 0.0 to 1.0, that a create fails with `500 internal_error`.
@@ -70,6 +77,8 @@ impl Default for Knobs {
     fn default() -> Self {
         Knobs {
             create_latency_ms: 0,
+            create_answer_delay_ms: 0,
+            list_lag_ms: 0,
             boot_delay_ms: 0,
             failure_rate: 0.0,
             boot_failure_rate: 0.0,
@@ -89,6 +98,8 @@ impl fmt::Debug for Knobs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Knobs")
             .field("create_latency_ms", &self.create_latency_ms)
+            .field("create_answer_delay_ms", &self.create_answer_delay_ms)
+            .field("list_lag_ms", &self.list_lag_ms)
             .field("boot_delay_ms", &self.boot_delay_ms)
             .field("failure_rate", &self.failure_rate)
             .field("boot_failure_rate", &self.boot_failure_rate)

@@ -185,6 +185,11 @@ impl Record {
         self.terminated_at_ms.is_none()
     }
 
+    /// Whether reads show it yet (`list_lag_ms` after its create).
+    fn shown(&self, knobs: &Knobs, now_ms: u64) -> bool {
+        now_ms >= self.created_at_ms.saturating_add(knobs.list_lag_ms)
+    }
+
     fn state(&self, knobs: &Knobs, now_ms: u64) -> InstanceState {
         match self.terminated_at_ms {
             Some(_) => InstanceState::Terminated,
@@ -452,6 +457,7 @@ impl State {
         self.purge(now_ms);
         let record = parse_id(id)
             .and_then(|n| self.instances.get(&n))
+            .filter(|r| r.shown(&self.knobs, now_ms))
             .ok_or_else(|| ApiError::NotFound(id.to_owned()))?;
         Ok(record.view(&self.knobs, now_ms))
     }
@@ -513,6 +519,7 @@ impl State {
             .instances
             .range(start..)
             .map(|(_, r)| r)
+            .filter(|r| r.shown(&self.knobs, now_ms))
             .filter(|r| query.ids.is_empty() || query.ids.contains(&r.id))
             .filter(|r| query.tags.iter().all(|(k, v)| r.tags.get(k) == Some(v)));
         let instances: Vec<Instance> = matching

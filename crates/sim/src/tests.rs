@@ -261,6 +261,53 @@ async fn create_latency_delays_the_answer() {
     assert_eq!(started.elapsed(), Duration::from_millis(750));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_create_answer_delay_makes_the_instance_before_it_answers() {
+    let (cloud, app) = sim(Knobs {
+        create_answer_delay_ms: 2_000,
+        ..Knobs::default()
+    });
+    let call = tokio::spawn({
+        let app = app.clone();
+        async move { create(&app, small(json!({}))).await }
+    });
+    // Made at once; answered only when the delay has passed.
+    tokio::time::advance(Duration::from_millis(10)).await;
+    assert_eq!(cloud.instances().len(), 1);
+    assert!(!call.is_finished());
+    tokio::time::advance(Duration::from_millis(2_000)).await;
+    assert_eq!(call.await.unwrap().status, StatusCode::CREATED);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_instance_is_left_out_of_reads_for_the_list_lag() {
+    let (cloud, app) = sim(Knobs {
+        list_lag_ms: 3_000,
+        ..Knobs::default()
+    });
+    let created = create(&app, small(json!({"berth-node": "n-1"}))).await;
+    let id = created.body["id"].as_str().unwrap().to_owned();
+    let uri = format!("/v1/instances/{id}");
+    let by_id = format!("/v1/instances?id={id}");
+    tokio::time::advance(Duration::from_millis(2_999)).await;
+    assert!(ids(&send(&app, "GET", "/v1/instances", None, None).await).is_empty());
+    assert!(ids(&send(&app, "GET", &by_id, None, None).await).is_empty());
+    let got = send(&app, "GET", &uri, None, None).await;
+    assert_eq!(got.status, StatusCode::NOT_FOUND);
+    // The cloud's own record has it all along.
+    assert_eq!(cloud.instances().len(), 1);
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(
+        ids(&send(&app, "GET", "/v1/instances", None, None).await),
+        [id.clone()]
+    );
+    assert_eq!(ids(&send(&app, "GET", &by_id, None, None).await), [id]);
+    assert_eq!(
+        send(&app, "GET", &uri, None, None).await.status,
+        StatusCode::OK
+    );
+}
+
 #[tokio::test]
 async fn quota_counts_live_instances() {
     let (_cloud, app) = sim(Knobs {
