@@ -29,7 +29,9 @@ use berth::runtime::{self, Service, StartOptions};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
+use crate::support::config::{CI, OPS};
 use crate::support::pool::{fulfil, live_nodes, until_pool};
+use crate::support::server::{Berth, Launch, until};
 use crate::support::sys::set_own_env_var;
 use crate::support::{KIT_STEPS, LogCapture, plugin, workspace};
 
@@ -286,6 +288,14 @@ struct ProxyState {
     calls: BTreeMap<String, u64>,
     faults: BTreeMap<String, Fault>,
     seen: Vec<Seen>,
+    /// How long moto's answer to an action is held before it is passed on.
+    hold: BTreeMap<String, Duration>,
+    /// How long `DescribeInstances` leaves out a new instance, as EC2's
+    /// eventually consistent reads may ("Eventual consistency in the Amazon
+    /// EC2 API", in the EC2 API reference).
+    lag: Option<Duration>,
+    /// Each instance a `RunInstances` answer named, when it first did.
+    launched: Vec<(String, Instant)>,
 }
 
 /// A canned answer for an action: EC2's XML error body with `code`, or
@@ -362,6 +372,26 @@ impl Proxy {
 
     fn heal(&self) {
         self.state().faults.clear();
+    }
+
+    /// Holds moto's answers to `action` for `delay` before passing them on.
+    fn hold(&self, action: &str, delay: Duration) {
+        self.state().hold.insert(action.to_owned(), delay);
+    }
+
+    /// Leaves each instance out of `DescribeInstances` answers until `lag`
+    /// after the `RunInstances` answer that first named it.
+    fn lag(&self, lag: Duration) {
+        self.state().lag = Some(lag);
+    }
+
+    /// The instances `RunInstances` answers named so far, each once.
+    fn launched(&self) -> Vec<String> {
+        self.state()
+            .launched
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Requests received so far, by `Action`.
@@ -445,12 +475,20 @@ async fn relay(
         Some(fault) => canned(&fault),
         None => match forward(shared.upstream, parts, body.clone()).await {
             Ok(r) => {
+                let r = shared.seen_by_moto(&action, r);
                 answer = String::from_utf8_lossy(r.body()).into_owned();
                 r.map(axum::body::Body::from)
             }
             Err(e) => plain(502, format!("proxy: relaying to moto: {e}")),
         },
     };
+    let hold = shared
+        .state
+        .lock()
+        .expect("proxy state")
+        .hold
+        .get(&action)
+        .copied();
     shared.state.lock().expect("proxy state").seen.push(Seen {
         action,
         form,
@@ -460,7 +498,103 @@ async fn relay(
         answer,
         injected,
     });
+    // Recorded first: a caller that stops meanwhile never gets the answer.
+    if let Some(hold) = hold {
+        tokio::time::sleep(hold).await;
+    }
     response
+}
+
+impl ProxyShared {
+    /// Notes the instances a `RunInstances` answer names, and leaves the
+    /// ones still within the lag out of a `DescribeInstances` answer.
+    fn seen_by_moto(&self, action: &str, answer: http::Response<Bytes>) -> http::Response<Bytes> {
+        let mut state = self.state.lock().expect("proxy state");
+        let text = String::from_utf8_lossy(answer.body()).into_owned();
+        match action {
+            "RunInstances" if answer.status().is_success() => {
+                for id in xml_values(&text, "instanceId") {
+                    if !state.launched.iter().any(|(known, _)| *known == id) {
+                        state.launched.push((id, Instant::now()));
+                    }
+                }
+                answer
+            }
+            "DescribeInstances" if answer.status().is_success() => {
+                let Some(lag) = state.lag else {
+                    return answer;
+                };
+                let young: Vec<&str> = (state.launched.iter())
+                    .filter(|(_, at)| at.elapsed() < lag)
+                    .map(|(id, _)| id.as_str())
+                    .collect();
+                let (mut parts, _) = answer.into_parts();
+                parts.headers.remove(http::header::CONTENT_LENGTH);
+                let kept = without_reservations_of(&text, &young);
+                http::Response::from_parts(parts, Bytes::from(kept))
+            }
+            _ => answer,
+        }
+    }
+}
+
+/// The text of every `<name>` element of `xml`.
+fn xml_values(xml: &str, name: &str) -> Vec<String> {
+    let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+    let mut values = Vec::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find(&open) {
+        rest = &rest[start + open.len()..];
+        let Some(end) = rest.find(&close) else { break };
+        values.push(rest[..end].to_owned());
+        rest = &rest[end..];
+    }
+    values
+}
+
+/// A `DescribeInstances` answer without the reservations (the top-level
+/// `<item>`s of its `<reservationSet>`) that hold any of `ids`.
+fn without_reservations_of(xml: &str, ids: &[&str]) -> String {
+    const SET: &str = "<reservationSet>";
+    let Some(set) = xml.find(SET).map(|at| at + SET.len()) else {
+        return xml.to_owned();
+    };
+    let Some(set_end) = xml[set..].find("</reservationSet>").map(|at| set + at) else {
+        return xml.to_owned();
+    };
+    let mut out = xml[..set].to_owned();
+    let (mut at, mut depth, mut start) = (set, 0usize, set);
+    while at < set_end {
+        let open = xml[at..set_end].find("<item>").map(|i| at + i);
+        let close = xml[at..set_end].find("</item>").map(|i| at + i);
+        match (open, close) {
+            (Some(o), Some(c)) if o < c => {
+                if depth == 0 {
+                    out.push_str(&xml[start..o]);
+                    start = o;
+                }
+                depth += 1;
+                at = o + "<item>".len();
+            }
+            (_, Some(c)) => {
+                depth = depth.saturating_sub(1);
+                at = c + "</item>".len();
+                if depth == 0 {
+                    let reservation = &xml[start..at];
+                    let hidden = ids
+                        .iter()
+                        .any(|id| reservation.contains(&format!("<instanceId>{id}</instanceId>")));
+                    if !hidden {
+                        out.push_str(reservation);
+                    }
+                    start = at;
+                }
+            }
+            _ => break,
+        }
+    }
+    out.push_str(&xml[start..]);
+    out
 }
 
 /// Sends the request to moto as it came: same method, path and query, the
@@ -1350,4 +1484,116 @@ async fn a_list_follows_every_describe_page() {
         }
     }
     assert!(!pages[2].answer.contains("<nextToken>"), "{:?}", pages[2]);
+}
+
+/// A `RunInstances` cut off by SIGKILL after moto made its instance and
+/// before berth stored the answer, 20 times, through `berth serve`. The
+/// proxy holds moto's `RunInstances` answers for 1 s, and leaves a new
+/// instance out of `DescribeInstances` for 4 s, as EC2's eventually
+/// consistent reads may. So the restarted berth does not see the instance,
+/// launches again with the node's create token as `ClientToken`, and moto
+/// (given EC2's idempotency rule by `scripts/moto`) answers with the launch
+/// that token made. Each round takes the ready node, so that its
+/// replacement is the next launch cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launches_cut_off_by_sigkill_after_moto_made_them_yield_one_instance_each() {
+    const KILLS: usize = 20;
+    const VAR: &str = "BERTH_ITEST_EC2_KILL_SECRET";
+    let moto = MotoServer::start().await;
+    let proxy = Proxy::start(moto.addr).await;
+    proxy.hold("RunInstances", Duration::from_secs(1));
+    proxy.lag(Duration::from_secs(4));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let text = pool_config_text(&moto, &proxy, &state, VAR, 1, "1s")
+        + &format!(
+            "\n[api]\nlisten = \"127.0.0.1:0\"\nlease-ttl = \"10m\"\n\
+             [api.tokens.ci]\nrole = \"client\"\ntoken = \"{CI}\"\n\
+             [api.tokens.ops]\nrole = \"admin\"\ntoken = \"{OPS}\"\n"
+        );
+    let config = dir.path().join("berth.toml");
+    std::fs::write(&config, text).expect("config");
+    seed_compiled(&state).await;
+    let cfg = config.display().to_string();
+    let args = ["--config", cfg.as_str()];
+    let env = [(VAR, moto.secret.as_str())];
+    let launch = || Launch {
+        env: &env,
+        ..Launch::new(&args, dir.path())
+    };
+    async fn ready(server: &Berth) {
+        until(
+            90,
+            "the launch cut off to be resolved: one ready node",
+            || async {
+                let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
+                (l[0]["ready"].as_u64() == Some(1)).then_some(())
+            },
+        )
+        .await
+    }
+    for round in 0..KILLS {
+        let server = Berth::launch(launch()).await;
+        if round > 0 {
+            ready(&server).await;
+            let request = server.request(CI, &[("ci", 1)]).await;
+            server.fulfilled(CI, &request.id).await;
+        }
+        // moto has made the instance; berth waits for the answer.
+        until(60, "moto to make the next instance", || async {
+            (proxy.launched().len() > round).then_some(())
+        })
+        .await;
+        server.signal(libc::SIGKILL);
+        server.exit_within(Duration::from_secs(30)).await;
+    }
+    let server = Berth::launch(launch()).await;
+    ready(&server).await;
+
+    // moto's own record: one instance per node, none twice.
+    let ours: Vec<MotoInstance> = (moto.instances().await.into_values())
+        .filter(|i| i.tags.get(POOL_TAG).map(String::as_str) == Some("ec2-itest"))
+        .collect();
+    let mut nodes: Vec<&str> = (ours.iter())
+        .filter_map(|i| i.tags.get(NODE_TAG).map(String::as_str))
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    assert_eq!((ours.len(), nodes.len()), (KILLS, KILLS), "{ours:#?}");
+    assert!(ours.iter().all(|i| i.state != "terminated"), "{ours:#?}");
+    // Each launch was sent again after its kill with the same ClientToken,
+    // and moto answered with the instance that token had made.
+    let mut by_token: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut sent: BTreeMap<String, usize> = BTreeMap::new();
+    for s in proxy.seen().iter().filter(|s| s.action == "RunInstances") {
+        let token = s.param("ClientToken").expect("a ClientToken").to_owned();
+        *sent.entry(token.clone()).or_default() += 1;
+        let ids = by_token.entry(token).or_default();
+        ids.extend(xml_values(&s.answer, "instanceId"));
+    }
+    assert_eq!(by_token.len(), KILLS, "{by_token:?}");
+    assert!(by_token.values().all(|ids| ids.len() == 1), "{by_token:?}");
+    assert!(sent.values().all(|n| *n >= 2), "{sent:?}");
+    server.terminate().await.assert_success();
+}
+
+#[test]
+fn the_proxy_leaves_whole_reservations_out() {
+    let xml = "<R><reservationSet>\
+        <item><reservationId>r-1</reservationId><instancesSet><item><instanceId>i-1</instanceId>\
+        <tagSet><item><key>k</key></item></tagSet></item></instancesSet></item>\
+        <item><reservationId>r-2</reservationId><instancesSet><item><instanceId>i-2</instanceId>\
+        </item></instancesSet></item>\
+        </reservationSet><nextToken>t</nextToken></R>";
+    let kept = without_reservations_of(xml, &["i-1"]);
+    assert_eq!(xml_values(&kept, "reservationId"), ["r-2"]);
+    assert!(
+        kept.ends_with("</reservationSet><nextToken>t</nextToken></R>"),
+        "{kept}"
+    );
+    assert_eq!(without_reservations_of(xml, &[]), xml);
+    assert_eq!(
+        xml_values(&without_reservations_of(xml, &["i-2"]), "instanceId"),
+        ["i-1"]
+    );
 }
