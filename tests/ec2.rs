@@ -1498,6 +1498,7 @@ async fn a_list_follows_every_describe_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn launches_cut_off_by_sigkill_after_moto_made_them_yield_one_instance_each() {
     const KILLS: usize = 20;
+    const WHAT: &str = "the launch cut off to be resolved: one ready node";
     const VAR: &str = "BERTH_ITEST_EC2_KILL_SECRET";
     let moto = MotoServer::start().await;
     let proxy = Proxy::start(moto.addr).await;
@@ -1521,21 +1522,10 @@ async fn launches_cut_off_by_sigkill_after_moto_made_them_yield_one_instance_eac
         env: &env,
         ..Launch::new(&args, dir.path())
     };
-    async fn ready(server: &Berth) {
-        until(
-            90,
-            "the launch cut off to be resolved: one ready node",
-            || async {
-                let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
-                (l[0]["ready"].as_u64() == Some(1)).then_some(())
-            },
-        )
-        .await
-    }
     for round in 0..KILLS {
         let server = Berth::launch(launch()).await;
         if round > 0 {
-            ready(&server).await;
+            server.until_label_ready(90, 1, WHAT).await;
             let request = server.request(CI, &[("ci", 1)]).await;
             server.fulfilled(CI, &request.id).await;
         }
@@ -1548,7 +1538,7 @@ async fn launches_cut_off_by_sigkill_after_moto_made_them_yield_one_instance_eac
         server.exit_within(Duration::from_secs(30)).await;
     }
     let server = Berth::launch(launch()).await;
-    ready(&server).await;
+    server.until_label_ready(90, 1, WHAT).await;
 
     // moto's own record: one instance per node, none twice.
     let ours: Vec<MotoInstance> = (moto.instances().await.into_values())

@@ -152,11 +152,7 @@ async fn slow_and_idle_clients_cannot_hold_berth() {
     let dir = tempfile::tempdir().unwrap();
     let server = limited_berth(&sim, dir.path()).await;
     let pid = server.pid();
-    until(60, "two ready nodes", || async {
-        let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
-        (l[0]["ready"].as_u64() == Some(2)).then_some(())
-    })
-    .await;
+    server.until_label_ready(60, 2, "two ready nodes").await;
     let addr = server.base.strip_prefix("http://").unwrap().to_owned();
     let hold = Duration::from_secs(12);
     // A body declared as 10 GB, of which a few bytes come: refused before

@@ -67,11 +67,7 @@ async fn trial(dir: &Path, sync: &str, delay: Duration) -> Result<Found, String>
     let state = dir.join("state");
     let disk = LoopFs::create(&dir.join("disk.img"), &state, 64)?;
     let server = Berth::start(&["--config", &cfg], dir).await;
-    until(60, "two ready nodes", || async {
-        let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
-        (l[0]["ready"].as_u64() == Some(2)).then_some(())
-    })
-    .await;
+    server.until_label_ready(60, 2, "two ready nodes").await;
     let request = server.request(CI, &[("small", 2)]).await;
     assert_eq!(request.state, "fulfilled", "{request:?}");
     // The client has seen its nodes; the power goes.

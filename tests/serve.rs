@@ -476,11 +476,7 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
     // The next start resolves the two creates: two nodes ready, two
     // instances in the cloud, none twice.
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    until(60, "two ready nodes", || async {
-        let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
-        (l[0]["ready"].as_u64() == Some(2)).then_some(())
-    })
-    .await;
+    server.until_label_ready(60, 2, "two ready nodes").await;
     let live = live(&sim.cloud).len();
     assert_eq!(live, 2);
     server.terminate().await.assert_success();
@@ -497,6 +493,7 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creates_cut_off_by_sigkill_after_the_cloud_made_them_yield_one_instance_each() {
     const KILLS: usize = 20;
+    const WHAT: &str = "the create cut off to be resolved: one ready node";
     let sim = SimServer::start_with(berth::sim::Knobs {
         create_answer_delay_ms: 1_000,
         list_lag_ms: 4_000,
@@ -507,21 +504,10 @@ async fn creates_cut_off_by_sigkill_after_the_cloud_made_them_yield_one_instance
     let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 1", "");
     set_lease_ttl(&config, "10m");
     let cfg = config.display().to_string();
-    async fn ready(server: &Berth) {
-        until(
-            60,
-            "the create cut off to be resolved: one ready node",
-            || async {
-                let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
-                (l[0]["ready"].as_u64() == Some(1)).then_some(())
-            },
-        )
-        .await
-    }
     for round in 0..KILLS {
         let server = Berth::start(&["--config", &cfg], dir.path()).await;
         if round > 0 {
-            ready(&server).await;
+            server.until_label_ready(60, 1, WHAT).await;
             let request = server.request(CI, &[("small", 1)]).await;
             server.fulfilled(CI, &request.id).await;
         }
@@ -534,7 +520,7 @@ async fn creates_cut_off_by_sigkill_after_the_cloud_made_them_yield_one_instance
         server.exit_within(Duration::from_secs(30)).await;
     }
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    ready(&server).await;
+    server.until_label_ready(60, 1, WHAT).await;
 
     // The cloud's own record: one instance per node, none twice.
     let instances = sim.cloud.instances();
@@ -733,11 +719,7 @@ async fn a_store_that_cannot_be_written_ends_berth_with_code_3() {
     let config = serve_config(&sim, dir.path());
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    until(30, "two ready nodes", || async {
-        let (_, l) = server.call("GET", "/v1/labels", Some(OPS), None).await;
-        (l[0]["ready"].as_u64() == Some(2)).then_some(())
-    })
-    .await;
+    server.until_label_ready(30, 2, "two ready nodes").await;
     disk.fill();
     // Each request adds rows; soon one cannot be stored.
     let refused = until(60, "a request the store cannot take", || async {

@@ -19,6 +19,8 @@ use std::time::Duration;
 use berth::client::Client;
 use berth::client::types::{NewRequest, Request};
 use berth::runtime::probe::{LOOPBACK_ONLY_ENV, OFF_HOST_REFUSED};
+
+use super::config::OPS;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -120,6 +122,16 @@ impl Berth {
     pub async fn until_ready(&self, secs: u64, what: &str) {
         until(secs, what, || async {
             (self.call("GET", "/readyz", None, None).await.0 == 200).then_some(())
+        })
+        .await
+    }
+
+    /// Waits (at most `secs`) until the first label has `n` ready nodes,
+    /// as the admin token sees them.
+    pub async fn until_label_ready(&self, secs: u64, n: u64, what: &str) {
+        until(secs, what, || async {
+            let (_, l) = self.call("GET", "/v1/labels", Some(OPS), None).await;
+            (l[0]["ready"].as_u64() == Some(n)).then_some(())
         })
         .await
     }
