@@ -85,6 +85,91 @@ async fn the_error_mapping_step_fails_a_driver_that_takes_a_429_for_transient() 
     assert!(live(&sim.cloud).is_empty());
 }
 
+/// A recorded `200` whose instance is in the sim's `failed` state, as the
+/// sim answers `GET /v1/instances/{id}` (`list: false`) or a list
+/// (`list: true`), for the instance of the kit's cycle.
+fn failed_instance(call: &str, list: bool, reason: &str) -> Fault {
+    let instance = serde_json::json!({
+        "id": "{{instance-id}}", "state": "failed", "instance_type": "small",
+        "image": "ubuntu-24.04", "tags": {"berth-pool": "{{pool-id}}"},
+        "created_at_ms": 1, "private_ipv4": "127.1.0.1", "public_ipv4": null,
+        "hostname": "i.sim.internal", "ssh_port": 22, "username": "berth",
+        "client_token": null, "fault": berth::sim::BOOT_FAULT,
+    });
+    let body = match list {
+        true => serde_json::json!({"instances": [instance], "next_page_token": null}),
+        false => instance,
+    };
+    serde_json::from_value(serde_json::json!({
+        "name": format!("{call} of a failed instance, reason {reason:?}"),
+        "call": call, "status": 200,
+        "headers": {"content-type": "application/json"},
+        "body": body.to_string(), "expect": "failed", "reason": reason,
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_error_mapping_step_fails_a_driver_that_misses_a_failed_instance() {
+    let sim = SimServer::start().await;
+    let mut config = careless(&sim, "failed-as-unknown");
+    config.faults = sim_faults();
+    config
+        .faults
+        .push(failed_instance("get", false, "failed to boot"));
+    let report = conformance::test(&engine(), &plugin("careless"), &config).await;
+    assert_eq!(
+        failed(&report),
+        ["error mapping", "error mapping"],
+        "{report}"
+    );
+    let text = report.to_string();
+    for line in [
+        "list with an instance whose boot failed: expected failed, got ok",
+        "get of a failed instance, reason \"failed to boot\": expected failed, got ok",
+    ] {
+        assert!(text.contains(line), "{line}\n{report}");
+    }
+}
+
+#[tokio::test]
+async fn the_error_mapping_step_reads_a_failed_instance_and_its_reason() {
+    let sim = SimServer::start().await;
+    let mut config = careless(&sim, "ignores-paging");
+    config.faults = vec![
+        failed_instance("get", false, "failed to boot"),
+        failed_instance("list", true, "failed to boot"),
+        failed_instance("get", false, "out of disk"),
+    ];
+    let report = conformance::test(&engine(), &plugin("careless"), &config).await;
+    let mapping: Vec<_> = (report.steps.iter())
+        .filter(|s| s.name == "error mapping")
+        .map(|s| (s.passed, s.detail.clone()))
+        .collect();
+    let reason = berth::sim::BOOT_FAULT;
+    assert_eq!(
+        mapping,
+        [
+            (
+                true,
+                format!("get of a failed instance, reason \"failed to boot\": failed: {reason}")
+            ),
+            (
+                true,
+                format!("list of a failed instance, reason \"failed to boot\": failed: {reason}")
+            ),
+            (
+                false,
+                format!(
+                    "get of a failed instance, reason \"out of disk\": failed with reason \
+                     {reason:?}, expected one containing \"out of disk\""
+                )
+            ),
+        ],
+        "{report}"
+    );
+}
+
 #[tokio::test]
 async fn the_kit_waits_out_rate_limits_and_passes() {
     let sim = SimServer::start_with(Knobs {

@@ -88,7 +88,7 @@ async fn a_new_project_builds_and_passes_the_kit(lang: &str) {
             "{lang}: {step}\n{test}"
         );
     }
-    let skipped = crate::support::skipped_but_batches(&test.stdout);
+    let skipped = crate::support::skipped_but_declared(&test.stdout);
     assert!(skipped.is_empty(), "{lang}: {test}");
     assert!(crate::support::live(&sim.cloud).is_empty());
 }

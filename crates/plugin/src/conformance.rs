@@ -10,7 +10,9 @@ mod report;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::{AllowedHost, Engine, Provision, Sandbox, SandboxConfig, SandboxLimits, inspect};
+use crate::{
+    AllowedHost, Contract, Engine, Provision, Sandbox, SandboxConfig, SandboxLimits, inspect,
+};
 
 pub use config::{CreateConfig, TestConfig};
 pub use faults::{Fault, FaultCall};
@@ -112,12 +114,13 @@ pub async fn test_until(
     stop: impl Future<Output = ()>,
 ) -> Report {
     let mut report = Report::default();
-    let Some((provider, pool_id)) = start(engine, path, config, &mut report).await else {
+    let Some((provider, pool_id, contract)) = start(engine, path, config, &mut report).await else {
         return report;
     };
     let mut kit = Kit {
         provider: &provider,
         pool_id,
+        contract,
         config,
         nodes: Vec::new(),
         created: Vec::new(),
@@ -151,7 +154,7 @@ async fn start(
     path: &Path,
     config: &TestConfig,
     report: &mut Report,
-) -> Option<(Sandbox, String)> {
+) -> Option<(Sandbox, String, Contract)> {
     let started = Instant::now();
     let driver = match engine.load_file(path).await {
         Ok(d) => d,
@@ -243,5 +246,5 @@ async fn start(
             .map(|()| format!("pool id {pool_id}"))
             .map_err(|e| e.to_string()),
     );
-    ok.then_some((provider, pool_id))
+    ok.then_some((provider, pool_id, driver.contract()))
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::{CallError, CallErrorKind};
-use berth_core::driver::DriverError;
+use berth_core::driver::{DriverError, Instance, InstanceState};
 
 /// The contract's name of an error case.
 pub(super) fn case(e: &DriverError) -> &'static str {
@@ -24,8 +24,9 @@ pub(super) fn case(e: &DriverError) -> &'static str {
 }
 
 /// The answers a fault may expect.
-pub(super) const CASES: [&str; 9] = [
+pub(super) const CASES: [&str; 10] = [
     "ok",
+    "failed",
     "rate-limited",
     "quota-exceeded",
     "capacity",
@@ -43,8 +44,38 @@ pub(super) const CASES: [&str; 9] = [
 pub enum FaultCall {
     Create,
     List,
+    Get,
     Delete,
     SetTags,
+}
+
+/// What a call answered when it did not fail: `ok`, `not-found` (a delete
+/// of an instance already gone), or `failed` when an instance it returned
+/// is in the failed state, with that instance's reason.
+#[derive(Debug)]
+pub(super) struct Outcome {
+    case: &'static str,
+    failure: Option<String>,
+}
+
+impl Outcome {
+    pub(super) fn case(case: &'static str) -> Outcome {
+        Outcome {
+            case,
+            failure: None,
+        }
+    }
+
+    /// `failed` if any of `instances` is, else `ok`.
+    pub(super) fn of(instances: &[Instance]) -> Outcome {
+        match instances.iter().find(|i| i.state == InstanceState::Failed) {
+            Some(i) => Outcome {
+                case: "failed",
+                failure: Some(i.failure.clone().unwrap_or_default()),
+            },
+            None => Outcome::case("ok"),
+        }
+    }
 }
 
 /// One entry of a `--faults` file: a response the cloud gives, and the
@@ -61,11 +92,15 @@ pub struct Fault {
     #[serde(default)]
     pub body: String,
     /// What the driver must answer: an error case of the contract
-    /// (`rate-limited`, `not-found`, …) or `ok`.
+    /// (`rate-limited`, `not-found`, …), `ok`, or `failed` (an instance
+    /// the call returned is in the failed state, with a reason).
     pub expect: String,
     /// With `rate-limited`: the `retry-after` the driver must report.
     #[serde(default)]
     pub retry_after_ms: Option<u64>,
+    /// With `failed`: text the instance's reason must contain.
+    #[serde(default)]
+    pub reason: Option<String>,
     /// A name for the report; `CALL STATUS` by default.
     #[serde(default)]
     pub name: Option<String>,
@@ -96,8 +131,31 @@ impl Fault {
                     "entry {n}: retry_after_ms goes with expect \"rate-limited\" only"
                 )));
             }
+            if f.reason.is_some() && f.expect != "failed" {
+                return Err(at(&format!(
+                    "entry {n}: reason goes with expect \"failed\" only"
+                )));
+            }
+            let returns_instances =
+                matches!(f.call, FaultCall::Create | FaultCall::List | FaultCall::Get);
+            if f.expect == "failed" && !returns_instances {
+                return Err(at(&format!(
+                    "entry {n}: expect \"failed\" goes with a create, list or get, \
+                     which return instances; not with {}",
+                    f.call
+                )));
+            }
         }
         Ok(faults)
+    }
+
+    /// The recorded body with `{{pool-id}}` and `{{instance-id}}` replaced
+    /// by the run's pool id and the id of the instance the cycle created,
+    /// so that a recorded instance can be one the driver may return.
+    pub(super) fn body_for(&self, pool_id: &str, instance_id: &str) -> String {
+        (self.body)
+            .replace("{{pool-id}}", pool_id)
+            .replace("{{instance-id}}", instance_id)
     }
 
     pub(super) fn title(&self) -> String {
@@ -111,19 +169,19 @@ impl Fault {
     pub(super) fn judge(
         &self,
         answered: u64,
-        answer: Result<&str, CallError>,
+        answer: Result<Outcome, CallError>,
     ) -> Result<String, String> {
         if answered == 0 {
             return Err(format!(
                 "the driver sent no request to be answered ({})",
                 match &answer {
-                    Ok(a) => (*a).to_string(),
+                    Ok(a) => a.case.to_string(),
                     Err(e) => e.kind.to_string(),
                 }
             ));
         }
         let (got, retry_after) = match &answer {
-            Ok(a) => (*a, None),
+            Ok(a) => (a.case, None),
             Err(CallError {
                 kind: CallErrorKind::Driver(e),
                 ..
@@ -143,6 +201,21 @@ impl Fault {
             };
             return Err(format!("expected {}, got {got}{said}", self.expect));
         }
+        if let Ok(Outcome {
+            failure: Some(reason),
+            ..
+        }) = &answer
+        {
+            return match &self.reason {
+                _ if reason.trim().is_empty() => {
+                    Err("failed, with no reason: berth shows the cloud's reason".into())
+                }
+                Some(want) if !reason.contains(want.as_str()) => Err(format!(
+                    "failed with reason {reason:?}, expected one containing {want:?}"
+                )),
+                _ => Ok(format!("failed: {reason}")),
+            };
+        }
         match (self.retry_after_ms, retry_after) {
             (Some(want), Some(got)) if got.as_millis() != u128::from(want) => Err(format!(
                 "rate-limited with retry-after {}ms, expected {want}ms",
@@ -151,5 +224,49 @@ impl Fault {
             (_, Some(after)) => Ok(format!("{got}, retry after {}ms", after.as_millis())),
             _ => Ok(got.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Fault::from_file` on a file holding `json`: its error, if any.
+    fn refusal(json: &str) -> Option<String> {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), json).unwrap();
+        Fault::from_file(file.path()).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_failed_instance_is_expected_of_calls_that_return_instances_only() {
+        for call in ["create", "list", "get"] {
+            let json = format!(
+                r#"[{{"call": "{call}", "status": 200, "expect": "failed", "reason": "x"}}]"#
+            );
+            assert_eq!(refusal(&json), None, "{call}");
+        }
+        let json = r#"[{"call": "delete", "status": 200, "expect": "failed"}]"#;
+        let why = refusal(json).unwrap();
+        assert!(
+            why.contains("entry 0: expect \"failed\" goes with a create"),
+            "{why}"
+        );
+        let json = r#"[{"call": "get", "status": 200, "expect": "ok", "reason": "x"}]"#;
+        let why = refusal(json).unwrap();
+        assert!(
+            why.contains("reason goes with expect \"failed\" only"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn placeholders_name_the_run_and_its_instance() {
+        let fault: Fault = serde_json::from_str(
+            r#"{"call": "get", "status": 200, "expect": "failed",
+                "body": "{{instance-id}} in {{pool-id}}, {{instance-id}}"}"#,
+        )
+        .unwrap();
+        assert_eq!(fault.body_for("p-1", "i-9"), "i-9 in p-1, i-9");
     }
 }

@@ -5,14 +5,14 @@
 use std::time::{Duration, Instant};
 
 use crate::sandbox::Recorded;
-use crate::{CallError, CallErrorKind, Deletion, Sandbox};
+use crate::{CallError, CallErrorKind, Contract, Deletion, Sandbox};
 use berth_core::driver::{
     Capabilities, CreateSpec, DriverError, Instance, InstanceState, LABEL_TAG, NODE_TAG, POOL_TAG,
     Tags,
 };
 
 use super::config::{TestConfig, has_all};
-use super::faults::FaultCall;
+use super::faults::{FaultCall, Outcome};
 use super::report::{Report, Step};
 
 /// Longest a run waits out `rate-limited` answers for one call.
@@ -23,6 +23,8 @@ pub(super) const RATE_LIMIT_PATIENCE: Duration = Duration::from_secs(120);
 pub(super) struct Kit<'a> {
     pub(super) provider: &'a Sandbox,
     pub(super) pool_id: String,
+    /// The contract version the driver speaks.
+    pub(super) contract: Contract,
     pub(super) config: &'a TestConfig,
     /// Every node id the run sent a create for, noted before the create
     /// went out: the cleanup also finds an instance whose create answer
@@ -93,12 +95,14 @@ impl Kit<'_> {
 
     /// [`Kit::patiently`] for a batch call: made again for the items
     /// answered `rate-limited` alone (after the longest `retry-after` among
-    /// them), the others' answers kept; one answer per item, in order.
+    /// them), the others' answers kept; one answer per item, in order. A
+    /// call that fails, or answers another number of results than items,
+    /// fails the batch.
     pub(super) async fn patient_batch<I, T, F, Fut>(
         &mut self,
         items: Vec<I>,
         mut call: F,
-    ) -> Result<Vec<Result<T, DriverError>>, CallError>
+    ) -> Result<Vec<Result<T, DriverError>>, String>
     where
         I: Clone,
         F: FnMut(Vec<I>) -> Fut,
@@ -109,7 +113,14 @@ impl Kit<'_> {
         let (mut waited, mut last) = (Duration::ZERO, Duration::ZERO);
         while !pending.is_empty() {
             let asked: Vec<I> = pending.iter().map(|&i| items[i].clone()).collect();
-            let got = self.patiently(|| call(asked.clone())).await?;
+            let got = (self.patiently(|| call(asked.clone())).await).map_err(|e| e.to_string())?;
+            if got.len() != asked.len() {
+                return Err(format!(
+                    "answered {} results for {} items",
+                    got.len(),
+                    asked.len()
+                ));
+            }
             let mut wait = Duration::ZERO;
             let mut limited = Vec::new();
             for (&i, answer) in pending.iter().zip(got) {
@@ -534,25 +545,44 @@ impl Kit<'_> {
         }
         for fault in self.config.faults.clone() {
             let started = Instant::now();
+            if fault.expect == "failed" && self.contract == Contract::V0_1 {
+                report.skip(
+                    "error mapping",
+                    &format!(
+                        "{}: contract 0.1 has no failed state (0.2 has)",
+                        fault.title()
+                    ),
+                );
+                continue;
+            }
             let before = self.provider.answered_requests();
             self.provider.answer_with(Some(Recorded {
                 status: fault.status,
                 headers: fault.headers.clone().into_iter().collect(),
-                body: fault.body.clone(),
+                body: fault.body_for(&self.pool_id, id),
             }));
             let answer = match fault.call {
                 FaultCall::Create => {
                     let spec = self.spec("fault");
-                    self.provider.create(spec).await.map(|_| "ok")
+                    let created = self.provider.create(spec).await;
+                    created.map(|i| Outcome::of(&[i]))
                 }
-                FaultCall::List => self.provider.list(self.pool_filter()).await.map(|_| "ok"),
+                FaultCall::List => {
+                    let listed = self.provider.list(self.pool_filter()).await;
+                    listed.map(|all| Outcome::of(&all))
+                }
+                FaultCall::Get => {
+                    let got = self.provider.get(vec![id.to_owned()]).await;
+                    got.map(|all| Outcome::of(&all))
+                }
                 FaultCall::Delete => self.provider.delete(id).await.map(|d| match d {
-                    Deletion::Deleted => "ok",
-                    Deletion::AlreadyGone => "not-found",
+                    Deletion::Deleted => Outcome::case("ok"),
+                    Deletion::AlreadyGone => Outcome::case("not-found"),
                 }),
                 FaultCall::SetTags => {
                     let tags = self.pool_filter();
-                    self.provider.set_tags(id, tags).await.map(|()| "ok")
+                    let set = self.provider.set_tags(id, tags).await;
+                    set.map(|()| Outcome::case("ok"))
                 }
             };
             self.provider.answer_with(None);
