@@ -169,19 +169,19 @@ impl Plugin {
         }
     }
 
-    /// One answer per spec, in order. A driver that answers with another
-    /// number of results is refused whole (a `permanent` error), as nothing
-    /// tells which answer is which spec's.
+    /// The driver's answers, which the contract wants one per spec, in
+    /// order. They are passed on as they came: the caller checks their
+    /// number, since a driver that answers with another number may still
+    /// have made the instances (the pool then waits for a list to tell).
     pub async fn create_many(
         &self,
         store: &mut Store<StoreState>,
         specs: &[CreateSpec],
     ) -> GuestAnswer<Vec<Result<Instance, DriverError>>> {
-        let answers = match self {
-            Plugin::V0_1(p) => return v0_1::create_many(p, store, specs).await.map(Ok),
-            Plugin::V0_2(p) => v0_2::create_many(p, store, specs).await?,
-        };
-        Ok(one_each("create-many", specs.len(), answers))
+        match self {
+            Plugin::V0_1(p) => v0_1::create_many(p, store, specs).await.map(Ok),
+            Plugin::V0_2(p) => v0_2::create_many(p, store, specs).await.map(Ok),
+        }
     }
 
     pub async fn get(
@@ -215,17 +215,17 @@ impl Plugin {
         }
     }
 
-    /// One answer per id, in order; see [`Plugin::create_many`].
+    /// The driver's answers, one per id in order if it keeps the
+    /// contract; see [`Plugin::create_many`].
     pub async fn delete_many(
         &self,
         store: &mut Store<StoreState>,
         ids: &[String],
     ) -> GuestAnswer<Vec<Result<(), DriverError>>> {
-        let answers = match self {
-            Plugin::V0_1(p) => return v0_1::delete_many(p, store, ids).await.map(Ok),
-            Plugin::V0_2(p) => v0_2::delete_many(p, store, ids).await?,
-        };
-        Ok(one_each("delete-many", ids.len(), answers))
+        match self {
+            Plugin::V0_1(p) => v0_1::delete_many(p, store, ids).await.map(Ok),
+            Plugin::V0_2(p) => v0_2::delete_many(p, store, ids).await.map(Ok),
+        }
     }
 
     pub async fn set_tags(
@@ -245,22 +245,6 @@ impl Plugin {
             Plugin::V0_1(p) => v0_1::limits(p, store).await,
             Plugin::V0_2(p) => v0_2::limits(p, store).await,
         }
-    }
-}
-
-/// A batch's answers, if there is one per item.
-fn one_each<T>(
-    call: &str,
-    asked: usize,
-    answers: Vec<Result<T, DriverError>>,
-) -> Result<Vec<Result<T, DriverError>>, DriverError> {
-    if answers.len() == asked {
-        Ok(answers)
-    } else {
-        Err(DriverError::Permanent(format!(
-            "the driver answered {call} for {asked} with {} results",
-            answers.len()
-        )))
     }
 }
 

@@ -731,8 +731,10 @@ macro_rules! contract_calls {
             self.call(Create(spec)).await
         }
 
-        /// Creates each of `specs`: one answer each, in order. A driver
-        /// without the `create-many` capability is asked once per spec.
+        /// Creates each of `specs`: one answer each, in order, if the
+        /// driver keeps the contract (the caller checks the number). A
+        /// driver without the `create-many` capability is asked once per
+        /// spec.
         pub async fn create_many(
             & $($mut)? self,
             specs: Vec<CreateSpec>,
@@ -793,7 +795,8 @@ macro_rules! contract_calls {
             deletion(self.call(Delete(instance_id.to_owned())).await)
         }
 
-        /// Deletes each of `instance_ids`: one answer each, in order,
+        /// Deletes each of `instance_ids`: one answer each, in order, if
+        /// the driver keeps the contract (the caller checks the number),
         /// `not-found` as `AlreadyGone`. A driver without the `delete-many`
         /// capability is asked once per id.
         pub async fn delete_many(

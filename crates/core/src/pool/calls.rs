@@ -456,9 +456,17 @@ impl Pool {
                 self.gone(id, GoneReason::Aborted, now);
             }
             Err(_) if rate_limited => {}
-            Err(Failure::Unknown(why)) if matches!(state, NodeState::Creating { .. }) => {
-                // It may exist: a list that starts from now on tells, and
-                // decides whether it is tried again (`Pool::listed`).
+            Err(
+                Failure::Unknown(why)
+                | Failure::Host(HostFailure {
+                    kind: HostFailureKind::BadAnswer,
+                    message: why,
+                }),
+            ) if matches!(state, NodeState::Creating { .. }) => {
+                // It may exist (its answer was lost, or refused: a driver
+                // whose answer cannot be believed may still have made it):
+                // a list that starts from now on tells, and decides whether
+                // it is tried again (`Pool::listed`).
                 let rt = &mut self.ix.providers[p.0 as usize];
                 self.unsure.insert(id, (rt.lists_started + 1, why));
                 rt.next_list = rt.next_list.min(now);

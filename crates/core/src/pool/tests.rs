@@ -2830,6 +2830,47 @@ fn a_batch_of_creates_whose_answer_was_lost_makes_no_second_instances() {
     assert_eq!(h.live(0), 4);
 }
 
+/// A create whose answer berth refused (a batch answered with another
+/// number of results than items, an instance that fails the checks) may
+/// have made its instances: they are found by the next list, never made a
+/// second time.
+#[test]
+fn creates_whose_answer_was_refused_wait_for_a_list_and_make_no_second_instances() {
+    for batches in [true, false] {
+        let mut h = one(|_| {});
+        h.declare(
+            0,
+            Batches {
+                create: batches,
+                delete: batches,
+            },
+        );
+        let call = if batches {
+            Call::CreateMany
+        } else {
+            Call::Create
+        };
+        h.cloud.providers[0].faults.push(Fault {
+            call,
+            failure: Failure::host(
+                HostFailureKind::BadAnswer,
+                "the batch answered 3 results to 4 items",
+            ),
+            times: if batches { 1 } else { 4 },
+            reached: true,
+        });
+        let r = h.submit(&[("a", 4)], 0);
+        assert!(
+            h.run_until(secs(60), |h| h.fulfilled(r)),
+            "batches: {batches}"
+        );
+        ok(&h);
+        let sent = h.calls(0, Call::CreateMany).len() + h.calls(0, Call::Create).len();
+        assert_eq!(sent, if batches { 1 } else { 4 }, "never sent again");
+        assert_eq!(h.live(0), 4);
+    }
+}
+
 /// A node launched for a request carries `berth-request` from its create:
 /// handing it out costs no `set-tags`. A ready node handed out costs one,
 /// and its instance shows the request either way.

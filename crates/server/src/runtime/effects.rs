@@ -270,9 +270,9 @@ pub(super) async fn make(
 /// A batch's answer as one outcome per item, each item's success passed
 /// through `ok`. A call that failed as a whole gives each item its failure;
 /// one answered with another number of results than `asked` items is
-/// believed for none of them, since which answer is whose cannot be told
-/// (a sandboxed driver's answers are counted before they get here; this
-/// guards any other [`Cloud`]).
+/// believed for none of them, since which answer is whose cannot be told:
+/// each item fails as an answer berth refused, which for a create means it
+/// may have been made (the pool waits for a list to tell).
 fn per_item<T, U>(
     answer: Many<T>,
     asked: usize,
