@@ -1,7 +1,8 @@
 //! Lists that lie, through the `berth serve` binary: a fault-injecting
 //! proxy sits between berth's sim driver and the sim cloud and answers the
 //! lists wrongly (one empty answer, empty answers for 40 s, the first page
-//! only, `500`, a malformed body, no answer, a reset connection) while
+//! only, later pages that fail, pages that never end, a page token too
+//! large to keep, `500`, a malformed body, no answer, a reset connection) while
 //! berth holds five nodes in use and five ready. Whatever the lists say,
 //! checked against the sim cloud's own record: no instance is deleted, none
 //! is created, the nodes in use stay with their holder, the provider's
@@ -148,13 +149,18 @@ impl Rig {
 }
 
 /// Runs `fault` for `hold` (or, for `EmptyOnce`, until it has been given
-/// once), then checks everything the module docs promise.
-async fn under(fault: ListFault, hold: Duration) {
-    under_confirming(fault, hold, None).await;
+/// once), then checks everything the module docs promise; the list errors
+/// `/v1/providers` showed meanwhile.
+async fn under(fault: ListFault, hold: Duration) -> BTreeSet<String> {
+    under_confirming(fault, hold, None).await
 }
 
 /// [`under`] with `missing-confirm` as given.
-async fn under_confirming(fault: ListFault, hold: Duration, missing_confirm: Option<&str>) {
+async fn under_confirming(
+    fault: ListFault,
+    hold: Duration,
+    missing_confirm: Option<&str>,
+) -> BTreeSet<String> {
     let rig = rig(missing_confirm).await;
     let in_use = rig.settle_ten().await;
     let before = rig.live();
@@ -166,10 +172,12 @@ async fn under_confirming(fault: ListFault, hold: Duration, missing_confirm: Opt
     rig.proxy.arm(Some(fault));
     let started = Instant::now();
     let mut seen_status = BTreeSet::new();
+    let mut seen_errors = BTreeSet::new();
     let mut most_live = 0;
     loop {
         most_live = most_live.max(rig.live().len());
         let p = rig.provider().await;
+        seen_errors.extend(p["list_error"].as_str().map(str::to_owned));
         let status = p["status"].as_str().unwrap_or("").to_owned();
         let missing = p["missing"].as_u64().unwrap_or(0);
         seen_status.insert(if missing > 0 {
@@ -224,6 +232,7 @@ async fn under_confirming(fault: ListFault, hold: Duration, missing_confirm: Opt
         .await;
     assert_eq!(s, 200, "{body}");
     rig.server.terminate().await.assert_success();
+    seen_errors
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,6 +270,31 @@ async fn lists_that_fail_with_500_cost_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_whose_later_pages_fail_cost_nothing() {
     under(ListFault::LaterPages500, Duration::from_secs(15)).await;
+}
+
+/// A cloud whose pages never end (each names a next one): berth follows
+/// 1,000 pages, then gives that list up as an answer it cannot use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_that_never_end_cost_nothing() {
+    let errors = under(ListFault::EndlessPages, Duration::from_secs(15)).await;
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("the list did not end after 1000 pages")),
+        "{errors:?}"
+    );
+}
+
+/// A page token larger than berth keeps (4,096 bytes) ends the list there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_token_too_large_to_keep_costs_nothing() {
+    let errors = under(ListFault::HugeCursor, Duration::from_secs(10)).await;
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("a page's cursor of 5000 bytes (at most 4096)")),
+        "{errors:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

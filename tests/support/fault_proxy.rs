@@ -29,6 +29,11 @@ pub enum ListFault {
     /// Every page after the first (asked with a `page_token`) answers `500`;
     /// first pages are relayed.
     LaterPages500,
+    /// `200` with no instances and a page token after it, a new one each
+    /// time: a list that never ends.
+    EndlessPages,
+    /// `200` with no instances and a page token of 5,000 bytes.
+    HugeCursor,
 }
 
 pub struct FaultProxy {
@@ -125,6 +130,16 @@ async fn serve(mut client: TcpStream, upstream: SocketAddr, state: Arc<Mutex<Sta
         Some(ListFault::Status500 | ListFault::LaterPages500) => {
             let body = r#"{"error":{"code":"internal","message":"injected by the proxy"}}"#;
             let _ = client.write_all(&response(500, body)).await;
+        }
+        Some(ListFault::EndlessPages) => {
+            let n = state.lock().expect("proxy").faulted;
+            let page = format!(r#"{{"instances":[],"next_page_token":"endless-{n}"}}"#);
+            let _ = client.write_all(&response(200, &page)).await;
+        }
+        Some(ListFault::HugeCursor) => {
+            let cursor = "c".repeat(5_000);
+            let page = format!(r#"{{"instances":[],"next_page_token":"{cursor}"}}"#);
+            let _ = client.write_all(&response(200, &page)).await;
         }
         Some(ListFault::Malformed) => {
             let _ = client
