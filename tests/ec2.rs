@@ -1525,7 +1525,7 @@ async fn launches_cut_off_by_sigkill_after_moto_made_them_yield_one_instance_eac
     for round in 0..KILLS {
         let server = Berth::launch(launch()).await;
         if round > 0 {
-            server.until_label_ready(90, 1, WHAT).await;
+            server.until_label_ready(90, "ci", 1, WHAT).await;
             let request = server.request(CI, &[("ci", 1)]).await;
             server.fulfilled(CI, &request.id).await;
         }
@@ -1538,7 +1538,7 @@ async fn launches_cut_off_by_sigkill_after_moto_made_them_yield_one_instance_eac
         server.exit_within(Duration::from_secs(30)).await;
     }
     let server = Berth::launch(launch()).await;
-    server.until_label_ready(90, 1, WHAT).await;
+    server.until_label_ready(90, "ci", 1, WHAT).await;
 
     // moto's own record: one instance per node, none twice.
     let ours: Vec<MotoInstance> = (moto.instances().await.into_values())

@@ -152,7 +152,9 @@ async fn slow_and_idle_clients_cannot_hold_berth() {
     let dir = tempfile::tempdir().unwrap();
     let server = limited_berth(&sim, dir.path()).await;
     let pid = server.pid();
-    server.until_label_ready(60, 2, "two ready nodes").await;
+    server
+        .until_label_ready(60, "small", 2, "two ready nodes")
+        .await;
     let addr = server.base.strip_prefix("http://").unwrap().to_owned();
     let hold = Duration::from_secs(12);
     // A body declared as 10 GB, of which a few bytes come: refused before

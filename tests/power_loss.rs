@@ -67,7 +67,9 @@ async fn trial(dir: &Path, sync: &str, delay: Duration) -> Result<Found, String>
     let state = dir.join("state");
     let disk = LoopFs::create(&dir.join("disk.img"), &state, 64)?;
     let server = Berth::start(&["--config", &cfg], dir).await;
-    server.until_label_ready(60, 2, "two ready nodes").await;
+    server
+        .until_label_ready(60, "small", 2, "two ready nodes")
+        .await;
     let request = server.request(CI, &[("small", 2)]).await;
     assert_eq!(request.state, "fulfilled", "{request:?}");
     // The client has seen its nodes; the power goes.

@@ -20,6 +20,7 @@ mod credentials;
 mod invisible;
 mod log_bytes;
 mod start;
+mod unasked;
 
 /// One hostile provider's part of the config.
 struct Hostile<'a> {

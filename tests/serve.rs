@@ -476,7 +476,9 @@ async fn a_stop_waits_out_its_grace_and_the_next_start_resolves_what_was_in_flig
     // The next start resolves the two creates: two nodes ready, two
     // instances in the cloud, none twice.
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    server.until_label_ready(60, 2, "two ready nodes").await;
+    server
+        .until_label_ready(60, "small", 2, "two ready nodes")
+        .await;
     let live = live(&sim.cloud).len();
     assert_eq!(live, 2);
     server.terminate().await.assert_success();
@@ -507,7 +509,7 @@ async fn creates_cut_off_by_sigkill_after_the_cloud_made_them_yield_one_instance
     for round in 0..KILLS {
         let server = Berth::start(&["--config", &cfg], dir.path()).await;
         if round > 0 {
-            server.until_label_ready(60, 1, WHAT).await;
+            server.until_label_ready(60, "small", 1, WHAT).await;
             let request = server.request(CI, &[("small", 1)]).await;
             server.fulfilled(CI, &request.id).await;
         }
@@ -520,7 +522,7 @@ async fn creates_cut_off_by_sigkill_after_the_cloud_made_them_yield_one_instance
         server.exit_within(Duration::from_secs(30)).await;
     }
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    server.until_label_ready(60, 1, WHAT).await;
+    server.until_label_ready(60, "small", 1, WHAT).await;
 
     // The cloud's own record: one instance per node, none twice.
     let instances = sim.cloud.instances();
@@ -719,7 +721,9 @@ async fn a_store_that_cannot_be_written_ends_berth_with_code_3() {
     let config = serve_config(&sim, dir.path());
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    server.until_label_ready(30, 2, "two ready nodes").await;
+    server
+        .until_label_ready(30, "small", 2, "two ready nodes")
+        .await;
     disk.fill();
     // Each request adds rows; soon one cannot be stored.
     let refused = until(60, "a request the store cannot take", || async {

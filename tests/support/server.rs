@@ -126,12 +126,13 @@ impl Berth {
         .await
     }
 
-    /// Waits (at most `secs`) until the first label has `n` ready nodes,
-    /// as the admin token sees them.
-    pub async fn until_label_ready(&self, secs: u64, n: u64, what: &str) {
+    /// Waits (at most `secs`) until `label` has `n` ready nodes, as the
+    /// admin token sees them (or anyone, on a berth without tokens).
+    pub async fn until_label_ready(&self, secs: u64, label: &str, n: u64, what: &str) {
         until(secs, what, || async {
-            let (_, l) = self.call("GET", "/v1/labels", Some(OPS), None).await;
-            (l[0]["ready"].as_u64() == Some(n)).then_some(())
+            let (_, all) = self.call("GET", "/v1/labels", Some(OPS), None).await;
+            let l = all.as_array()?.iter().find(|l| l["name"] == label)?;
+            (l["ready"].as_u64() == Some(n)).then_some(())
         })
         .await
     }
