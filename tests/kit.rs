@@ -79,10 +79,27 @@ async fn the_error_mapping_step_fails_a_driver_that_takes_a_429_for_transient() 
         "{report}"
     );
     // The recorded answers reached no cloud: the sim saw two creates for
-    // the cycle (the second with the first's token, which made nothing)
-    // and three for paging, nothing more.
-    assert_eq!(crate::support::creates(&sim.cloud), 5);
+    // the cycle (the second with the first's token, which made nothing),
+    // two for the batches step and three for paging, nothing more.
+    assert_eq!(crate::support::creates(&sim.cloud), 7);
     assert!(live(&sim.cloud).is_empty());
+}
+
+#[tokio::test]
+async fn the_batches_step_fails_a_driver_that_answers_a_batch_short() {
+    let sim = SimServer::start().await;
+    let config = careless(&sim, "short-batches");
+    let report = conformance::test(&engine(), &plugin("careless"), &config).await;
+    assert_eq!(failed(&report), ["batches"], "{report}");
+    assert!(
+        report
+            .to_string()
+            .contains("create-many: answered 1 results for 2 items"),
+        "{report}"
+    );
+    // The two instances it made and did not answer for are deleted all
+    // the same.
+    assert!(live(&sim.cloud).is_empty(), "{:?}", live(&sim.cloud));
 }
 
 /// A recorded `200` whose instance is in the sim's `failed` state, as the

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::config::{
-    CI, OPS, OTHER, SLOTS, code, database, edit_config, on_postgres, serve_config, serve_config_on,
-    serve_config_with, set_lease_ttl,
+    CI, OPS, OTHER, SLOTS, code, database, edit_config, on_postgres, serve_config,
+    serve_config_for, serve_config_on, serve_config_with, set_lease_ttl,
 };
 use crate::support::disk::{Tmpfs, skip};
 use crate::support::postgres::psql;
@@ -1272,6 +1272,71 @@ async fn calls_due_together_reach_the_cloud_in_batches() {
     let metrics = server.metrics(Some(OPS)).await;
     let series = "berth_driver_calls_total{provider=\"sim\",call=\"create-many\",outcome=\"ok\"}";
     assert_eq!(metric(&metrics, series), Some(1.0), "{metrics}");
+}
+
+/// A driver whose batches answer one result fewer than they were given
+/// (the careless fixture, `short-batches`; it does every item). Which
+/// answer is whose cannot be told, so berth believes none of them: the
+/// creates wait for a list, which shows every instance made, and none is
+/// asked for twice; the deletes are settled by the lists too, and no node
+/// is left waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_answered_short_make_no_second_instance_and_leave_no_node_waiting() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = format!(
+        "allow-hosts = [\"{}\"]\nconfig = {{ endpoint = \"{}\", mistake = \"short-batches\" }}",
+        sim.addr(),
+        sim.url()
+    );
+    let config = serve_config_for(dir.path(), &plugin("careless"), &keys, "", "");
+    // Releases that come together wait for the rate, and go as a batch.
+    let limited = "[providers.sim]\nrate = 2\nburst = 1\n";
+    edit_config(&config, "[providers.sim]\n", limited);
+    set_lease_ttl(&config, "60s");
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+    let asked = server.request(CI, &[("small", 4)]).await;
+    let served = server.fulfilled(CI, &asked.id).await;
+    // The cloud's own record: four creates, four instances, one per node.
+    assert_eq!(creates(&sim.cloud), 4, "{:?}", sim.cloud.calls());
+    let made = sim.cloud.instances();
+    let mut nodes: Vec<&str> = (made.iter())
+        .filter_map(|i| i.tags.get("berth-node").map(String::as_str))
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    assert_eq!((made.len(), nodes.len()), (4, 4), "{made:#?}");
+    let metrics = server.metrics(Some(OPS)).await;
+    let series = "berth_driver_calls_total{provider=\"sim\",call=\"create-many\",outcome=\"ok\"}";
+    assert_eq!(metric(&metrics, series), Some(1.0), "one batch: {metrics}");
+
+    let mut released = tokio::task::JoinSet::new();
+    for n in &served.nodes {
+        let client = server.client(CI);
+        let id = n.id.clone();
+        released.spawn(async move { client.release(&id).await });
+    }
+    for r in released.join_all().await {
+        r.expect("release");
+    }
+    for n in &served.nodes {
+        let path = format!("/v1/nodes/{}", n.id);
+        until(60, "each released node gone", || async {
+            let (_, node) = server.call("GET", &path, Some(OPS), None).await;
+            (node["state"] == "gone").then_some(())
+        })
+        .await;
+    }
+    assert!(live(&sim.cloud).is_empty(), "{:?}", live(&sim.cloud));
+    let metrics = server.metrics(Some(OPS)).await;
+    let series = "berth_driver_calls_total{provider=\"sim\",call=\"delete-many\",outcome=\"ok\"}";
+    assert!(
+        metric(&metrics, series).is_some(),
+        "a batch delete: {metrics}"
+    );
+    server.terminate().await.assert_success();
 }
 
 /// Booting nodes are polled by id through the binary: with `sync-interval`
