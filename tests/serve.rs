@@ -14,7 +14,9 @@ use crate::support::config::{
 use crate::support::disk::{Tmpfs, skip};
 use crate::support::postgres::psql;
 use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
-use crate::support::{SimServer, create_statuses, creates, live, metric, plugin, scripted_plugin};
+use crate::support::{
+    SimServer, create_statuses, creates, instances_and_nodes, live, metric, plugin, scripted_plugin,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_end_to_end_through_the_binary() {
@@ -525,16 +527,11 @@ async fn creates_cut_off_by_sigkill_after_the_cloud_made_them_yield_one_instance
     server.until_label_ready(60, "small", 1, WHAT).await;
 
     // The cloud's own record: one instance per node, none twice.
-    let instances = sim.cloud.instances();
-    let mut nodes: Vec<&str> = (instances.iter())
-        .filter_map(|i| i.tags.get("berth-node").map(String::as_str))
-        .collect();
-    nodes.sort_unstable();
-    nodes.dedup();
     assert_eq!(
-        (instances.len(), nodes.len()),
+        instances_and_nodes(&sim.cloud),
         (KILLS, KILLS),
-        "{instances:#?}"
+        "{:#?}",
+        sim.cloud.instances()
     );
     assert_eq!(live(&sim.cloud).len(), KILLS);
     // Each was asked for again after its kill, and the cloud answered with
@@ -1225,12 +1222,7 @@ async fn calls_due_together_reach_the_cloud_in_batches() {
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "", "");
-    let limited = "[providers.sim]\nrate = 2\nburst = 1\n";
-    edit_config(&config, "[providers.sim]\n", limited);
-    set_lease_ttl(&config, "60s");
-    let cfg = config.display().to_string();
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    server.until_ready(30, "ready").await;
+    let server = start_batching(&config, dir.path()).await;
     let asked = server.request(CI, &[("small", 6)]).await;
     let served = server.fulfilled(CI, &asked.id).await;
     let posts = |path: &str| -> Vec<berth::sim::Call> {
@@ -1244,14 +1236,7 @@ async fn calls_due_together_reach_the_cloud_in_batches() {
     assert_eq!(batches[0].items.len(), 6, "{batches:?}");
     assert!(batches[0].items.iter().all(|i| i.status == 201));
 
-    let mut released = tokio::task::JoinSet::new();
-    for n in served.nodes {
-        let client = server.client(CI);
-        released.spawn(async move { client.release(&n.id).await });
-    }
-    for r in released.join_all().await {
-        r.expect("release");
-    }
+    release_together(&server, &served).await;
     until(30, "every instance deleted", || async {
         let deleted = crate::support::deletes(&sim.cloud);
         (deleted.iter().filter(|(_, s)| *s == 204).count() == 6).then_some(())
@@ -1274,6 +1259,32 @@ async fn calls_due_together_reach_the_cloud_in_batches() {
     assert_eq!(metric(&metrics, series), Some(1.0), "{metrics}");
 }
 
+/// `berth serve` on `config`, its provider held to 2 calls a second (a
+/// burst of 1), so that calls due together wait for the rate and go as a
+/// batch; leases of 60 s. Waits until it is ready.
+async fn start_batching(config: &Path, dir: &Path) -> Berth {
+    let limited = "[providers.sim]\nrate = 2\nburst = 1\n";
+    edit_config(config, "[providers.sim]\n", limited);
+    set_lease_ttl(config, "60s");
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir).await;
+    server.until_ready(30, "ready").await;
+    server
+}
+
+/// Releases every node of `served` (a request of `CI`'s) at once.
+async fn release_together(server: &Berth, served: &berth::client::types::Request) {
+    let mut released = tokio::task::JoinSet::new();
+    for n in &served.nodes {
+        let client = server.client(CI);
+        let id = n.id.clone();
+        released.spawn(async move { client.release(&id).await });
+    }
+    for r in released.join_all().await {
+        r.expect("release");
+    }
+}
+
 /// A driver whose batches answer one result fewer than they were given
 /// (the careless fixture, `short-batches`; it does every item). Which
 /// answer is whose cannot be told, so berth believes none of them: the
@@ -1290,37 +1301,17 @@ async fn batches_answered_short_make_no_second_instance_and_leave_no_node_waitin
         sim.url()
     );
     let config = serve_config_for(dir.path(), &plugin("careless"), &keys, "", "");
-    // Releases that come together wait for the rate, and go as a batch.
-    let limited = "[providers.sim]\nrate = 2\nburst = 1\n";
-    edit_config(&config, "[providers.sim]\n", limited);
-    set_lease_ttl(&config, "60s");
-    let cfg = config.display().to_string();
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    server.until_ready(30, "ready").await;
+    let server = start_batching(&config, dir.path()).await;
     let asked = server.request(CI, &[("small", 4)]).await;
     let served = server.fulfilled(CI, &asked.id).await;
     // The cloud's own record: four creates, four instances, one per node.
     assert_eq!(creates(&sim.cloud), 4, "{:?}", sim.cloud.calls());
-    let made = sim.cloud.instances();
-    let mut nodes: Vec<&str> = (made.iter())
-        .filter_map(|i| i.tags.get("berth-node").map(String::as_str))
-        .collect();
-    nodes.sort_unstable();
-    nodes.dedup();
-    assert_eq!((made.len(), nodes.len()), (4, 4), "{made:#?}");
+    assert_eq!(instances_and_nodes(&sim.cloud), (4, 4));
     let metrics = server.metrics(Some(OPS)).await;
     let series = "berth_driver_calls_total{provider=\"sim\",call=\"create-many\",outcome=\"ok\"}";
     assert_eq!(metric(&metrics, series), Some(1.0), "one batch: {metrics}");
 
-    let mut released = tokio::task::JoinSet::new();
-    for n in &served.nodes {
-        let client = server.client(CI);
-        let id = n.id.clone();
-        released.spawn(async move { client.release(&id).await });
-    }
-    for r in released.join_all().await {
-        r.expect("release");
-    }
+    release_together(&server, &served).await;
     for n in &served.nodes {
         let path = format!("/v1/nodes/{}", n.id);
         until(60, "each released node gone", || async {

@@ -78,6 +78,17 @@ pub fn live(cloud: &berth::sim::SimCloud) -> Vec<berth::sim::Instance> {
         .collect()
 }
 
+/// How many instances `cloud` has made, by its own record (terminated ones
+/// it still keeps included), and for how many nodes (`berth-node` tags):
+/// equal when no node got a second instance.
+pub fn instances_and_nodes(cloud: &berth::sim::SimCloud) -> (usize, usize) {
+    let instances = cloud.instances();
+    let nodes: std::collections::BTreeSet<&str> = (instances.iter())
+        .filter_map(|i| i.tags.get("berth-node").map(String::as_str))
+        .collect();
+    (instances.len(), nodes.len())
+}
+
 /// The value of the metric line of `/metrics` text that starts with
 /// `series` (name and labels), if there is one.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
