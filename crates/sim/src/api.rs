@@ -219,18 +219,14 @@ async fn persist(
 #[instrument(skip_all)]
 async fn create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, ApiError> {
     let request: CreateRequest = parse_body(&body)?;
-    let latency = cloud.lock().knobs().create_latency_ms;
-    if latency > 0 {
-        // Outside the lock: other calls carry on while this one is "slow".
-        tokio::time::sleep(Duration::from_millis(latency)).await;
-    }
+    knob_delay(&cloud, |k| k.create_latency_ms).await;
     let created = create_one(&cloud, request)?;
     persist(
         &cloud,
         snapshot_if(&cloud, matches!(created, Created::New(_))),
     )
     .await?;
-    answer_delay(&cloud).await;
+    knob_delay(&cloud, |k| k.create_answer_delay_ms).await;
     Ok(match created {
         Created::New(instance) => (StatusCode::CREATED, Json(instance)).into_response(),
         Created::Existing(instance) => (StatusCode::OK, Json(instance)).into_response(),
@@ -272,10 +268,12 @@ fn create_one(cloud: &SimCloud, request: CreateRequest) -> Result<Created, ApiEr
     Ok(created)
 }
 
-/// Waits `create_answer_delay_ms` once a create's instances exist and are
-/// stored: a caller that stops meanwhile never learns of them.
-async fn answer_delay(cloud: &SimCloud) {
-    let delay = cloud.lock().knobs().create_answer_delay_ms;
+/// Waits the milliseconds `knob` reads from the knobs, outside the lock,
+/// so that other calls carry on meanwhile: a create's latency before it
+/// makes anything, and its answer delay once its instances exist and are
+/// stored (a caller that stops meanwhile never learns of them).
+async fn knob_delay(cloud: &SimCloud, knob: impl Fn(&Knobs) -> u64) {
+    let delay = knob(cloud.lock().knobs());
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
@@ -328,10 +326,7 @@ struct BatchCreate {
 async fn batch_create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Response, ApiError> {
     let BatchCreate { instances } = parse_body(&body)?;
     batch_size(instances.len(), "instances")?;
-    let latency = cloud.lock().knobs().create_latency_ms;
-    if latency > 0 {
-        tokio::time::sleep(Duration::from_millis(latency)).await;
-    }
+    knob_delay(&cloud, |k| k.create_latency_ms).await;
     let mut results = Vec::with_capacity(instances.len());
     let mut statuses = Vec::with_capacity(instances.len());
     let mut changed = false;
@@ -356,7 +351,7 @@ async fn batch_create(State(cloud): State<SimCloud>, body: Bytes) -> Result<Resp
         results.push(result);
     }
     persist(&cloud, snapshot_if(&cloud, changed)).await?;
-    answer_delay(&cloud).await;
+    knob_delay(&cloud, |k| k.create_answer_delay_ms).await;
     Ok(batch_answer(results, statuses))
 }
 
