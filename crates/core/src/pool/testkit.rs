@@ -902,26 +902,16 @@ impl Harness {
         }
         let now = self.now;
         // What a driver answers passes the runtime's checks first.
+        let checked = |r: Result<Instance, Failure>| {
+            r.and_then(|i| match crate::driver::check::instance(&i) {
+                Ok(()) => Ok(i),
+                Err(bad) => Err(Failure::host(HostFailureKind::BadAnswer, bad.to_string())),
+            })
+        };
         match outcome {
-            Outcome::Created(id, r) => {
-                let r = r.and_then(|i| match crate::driver::check::instance(&i) {
-                    Ok(()) => Ok(i),
-                    Err(bad) => Err(Failure::host(HostFailureKind::BadAnswer, bad.to_string())),
-                });
-                self.pool.created(now, id, r)
-            }
+            Outcome::Created(id, r) => self.pool.created(now, id, checked(r)),
             Outcome::CreatedMany(p, all) => {
-                let all = (all.into_iter())
-                    .map(|(id, r)| {
-                        let r = r.and_then(|i| match crate::driver::check::instance(&i) {
-                            Ok(()) => Ok(i),
-                            Err(bad) => {
-                                Err(Failure::host(HostFailureKind::BadAnswer, bad.to_string()))
-                            }
-                        });
-                        (id, r)
-                    })
-                    .collect();
+                let all = (all.into_iter()).map(|(id, r)| (id, checked(r))).collect();
                 self.pool.created_many(now, p, all)
             }
             Outcome::Deleted(p, node, instance, r) => self.pool.deleted(now, p, node, &instance, r),
