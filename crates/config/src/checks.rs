@@ -45,8 +45,8 @@ pub fn warnings(config: &Settings) -> Vec<Problem> {
     out
 }
 
-/// Problems a checked config has on this machine: driver files or the
-/// store's password file missing.
+/// Problems a checked config has on this machine: driver files, the
+/// store's password file or credentials' files missing.
 pub fn check_files(config: &Settings) -> Vec<Problem> {
     let mut problems = Vec::new();
     let store_files = config.store.postgres.iter().flat_map(|pg| {
@@ -68,6 +68,20 @@ pub fn check_files(config: &Settings) -> Vec<Problem> {
         }
     }
     for (p, d) in config.pool.providers.iter().zip(&config.drivers) {
+        for (i, c) in d.credentials.iter().enumerate() {
+            for (key, file) in c.auth.files() {
+                if let Err(e) = std::fs::File::open(file) {
+                    problems.push(Problem {
+                        path: join(
+                            &format!("{}[{i}]", join(&join("providers", &p.name), "credentials")),
+                            key,
+                        ),
+                        message: format!("cannot read {}: {e}", file.display()),
+                        location: None,
+                    });
+                }
+            }
+        }
         let shown = d.driver.display();
         let message = match std::fs::metadata(&d.driver) {
             Ok(meta) if meta.is_file() => continue,

@@ -3,8 +3,48 @@
 
 use toml::{Table, Value};
 
+use crate::problem::ConfigErrors;
 use crate::sandbox::Secret;
 use crate::walker::{Section, Walker, join};
+
+/// `value` (a driver's config given as JSON, as `berth driver test`'s
+/// `provider.json` has it) with `${ENV}` substituted in every string, as
+/// `berth.toml` does for `[providers.NAME.config]`.
+pub fn interpolate_json(
+    value: &serde_json::Value,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<serde_json::Value, ConfigErrors> {
+    fn walk(w: &mut Walker<'_>, path: &str, v: &serde_json::Value) -> serde_json::Value {
+        use serde_json::Value as J;
+        match v {
+            J::String(s) => J::String(w.interpolate(path, s)),
+            J::Array(a) => J::Array(
+                a.iter()
+                    .enumerate()
+                    .map(|(i, v)| walk(w, &format!("{path}[{i}]"), v))
+                    .collect(),
+            ),
+            J::Object(o) => J::Object(
+                o.iter()
+                    .map(|(k, v)| (k.clone(), walk(w, &join(path, k), v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    let mut w = Walker {
+        problems: Vec::new(),
+        env,
+    };
+    let out = walk(&mut w, "config", value);
+    if w.problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(ConfigErrors {
+            problems: w.problems,
+        })
+    }
+}
 
 impl Walker<'_> {
     /// A TOML table as JSON text, `${ENV}` substituted in strings when

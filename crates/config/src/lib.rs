@@ -13,6 +13,7 @@
 mod api;
 mod checks;
 mod credentials;
+mod exchanged;
 mod interpolate;
 mod labels;
 mod locate;
@@ -32,6 +33,11 @@ pub use berth_core::config::{
 };
 pub use checks::{check_files, warnings};
 pub use credentials::credentials;
+pub use exchanged::{
+    ClientAuth, ClientCertificate, GoogleServiceAccount, Keystone, KeystoneMethod, KeystoneRef,
+    MAX_SECRET_FILE, OAuth2, SecretSource,
+};
+pub use interpolate::interpolate_json;
 pub use locate::locate;
 pub use parse::{base_dir, load, parse};
 pub use problem::{ConfigErrors, Location, Problem};

@@ -117,7 +117,7 @@ impl Walker<'_> {
         let mut drivers = Vec::new();
         if let Some(t) = providers_table {
             for (name, t) in self.named("providers", t) {
-                let (provider, driver) = self.provider(name, t, &plugins_dir);
+                let (provider, driver) = self.provider(name, t, &plugins_dir, base);
                 providers.push(provider);
                 drivers.push(driver);
             }

@@ -17,6 +17,7 @@ impl Walker<'_> {
         name: String,
         t: &Table,
         plugins_dir: &Path,
+        base: &Path,
     ) -> (Provider, DriverSettings) {
         let mut s = Section::new(join("providers", &name), t);
         let driver: PathBuf = self
@@ -71,7 +72,7 @@ impl Walker<'_> {
                 .filter_map(|(i, v)| {
                     let at = format!("{}[{i}]", s.at("credentials"));
                     match v {
-                        Value::Table(t) => self.credential(at, t, &allowed_hosts),
+                        Value::Table(t) => self.credential(at, t, &allowed_hosts, base),
                         v => {
                             self.wrong_type(at, "a table", v);
                             None

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 
+use crate::exchanged::{ClientCertificate, GoogleServiceAccount, Keystone, OAuth2, SecretSource};
+
 /// Resource limits of one provider's driver instances.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxLimits {
@@ -299,12 +301,92 @@ pub enum Auth {
     /// AWS Signature Version 4 (EC2, and every AWS-style API).
     AwsSigV4 {
         access_key_id: String,
-        secret_access_key: Secret,
+        secret_access_key: SecretSource,
         /// For temporary credentials.
-        session_token: Option<Secret>,
+        session_token: Option<SecretSource>,
         region: String,
         service: String,
     },
-    /// `name: value`, e.g. `Authorization: Bearer …` or `X-Api-Key: …`.
-    Header { name: HeaderName, value: Secret },
+    /// `name: value`, e.g. `X-Api-Key: …`; with a `scheme`, `name: scheme
+    /// value` (`Authorization: Bearer …`).
+    Header {
+        name: HeaderName,
+        scheme: Option<&'static str>,
+        value: SecretSource,
+    },
+    /// A token from OpenStack Keystone, as `X-Auth-Token`.
+    Keystone(Keystone),
+    /// A token from an OAuth2 token endpoint, as `Authorization: Bearer`.
+    OAuth2(OAuth2),
+    /// A Google OAuth2 token for a service account, as `Authorization:
+    /// Bearer`.
+    Google(GoogleServiceAccount),
+    /// Mutual TLS with a client certificate.
+    ClientCertificate(ClientCertificate),
+}
+
+impl Auth {
+    /// The files it reads, each with the key that names it.
+    pub fn files(&self) -> Vec<(&'static str, &std::path::Path)> {
+        use crate::exchanged::{ClientAuth, KeystoneMethod};
+        fn file<'a>(
+            key: &'static str,
+            s: &'a SecretSource,
+        ) -> Option<(&'static str, &'a std::path::Path)> {
+            match s {
+                SecretSource::File(p) => Some((key, p.as_path())),
+                SecretSource::Value(_) => None,
+            }
+        }
+        let found = match self {
+            Auth::AwsSigV4 {
+                secret_access_key,
+                session_token,
+                ..
+            } => vec![
+                file("secret-access-key-file", secret_access_key),
+                session_token
+                    .as_ref()
+                    .and_then(|t| file("session-token-file", t)),
+            ],
+            Auth::Header {
+                scheme: Some(_),
+                value,
+                ..
+            } => vec![file("token-file", value)],
+            Auth::Header { value, .. } => vec![file("value-file", value)],
+            Auth::Keystone(k) => match &k.method {
+                KeystoneMethod::Password { password, .. } => vec![file("password-file", password)],
+                KeystoneMethod::ApplicationCredential { secret, .. } => {
+                    vec![file("application-credential-secret-file", secret)]
+                }
+            },
+            Auth::OAuth2(o) => match &o.client {
+                ClientAuth::Secret { secret, .. } => vec![file("client-secret-file", secret)],
+                ClientAuth::PrivateKeyJwt { key, .. } => vec![file("private-key-file", key)],
+            },
+            Auth::Google(g) => vec![file("key-file", &g.key)],
+            Auth::ClientCertificate(c) => vec![
+                Some(("cert-file", c.cert.as_path())),
+                file("key-file", &c.key),
+                c.ca.as_deref().map(|p| ("ca-file", p)),
+            ],
+        };
+        found.into_iter().flatten().collect()
+    }
+
+    /// The `kind` it is written as.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Auth::AwsSigV4 { .. } => "aws-sigv4",
+            Auth::Header {
+                scheme: Some(_), ..
+            } => "bearer",
+            Auth::Header { .. } => "header",
+            Auth::Keystone(_) => "keystone",
+            Auth::OAuth2(_) => "oauth2-client-credentials",
+            Auth::Google(_) => "google-service-account",
+            Auth::ClientCertificate(_) => "client-certificate",
+        }
+    }
 }

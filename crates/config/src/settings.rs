@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use berth_core::config::{Config, ProviderIx};
 
-use crate::sandbox::{AllowedHost, Credential, SandboxLimits, Secret};
+use crate::sandbox::{AllowedHost, Credential, SandboxLimits};
 
 /// A checked config file.
 #[derive(Clone, Debug)]
@@ -92,15 +92,10 @@ impl Postgres {
     pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 }
 
-/// Where the PostgreSQL password comes from.
-#[derive(Clone, Debug)]
-pub enum Password {
-    /// `password = "${NAME}"`, read from the environment at start.
-    Value(Secret),
-    /// `password-file`: the file's first line, read at each connect, so a
-    /// rotated password is used from the next connection on.
-    File(PathBuf),
-}
+/// Where the PostgreSQL password comes from: `password = "${NAME}"`, read
+/// from the environment at start, or `password-file`, read at each
+/// connect, so a rotated password is used from the next connection on.
+pub type Password = crate::exchanged::SecretSource;
 
 /// How far a commit is made durable before berth acts on it or answers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -501,15 +501,20 @@ fn credentials_are_read_and_never_shown() {
             region,
             ..
         } => {
-            assert_eq!(secret_access_key.expose(), "s3cret-value");
+            assert_eq!(secret_access_key.read().unwrap().expose(), "s3cret-value");
             assert_eq!(region, "us-east-1");
         }
         other => panic!("{other:?}"),
     }
     match &p.credentials[1].auth {
-        crate::Auth::Header { name, value } => {
+        crate::Auth::Header {
+            name,
+            scheme,
+            value,
+        } => {
             assert_eq!(name, "authorization");
-            assert_eq!(value.expose(), "Bearer ci-token-0123456789abcdef");
+            assert_eq!(*scheme, Some("Bearer"));
+            assert_eq!(value.read().unwrap().expose(), "ci-token-0123456789abcdef");
         }
         other => panic!("{other:?}"),
     }
@@ -549,7 +554,7 @@ fn credential_problems() {
         &CREDENTIALED.replace("kind = \"bearer\"", "kind = \"basic\""),
         &[(
             "providers.ec2.credentials[1].kind",
-            "not aws-sigv4, bearer or header",
+            "not aws-sigv4, bearer, header, keystone",
         )],
     );
     check(
@@ -807,4 +812,163 @@ allow-hosts = ["127.0.0.1:9001"]
         "{shown:#?}"
     );
     assert!(shown[0].contains("east and west"), "{shown:#?}");
+}
+
+/// A provider with a credential of each kind exchanged for tokens, and a
+/// client certificate; `{N}` is replaced per case.
+const EXCHANGED: &str = r#"
+pool-id = "p"
+[providers.os]
+driver = "openstack.wasm"
+allow-hosts = ["keystone.example.com:5000", "nova.example.com", "*.googleapis.com", "management.azure.com", "k8s.example.com"]
+[[providers.os.credentials]]
+host = "nova.example.com"
+kind = "keystone"
+auth-url = "https://keystone.example.com:5000/v3/"
+username = "ci"
+password-file = "secrets/os-password"
+project-name = "ci-project"
+project-domain = "ci-domain"
+[[providers.os.credentials]]
+host = "keystone.example.com:5000"
+kind = "keystone"
+auth-url = "https://keystone.example.com:5000/v3"
+application-credential-id = "a1b2"
+application-credential-secret = "${SIM_TOKEN}"
+[[providers.os.credentials]]
+host = "*.googleapis.com"
+kind = "google-service-account"
+key-file = "/etc/berth/gce.json"
+[[providers.os.credentials]]
+host = "management.azure.com"
+kind = "oauth2-client-credentials"
+token-url = "https://login.microsoftonline.com/tenant-1/oauth2/v2.0/token"
+client-id = "app-1"
+client-secret = "${CI_TOKEN}"
+scope = "https://management.azure.com/.default"
+[[providers.os.credentials]]
+host = "k8s.example.com"
+kind = "client-certificate"
+cert-file = "tls/client.crt"
+key-file = "tls/client.key"
+ca-file = "tls/ca.crt"
+"#;
+
+#[test]
+fn credentials_exchanged_for_tokens_are_read() {
+    let c = parse(EXCHANGED, Path::new("/etc/berth"), &env).expect("valid");
+    let creds = &c.drivers[0].credentials;
+    let kinds: Vec<&str> = creds.iter().map(|c| c.auth.kind()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "keystone",
+            "keystone",
+            "google-service-account",
+            "oauth2-client-credentials",
+            "client-certificate"
+        ]
+    );
+    match &creds[0].auth {
+        Auth::Keystone(k) => {
+            // The trailing slash goes: tokens are at `{auth-url}/auth/tokens`.
+            assert_eq!(k.auth_url, "https://keystone.example.com:5000/v3");
+            match &k.method {
+                KeystoneMethod::Password {
+                    user,
+                    password,
+                    project,
+                } => {
+                    assert_eq!(
+                        *user,
+                        KeystoneRef::Name {
+                            name: "ci".into(),
+                            domain: "Default".into()
+                        }
+                    );
+                    assert_eq!(
+                        *password,
+                        SecretSource::File("/etc/berth/secrets/os-password".into())
+                    );
+                    assert_eq!(
+                        *project,
+                        Some(KeystoneRef::Name {
+                            name: "ci-project".into(),
+                            domain: "ci-domain".into()
+                        })
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    match &creds[2].auth {
+        Auth::Google(g) => {
+            assert_eq!(g.key, SecretSource::File("/etc/berth/gce.json".into()));
+            assert_eq!(g.scopes, ["https://www.googleapis.com/auth/cloud-platform"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let files: Vec<String> = creds
+        .iter()
+        .flat_map(|c| c.auth.files())
+        .map(|(k, p)| format!("{k}={}", p.display()))
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "password-file=/etc/berth/secrets/os-password",
+            "key-file=/etc/berth/gce.json",
+            "cert-file=/etc/berth/tls/client.crt",
+            "key-file=/etc/berth/tls/client.key",
+            "ca-file=/etc/berth/tls/ca.crt"
+        ]
+    );
+    let shown = format!("{c:?}");
+    assert!(
+        !shown.contains("s3cret-value") && !shown.contains("ci-token"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn exchanged_credential_problems() {
+    check(
+        &EXCHANGED
+            .replace(
+                "https://keystone.example.com:5000/v3/",
+                "http://keystone.example.com:5000/v3",
+            )
+            .replace(
+                "password-file = \"secrets/os-password\"",
+                "password-file = \"a\"\npassword = \"${SIM_TOKEN}\"",
+            )
+            .replace(
+                "client-secret = \"${CI_TOKEN}\"",
+                "client-secret = \"${CI_TOKEN}\"\nprivate-key-file = \"k.pem\"",
+            )
+            .replace("key-file = \"/etc/berth/gce.json\"", "scopes = []"),
+        &[
+            ("providers.os.credentials[0].auth-url", "must be https://"),
+            ("providers.os.credentials[0].password-file", "not both"),
+            ("providers.os.credentials[2].key", "missing"),
+            ("providers.os.credentials[2].scopes", "names no scope"),
+            ("providers.os.credentials[3].client-secret", "not both"),
+        ],
+    );
+    // Plain HTTP only to a loopback address; an application credential
+    // names its own user.
+    check(
+        &EXCHANGED
+            .replace(
+                "https://login.microsoftonline.com/tenant-1/oauth2/v2.0/token",
+                "http://127.0.0.1:9000/token",
+            )
+            .replace(
+                "application-credential-secret = \"${SIM_TOKEN}\"",
+                "application-credential-secret = \"${SIM_TOKEN}\"\nusername = \"x\"",
+            ),
+        &[("providers.os.credentials[1].username", "leave this out")],
+    );
 }

@@ -202,7 +202,12 @@ async fn start(
         }
     }
     let env = |name: &str| std::env::var(name).ok();
-    let credentials = match berth_config::credentials(&config.credentials, &allowed, &env) {
+    let credentials =
+        match berth_config::credentials(&config.credentials, &allowed, &config.base, &env) {
+            Ok(c) => c,
+            Err(e) => return refused(report, e.to_string()),
+        };
+    let driver_config = match berth_config::interpolate_json(&config.config, &env) {
         Ok(c) => c,
         Err(e) => return refused(report, e.to_string()),
     };
@@ -222,7 +227,7 @@ async fn start(
         SandboxConfig {
             name: format!("test:{}", driver.file_name()),
             pool_id: pool_id.clone(),
-            driver_config: config.config.to_string(),
+            driver_config: driver_config.to_string(),
             allowed_hosts: allowed,
             // One instance runs the cycle, so each step sees the one before;
             // the "seen by another instance" step checks the rest.

@@ -22,19 +22,41 @@ use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, si
 use aws_sigv4::sign::v4::SigningParams;
 use http::header::{AUTHORIZATION, HOST, HeaderName, HeaderValue};
 
-use berth_config::{Auth, Credential, canonical_ip};
+use berth_config::{Secret, canonical_ip};
+
+/// What a credential puts on a request, its secrets read: from the config
+/// and files for the kinds that sign or send a fixed value, from the
+/// latest exchange for the kinds exchanged for tokens
+/// ([`crate::tokens`]).
+#[derive(Clone, Debug)]
+pub enum Material {
+    /// AWS Signature Version 4.
+    AwsSigV4 {
+        access_key_id: String,
+        secret_access_key: Secret,
+        session_token: Option<Secret>,
+        region: String,
+        service: String,
+    },
+    /// `name: value`.
+    Header { name: HeaderName, value: Secret },
+    /// TLS with a client certificate ([`crate::mtls`]); nothing is added
+    /// to the request itself.
+    ClientTls(std::sync::Arc<rustls::ClientConfig>),
+}
 
 /// The headers a credential owns: a guest's own values for them are
 /// removed before it is applied.
-fn owned_headers(auth: &Auth) -> Vec<HeaderName> {
+fn owned_headers(auth: &Material) -> Vec<HeaderName> {
     match auth {
-        Auth::AwsSigV4 { .. } => vec![
+        Material::AwsSigV4 { .. } => vec![
             AUTHORIZATION,
             HeaderName::from_static("x-amz-date"),
             HeaderName::from_static("x-amz-security-token"),
             HeaderName::from_static("x-amz-content-sha256"),
         ],
-        Auth::Header { name, .. } => vec![name.clone()],
+        Material::Header { name, .. } => vec![name.clone()],
+        Material::ClientTls(_) => Vec::new(),
     }
 }
 
@@ -44,9 +66,9 @@ fn owned_headers(auth: &Auth) -> Vec<HeaderName> {
 /// alone too; for SigV4 the session token. A SigV4 signature is not among
 /// them: it is good for the one request it signs, and the key it is made
 /// with is never sent.
-pub fn sent_secrets(auth: &Auth) -> Vec<Vec<u8>> {
+pub fn sent_secrets(auth: &Material) -> Vec<Vec<u8>> {
     match auth {
-        Auth::Header { value, .. } => {
+        Material::Header { value, .. } => {
             let value = value.expose();
             let mut out = vec![value.as_bytes().to_vec()];
             if let Some((scheme, rest)) = value.split_once(' ')
@@ -60,10 +82,12 @@ pub fn sent_secrets(auth: &Auth) -> Vec<Vec<u8>> {
             }
             out
         }
-        Auth::AwsSigV4 { session_token, .. } => session_token
+        Material::AwsSigV4 { session_token, .. } => session_token
             .iter()
             .map(|t| t.expose().as_bytes().to_vec())
             .collect(),
+        // The key never leaves the host: TLS proves it has it.
+        Material::ClientTls(_) => Vec::new(),
     }
 }
 
@@ -83,16 +107,6 @@ pub enum NotApplied {
 /// The largest body the host reads to sign.
 pub const MAX_SIGNED_BODY: usize = 8 << 20;
 
-/// The credential for a request to `host`:`port`, if any: the first that
-/// matches, in config order.
-pub fn find<'c>(credentials: &'c [Credential], host: &str, port: u16) -> Option<&'c Credential> {
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_ascii_lowercase();
-    credentials.iter().find(|c| c.host.matches(&host, port))
-}
-
 /// Whether a request to `host` over `https` may carry a credential.
 pub fn may_send(host: &str, https: bool) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -108,7 +122,7 @@ pub fn may_send(host: &str, https: bool) -> bool {
 /// that cannot be signed (a header that is not text, no host) is refused
 /// rather than sent unsigned.
 pub fn apply(
-    auth: &Auth,
+    auth: &Material,
     parts: &mut http::request::Parts,
     body: &[u8],
     now_ms: u64,
@@ -117,14 +131,14 @@ pub fn apply(
         parts.headers.remove(h);
     }
     match auth {
-        Auth::Header { name, value } => {
+        Material::Header { name, value } => {
             if let Ok(mut v) = HeaderValue::from_str(value.expose()) {
                 v.set_sensitive(true);
                 parts.headers.insert(name.clone(), v);
             }
             Ok(())
         }
-        Auth::AwsSigV4 {
+        Material::AwsSigV4 {
             access_key_id,
             secret_access_key,
             session_token,
@@ -141,6 +155,7 @@ pub fn apply(
             let at = SystemTime::UNIX_EPOCH + Duration::from_millis(now_ms);
             sigv4(credentials, region, service, parts, body, at).map_err(NotApplied::Unsignable)
         }
+        Material::ClientTls(_) => Ok(()),
     }
 }
 
@@ -201,25 +216,10 @@ fn sigv4(
     Ok(())
 }
 
-/// What the `auth` import (contract 0.2) answers from. No kind of
-/// credential berth holds today is exchanged for a token (`sigv4` signs
-/// each request, `header` sends a fixed value), so there is never anything
-/// to tell: the import answers `none` for every host.
-pub(crate) struct AuthCtx;
-
-impl AuthCtx {
-    /// The non-secret part of what exchanging `host`'s credential for a
-    /// token returned, as JSON text; `None` when no credential of the
-    /// provider for `host` is exchanged.
-    pub fn info(&self, _host: &str) -> Result<Option<String>, berth_core::driver::DriverError> {
-        Ok(None)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use berth_config::{AllowedHost, Secret};
+    use berth_config::Secret;
 
     fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> http::request::Parts {
         let mut b = http::Request::builder().method(method).uri(uri);
@@ -231,8 +231,8 @@ mod tests {
 
     const SECRET: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
 
-    fn aws(service: &str) -> Auth {
-        Auth::AwsSigV4 {
+    fn aws(service: &str) -> Material {
+        Material::AwsSigV4 {
             access_key_id: "AKIDEXAMPLE".into(),
             secret_access_key: Secret::new(SECRET),
             session_token: None,
@@ -242,15 +242,15 @@ mod tests {
     }
 
     /// [`aws`] with temporary credentials: a session token.
-    fn temporary(service: &str, token: &str) -> Auth {
+    fn temporary(service: &str, token: &str) -> Material {
         match aws(service) {
-            Auth::AwsSigV4 {
+            Material::AwsSigV4 {
                 access_key_id,
                 secret_access_key,
                 region,
                 service,
                 ..
-            } => Auth::AwsSigV4 {
+            } => Material::AwsSigV4 {
                 access_key_id,
                 secret_access_key,
                 session_token: Some(Secret::new(token)),
@@ -271,7 +271,7 @@ mod tests {
         method: &str,
         path: &str,
         headers: &[(&str, &str)],
-        auth: &Auth,
+        auth: &Material,
     ) -> (http::request::Parts, String) {
         let mut p = parts(
             method,
@@ -404,7 +404,7 @@ mod tests {
     /// S3 wants (the suite's `double-encode-path`, signed with its own key).
     #[test]
     fn sigv4_encodes_the_path_twice() {
-        let auth = Auth::AwsSigV4 {
+        let auth = Material::AwsSigV4 {
             access_key_id: "ANOTREAL".into(),
             secret_access_key: Secret::new("notrealrnrELgWzOk3IfjzDKtFBhDby"),
             session_token: None,
@@ -477,7 +477,7 @@ mod tests {
         assert!(p.headers[AUTHORIZATION].is_sensitive());
 
         let mut p = parts("GET", "https://api.example.com/", &[("x-api-key", "guess")]);
-        let header = Auth::Header {
+        let header = Material::Header {
             name: HeaderName::from_static("x-api-key"),
             value: Secret::new("s3cr3t-value"),
         };
@@ -488,7 +488,7 @@ mod tests {
 
     #[test]
     fn the_secrets_sent_are_named_for_the_scrubber() {
-        let bearer = Auth::Header {
+        let bearer = Material::Header {
             name: AUTHORIZATION,
             value: Secret::new("Bearer abc.def"),
         };
@@ -496,7 +496,7 @@ mod tests {
             sent_secrets(&bearer),
             [b"Bearer abc.def".to_vec(), b"abc.def".to_vec()]
         );
-        let key = Auth::Header {
+        let key = Material::Header {
             name: HeaderName::from_static("x-api-key"),
             value: Secret::new("k3y"),
         };
@@ -517,13 +517,6 @@ mod tests {
         assert!(may_send("[::ffff:127.0.0.1]", false));
         assert!(may_send("localhost", false));
         assert!(!may_send("10.0.0.1", false));
-        let creds = vec![Credential {
-            host: AllowedHost::parse("*.amazonaws.com").unwrap(),
-            auth: aws("ec2"),
-        }];
-        assert!(find(&creds, "ec2.us-east-1.amazonaws.com", 443).is_some());
-        assert!(find(&creds, "EC2.US-EAST-1.AMAZONAWS.COM", 443).is_some());
-        assert!(find(&creds, "amazonaws.com.evil.example", 443).is_none());
-        assert!(!format!("{:?}", creds[0]).contains(SECRET));
+        assert!(!format!("{:?}", aws("ec2")).contains(SECRET));
     }
 }

@@ -18,17 +18,20 @@ mod cache;
 pub mod conformance;
 pub mod contract;
 mod credentials;
+mod exchange;
 mod gate;
 mod guest_log;
 mod guests;
 mod inspect;
 mod limits;
+mod mtls;
 mod provider;
 mod sandbox;
 pub mod scaffold;
 mod scrub;
 mod state;
 mod store_data;
+mod tokens;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -56,6 +59,7 @@ pub use provider::{
 };
 pub use sandbox::HttpPolicy;
 pub use state::{DriverState, Records, StateSpace};
+pub use tokens::CredentialStatus;
 
 /// The settings of an [`Engine`], for every driver it loads.
 #[derive(Clone, Debug)]

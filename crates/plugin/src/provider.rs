@@ -399,6 +399,17 @@ impl Sandbox {
         self.shared.policy.denied_count()
     }
 
+    /// How each of the provider's credentials is doing.
+    pub fn credentials(&self) -> Vec<crate::CredentialStatus> {
+        self.shared.policy.credentials().statuses()
+    }
+
+    /// Reads every credential's secrets again (and exchanges them again)
+    /// at its next use: what `SIGHUP` does.
+    pub fn reload_credentials(&self) {
+        self.shared.policy.credentials().reload();
+    }
+
     /// The conformance kit's fault mode: answers every request the driver
     /// is allowed to send with `recorded` (nothing reaches the cloud) until
     /// called with `None`.

@@ -20,7 +20,7 @@ use berth_config::{AllowedHost, Credential, SandboxLimits, canonical_ip};
 use super::addresses::{is_forbidden_ip, is_internal_ip};
 use super::credentials::{self, NotApplied};
 use super::gate::Gate;
-use super::scrub::Scrubber;
+use super::tokens::{Cell, Held, Issued, Unusable};
 
 /// The outbound HTTP policy of one provider.
 #[derive(Debug)]
@@ -28,12 +28,9 @@ pub struct HttpPolicy {
     provider: Arc<str>,
     allowed: Vec<AllowedHost>,
     /// Added to the requests of the hosts they name; the guest never sees
-    /// them.
-    credentials: Vec<Credential>,
-    /// Masks the secrets of `credentials` in every response, so that a
-    /// server echoing a request cannot hand them to the guest; `None`
-    /// without credentials.
-    scrubber: Option<Arc<Scrubber>>,
+    /// them. They also mask their secrets in every response, so that a
+    /// server echoing a request cannot hand them to the guest.
+    credentials: Held,
     /// berth's own listening addresses: never reachable, even when named.
     own: Vec<SocketAddr>,
     /// One permit per outbound request of the provider open at once.
@@ -121,10 +118,9 @@ impl HttpPolicy {
     pub fn new(provider: Arc<str>, allowed: Vec<AllowedHost>) -> Self {
         let limits = SandboxLimits::default();
         HttpPolicy {
-            provider,
+            provider: provider.clone(),
             allowed,
-            credentials: Vec::new(),
-            scrubber: None,
+            credentials: Held::new(provider.clone(), Vec::new()),
             own: Vec::new(),
             outbound: Arc::new(Semaphore::new(limits.max_outbound)),
             max_outbound: limits.max_outbound,
@@ -168,14 +164,13 @@ impl HttpPolicy {
 
     /// The same policy, with `credentials` added to the requests they name.
     pub fn with_credentials(mut self, credentials: Vec<Credential>) -> Self {
-        self.scrubber = Scrubber::new(
-            credentials
-                .iter()
-                .flat_map(|c| credentials::sent_secrets(&c.auth)),
-        )
-        .map(Arc::new);
-        self.credentials = credentials;
+        self.credentials = Held::new(self.provider.clone(), credentials);
         self
+    }
+
+    /// The provider's credentials as they run.
+    pub(crate) fn credentials(&self) -> &Held {
+        &self.credentials
     }
 
     /// The same policy, never reaching `own` (berth's API).
@@ -457,47 +452,83 @@ impl WasiHttpHooks for Hooks {
                 tracing::debug!(provider = %policy.provider, %url, status = recorded.status, "answered with a recorded response");
                 return recorded_response(recorded);
             }
-            if let Some(cred) = credentials::find(
-                &policy.credentials,
-                request.uri().host().unwrap_or(""),
-                addr.port(),
-            ) {
-                request = match authenticate(cred, request).await {
-                    Ok(r) => r,
-                    Err(why) => {
-                        tracing::warn!(provider = %policy.provider, %url, reason = %why, "outbound request denied");
-                        policy.denied.fetch_add(1, Ordering::Relaxed);
-                        return Err(wasmtime_wasi_http::Error::HttpRequestDenied);
+            let held = policy.credentials();
+            let host = request.uri().host().unwrap_or("").to_owned();
+            let (response, io) = match held.find(&host, addr.port()) {
+                None => {
+                    pin_address(&mut request, addr);
+                    // Checked last, after every await before the send: a
+                    // process paused anywhere above finds the gate shut
+                    // when it resumes.
+                    if !policy.gate.is_open() {
+                        return refuse(Denial::GateShut);
                     }
-                };
-            }
-            // Plain HTTP connects to the address that was checked, so a name
-            // cannot be re-resolved to a forbidden address between the check
-            // and the connect. TLS needs the name for SNI and certificate
-            // checks, so it connects by name (see docs/sandbox.md).
-            if request.uri().scheme() != Some(&http::uri::Scheme::HTTPS) {
-                let mut parts = request.uri().clone().into_parts();
-                if let Ok(authority) = http::uri::Authority::try_from(addr.to_string()) {
-                    parts.authority = Some(authority);
-                    if let Ok(uri) = http::Uri::from_parts(parts) {
-                        *request.uri_mut() = uri;
+                    tracing::debug!(provider = %policy.provider, %url, "outbound request");
+                    wasmtime_wasi_http::default_send_request(request, Some(options))
+                        .await
+                        .map(boxed)?
+                }
+                Some(cell) => {
+                    let (parts, body) = match buffered(request).await {
+                        Ok(b) => b,
+                        Err(why) => {
+                            tracing::warn!(provider = %policy.provider, %url, reason = %why, "outbound request denied");
+                            policy.denied.fetch_add(1, Ordering::Relaxed);
+                            return Err(wasmtime_wasi_http::Error::HttpRequestDenied);
+                        }
+                    };
+                    let issued = match held.current(cell).await {
+                        Ok(i) => i,
+                        Err(unusable) => return unusable_response(&host, &unusable),
+                    };
+                    let send = |issued: Arc<Issued>| {
+                        let policy = policy.clone();
+                        let (parts, body) = (copy_parts(&parts), body.clone());
+                        async move {
+                            let request = match signed(parts, body, &issued, addr) {
+                                Ok(r) => r,
+                                Err(why) => {
+                                    tracing::warn!(provider = %policy.provider, reason = %why, "outbound request denied");
+                                    policy.denied.fetch_add(1, Ordering::Relaxed);
+                                    return Err(wasmtime_wasi_http::Error::HttpRequestDenied);
+                                }
+                            };
+                            if !policy.gate.is_open() {
+                                policy.note_denied(&request.uri().to_string(), &Denial::GateShut);
+                                return Err(wasmtime_wasi_http::Error::HttpRequestDenied);
+                            }
+                            match &issued.material {
+                                credentials::Material::ClientTls(tls) => {
+                                    crate::mtls::send(request, options, tls.clone(), addr).await
+                                }
+                                _ => wasmtime_wasi_http::default_send_request(request, Some(options))
+                                    .await
+                                    .map(boxed),
+                            }
+                        }
+                    };
+                    tracing::debug!(provider = %policy.provider, %url, "outbound request with credential");
+                    let generation = issued.generation;
+                    let first = send(issued).await?;
+                    let status = first.0.status();
+                    match replay_after(held, cell, status, generation).await {
+                        Some(fresh) => {
+                            drop(first);
+                            cell.replayed();
+                            tracing::debug!(provider = %policy.provider, %url, "sent again with a new token after 401");
+                            send(fresh).await?
+                        }
+                        None => first,
                     }
                 }
-            }
-            // Checked last, after every await before the send: a process
-            // paused anywhere above finds the gate shut when it resumes.
-            if !policy.gate.is_open() {
-                return refuse(Denial::GateShut);
-            }
-            tracing::debug!(provider = %policy.provider, %url, "outbound request");
-            let (response, io) =
-                wasmtime_wasi_http::default_send_request(request, Some(options)).await?;
+            };
             let max = policy.max_response_bytes;
-            let response = match &policy.scrubber {
+            // Taken after any exchange above: it masks every token sent.
+            let response = match held.scrubber() {
                 Some(scrubber) => {
                     let (mut parts, body) = response.into_parts();
                     scrubber.headers(&mut parts.headers);
-                    let body = limit_body(scrubber.clone().body(body), max);
+                    let body = limit_body(scrubber.body(body), max);
                     http::Response::from_parts(parts, body)
                 }
                 None => response.map(|body| limit_body(body, max)),
@@ -516,6 +547,23 @@ impl WasiHttpHooks for Hooks {
         }
         .with_subscriber(dispatch))
     }
+}
+
+/// The I/O of one connection, finished after its response is read.
+pub(crate) type Io =
+    std::pin::Pin<Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>>;
+
+/// What `default_send_request` answers, in types that name no closure.
+fn boxed<B>(
+    (response, io): (
+        http::Response<B>,
+        impl Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send + 'static,
+    ),
+) -> (http::Response<wasmtime_wasi_http::WasiBody>, Io)
+where
+    B: http_body::Body<Data = bytes::Bytes, Error = wasmtime_wasi_http::Error> + Send + 'static,
+{
+    (response.map(|b| b.boxed_unsync()), Box::pin(io))
 }
 
 /// A response, and the future that finishes its connection's I/O.
@@ -558,30 +606,109 @@ where
         .boxed_unsync()
 }
 
-/// Adds `cred` to `request`, reading its body to sign it.
-async fn authenticate(
-    cred: &Credential,
+/// Plain HTTP connects to the address that was checked, so a name cannot
+/// be re-resolved to a forbidden address between the check and the
+/// connect. TLS needs the name for SNI and certificate checks, so it
+/// connects by name (see docs/sandbox.md).
+fn pin_address(request: &mut http::Request<impl Sized>, addr: SocketAddr) {
+    if request.uri().scheme() != Some(&http::uri::Scheme::HTTPS) {
+        let mut parts = request.uri().clone().into_parts();
+        if let Ok(authority) = http::uri::Authority::try_from(addr.to_string()) {
+            parts.authority = Some(authority);
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *request.uri_mut() = uri;
+            }
+        }
+    }
+}
+
+/// A request that will carry a credential, its body read (to sign it, and
+/// to send it again after a `401`); refused when it would cross a network
+/// in the clear.
+async fn buffered(
     request: http::Request<wasmtime_wasi_http::WasiBody>,
-) -> Result<http::Request<wasmtime_wasi_http::WasiBody>, NotApplied> {
+) -> Result<(http::request::Parts, bytes::Bytes), NotApplied> {
     let https = request.uri().scheme() == Some(&http::uri::Scheme::HTTPS);
     let host = request.uri().host().unwrap_or("").to_owned();
     if !credentials::may_send(&host, https) {
         return Err(NotApplied::Insecure(host));
     }
-    let (mut parts, body) = request.into_parts();
+    let (parts, body) = request.into_parts();
     let body = http_body_util::Limited::new(body, credentials::MAX_SIGNED_BODY)
         .collect()
         .await
         .map_err(|_| NotApplied::BodyTooLarge(credentials::MAX_SIGNED_BODY))?
         .to_bytes();
+    Ok((parts, body))
+}
+
+/// The head of a request again, to send it a second time.
+fn copy_parts(parts: &http::request::Parts) -> http::request::Parts {
+    let mut copy = http::Request::new(()).into_parts().0;
+    copy.method = parts.method.clone();
+    copy.uri = parts.uri.clone();
+    copy.version = parts.version;
+    copy.headers = parts.headers.clone();
+    copy
+}
+
+/// `parts` and `body` with `issued` added, to be sent to `addr`.
+fn signed(
+    mut parts: http::request::Parts,
+    body: bytes::Bytes,
+    issued: &Issued,
+    addr: SocketAddr,
+) -> Result<http::Request<wasmtime_wasi_http::WasiBody>, NotApplied> {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    credentials::apply(&cred.auth, &mut parts, &body, now_ms)?;
+    credentials::apply(&issued.material, &mut parts, &body, now_ms)?;
     let body = http_body_util::Full::new(body)
         .map_err(|never| match never {})
         .boxed_unsync();
-    Ok(http::Request::from_parts(parts, body))
+    let mut request = http::Request::from_parts(parts, body);
+    pin_address(&mut request, addr);
+    Ok(request)
+}
+
+/// After a response of `status` to a request that carried issue `generation` of
+/// `cell`: the token to send it again with, when the host answered `401`
+/// and the token could be renewed.
+async fn replay_after(
+    held: &Held,
+    cell: &Cell,
+    status: http::StatusCode,
+    generation: u64,
+) -> Option<Arc<Issued>> {
+    if status != http::StatusCode::UNAUTHORIZED || !cell.exchanged() {
+        return None;
+    }
+    held.refused(cell, generation).await
+}
+
+/// What the guest gets when its request needed a credential that could
+/// not be had: `401` when the credential was refused (the driver says
+/// `unauthorized`), `503` when its issuer is out of reach (`transient`);
+/// nothing is sent to the host.
+fn unusable_response(host: &str, unusable: &Unusable) -> Result<Sent, wasmtime_wasi_http::Error> {
+    let status = if unusable.refused { 401 } else { 503 };
+    let body = serde_json::json!({
+        "error": {
+            "code": status,
+            "message": format!(
+                "berth holds no usable credential for {host}: {}",
+                unusable.message
+            ),
+        }
+    });
+    recorded_response(Recorded {
+        status,
+        headers: vec![
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("x-berth-credential".to_owned(), "unusable".to_owned()),
+        ],
+        body: body.to_string(),
+    })
 }
 
 #[cfg(test)]

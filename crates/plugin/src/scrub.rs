@@ -148,6 +148,15 @@ impl Scrubber {
         }
     }
 
+    /// `text` with the secrets masked (an error message that may quote
+    /// what was sent).
+    pub fn text(&self, text: &str) -> String {
+        let mut bytes = text.as_bytes().to_vec();
+        let len = bytes.len();
+        self.mask(&mut bytes, len);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
     /// `body`, with the secrets masked as it streams.
     pub fn body<B>(self: std::sync::Arc<Self>, body: B) -> Scrubbed<B> {
         Scrubbed {

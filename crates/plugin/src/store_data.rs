@@ -13,11 +13,11 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use berth_config::{FIELD_SIZE_LIMIT, SandboxLimits};
 
-use super::credentials::AuthCtx;
 use super::guest_log::{GuestOutput, LogBudget, LogCtx};
 use super::limits::Limiter;
 use super::sandbox::{Hooks, HttpPolicy};
 use super::state::{NetCtx, RecordsCtx, StateSpace};
+use super::tokens::AuthCtx;
 
 /// Everything a driver instance's `Store` holds.
 pub(crate) struct StoreState {
@@ -90,8 +90,10 @@ impl StoreState {
                 space: state,
                 host_memory_bytes: limits.host_memory_bytes,
             },
-            net: NetCtx { policy },
-            auth: AuthCtx,
+            net: NetCtx {
+                policy: policy.clone(),
+            },
+            auth: AuthCtx { policy },
             limiter: Limiter::new(limits.memory_bytes),
             deadline: Instant::now(),
             stderr_tail,

@@ -161,6 +161,9 @@ pub async fn serve(
     ready: impl FnOnce(SocketAddr, &Config),
 ) -> anyhow::Result<()> {
     let mut shutdown = std::pin::pin!(shutdown);
+    // Registered before anything starts: SIGHUP's default action would
+    // end the process.
+    let hangups = hangups()?;
     let started = tokio::select! {
         biased;
         () = &mut shutdown => None,
@@ -199,6 +202,7 @@ pub async fn serve(
             max_connections,
         }
     };
+    let reloads = tokio::spawn(reload_on(hangups, service.handle.providers().clone()));
     let (close, closed) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(
         listener,
@@ -221,6 +225,7 @@ pub async fn serve(
     let stopped = service
         .stop_within(options.stop_grace.unwrap_or(runtime::DEFAULT_STOP_GRACE))
         .await;
+    reloads.abort();
     let _ = close.send(());
     server.await.context("the HTTP server panicked")?;
     if let Some(sim) = sim {
@@ -354,6 +359,30 @@ pub fn shutdown_signals() -> std::io::Result<impl Future<Output = ()> + Send + '
         }
     })
 }
+
+/// SIGHUP, registered now.
+#[cfg(unix)]
+fn hangups() -> std::io::Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+}
+
+#[cfg(not(unix))]
+fn hangups() -> std::io::Result<()> {
+    Ok(())
+}
+
+/// On each SIGHUP: every provider's credentials read their secrets (from
+/// the files they name) and are exchanged again at their next use.
+#[cfg(unix)]
+async fn reload_on(mut hangups: tokio::signal::unix::Signal, providers: Arc<runtime::Providers>) {
+    while hangups.recv().await.is_some() {
+        tracing::info!("SIGHUP: credentials are read and exchanged again at their next use");
+        providers.reload_credentials();
+    }
+}
+
+#[cfg(not(unix))]
+async fn reload_on(_: (), _: Arc<runtime::Providers>) {}
 
 /// Ctrl-C, registered now (see the Unix version).
 #[cfg(not(unix))]

@@ -70,6 +70,14 @@ struct ByProvider {
     provider: String,
 }
 
+/// One credential of a provider, and the outcome of its exchanges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByCredential {
+    provider: String,
+    host: String,
+    outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Rule {
     provider: String,
@@ -140,6 +148,7 @@ pub struct Telemetry {
     http_open: Gauge,
     http_closed: Family<Reason, Counter>,
     outbound_denied: Family<ByProvider, Counter>,
+    credential_exchanges: Family<ByCredential, Counter>,
     /// Holds the metrics above, written out in this order.
     registry: Registry,
     recent: HashMap<String, Mutex<Recent>>,
@@ -391,6 +400,14 @@ impl Telemetry {
                 "Outbound requests and probes of a driver that the sandbox refused",
                 Family::default(),
             ),
+            credential_exchanges: register(
+                r,
+                "berth_credential_exchanges",
+                "Reads and token exchanges of a provider's credentials, by host and outcome \
+                 (ok, failed, after_401: made early because a host answered 401, replayed: requests \
+                 sent again with the new token)",
+                Family::default(),
+            ),
             registry,
             recent,
         };
@@ -491,6 +508,22 @@ impl Telemetry {
                 started.log_dropped_bytes(),
             );
             catch_up(&self.outbound_denied, &labels, started.denied_requests());
+            for c in started.credentials() {
+                for (outcome, total) in [
+                    ("ok", c.exchanges),
+                    ("failed", c.failures),
+                    ("after_401", c.refreshed_on_401),
+                    ("replayed", c.replays),
+                ] {
+                    let labels = ByCredential {
+                        provider: labels.provider.clone(),
+                        host: c.host.clone(),
+                        outcome,
+                    };
+                    let child = self.credential_exchanges.get_or_create(&labels);
+                    child.inc_by(total.saturating_sub(child.get()));
+                }
+            }
         }
     }
 

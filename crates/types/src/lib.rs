@@ -245,7 +245,9 @@ pub struct Provider {
     pub priority: i32,
     /// `ok`; `starting` or `failed` (its driver: see `start_error`);
     /// `list-failing` or `list-suspect` (its lists: see `list_error`);
-    /// `store-mismatch` (see `store_mismatch`); or why creates or calls
+    /// `store-mismatch` (see `store_mismatch`); `credential-failing` (a
+    /// credential could not be read or exchanged: see `credentials`); or
+    /// why creates or calls
     /// are held right now (`rate-limited`, `quota-paused`,
     /// `not-listed-yet`, `capacity-paused`).
     pub status: String,
@@ -300,6 +302,43 @@ pub struct Provider {
     /// When the holder's lease expires unless it renews it (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_expires: Option<String>,
+    /// The credentials the host adds to the driver's requests, one per
+    /// `[[providers.NAME.credentials]]`, as the process that runs the
+    /// driver has them. Never a secret.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialState>,
+}
+
+/// How one credential of a provider is doing ([`Provider::credentials`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct CredentialState {
+    /// The host it is added to, as configured.
+    pub host: String,
+    /// Its kind (`aws-sigv4`, `bearer`, `header`, `keystone`,
+    /// `oauth2-client-credentials`, `google-service-account`,
+    /// `client-certificate`).
+    pub kind: String,
+    /// `ok`, `unused` (no request needed it yet: it is read or exchanged
+    /// at first use) or `failing` (see `error`).
+    pub state: String,
+    /// Why the latest read or exchange failed, in the token endpoint's own
+    /// words where it gave some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Since when it fails (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<String>,
+    /// Until when the current token works (RFC 3339), for the kinds
+    /// exchanged for tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+    /// Reads or exchanges that worked, and that failed, since start.
+    pub exchanges: u64,
+    pub failures: u64,
+    /// Exchanges made early because a host answered `401`.
+    pub refreshed_on_401: u64,
+    /// Requests sent again with a new token after a `401`.
+    pub replays: u64,
 }
 
 /// An instance in quarantine ([`Provider::quarantined`]).

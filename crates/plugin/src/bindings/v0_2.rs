@@ -6,10 +6,10 @@ use wasmtime::Store;
 use wasmtime::component::{HasSelf, Linker};
 
 use super::{GuestAnswer, MAX_MESSAGE, said, tags_from_wit, tags_to_wit, v0_1};
-use crate::credentials::AuthCtx;
 use crate::guest_log::LogCtx;
 use crate::state::{NetCtx, RecordsCtx};
 use crate::store_data::StoreState;
+use crate::tokens::AuthCtx;
 
 wasmtime::component::bindgen!({
     path: "../../wit/berth-driver@0.2.0",
@@ -91,7 +91,7 @@ impl auth::Host for AuthCtx {
         &mut self,
         host: String,
     ) -> wasmtime::Result<Result<Option<String>, wit::Error>> {
-        Ok(self.info(&host).map_err(|e| match e {
+        Ok(self.info(&host).await.map_err(|e| match e {
             d::DriverError::Unauthorized(m) => wit::Error::Unauthorized(m),
             other => wit::Error::Transient(other.to_string()),
         }))

@@ -38,6 +38,10 @@ pub struct TestConfig {
     /// against (`--faults FILE`).
     #[serde(skip)]
     pub faults: Vec<Fault>,
+    /// Where relative `*-file` paths of `credentials` are taken from: the
+    /// directory of the file this was read from.
+    #[serde(skip)]
+    pub base: std::path::PathBuf,
 }
 
 /// The instance the test creates.
@@ -78,7 +82,10 @@ impl TestConfig {
     pub fn from_file(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        let mut config: TestConfig =
+            serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        config.base = berth_config::base_dir(path).to_path_buf();
+        Ok(config)
     }
 }
 

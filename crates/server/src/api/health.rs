@@ -71,7 +71,7 @@ pub(super) async fn healthz(State(api): State<Api>) -> Response {
     responses(
         (status = 200, description = "Ready.", body = String, content_type = "text/plain"),
         (status = 400, response = responses::TakesNoQuery),
-        (status = 503, description = "Not ready: code `not_ready` (the message names the providers not listed yet), `stopping` (shutting down), `store_unavailable` (the store is out of reach, or the pool's lease could not be renewed in time), `busy` (the pool's task did not answer within 2 s), or `standby` (another berth process holds the pool; this one relays `/v1` calls to it).", body = types::ErrorBody)
+        (status = 503, description = "Not ready: code `not_ready` (the message names the providers not listed yet, or whose credential fails to be read or exchanged), `stopping` (shutting down), `store_unavailable` (the store is out of reach, or the pool's lease could not be renewed in time), `busy` (the pool's task did not answer within 2 s), or `standby` (another berth process holds the pool; this one relays `/v1` calls to it).", body = types::ErrorBody)
     )
 )]
 pub(super) async fn readyz(State(api): State<Api>) -> Response {
@@ -115,6 +115,18 @@ pub(super) async fn readyz(State(api): State<Api>) -> Response {
                 };
                 if let Some(why) = &s.mismatch {
                     return Some(format!("{name} (creates nothing: {why})"));
+                }
+                if let Some(c) = providers
+                    .credentials(p)
+                    .into_iter()
+                    .find(|c| c.error.is_some())
+                {
+                    return Some(format!(
+                        "{name} (its {} credential for {} fails: {})",
+                        c.kind,
+                        c.host,
+                        c.error.unwrap_or_default()
+                    ));
                 }
                 if s.listed {
                     return stale;

@@ -365,10 +365,17 @@ pub(super) fn providers(
                     at(*since)
                 )),
             };
+            let credentials: Vec<types::CredentialState> = started
+                .credentials(ProviderIx(i as u16))
+                .into_iter()
+                .map(credential_state)
+                .collect();
             let status = if matches!(health, Health::Failed { .. }) {
                 "failed"
             } else if health == Health::Starting {
                 "starting"
+            } else if credentials.iter().any(|c| c.error.is_some()) {
+                "credential-failing"
             } else if matches!(s.list, ListHealth::Failing { .. }) {
                 "list-failing"
             } else if matches!(s.list, ListHealth::Suspect { .. }) {
@@ -425,9 +432,35 @@ pub(super) fn providers(
                     .collect(),
                 holder: None,
                 lease_expires: None,
+                credentials,
             }
         })
         .collect()
+}
+
+fn credential_state(c: berth_plugin::CredentialStatus) -> types::CredentialState {
+    let at = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map(|d| rfc3339(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+            .ok()
+    };
+    types::CredentialState {
+        state: match (&c.error, c.used) {
+            (Some(_), _) => "failing",
+            (None, true) => "ok",
+            (None, false) => "unused",
+        }
+        .to_owned(),
+        host: c.host,
+        kind: c.kind.to_owned(),
+        error: c.error,
+        failing_since: c.failing_since.and_then(at),
+        expires: c.expires.and_then(at),
+        exchanges: c.exchanges,
+        failures: c.failures,
+        refreshed_on_401: c.refreshed_on_401,
+        replays: c.replays,
+    }
 }
 
 pub(super) fn drivers(loaded: &[LoadedDriver]) -> Vec<types::Driver> {

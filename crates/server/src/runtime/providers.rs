@@ -364,6 +364,23 @@ impl Providers {
             .collect()
     }
 
+    /// How the credentials of provider `p` are doing; none until it has
+    /// started.
+    pub fn credentials(&self, p: ProviderIx) -> Vec<berth_plugin::CredentialStatus> {
+        match &*self.slots[p.0 as usize].tx.borrow() {
+            State::Up(_, Some(sandbox)) => sandbox.credentials(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// `SIGHUP`: every started provider reads its credentials' secrets
+    /// again (and exchanges them again) at their next use.
+    pub fn reload_credentials(&self) {
+        for (_, sandbox) in self.started() {
+            sandbox.reload_credentials();
+        }
+    }
+
     /// The drivers of the providers started so far, with those providers.
     pub fn drivers(&self) -> Vec<LoadedDriver> {
         self.loader.as_ref().map_or_else(Vec::new, |l| {

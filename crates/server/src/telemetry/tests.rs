@@ -112,6 +112,8 @@ const DESCRIBED: &str = "\
 # TYPE berth_http_connections_closed counter
 # HELP berth_sandbox_denied Outbound requests and probes of a driver that the sandbox refused.
 # TYPE berth_sandbox_denied counter
+# HELP berth_credential_exchanges Reads and token exchanges of a provider's credentials, by host and outcome (ok, failed, after_401: made early because a host answered 401, replayed: requests sent again with the new token).
+# TYPE berth_credential_exchanges counter
 # EOF
 ";
 
@@ -219,6 +221,12 @@ fn fed() -> Telemetry {
     for family in [&t.log_dropped, &t.log_dropped_bytes, &t.outbound_denied] {
         family.get_or_create(&ByProvider::new("p0")).inc_by(4);
     }
+    let exchanged = ByCredential {
+        provider: "p0".into(),
+        host: "keystone.example.com".into(),
+        outcome: "ok",
+    };
+    t.credential_exchanges.get_or_create(&exchanged).inc_by(2);
     t
 }
 
