@@ -744,7 +744,8 @@ async fn signed_provider(
     let table = toml::Value::try_from(sigv4(&proxy.addr.to_string(), &moto.key_id, VAR))
         .expect("credential as TOML");
     let lookup = |name: &str| (name == VAR).then(|| moto.secret.clone());
-    let credentials = config::credentials(&[table], &allowed, &lookup).expect("credentials check");
+    let credentials = config::credentials(&[table], &allowed, std::path::Path::new("."), &lookup)
+        .expect("credentials check");
     let driver = engine
         .load_file(plugin("aws-ec2"))
         .await

@@ -27,6 +27,8 @@ mod static_hosts;
 mod store_trust;
 mod support;
 mod templates;
+mod token_servers;
+mod tokens;
 
 use std::ffi::OsStr;
 use std::time::Duration;
@@ -661,6 +663,7 @@ async fn the_host_adds_a_bearer_token_the_driver_never_holds() {
     let credentials = berth::config::credentials(
         &[toml::Value::Table(table)],
         &[AllowedHost::parse(&addr).unwrap()],
+        std::path::Path::new("."),
         &|name: &str| (name == VAR).then(|| TOKEN.to_owned()),
     )
     .expect("credentials");

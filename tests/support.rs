@@ -15,6 +15,8 @@ pub mod echo;
 pub mod fault_proxy;
 // For the PostgreSQL store's tests (the store crate's tests include it by
 // path too).
+#[path = "support/mtls.rs"]
+pub mod mtls;
 #[path = "support/pool.rs"]
 #[allow(dead_code)]
 pub mod pool;
@@ -32,6 +34,10 @@ pub mod sshd;
 #[path = "support/sys.rs"]
 #[allow(dead_code)]
 pub mod sys;
+// The token servers of the credential tests; each test uses part of it.
+#[path = "support/tokens.rs"]
+#[allow(dead_code)]
+pub mod tokens;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

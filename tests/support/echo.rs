@@ -16,7 +16,9 @@ use tokio::net::{TcpListener, TcpStream};
 /// and the whole request head in the body as it came, in base64 (standard
 /// and URL-safe), percent-encoded, and as a JSON string. The body is sent in
 /// two writes a moment apart, split inside the first `authorization`
-/// value, so that it reaches the reader in two pieces.
+/// value, so that it reaches the reader in two pieces. Two paths answer
+/// otherwise: `/unauthorized` echoes with status `401`, and
+/// `/redirect/HOST:PORT/PATH` answers `302` to `http://HOST:PORT/PATH`.
 pub struct Echo {
     pub addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
@@ -71,9 +73,15 @@ async fn echo(mut s: TcpStream) {
             .to_string()
             .replace('/', "\\/"),
     );
+    let path = head.split(' ').nth(1).unwrap_or("/");
+    let (status, location) = match path.strip_prefix("/redirect/") {
+        Some(to) => ("302 Found", format!("location: http://{to}\r\n")),
+        None if path == "/unauthorized" => ("401 Unauthorized", String::new()),
+        None => ("200 OK", String::new()),
+    };
     let response = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nx-echo-authorization: {auth}\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\nx-echo-authorization: {auth}\r\n\
+         {location}content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     let split = response
