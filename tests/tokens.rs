@@ -19,6 +19,8 @@ const PASSWORD: &str = "first-pa55word/with+signs=";
 const ROTATED: &str = "second-pa55word%after&rotation";
 const CLIENT: &str = "berth-client";
 const CLIENT_SECRET: &str = "client-secret-0f6b2c9d1e";
+const APP_CREDENTIAL: &str = "21dced0fd20347869b93710d2b98aae0";
+const APP_SECRET: &str = "app-credential-secret-7d1f";
 
 /// A sim cloud behind a guard that wants the token server's tokens.
 struct Cloud {
@@ -35,6 +37,7 @@ impl Cloud {
         let tokens = TokenServer::start(TokenConfig {
             lifetime,
             passwords: vec![(USER.into(), PASSWORD.into())],
+            app_credentials: vec![(APP_CREDENTIAL.into(), APP_SECRET.into())],
             client_secrets: vec![(CLIENT.into(), CLIENT_SECRET.into())],
             client_public_keys: vec![(CLIENT.into(), key_pem("service-account.pub.pem"))],
             google_public_keys: vec![(
@@ -319,11 +322,12 @@ async fn sighup_rereads_a_token_file() {
     server.terminate().await.assert_success();
 }
 
-/// The other kinds serve a pool across token expiries the same way: an
-/// OAuth2 client with a secret (in the body and as HTTP Basic) or a
-/// private-key JWT, and a Google service-account key.
+/// The other kinds serve a pool across token expiries the same way: a
+/// Keystone application credential, an OAuth2 client with a secret (in the
+/// body and as HTTP Basic) or a private-key JWT, and a Google
+/// service-account key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oauth2_and_google_credentials_serve_across_expiries() {
+async fn the_other_exchanged_kinds_serve_across_expiries() {
     let cloud = Cloud::start(Duration::from_secs(2)).await;
     let secret = cloud.file("client-secret", CLIENT_SECRET);
     let key = google_key_json(
@@ -334,6 +338,14 @@ async fn oauth2_and_google_credentials_serve_across_expiries() {
     let private = key_path("service-account.pem").display().to_string();
     let url = cloud.tokens.oauth2_token_url();
     let kinds = [
+        (
+            "keystone application credential",
+            format!(
+                "kind = \"keystone\"\nauth-url = \"{}\"\napplication-credential-id = \"{APP_CREDENTIAL}\"\n\
+                 application-credential-secret = \"${{BERTH_TEST_APP_SECRET}}\"",
+                cloud.tokens.keystone_url()
+            ),
+        ),
         (
             "oauth2 secret",
             format!(
@@ -363,7 +375,13 @@ async fn oauth2_and_google_credentials_serve_across_expiries() {
     for (what, table) in kinds {
         let start = cloud.tokens.counts();
         let server = cloud
-            .berth(&table, &[("BERTH_TEST_CLIENT_SECRET", CLIENT_SECRET)])
+            .berth(
+                &table,
+                &[
+                    ("BERTH_TEST_CLIENT_SECRET", CLIENT_SECRET),
+                    ("BERTH_TEST_APP_SECRET", APP_SECRET),
+                ],
+            )
             .await;
         server
             .until_label_ready(60, "small", 2, "two ready nodes")
