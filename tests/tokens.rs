@@ -485,9 +485,9 @@ async fn a_failing_exchange_shows_with_the_endpoints_words_and_never_the_secret(
 /// provider's lists say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_is_presented_to_a_host_that_requires_one() {
-    use crate::support::mtls::{MtlsFront, tls_file};
+    use crate::support::mtls::{TlsFront, tls_file};
     let sim = SimServer::start().await;
-    let front = MtlsFront::start(sim.addr()).await;
+    let front = TlsFront::start(sim.addr()).await;
     let file = |name: &str| tls_file(name).display().to_string();
     for (who, cert, key) in [
         ("berth-client", "client.crt", "client.key"),
@@ -591,4 +591,45 @@ async fn the_kit_takes_an_exchanged_credential_and_expands_the_environment() {
     assert!(counts.issued >= 1 && counts.guarded_ok > 0, "{counts:?}");
     assert_eq!(counts.guarded_401, 0, "{:?}", cloud.guard.refusals());
     assert!(!ran.stdout.contains(PASSWORD) && !ran.stderr.contains(PASSWORD));
+}
+
+/// A Keystone behind a private CA: with `ca-file` naming the CA, the
+/// exchange trusts it and the pool fills; without, the exchange fails on
+/// the certificate and the provider says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_endpoint_of_a_private_ca_is_trusted_through_ca_file() {
+    use crate::support::mtls::{TlsFront, tls_file};
+    let cloud = Cloud::start(Duration::from_secs(3600)).await;
+    let front = TlsFront::start_with(cloud.tokens.addr, false).await;
+    let password = cloud.file("os-password", PASSWORD);
+    let keystone = format!(
+        "kind = \"keystone\"\nauth-url = \"{}/v3\"\nusername = \"{USER}\"\n\
+         password-file = \"{password}\"",
+        front.url()
+    );
+    let ca = tls_file("ca.crt").display().to_string();
+    let server = cloud
+        .berth(&format!("{keystone}\nca-file = \"{ca}\""), &[])
+        .await;
+    server
+        .until_label_ready(60, "small", 2, "two ready nodes")
+        .await;
+    let c = credential(&provider(&server).await);
+    assert_eq!(c["state"], "ok", "{c}");
+    server.terminate().await.assert_success();
+
+    let server = cloud.berth(&keystone, &[]).await;
+    let c = until(60, "the exchange to fail on the certificate", || async {
+        let c = credential(&provider(&server).await);
+        (c["state"] == "failing").then_some(c)
+    })
+    .await;
+    eprintln!("without ca-file: {c}");
+    assert!(
+        c["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot reach")),
+        "{c}"
+    );
+    server.terminate().await.assert_success();
 }

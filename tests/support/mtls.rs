@@ -1,7 +1,9 @@
-//! A TLS front for the sim cloud on 127.0.0.1:0 that wants a client
-//! certificate (rustls): a connection whose client presents a certificate
-//! of the test CA (`tests/fixtures/tls`) is relayed byte for byte to the
-//! backend; any other is refused in the handshake. Serves until dropped.
+//! A TLS front on 127.0.0.1:0 (rustls) with the test CA's server
+//! certificate for 127.0.0.1 (`tests/fixtures/tls`), relaying each
+//! connection byte for byte to a backend (the sim cloud, a token server).
+//! It may want a client certificate: then a connection whose client
+//! presents one of the test CA's is relayed, and any other is refused in
+//! the handshake. Serves until dropped.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,7 +20,7 @@ pub fn tls_file(name: &str) -> PathBuf {
         .join(name)
 }
 
-pub struct MtlsFront {
+pub struct TlsFront {
     pub addr: SocketAddr,
     /// What each handshake came to: the client's subject as `ok …`, or
     /// `refused: …`. Plain mutex, never held across an await.
@@ -26,8 +28,14 @@ pub struct MtlsFront {
     task: tokio::task::JoinHandle<()>,
 }
 
-impl MtlsFront {
-    pub async fn start(upstream: SocketAddr) -> MtlsFront {
+impl TlsFront {
+    /// A front that wants a client certificate of the test CA.
+    pub async fn start(upstream: SocketAddr) -> TlsFront {
+        Self::start_with(upstream, true).await
+    }
+
+    /// A front that wants none when `client_certificate` is false.
+    pub async fn start_with(upstream: SocketAddr, client_certificate: bool) -> TlsFront {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_file_iter(tls_file("ca.crt")).expect("ca.crt") {
@@ -46,12 +54,16 @@ impl MtlsFront {
             .collect::<Result<Vec<_>, _>>()
             .expect("the server's chain");
         let key = PrivateKeyDer::from_pem_file(tls_file("server.key")).expect("server.key");
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let versions = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, key)
-            .expect("the server's certificate");
+            .expect("TLS versions");
+        let config = if client_certificate {
+            versions.with_client_cert_verifier(verifier)
+        } else {
+            versions.with_no_client_auth()
+        }
+        .with_single_cert(chain, key)
+        .expect("the server's certificate");
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -68,17 +80,16 @@ impl MtlsFront {
                             return;
                         }
                     };
-                    let subject = tls
+                    let presented = tls
                         .get_ref()
                         .1
                         .peer_certificates()
                         .and_then(|c| c.first())
-                        .map(|c| c.len())
-                        .unwrap_or(0);
+                        .map_or(0, |c| c.len());
                     record
                         .lock()
                         .unwrap()
-                        .push(format!("ok: a client certificate of {subject} bytes"));
+                        .push(format!("ok: a client certificate of {presented} bytes"));
                     let Ok(mut backend) = TcpStream::connect(upstream).await else {
                         return;
                     };
@@ -86,7 +97,7 @@ impl MtlsFront {
                 });
             }
         });
-        MtlsFront { addr, seen, task }
+        TlsFront { addr, seen, task }
     }
 
     pub fn url(&self) -> String {
@@ -99,7 +110,7 @@ impl MtlsFront {
     }
 }
 
-impl Drop for MtlsFront {
+impl Drop for TlsFront {
     fn drop(&mut self) {
         self.task.abort();
     }

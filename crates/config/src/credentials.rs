@@ -362,9 +362,11 @@ impl Walker<'_> {
                 }
             }
         };
+        let ca = self.string(s, "ca-file").map(|p| base.join(p));
         Some(Keystone {
             auth_url: auth_url?,
             method: method?,
+            ca,
         })
     }
 
@@ -402,12 +404,14 @@ impl Walker<'_> {
         };
         let scope = self.string(s, "scope");
         let resource = self.string(s, "resource");
+        let ca = self.string(s, "ca-file").map(|p| base.join(p));
         Some(OAuth2 {
             token_url: token_url?,
             client_id: client_id?,
             client: client?,
             scope,
             resource,
+            ca,
         })
     }
 }

@@ -101,6 +101,9 @@ pub struct Keystone {
     /// tokens are asked at `{auth_url}/auth/tokens`.
     pub auth_url: String,
     pub method: KeystoneMethod,
+    /// PEM CA certificates `auth_url`'s certificate must chain to, in
+    /// place of the system's trust store (`ca-file`).
+    pub ca: Option<PathBuf>,
 }
 
 /// How an OAuth2 client proves who it is at the token endpoint.
@@ -131,6 +134,9 @@ pub struct OAuth2 {
     pub scope: Option<String>,
     /// `resource` (Entra ID v1 endpoints).
     pub resource: Option<String>,
+    /// PEM CA certificates the token endpoint's certificate must chain to,
+    /// in place of the system's trust store (`ca-file`).
+    pub ca: Option<PathBuf>,
 }
 
 /// `kind = "google-service-account"`: a service-account JSON key; the host

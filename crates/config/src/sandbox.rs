@@ -355,16 +355,22 @@ impl Auth {
                 ..
             } => vec![file("token-file", value)],
             Auth::Header { value, .. } => vec![file("value-file", value)],
-            Auth::Keystone(k) => match &k.method {
-                KeystoneMethod::Password { password, .. } => vec![file("password-file", password)],
-                KeystoneMethod::ApplicationCredential { secret, .. } => {
-                    vec![file("application-credential-secret-file", secret)]
-                }
-            },
-            Auth::OAuth2(o) => match &o.client {
-                ClientAuth::Secret { secret, .. } => vec![file("client-secret-file", secret)],
-                ClientAuth::PrivateKeyJwt { key, .. } => vec![file("private-key-file", key)],
-            },
+            Auth::Keystone(k) => vec![
+                match &k.method {
+                    KeystoneMethod::Password { password, .. } => file("password-file", password),
+                    KeystoneMethod::ApplicationCredential { secret, .. } => {
+                        file("application-credential-secret-file", secret)
+                    }
+                },
+                k.ca.as_deref().map(|p| ("ca-file", p)),
+            ],
+            Auth::OAuth2(o) => vec![
+                match &o.client {
+                    ClientAuth::Secret { secret, .. } => file("client-secret-file", secret),
+                    ClientAuth::PrivateKeyJwt { key, .. } => file("private-key-file", key),
+                },
+                o.ca.as_deref().map(|p| ("ca-file", p)),
+            ],
             Auth::Google(g) => vec![file("key-file", &g.key)],
             Auth::ClientCertificate(c) => vec![
                 Some(("cert-file", c.cert.as_path())),

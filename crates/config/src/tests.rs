@@ -829,6 +829,7 @@ username = "ci"
 password-file = "secrets/os-password"
 project-name = "ci-project"
 project-domain = "ci-domain"
+ca-file = "tls/keystone-ca.crt"
 [[providers.os.credentials]]
 host = "keystone.example.com:5000"
 kind = "keystone"
@@ -919,6 +920,7 @@ fn credentials_exchanged_for_tokens_are_read() {
         files,
         [
             "password-file=/etc/berth/secrets/os-password",
+            "ca-file=/etc/berth/tls/keystone-ca.crt",
             "key-file=/etc/berth/gce.json",
             "cert-file=/etc/berth/tls/client.crt",
             "key-file=/etc/berth/tls/client.key",

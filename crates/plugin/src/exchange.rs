@@ -16,11 +16,18 @@
 //!   `urn:ietf:params:oauth:grant-type:jwt-bearer` grant at the key's
 //!   `token_uri`).
 //!
-//! The host's own HTTP client (reqwest, rustls) makes these requests, never
-//! a driver's: it follows no redirect (a secret goes only to the URL
-//! configured), and reads at most [`MAX_ANSWER`] bytes of an answer.
+//! The host makes these requests itself, never a driver: over hyper, with
+//! rustls checking the endpoint against the system's trust store or the
+//! credential's `ca-file` ([`crate::mtls::send`]). It follows no redirect
+//! (a secret goes only to the URL configured), and reads at most
+//! [`MAX_ANSWER`] bytes of an answer.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use http_body_util::BodyExt as _;
 
 use http::header::HeaderName;
 use serde::Deserialize;
@@ -77,23 +84,33 @@ impl Failure {
     }
 }
 
-/// The HTTP client of the exchanges.
-pub(crate) struct Client(Option<reqwest::Client>);
+/// What the exchanges' TLS trusts by default: the system's trust store
+/// (the public roots if it has none).
+pub(crate) struct Client(Option<Arc<rustls::ClientConfig>>);
 
 impl Client {
     pub fn new() -> Client {
-        // The one crypto provider of the process; one installed before
-        // stays.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .user_agent(concat!("berth/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(EXCHANGE_TIMEOUT)
-            .build()
-            .map_err(|e| tracing::error!(error = %e, "the HTTP client of credential exchanges did not start"))
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        if roots.is_empty() {
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        }
+        let config = tls_config(roots)
+            .map_err(|e| tracing::error!(error = %e.message, "the TLS of credential exchanges did not start"))
             .ok();
-        Client(client)
+        Client(config)
     }
+}
+
+fn tls_config(roots: rustls::RootCertStore) -> Result<Arc<rustls::ClientConfig>, Failure> {
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Failure::new(false, format!("TLS: {e}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 /// The secrets of `auth` known without reading a file (from the
@@ -253,42 +270,126 @@ impl Answer {
     }
 }
 
-async fn send(request: reqwest::RequestBuilder, url: &str) -> Result<Answer, Failure> {
-    let unreachable = |e: reqwest::Error| {
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(": ");
-            text.push_str(&s.to_string());
-            source = s.source();
-        }
-        Failure::new(false, format!("cannot reach {url}: {text}"))
+/// One request to a token endpoint.
+struct Post<'a> {
+    url: &'a str,
+    /// Trusted in place of the system's store.
+    ca: Option<&'a Path>,
+    headers: Vec<(HeaderName, String)>,
+    body: Vec<u8>,
+}
+
+/// Sends `post` and reads the whole answer, within [`EXCHANGE_TIMEOUT`].
+async fn send(client: &Client, post: Post<'_>) -> Result<Answer, Failure> {
+    let url = post.url;
+    match tokio::time::timeout(EXCHANGE_TIMEOUT, send_now(client, post)).await {
+        Ok(answer) => answer,
+        Err(_) => Err(Failure::new(
+            false,
+            format!(
+                "{url} did not answer within {}s",
+                EXCHANGE_TIMEOUT.as_secs()
+            ),
+        )),
+    }
+}
+
+async fn send_now(client: &Client, post: Post<'_>) -> Result<Answer, Failure> {
+    let url = post.url;
+    let unreachable = |e: String| Failure::new(false, format!("cannot reach {url}: {e}"));
+    let uri: http::Uri = url.parse().map_err(|e| unreachable(format!("{e}")))?;
+    let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+    let authority = uri
+        .authority()
+        .ok_or_else(|| unreachable("the URL names no host".into()))?
+        .clone();
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let addr = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| unreachable(e.to_string()))?
+        .next()
+        .ok_or_else(|| unreachable("the host name does not resolve".into()))?;
+    let mut request = http::Request::builder()
+        .method(http::Method::POST)
+        .uri(uri.clone())
+        .header(http::header::HOST, authority.as_str())
+        .header(
+            http::header::USER_AGENT,
+            concat!("berth/", env!("CARGO_PKG_VERSION")),
+        );
+    for (name, value) in &post.headers {
+        request = request.header(name, value);
+    }
+    let body = http_body_util::Full::new(bytes::Bytes::from(post.body))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let request = request.body(body).map_err(|e| unreachable(e.to_string()))?;
+    let options = wasmtime_wasi_http::RequestOptions {
+        connect_timeout: Some(EXCHANGE_TIMEOUT),
+        first_byte_timeout: Some(EXCHANGE_TIMEOUT),
+        between_bytes_timeout: Some(EXCHANGE_TIMEOUT),
     };
-    let mut response = request.send().await.map_err(unreachable)?;
+    let sent = if https {
+        let tls = match post.ca {
+            Some(ca) => ca_config(ca)?,
+            None => client
+                .0
+                .clone()
+                .ok_or_else(|| Failure::new(false, "the TLS of exchanges did not start"))?,
+        };
+        crate::mtls::send(request, options, tls, addr).await
+    } else {
+        // Plain HTTP goes only to loopback (checked with the config).
+        wasmtime_wasi_http::default_send_request(request, Some(options))
+            .await
+            .map(crate::sandbox::boxed)
+    };
+    let (response, io) = sent.map_err(|e| unreachable(format!("{e:?}")))?;
+    // The connection's I/O goes on while the body is read.
+    let io = tokio::spawn(io);
     let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
-        if body.len() + chunk.len() > MAX_ANSWER {
-            return Err(Failure::new(
+    let (parts, body) = response.into_parts();
+    let body = http_body_util::Limited::new(body, MAX_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| match e.downcast::<http_body_util::LengthLimitError>() {
+            Ok(_) => Failure::new(
                 false,
                 format!("{url} answered more than {MAX_ANSWER} bytes"),
-            ));
-        }
-        body.extend_from_slice(&chunk);
-    }
+            ),
+            Err(e) => unreachable(format!("{e:?}")),
+        })?
+        .to_bytes();
+    io.abort();
     Ok(Answer {
         status,
-        headers,
-        body,
+        headers: parts.headers,
+        body: body.to_vec(),
     })
 }
 
-fn http(client: &Client) -> Result<&reqwest::Client, Failure> {
-    client
-        .0
-        .as_ref()
-        .ok_or_else(|| Failure::new(false, "the HTTP client of exchanges did not start"))
+/// A TLS configuration that trusts only the certificates in the PEM file
+/// `ca` (read now, so a replaced file is used from the next exchange).
+fn ca_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>, Failure> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let shown = ca.display();
+    let refused = |e: String| Failure::new(true, format!("ca-file {shown}: {e}"));
+    let pem = std::fs::read(ca).map_err(|e| refused(e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        roots
+            .add(cert.map_err(|e| refused(e.to_string()))?)
+            .map_err(|e| refused(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(refused("holds no certificate".into()));
+    }
+    tls_config(roots)
 }
 
 fn keystone_ref(r: &KeystoneRef) -> Value {
@@ -329,7 +430,16 @@ async fn keystone(
             } } })
         }
     };
-    let answer = send(http(client)?.post(&url).json(&body), &url).await?;
+    let answer = send(
+        client,
+        Post {
+            url: &url,
+            ca: k.ca.as_deref(),
+            headers: vec![(http::header::CONTENT_TYPE, "application/json".to_owned())],
+            body: body.to_string().into_bytes(),
+        },
+    )
+    .await?;
     if !(200..300).contains(&answer.status) {
         return Err(answer.failure(&url));
     }
@@ -422,27 +532,32 @@ struct TokenAnswer {
     scope: Option<String>,
 }
 
-/// Posts `form` to `url` and reads a bearer token from the answer.
+/// Posts `form` to `url` (with `headers` besides, trusting `ca` if
+/// given) and reads a bearer token from the answer.
 async fn token_endpoint(
-    request: reqwest::RequestBuilder,
-    url: &str,
+    client: &Client,
+    (url, ca): (&str, Option<&Path>),
+    mut headers: Vec<(HeaderName, String)>,
     form: &[(&str, &str)],
     secrets: &mut Vec<Vec<u8>>,
 ) -> Result<(Secret, Duration, TokenAnswer), Failure> {
     let body = url::form_urlencoded::Serializer::new(String::new())
         .extend_pairs(form)
         .finish();
-    let answer = send(
-        request
-            .header(
-                http::header::CONTENT_TYPE,
-                "application/x-www-form-urlencoded",
-            )
-            .header(http::header::ACCEPT, "application/json")
-            .body(body),
+    headers.extend([
+        (
+            http::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded".to_owned(),
+        ),
+        (http::header::ACCEPT, "application/json".to_owned()),
+    ]);
+    let post = Post {
         url,
-    )
-    .await?;
+        ca,
+        headers,
+        body: body.into_bytes(),
+    };
+    let answer = send(client, post).await?;
     if answer.status != 200 {
         return Err(answer.failure(url));
     }
@@ -543,7 +658,7 @@ async fn oauth2(
     secrets: &mut Vec<Vec<u8>>,
 ) -> Result<Exchanged, Failure> {
     let url = &o.token_url;
-    let mut request = http(client)?.post(url);
+    let mut headers = Vec::new();
     let mut form: Vec<(&str, String)> = vec![("grant_type", "client_credentials".to_owned())];
     if let Some(s) = &o.scope {
         form.push(("scope", s.clone()));
@@ -562,7 +677,12 @@ async fn oauth2(
                 let user = enc(&o.client_id);
                 let pass = enc(secret.expose());
                 secrets.push(pass.as_bytes().to_vec());
-                request = request.basic_auth(user, Some(pass));
+                let basic = format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+                );
+                secrets.push(basic.as_bytes().to_vec());
+                headers.push((http::header::AUTHORIZATION, basic));
             } else {
                 form.push(("client_id", o.client_id.clone()));
                 form.push(("client_secret", secret.expose().to_owned()));
@@ -591,7 +711,8 @@ async fn oauth2(
         }
     }
     let pairs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let (token, lifetime, answer) = token_endpoint(request, url, &pairs, secrets).await?;
+    let (token, lifetime, answer) =
+        token_endpoint(client, (url, o.ca.as_deref()), headers, &pairs, secrets).await?;
     let mut info = json!({
         "kind": "oauth2-client-credentials",
         "token_url": url,
@@ -684,12 +805,12 @@ async fn google(
         "the key's private_key",
     )?;
     secrets.push(assertion.as_bytes().to_vec());
-    let request = http(client)?.post(&key.token_uri);
     let form = [
         ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"),
         ("assertion", assertion.as_str()),
     ];
-    let (token, lifetime, _) = token_endpoint(request, &key.token_uri, &form, secrets).await?;
+    let (token, lifetime, _) =
+        token_endpoint(client, (&key.token_uri, None), Vec::new(), &form, secrets).await?;
     let info = json!({
         "kind": "google-service-account",
         "project_id": key.project_id,

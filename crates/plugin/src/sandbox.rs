@@ -554,7 +554,7 @@ pub(crate) type Io =
     std::pin::Pin<Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>>;
 
 /// What `default_send_request` answers, in types that name no closure.
-fn boxed<B>(
+pub(crate) fn boxed<B>(
     (response, io): (
         http::Response<B>,
         impl Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send + 'static,
