@@ -538,14 +538,14 @@ async fn a_paused_holder_sends_and_writes_nothing_once_another_took_the_pool_ove
     let waiting = psql(&fleet.url, "SELECT count(*) FROM request_inbox").unwrap();
     assert_eq!(waiting.trim(), "0", "requests left in the inbox");
     // b1 counted what went through the inbox: it put the four there while
-    // standing by, and took them in once it held the pool.
+    // standing by, and took them in once it held the pool; all but any that
+    // b0 had committed from its offer just before it stopped (answered too
+    // late, so inboxed too: b1 finds those in the pool it took over, and
+    // only removes their inbox entries).
     let m = fleet.get(1).metrics(Some(OPS)).await;
     assert_eq!(metric(&m, "berth_requests_inboxed_total"), Some(4.0), "{m}");
-    assert_eq!(
-        metric(&m, "berth_requests_taken_in_total"),
-        Some(4.0),
-        "{m}"
-    );
+    let taken_in = metric(&m, "berth_requests_taken_in_total").unwrap_or(0.0);
+    assert!((1.0..=4.0).contains(&taken_in), "{m}");
     // b1's first lists were sent to b0, which held the provider and did not
     // answer: each went to the provider's next holder once it moved, none
     // failed (a failed list waits out a backoff: `boot-poll-interval`, 5 s
