@@ -85,20 +85,30 @@ impl Failure {
 }
 
 /// What the exchanges' TLS trusts by default: the system's trust store
-/// (the public roots if it has none).
-pub(crate) struct Client(Option<Arc<rustls::ClientConfig>>);
+/// (the public roots if it has none), read at the first HTTPS exchange of
+/// the process, not for every provider that never makes one.
+pub(crate) struct Client;
 
 impl Client {
     pub fn new() -> Client {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-        if roots.is_empty() {
-            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        }
-        let config = tls_config(roots)
-            .map_err(|e| tracing::error!(error = %e.message, "the TLS of credential exchanges did not start"))
-            .ok();
-        Client(config)
+        Client
+    }
+
+    fn tls(&self) -> Option<Arc<rustls::ClientConfig>> {
+        static SYSTEM: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>> =
+            std::sync::OnceLock::new();
+        SYSTEM
+            .get_or_init(|| {
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+                if roots.is_empty() {
+                    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+                }
+                tls_config(roots)
+                    .map_err(|e| tracing::error!(error = %e.message, "the TLS of credential exchanges did not start"))
+                    .ok()
+            })
+            .clone()
     }
 }
 
@@ -337,8 +347,7 @@ async fn send_now(client: &Client, post: Post<'_>) -> Result<Answer, Failure> {
         let tls = match post.ca {
             Some(ca) => ca_config(ca)?,
             None => client
-                .0
-                .clone()
+                .tls()
                 .ok_or_else(|| Failure::new(false, "the TLS of exchanges did not start"))?,
         };
         crate::mtls::send(request, options, tls, addr).await
@@ -375,21 +384,9 @@ async fn send_now(client: &Client, post: Post<'_>) -> Result<Answer, Failure> {
 /// A TLS configuration that trusts only the certificates in the PEM file
 /// `ca` (read now, so a replaced file is used from the next exchange).
 fn ca_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>, Failure> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let shown = ca.display();
-    let refused = |e: String| Failure::new(true, format!("ca-file {shown}: {e}"));
+    let refused = |e: String| Failure::new(true, format!("ca-file {}: {e}", ca.display()));
     let pem = std::fs::read(ca).map_err(|e| refused(e.to_string()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        roots
-            .add(cert.map_err(|e| refused(e.to_string()))?)
-            .map_err(|e| refused(e.to_string()))?;
-    }
-    if roots.is_empty() {
-        return Err(refused("holds no certificate".into()));
-    }
-    tls_config(roots)
+    tls_config(crate::mtls::ca_roots(&pem).map_err(refused)?)
 }
 
 fn keystone_ref(r: &KeystoneRef) -> Value {

@@ -64,18 +64,8 @@ pub(crate) fn config(
     let mut roots = rustls::RootCertStore::empty();
     match &c.ca {
         Some(ca) => {
-            for cert in CertificateDer::pem_slice_iter(&pem(ca)?) {
-                let cert = cert.map_err(|e| refused(format!("ca-file {}: {e}", ca.display())))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| refused(format!("ca-file {}: {e}", ca.display())))?;
-            }
-            if roots.is_empty() {
-                return Err(refused(format!(
-                    "ca-file {} holds no certificate",
-                    ca.display()
-                )));
-            }
+            roots = ca_roots(&pem(ca)?)
+                .map_err(|e| refused(format!("ca-file {}: {e}", ca.display())))?;
         }
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
     }
@@ -88,6 +78,21 @@ pub(crate) fn config(
     .with_client_auth_cert(chain, key)
     .map_err(|e| refused(format!("the certificate and key do not go together: {e}")))?;
     Ok(Arc::new(config))
+}
+
+/// The certificates of a PEM CA file, as roots to trust; an error names
+/// what is wrong (to be prefixed with the file).
+pub(crate) fn ca_roots(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    if roots.is_empty() {
+        return Err("holds no certificate".into());
+    }
+    Ok(roots)
 }
 
 /// Sends `request` over TLS made with `tls` to `addr`, the address the
