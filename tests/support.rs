@@ -39,6 +39,7 @@ pub mod sys;
 #[allow(dead_code)]
 pub mod tokens;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -155,10 +156,18 @@ pub fn workspace() -> PathBuf {
 /// Builds every plugin once per test process and returns the path of the one
 /// named `name` (`sim`, `example`, `hostile`, `broken`, `wrong-version`,
 /// `aws-ec2`, `static`, `careless`); `sim-0.1` is the build of the sim
-/// driver for contract 0.1 kept in the tree, built by nothing.
+/// driver for contract 0.1 kept in the tree, built by nothing. The drivers
+/// for the clouds of tests/clouds (`hetzner`, …) are built one by one, the
+/// first time a test asks for each.
 pub fn plugin(name: &str) -> PathBuf {
     if name == "sim-0.1" {
         return workspace().join("plugins/fixtures/sim-0.1/berth_driver_sim_0_1.wasm");
+    }
+    if let Some(package) = CLOUD_DRIVERS
+        .iter()
+        .find(|p| p.strip_prefix("berth-driver-") == Some(name))
+    {
+        return built_alone(package);
     }
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir =
@@ -177,10 +186,43 @@ pub fn plugin(name: &str) -> PathBuf {
     dir.join(format!("{file}.wasm"))
 }
 
+/// The drivers for the fake clouds of tests/clouds, each built only for the
+/// tests that ask for it.
+const CLOUD_DRIVERS: [&str; 1] = ["berth-driver-hetzner"];
+
+/// Builds the driver `package` alone, once per test process, and returns
+/// its component.
+fn built_alone(package: &'static str) -> PathBuf {
+    static BUILT: Mutex<BTreeMap<&'static str, PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(path) = built.get(package) {
+        return path.clone();
+    }
+    let dir = build_packages(&[package]).unwrap_or_else(|e| panic!("building {package}: {e}"));
+    let path = dir.join(format!("{}.wasm", package.replace('-', "_")));
+    built.insert(package, path.clone());
+    path
+}
+
 /// Runs `cargo build --target wasm32-wasip2` for the plugins into a target
 /// directory of their own, so it never waits on the lock of the build that
 /// is running these tests.
 pub fn build_plugins() -> Result<PathBuf, String> {
+    build_packages(&[
+        "berth-driver-sim",
+        "berth-driver-example",
+        "berth-fixture-hostile",
+        "berth-fixture-broken",
+        "berth-fixture-wrong-version",
+        "berth-driver-aws-ec2",
+        "berth-driver-static",
+        "berth-fixture-careless",
+    ])
+}
+
+/// `cargo build --target wasm32-wasip2 --profile plugin` of `packages`, into
+/// the plugins' own target directory; the directory of the components.
+fn build_packages(packages: &[&str]) -> Result<PathBuf, String> {
     let root = workspace();
     let target = root.join("target").join("plugins");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -194,24 +236,7 @@ pub fn build_plugins() -> Result<PathBuf, String> {
             "--profile",
             "plugin",
         ])
-        .args([
-            "-p",
-            "berth-driver-sim",
-            "-p",
-            "berth-driver-example",
-            "-p",
-            "berth-fixture-hostile",
-            "-p",
-            "berth-fixture-broken",
-            "-p",
-            "berth-fixture-wrong-version",
-            "-p",
-            "berth-driver-aws-ec2",
-            "-p",
-            "berth-driver-static",
-            "-p",
-            "berth-fixture-careless",
-        ])
+        .args(packages.iter().flat_map(|p| ["-p", p]))
         .env("CARGO_TARGET_DIR", &target)
         .status()
         .map_err(|e| format!("running cargo: {e}"))?;

@@ -258,6 +258,20 @@ impl TokenServer {
         format!("http://{}", self.addr)
     }
 
+    /// A fake cloud's check of the tokens its callers carry: one this
+    /// server issued, not revoked and not expired.
+    pub fn token_check(&self) -> berth_test_clouds::common::TokenCheck {
+        let state = self.state.clone();
+        std::sync::Arc::new(move |token: &str| {
+            let r = state.lock().expect("token server");
+            match r.live.get(token) {
+                Some(expiry) if Instant::now() < *expiry => Ok(()),
+                Some(_) => Err("expired".into()),
+                None => Err("unknown".into()),
+            }
+        })
+    }
+
     /// Keystone's base URL, the `auth_url` of a `clouds.yaml`:
     /// `http://ADDR/v3`.
     pub fn keystone_url(&self) -> String {
