@@ -68,6 +68,8 @@ pub mod auth;
 #[allow(missing_docs, clippy::all)]
 #[doc(hidden)]
 pub mod bindings;
+pub mod cloud_init;
+pub mod config;
 #[doc(hidden)]
 pub mod driver;
 pub mod error;
@@ -77,6 +79,7 @@ pub mod net;
 pub mod pages;
 pub mod state;
 pub mod tags;
+pub mod time;
 pub mod types;
 
 pub use driver::Driver;

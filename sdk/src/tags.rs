@@ -29,6 +29,21 @@ pub fn has_all(tags: &[(String, String)], filter: &[(String, String)]) -> bool {
         .all(|(fk, fv)| tags.iter().any(|(k, v)| k == fk && v == fv))
 }
 
+/// `tags` with `berth-pool` set to `pool_id` whatever they said, first: what
+/// a driver creates with, filters its lists by and sets, since the pool tag
+/// is the one a driver enforces itself.
+pub fn with_pool(tags: &[(String, String)], pool_id: &str) -> Tags {
+    let mut out: Tags = vec![(POOL_TAG.to_owned(), pool_id.to_owned())];
+    out.extend(tags.iter().filter(|(k, _)| k != POOL_TAG).cloned());
+    out
+}
+
+/// Whether `filter` names a pool other than `pool_id`: such a list matches
+/// nothing the driver may see, and asks the cloud nothing.
+pub fn names_other_pool(filter: &[(String, String)], pool_id: &str) -> bool {
+    filter.iter().any(|(k, v)| k == POOL_TAG && v != pool_id)
+}
+
 /// Whether `key` is one of berth's own tag keys.
 pub fn is_berth_tag(key: &str) -> bool {
     key.starts_with(BERTH_PREFIX)
@@ -110,6 +125,27 @@ pub fn decode_label(label: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_pool_tag_is_the_drivers_own() {
+        use super::{names_other_pool, with_pool};
+        let t = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect()
+        };
+        assert_eq!(
+            with_pool(&t(&[("a", "1"), ("berth-pool", "other")]), "p"),
+            t(&[("berth-pool", "p"), ("a", "1")])
+        );
+        assert!(names_other_pool(&t(&[("berth-pool", "other")]), "p"));
+        assert!(!names_other_pool(
+            &t(&[("berth-pool", "p"), ("a", "1")]),
+            "p"
+        ));
+        assert!(!names_other_pool(&[], "p"));
+    }
+
     #[test]
     fn label_encoding_vectors() {
         use super::{decode_label, encode_label};

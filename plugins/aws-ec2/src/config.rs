@@ -2,9 +2,9 @@
 //! every problem is reported at once, each naming its key; and their schemas
 //! for `describe`.
 
-use berth_sdk::http::Url;
+use berth_sdk::config::{Reader, field};
 use berth_sdk::types::{ConfigField, FieldType};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// `DescribeInstances` takes 5 to 1000 results per page.
 const PAGE_SIZES: std::ops::RangeInclusive<u64> = 5..=1000;
@@ -50,22 +50,6 @@ impl LabelOptions {
     /// image's root device name.
     pub fn sets_root_volume(&self) -> bool {
         self.root_volume_size.is_some() || self.root_volume_type.is_some()
-    }
-}
-
-fn field(
-    name: &str,
-    field_type: FieldType,
-    required: bool,
-    default: Option<&str>,
-    doc: &str,
-) -> ConfigField {
-    ConfigField {
-        name: name.into(),
-        field_type,
-        required,
-        default: default.map(Into::into),
-        doc: doc.into(),
     }
 }
 
@@ -163,128 +147,6 @@ pub(crate) fn label_option_fields() -> Vec<ConfigField> {
     ]
 }
 
-/// A JSON object's keys taken one at a time, each problem kept with its path.
-struct Reader<'a> {
-    what: &'static str,
-    map: &'a Map<String, Value>,
-    known: Vec<String>,
-    problems: Vec<String>,
-}
-
-impl<'a> Reader<'a> {
-    fn new(what: &'static str, value: &'a Value, fields: &[ConfigField]) -> Result<Self, String> {
-        match value {
-            Value::Object(map) => Ok(Reader {
-                what,
-                map,
-                known: fields.iter().map(|f| f.name.clone()).collect(),
-                problems: Vec::new(),
-            }),
-            _ => Err(format!("{what}: must be a JSON object")),
-        }
-    }
-
-    fn problem(&mut self, key: &str, why: impl std::fmt::Display) {
-        self.problems.push(format!("{} {key}: {why}", self.what));
-    }
-
-    fn string(&mut self, key: &str) -> Option<String> {
-        match self.map.get(key)? {
-            Value::String(s) if s.trim().is_empty() => {
-                self.problem(key, "must not be empty");
-                None
-            }
-            Value::String(s) => Some(s.clone()),
-            other => {
-                self.problem(key, format_args!("must be a string, not {}", kind(other)));
-                None
-            }
-        }
-    }
-
-    fn integer(&mut self, key: &str, range: std::ops::RangeInclusive<u64>) -> Option<u64> {
-        let value = self.map.get(key)?;
-        match value.as_u64() {
-            Some(n) if range.contains(&n) => Some(n),
-            _ if value.is_number() => {
-                self.problem(
-                    key,
-                    format_args!(
-                        "must be a whole number from {} to {}",
-                        range.start(),
-                        range.end()
-                    ),
-                );
-                None
-            }
-            _ => {
-                self.problem(key, format_args!("must be an integer, not {}", kind(value)));
-                None
-            }
-        }
-    }
-
-    fn strings(&mut self, key: &str) -> Vec<String> {
-        match self.map.get(key) {
-            None => vec![],
-            Some(Value::Array(items)) => {
-                let mut out = Vec::new();
-                for (i, item) in items.iter().enumerate() {
-                    match item {
-                        Value::String(s) if !s.trim().is_empty() => out.push(s.clone()),
-                        Value::String(_) => self.problem(key, format_args!("item {i} is empty")),
-                        other => self.problem(
-                            key,
-                            format_args!("item {i} must be a string, not {}", kind(other)),
-                        ),
-                    }
-                }
-                out
-            }
-            Some(other) => {
-                self.problem(
-                    key,
-                    format_args!("must be a list of strings, not {}", kind(other)),
-                );
-                vec![]
-            }
-        }
-    }
-
-    /// Every problem found, unknown keys included.
-    fn finish(mut self) -> Result<(), String> {
-        let unknown: Vec<String> = self
-            .map
-            .keys()
-            .filter(|k| !self.known.contains(k))
-            .cloned()
-            .collect();
-        for key in unknown {
-            let expected = self.known.join(", ");
-            self.problem(
-                &key,
-                format_args!("unknown key; expected one of {expected}"),
-            );
-        }
-        if self.problems.is_empty() {
-            Ok(())
-        } else {
-            Err(self.problems.join("; "))
-        }
-    }
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// Reads the provider config. The error names every bad key.
 pub(crate) fn parse_config(text: &str) -> Result<Config, String> {
     let value: Value =
@@ -299,23 +161,10 @@ pub(crate) fn parse_config(text: &str) -> Result<Config, String> {
             );
         }
         Some(_) => {}
-        None if !r.map.contains_key("region") => {
-            r.problem("region", "missing; for example \"us-east-1\"")
-        }
+        None if !r.has("region") => r.problem("region", "missing; for example \"us-east-1\""),
         None => {}
     }
-    let endpoint = r
-        .string("endpoint")
-        .map(|e| e.trim_end_matches('/').to_owned());
-    if let Some(endpoint) = &endpoint {
-        match Url::parse(endpoint) {
-            Ok(url) if url.path_and_query().contains('?') => {
-                r.problem("endpoint", "must not have a query");
-            }
-            Ok(_) => {}
-            Err(e) => r.problem("endpoint", e),
-        }
-    }
+    let endpoint = r.endpoint("endpoint");
     let page_size = r.integer("page-size", PAGE_SIZES);
     r.finish()?;
     let region = region.unwrap_or_default();

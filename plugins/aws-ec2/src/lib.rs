@@ -15,7 +15,6 @@
 mod config;
 mod errors;
 mod query;
-mod time;
 mod userdata;
 mod xml;
 
@@ -60,9 +59,7 @@ impl Ec2 {
 
     /// The pool tag filter plus `filter`, with this pool's id.
     fn pool_filter(&self, filter: &[(String, String)]) -> Vec<(String, String)> {
-        let mut wanted = vec![(POOL_TAG.to_owned(), self.pool_id.clone())];
-        wanted.extend(filter.iter().filter(|(k, _)| k != POOL_TAG).cloned());
-        wanted
+        tags::with_pool(filter, &self.pool_id)
     }
 
     /// The instance `id` if it carries this pool's tag; `None` if it exists
@@ -237,13 +234,7 @@ impl Driver for Ec2 {
             )));
         }
         // The pool tag is this pool's, whatever the spec says.
-        let mut launch_tags: Vec<(String, String)> = spec
-            .tags
-            .iter()
-            .filter(|(k, _)| k != POOL_TAG)
-            .cloned()
-            .collect();
-        launch_tags.push((POOL_TAG.to_owned(), self.pool_id.clone()));
+        let launch_tags = tags::with_pool(&spec.tags, &self.pool_id);
 
         let q = self.run_query(&spec, &options, &launch_tags)?;
         let body = self.call(&q, Some(&spec.instance_type))?;
@@ -264,10 +255,7 @@ impl Driver for Ec2 {
 
     fn list(&mut self, filter: &[(String, String)], cursor: Option<&str>) -> Result<Page, Error> {
         // A filter naming another pool matches nothing this driver may see.
-        if filter
-            .iter()
-            .any(|(k, v)| k == POOL_TAG && *v != self.pool_id)
-        {
+        if tags::names_other_pool(filter, &self.pool_id) {
             return Ok(Page {
                 instances: vec![],
                 next: None,
@@ -358,7 +346,7 @@ impl Driver for Ec2 {
     }
 
     fn set_tags(&mut self, instance_id: &str, new: &[(String, String)]) -> Result<(), Error> {
-        if new.iter().any(|(k, v)| k == POOL_TAG && *v != self.pool_id) {
+        if tags::names_other_pool(new, &self.pool_id) {
             return Err(error::permanent(
                 "set-tags cannot move an instance to another pool",
             ));

@@ -6,7 +6,7 @@
 use berth_sdk::types::{Addresses, Connection, Instance, InstanceState};
 use roxmltree::{Document, Node};
 
-use crate::time;
+use berth_sdk::time;
 
 /// One `DescribeInstances` page.
 #[derive(Debug)]

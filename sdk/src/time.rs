@@ -1,9 +1,10 @@
-//! EC2's ISO 8601 timestamps (`2024-05-01T12:34:56.000Z`) as milliseconds
-//! since the Unix epoch, without a date library (one would grow the driver;
-//! see ARCHITECTURE.md).
+//! Clouds' RFC 3339 timestamps (`2024-05-01T12:34:56.000Z`,
+//! `2016-01-30T23:55:00+00:00`) as milliseconds since the Unix epoch, for
+//! `instance.created-at-ms`, without a date library (one would grow every
+//! driver; see ARCHITECTURE.md).
 
 /// Parses `YYYY-MM-DDTHH:MM:SS[.fff…](Z|±HH:MM|±HHMM)`; `None` if malformed.
-pub(crate) fn parse_ms(text: &str) -> Option<u64> {
+pub fn parse_ms(text: &str) -> Option<u64> {
     let b = text.trim().as_bytes();
     let num = |range: std::ops::Range<usize>| -> Option<i64> {
         let digits = b.get(range)?;
