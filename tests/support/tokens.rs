@@ -82,7 +82,8 @@ pub fn google_key_json(token_uri: &str, key_pem_path: &Path) -> String {
 pub fn keystone_time(at: SystemTime) -> String {
     let since = at.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
-    let (y, m, d) = civil_from_days((secs / 86_400).try_into().expect("days"));
+    let (y, m, d) =
+        berth_test_clouds::common::civil_from_days((secs / 86_400).try_into().expect("days"));
     let s = secs % 86_400;
     format!(
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:06}Z",
@@ -91,21 +92,6 @@ pub fn keystone_time(at: SystemTime) -> String {
         s % 60,
         since.subsec_micros()
     )
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// What a [`TokenServer`] starts with. The secrets are pairs of a name (a
