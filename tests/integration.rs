@@ -8,8 +8,10 @@
 
 mod commands;
 mod ec2;
+mod examples;
 mod faults;
 mod ha;
+mod hetzner;
 mod http_edge;
 mod in_berth;
 mod kit;
