@@ -225,6 +225,11 @@ impl Request {
         Request::new(Method::Put, url)
     }
 
+    /// A `PATCH` to `url`.
+    pub fn patch(url: &str) -> Request {
+        Request::new(Method::Patch, url)
+    }
+
     /// A `DELETE` of `url`.
     pub fn delete(url: &str) -> Request {
         Request::new(Method::Delete, url)

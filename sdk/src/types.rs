@@ -26,3 +26,15 @@ impl PartialEq for InstanceState {
 }
 
 impl Eq for InstanceState {}
+
+/// No address known yet.
+impl Default for Addresses {
+    fn default() -> Self {
+        Addresses {
+            public_ipv4: None,
+            private_ipv4: None,
+            ipv6: None,
+            hostname: None,
+        }
+    }
+}
