@@ -12,5 +12,6 @@
 
 #![forbid(unsafe_code)]
 
+pub mod azure;
 pub mod common;
 pub mod hetzner;
