@@ -75,7 +75,9 @@ async fn every_example_config_passes_config_check() {
         );
     }
     assert!(checked.contains(&"example.toml".to_owned()), "{checked:?}");
-    assert!(checked.contains(&"hetzner.toml".to_owned()), "{checked:?}");
+    for cloud in ["hetzner.toml", "azure.toml"] {
+        assert!(checked.contains(&cloud.to_owned()), "{checked:?}");
+    }
 }
 
 /// The names of `${NAME}` in `text`.

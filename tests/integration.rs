@@ -6,6 +6,7 @@
 // unsafe code").
 #![deny(unsafe_code)]
 
+mod azure;
 mod commands;
 mod ec2;
 mod examples;

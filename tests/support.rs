@@ -188,7 +188,7 @@ pub fn plugin(name: &str) -> PathBuf {
 
 /// The drivers for the fake clouds of tests/clouds, each built only for the
 /// tests that ask for it.
-const CLOUD_DRIVERS: [&str; 1] = ["berth-driver-hetzner"];
+const CLOUD_DRIVERS: [&str; 2] = ["berth-driver-hetzner", "berth-driver-azure"];
 
 /// Builds the driver `package` alone, once per test process, and returns
 /// its component.
