@@ -92,6 +92,23 @@ pub(crate) fn retry_after_ms(resp: &Response) -> u64 {
         .map_or(DEFAULT_RETRY_MS, |s| s.clamp(1, 3600) * 1000)
 }
 
+/// Below this many requests left in a budget, the driver says so.
+const LOW_BUDGET: u64 = 10;
+
+/// The budget an answer says is nearly spent (`x-ms-ratelimit-remaining-*`,
+/// per subscription or per Compute resource policy), and what is left.
+pub(crate) fn low_budget(resp: &Response) -> Option<(&str, u64)> {
+    resp.headers.iter().find_map(|(name, value)| {
+        let budget = name.strip_prefix("x-ms-ratelimit-remaining-")?;
+        // `…-resource` reads `Policy;N,Policy;N`; the others a count.
+        let left = (value
+            .split(',')
+            .filter_map(|part| part.rsplit(';').next()?.trim().parse().ok()))
+        .min()?;
+        (left < LOW_BUDGET).then_some((budget, left))
+    })
+}
+
 /// The contract's error for a non-2xx answer.
 pub(crate) fn from_response(resp: &Response, size: Option<&str>) -> Error {
     if resp.status == 429 {
@@ -299,6 +316,24 @@ mod tests {
         };
         assert!(
             matches!(from_response(&bare, None), Error::RateLimited(r) if r.retry_after_ms == 10_000)
+        );
+    }
+
+    #[test]
+    fn low_budgets_are_noticed() {
+        let r = |h: &[(&str, &str)]| resp(200, h, &json!({}));
+        let low = r(&[("x-ms-ratelimit-remaining-subscription-writes", "3")]);
+        assert_eq!(low_budget(&low), Some(("subscription-writes", 3)));
+        let fine = r(&[("x-ms-ratelimit-remaining-subscription-reads", "11999")]);
+        assert_eq!(low_budget(&fine), None);
+        let policy = r(&[(
+            "x-ms-ratelimit-remaining-resource",
+            "Microsoft.Compute/PutVM3Min;2,Microsoft.Compute/PutVM30Min;300",
+        )]);
+        assert_eq!(low_budget(&policy), Some(("resource", 2)));
+        assert_eq!(
+            low_budget(&r(&[("x-ms-ratelimit-remaining-resource", "junk")])),
+            None
         );
     }
 

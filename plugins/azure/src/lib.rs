@@ -145,6 +145,12 @@ impl Azure {
     /// Sends one request; a 2xx answer, or the contract's error.
     fn call(&self, request: Request, size: Option<&str>) -> Result<Response, Error> {
         let resp = request.send()?;
+        if let Some((budget, left)) = api::low_budget(&resp) {
+            berth_sdk::log::warn(
+                "the subscription's ARM request budget is nearly spent; ARM answers 429 when it is",
+                &[("budget", budget), ("remaining", &left.to_string())],
+            );
+        }
         if resp.is_success() {
             Ok(resp)
         } else {
