@@ -1035,39 +1035,33 @@ async fn list_vms(
         return finish(&shared, false, a);
     }
     let pairs = query(raw.as_deref());
-    let skip = match pairs
-        .iter()
+    // The skip token is the last name of the page before (VMs list by
+    // name): a VM made meanwhile never shows twice.
+    let after = (pairs.iter())
         .find(|(k, _)| k == "$skiptoken")
-        .map(|(_, v)| v.parse::<usize>())
-    {
-        None => 0,
-        Some(Ok(n)) => n,
-        Some(Err(_)) => {
-            return finish(
-                &shared,
-                false,
-                error(400, "InvalidSkipToken", "The skip token is invalid."),
-            );
-        }
-    };
+        .map(|(_, v)| v.clone());
+    if after.as_deref().is_some_and(|t| !valid_vm_name(t)) {
+        return finish(
+            &shared,
+            false,
+            error(400, "InvalidSkipToken", "The skip token is invalid."),
+        );
+    }
     let addr = lock(&shared.addr)
         .map(|a| a.to_string())
         .unwrap_or_default();
     let s = lock(&shared.state);
     let visible: Vec<&Vm> = (s.vms.values())
         .filter(|v| !v.gone && shared.knobs.listed(v.made))
+        .filter(|v| after.as_ref().is_none_or(|a| v.name > *a))
         .collect();
-    let page: Vec<Value> = (visible.iter())
-        .skip(skip)
-        .take(s.options.page_size)
-        .map(|v| s.view(v, false))
-        .collect();
-    let mut body = json!({"value": page});
-    if skip + s.options.page_size < visible.len() {
+    let page: Vec<&Vm> = visible.iter().take(s.options.page_size).copied().collect();
+    let mut body = json!({"value": page.iter().map(|v| s.view(v, false)).collect::<Vec<_>>()});
+    if let (true, Some(last)) = (visible.len() > page.len(), page.last()) {
         body["nextLink"] = json!(format!(
             "http://{addr}{}/providers/Microsoft.Compute/virtualMachines?api-version={COMPUTE_API}&$skiptoken={}",
             s.base(),
-            skip + s.options.page_size
+            last.name
         ));
     }
     drop(s);
