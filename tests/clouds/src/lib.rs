@@ -14,3 +14,4 @@
 
 pub mod common;
 pub mod hetzner;
+pub mod openstack;
