@@ -223,6 +223,8 @@ pub struct Nova {
 struct Shared {
     knobs: Knobs,
     tokens: TokenCheck,
+    /// Every request that named an operation, as `METHOD /path?query`.
+    requests: Mutex<Vec<String>>,
     cloud: Mutex<Cloud>,
     /// `http://ADDR`, for links.
     base: Mutex<String>,
@@ -471,6 +473,7 @@ impl Nova {
         let shared = Arc::new(Shared {
             knobs: Knobs::default(),
             tokens,
+            requests: Mutex::new(Vec::new()),
             cloud: Mutex::new(Cloud {
                 config,
                 servers: Vec::new(),
@@ -540,6 +543,12 @@ impl Nova {
         });
     }
 
+    /// Every request that named an operation, in order, as `METHOD
+    /// /v2.1/path?query` (the query as sent).
+    pub fn requests(&self) -> Vec<String> {
+        lock(&self.shared.requests).clone()
+    }
+
     /// The user data a server was created with, base64 as sent.
     pub fn user_data(&self, id: &str) -> Option<String> {
         let cloud = lock(&self.shared.cloud);
@@ -607,6 +616,10 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             fault(404, "The resource could not be found.").into_response()
         };
     };
+    lock(&shared.requests).push(match parts.uri.query() {
+        Some(q) => format!("{} {path}?{q}", parts.method),
+        None => format!("{} {path}", parts.method),
+    });
     if let Some(answer) = shared.knobs.enter(op) {
         return answer.into_response();
     }

@@ -461,6 +461,14 @@ async fn lists_page_with_limit_and_marker_and_filter_by_name_and_status() {
         path = next.to_owned();
     }
     assert_eq!(pages, 3);
+    let asked: Vec<String> = (nova.requests().into_iter())
+        .filter(|r| r.starts_with("GET /v2.1/servers/detail?") && r.contains("name=%5Eweb-"))
+        .collect();
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    assert!(
+        asked[1].contains(&format!("marker={}", seen[2])),
+        "{asked:?}"
+    );
     let mut sorted = seen.clone();
     sorted.sort();
     sorted.dedup();
