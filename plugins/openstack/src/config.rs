@@ -16,6 +16,10 @@ const DEFAULT_PAGE_SIZE: u32 = 1000;
 /// deadline (30 s by default).
 pub(crate) const MAX_LIST_LAG: Duration = Duration::from_secs(20);
 const DEFAULT_LIST_LAG: Duration = Duration::from_secs(5);
+/// How long set-tags waits for a server to be built, at most: the same
+/// bound, for the same deadline.
+pub(crate) const MAX_BUILD_WAIT: Duration = Duration::from_secs(20);
+const DEFAULT_BUILD_WAIT: Duration = Duration::from_secs(10);
 const INTERFACES: [&str; 3] = ["public", "internal", "admin"];
 
 /// Where the compute endpoint comes from.
@@ -41,6 +45,8 @@ pub(crate) struct Config {
     pub page_size: u32,
     /// How long a new server may be missing from Nova's lists.
     pub list_lag: Duration,
+    /// How long set-tags waits for a server still building.
+    pub build_wait: Duration,
 }
 
 /// A label's options, checked.
@@ -127,6 +133,15 @@ pub(crate) fn config_fields() -> Vec<ConfigField> {
             "How long a new server may take to show in Nova's lists (`0s` to `20s`). A create \
              sent again after its answer was lost looks for the server the first try may have \
              made for this long before it makes another.",
+        ),
+        field(
+            "build-wait",
+            FieldType::String,
+            false,
+            Some("\"10s\""),
+            "How long set-tags waits for a server that is still building (`0s` to `20s`): Nova \
+             changes no metadata until a server is built. Past it, set-tags answers transient \
+             and berth tries again later.",
         ),
     ]
 }
@@ -241,6 +256,28 @@ impl<'a> Reader<'a> {
             }
             _ => {
                 self.problem(key, format_args!("must be an integer, not {}", kind(value)));
+                None
+            }
+        }
+    }
+
+    /// A duration of at most `max` (`"5s"`, `"500ms"`).
+    fn duration(&mut self, key: &str, max: Duration) -> Option<Duration> {
+        let text = self.string(key)?;
+        match parse_duration(&text) {
+            Some(d) if d <= max => Some(d),
+            Some(_) => {
+                self.problem(
+                    key,
+                    format_args!("{text:?} is more than {}s", max.as_secs()),
+                );
+                None
+            }
+            None => {
+                self.problem(
+                    key,
+                    format_args!("{text:?} is not a duration like \"5s\" or \"500ms\""),
+                );
                 None
             }
         }
@@ -377,23 +414,8 @@ pub(crate) fn parse_config(text: &str) -> Result<Config, String> {
         }
     }
     let page_size = r.integer("page-size", PAGE_SIZES);
-    let list_lag = match r.string("list-lag") {
-        None => None,
-        Some(text) => match parse_duration(&text) {
-            Some(d) if d <= MAX_LIST_LAG => Some(d),
-            Some(_) => {
-                r.problem("list-lag", format_args!("{text:?} is more than 20s"));
-                None
-            }
-            None => {
-                r.problem(
-                    "list-lag",
-                    format_args!("{text:?} is not a duration like \"5s\" or \"500ms\""),
-                );
-                None
-            }
-        },
-    };
+    let list_lag = r.duration("list-lag", MAX_LIST_LAG);
+    let build_wait = r.duration("build-wait", MAX_BUILD_WAIT);
     r.finish()?;
     let endpoint = match (fixed, host) {
         (Some(url), _) => Endpoint::Fixed(url),
@@ -409,6 +431,7 @@ pub(crate) fn parse_config(text: &str) -> Result<Config, String> {
         networks,
         page_size: page_size.map_or(DEFAULT_PAGE_SIZE, |n| n as u32),
         list_lag: list_lag.unwrap_or(DEFAULT_LIST_LAG),
+        build_wait: build_wait.unwrap_or(DEFAULT_BUILD_WAIT),
     })
 }
 
@@ -457,11 +480,12 @@ mod tests {
                 networks: vec![],
                 page_size: 1000,
                 list_lag: Duration::from_secs(5),
+                build_wait: Duration::from_secs(10),
             }
         );
         let c = parse_config(&format!(
             r#"{{"credential-host": "h", "interface": "internal", "region": "RegionTwo",
-                "networks": ["{NET}"], "page-size": 5, "list-lag": "1500ms"}}"#
+                "networks": ["{NET}"], "page-size": 5, "list-lag": "1500ms", "build-wait": "0s"}}"#
         ))
         .expect("valid");
         assert_eq!(
@@ -474,6 +498,7 @@ mod tests {
         );
         assert_eq!(c.networks, [NET]);
         assert_eq!((c.page_size, c.list_lag), (5, Duration::from_millis(1500)));
+        assert_eq!(c.build_wait, Duration::ZERO);
         let c =
             parse_config(r#"{"compute-endpoint": "http://127.0.0.1:8774/v2.1/"}"#).expect("valid");
         assert_eq!(
@@ -516,6 +541,10 @@ mod tests {
             (
                 r#"{"credential-host": "h", "list-lag": "21s"}"#,
                 &["list-lag: \"21s\" is more than 20s"],
+            ),
+            (
+                r#"{"credential-host": "h", "build-wait": "1h"}"#,
+                &["build-wait: \"1h\" is not a duration"],
             ),
             (
                 r#"{"password": "x", "page-size": "9"}"#,

@@ -777,14 +777,34 @@ impl<E: Env> OpenStack<E> {
             }
             Some(s) => s,
         };
+        // Nova answers 409 to a metadata change until the server is built:
+        // wait for it a while, looking at growing gaps; past `build-wait`,
+        // berth tries again later.
+        let budget = self.config.build_wait.as_millis() as u64;
+        let (mut waited, mut gap) = (0, 250);
+        let mut s = s;
+        while s.building && !s.deleting {
+            if waited >= budget {
+                return Err(error::transient(format!(
+                    "server {id} is still building after {waited} ms, and Nova changes no \
+                     metadata until it is built"
+                )));
+            }
+            let step = gap.min(budget - waited);
+            self.env.sleep_ms(step);
+            waited += step;
+            gap *= 2;
+            s = match self.server(id)? {
+                Some(s) => s,
+                None => return Err(error::not_found(format!("server {id} is gone"))),
+            };
+        }
         if s.deleting {
             return Err(error::not_found(format!("server {id} is being deleted")));
         }
-        if s.building {
-            // Nova answers 409 to a metadata change until the server is
-            // built; berth tries again after a while.
-            return Err(error::transient(format!(
-                "server {id} is still building, and Nova changes no metadata until it is built"
+        if let InstanceState::Failed(why) = &s.instance.state {
+            return Err(error::permanent(format!(
+                "server {id} is in ERROR ({why}); Nova changes no metadata of it"
             )));
         }
         // The pool tag always stays, whatever `new` says.

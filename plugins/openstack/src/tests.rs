@@ -397,7 +397,8 @@ fn describe_declares_what_it_does() {
             "region",
             "networks",
             "page-size",
-            "list-lag"
+            "list-lag",
+            "build-wait"
         ]
     );
     let options: Vec<&str> = info.label_options.iter().map(|f| f.name.as_str()).collect();
@@ -814,14 +815,23 @@ fn set_tags_replaces_berths_metadata_once_the_server_is_built() {
         "BUILD",
     );
     let new = t(&[("berth-node", NODE), ("berth-request", "r-1")]);
+    // Still building after build-wait (10 s): looked at again at 0.25,
+    // 0.75, 1.75, 3.75 and 7.75 s and at 10 s, then given back to berth.
+    let start = fake.now.get();
     assert_eq!(case(&d.do_set_tags("s", &new).unwrap_err()), "transient");
+    assert_eq!(fake.now.get() - start, 10_000);
     assert_eq!(
         fake.requests(),
-        ["GET /SERVERS/S"],
+        ["GET /SERVERS/S"; 7],
         "no write while building"
     );
     fake.servers.borrow_mut()[0].status = "ACTIVE";
+    fake.sent.borrow_mut().clear();
     d.do_set_tags("s", &new).expect("set");
+    assert_eq!(
+        fake.requests(),
+        ["GET /SERVERS/S", "PUT /SERVERS/S/METADATA"]
+    );
     let metadata = fake.servers.borrow()[0].metadata.clone();
     let want: BTreeMap<String, String> = t(&[
         ("berth-pool", "p1"),
@@ -848,6 +858,11 @@ fn set_tags_replaces_berths_metadata_once_the_server_is_built() {
     assert_eq!(
         case(&d.do_set_tags("missing", &new).unwrap_err()),
         "not-found"
+    );
+    fake.add("failed", NODE, &[("berth-pool", "p1")], "ERROR");
+    assert_eq!(
+        case(&d.do_set_tags("failed", &new).unwrap_err()),
+        "permanent"
     );
 }
 
