@@ -15,6 +15,7 @@ mod in_berth;
 mod kit;
 mod layers;
 mod openapi;
+mod openstack;
 mod pg_store;
 mod pool;
 mod power_loss;
