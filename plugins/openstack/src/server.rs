@@ -135,10 +135,10 @@ fn addresses(map: &Map<String, Value>) -> Addresses {
         hostname: None,
     };
     if let Some(Value::Object(networks)) = map.get("addresses") {
-        let mut names: Vec<&String> = networks.keys().collect();
-        names.sort();
-        for name in names {
-            for a in networks[name].as_array().into_iter().flatten() {
+        let mut by_name: Vec<(&String, &Value)> = networks.iter().collect();
+        by_name.sort_by_key(|(name, _)| *name);
+        for (_, list) in by_name {
+            for a in list.as_array().into_iter().flatten() {
                 let Some(addr) = a.get("addr").and_then(Value::as_str) else {
                     continue;
                 };
