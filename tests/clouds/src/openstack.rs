@@ -669,18 +669,16 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     // What the answer reports is done: a caller gone meanwhile never
     // learns of it.
     shared.knobs.held(op).await;
-    let mut answer = answer;
-    if version != MIN_VERSION || has_version_header(&parts.headers) {
-        let v = format!("{}.{}", version.0, version.1);
-        answer = answer
-            .with_header("openstack-api-version", format!("compute {v}"))
-            .with_header("x-openstack-nova-api-version", v)
-            .with_header(
-                "vary",
-                "OpenStack-API-Version, X-OpenStack-Nova-API-Version",
-            );
-    }
+    // Every answer says which microversion served it: 2.1 when none was
+    // asked for.
+    let v = format!("{}.{}", version.0, version.1);
     answer
+        .with_header("openstack-api-version", format!("compute {v}"))
+        .with_header("x-openstack-nova-api-version", v)
+        .with_header(
+            "vary",
+            "OpenStack-API-Version, X-OpenStack-Nova-API-Version",
+        )
         .with_header("x-compute-request-id", request_id())
         .into_response()
 }
@@ -699,11 +697,6 @@ fn rate_limited(shared: &Shared) -> Option<Answer> {
         return None;
     }
     Some(over_limit(rate.status, 1))
-}
-
-fn has_version_header(headers: &HeaderMap) -> bool {
-    headers.contains_key("openstack-api-version")
-        || headers.contains_key("x-openstack-nova-api-version")
 }
 
 /// The microversion a request asks for (`OpenStack-API-Version: compute
