@@ -18,6 +18,7 @@ mod in_berth;
 mod kit;
 mod layers;
 mod openapi;
+mod openstack;
 mod pg_store;
 mod pool;
 mod power_loss;

@@ -2,6 +2,8 @@
 //! text so that every problem is reported at once, each naming its key, and
 //! describing their fields for `describe`.
 
+use std::time::Duration;
+
 use serde_json::{Map, Value};
 
 use crate::types::{ConfigField, FieldType};
@@ -138,6 +140,29 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// The duration at `key` (`"5s"`, `"500ms"`) of at most `max`, if
+    /// present.
+    pub fn duration(&mut self, key: &str, max: Duration) -> Option<Duration> {
+        let text = self.string(key)?;
+        match parse_duration(&text) {
+            Some(d) if d <= max => Some(d),
+            Some(_) => {
+                self.problem(
+                    key,
+                    format_args!("{text:?} is more than {}s", max.as_secs()),
+                );
+                None
+            }
+            None => {
+                self.problem(
+                    key,
+                    format_args!("{text:?} is not a duration like \"5s\" or \"500ms\""),
+                );
+                None
+            }
+        }
+    }
+
     /// The boolean at `key`, if present.
     pub fn boolean(&mut self, key: &str) -> Option<bool> {
         match self.map.get(key)? {
@@ -189,5 +214,63 @@ pub fn kind(value: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
         Value::Object(_) => "an object",
+    }
+}
+
+/// A duration written `"5s"`, `"1500ms"` or `"0s"`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let (digits, unit) = match text.strip_suffix("ms") {
+        Some(d) => (d, 1),
+        None => (text.strip_suffix('s')?, 1000),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(Duration::from_millis(n.checked_mul(unit)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
+        assert_eq!(parse_duration("20s"), Some(Duration::from_secs(20)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        for bad in ["", "s", "5", "-1s", "1.5s", "5 s", "1m"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_reader_names_every_bad_key() {
+        let value = serde_json::json!({"a": 1, "b": "x", "c": ["", 2], "d": "9s", "e": "http://h/?q", "z": 0});
+        let fields: Vec<ConfigField> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|n| field(n, FieldType::String, false, None, "doc"))
+            .collect();
+        let mut r = Reader::new("config", &value, &fields).expect("an object");
+        assert_eq!(r.string("a"), None);
+        assert_eq!(r.integer("b", 0..=5), None);
+        assert!(r.strings("c").is_empty());
+        assert_eq!(r.duration("d", Duration::from_secs(5)), None);
+        assert_eq!(r.endpoint("e"), None);
+        assert!(r.has("z") && !r.has("y"));
+        let problems = r.finish().expect_err("problems");
+        for needle in [
+            "config a: must be a string",
+            "config b: must be an integer",
+            "item 0 is empty",
+            "item 1 must be a string",
+            "config d:",
+            "config e: must not have a query",
+            "config z: unknown key",
+        ] {
+            assert!(problems.contains(needle), "{needle}: {problems}");
+        }
+        assert!(Reader::new("config", &serde_json::json!([]), &fields).is_err());
     }
 }

@@ -15,3 +15,4 @@
 pub mod azure;
 pub mod common;
 pub mod hetzner;
+pub mod openstack;
