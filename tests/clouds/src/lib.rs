@@ -13,4 +13,5 @@
 #![forbid(unsafe_code)]
 
 pub mod common;
+pub mod gce;
 pub mod hetzner;
