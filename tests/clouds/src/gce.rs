@@ -94,6 +94,46 @@ struct Shared {
     knobs: Knobs,
     tokens: TokenCheck,
     world: Mutex<World>,
+    seen: Mutex<Vec<Seen>>,
+}
+
+/// A call the cloud answered with success, as a test reads it back.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// The operation's name ([`OPERATIONS`]).
+    pub op: &'static str,
+    /// Its query parameters (`requestId`, `filter`, `maxResults`,
+    /// `pageToken`, …).
+    pub query: BTreeMap<String, String>,
+    /// The instance its path names, if any.
+    pub instance: Option<String>,
+    /// A list's `nextPageToken`.
+    pub next_page_token: Option<String>,
+    /// An operation's name, as answered.
+    pub operation: Option<String>,
+    /// The `status` answered (an operation's, an instance's).
+    pub status: Option<String>,
+}
+
+/// Notes a call answered with `answer`.
+fn record(
+    s: &Shared,
+    op: &'static str,
+    q: &HashMap<String, String>,
+    instance: Option<&str>,
+    answer: &Value,
+) {
+    let text = |k: &str| answer[k].as_str().map(str::to_owned);
+    lock(&s.seen).push(Seen {
+        op,
+        query: q.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        instance: instance.map(str::to_owned),
+        next_page_token: text("nextPageToken"),
+        operation: (answer["kind"] == "compute#operation")
+            .then(|| text("name"))
+            .flatten(),
+        status: text("status"),
+    });
 }
 
 /// The fake Compute Engine, serving on 127.0.0.1:0 until dropped.
@@ -107,6 +147,7 @@ impl Gce {
     pub async fn start(cfg: GceConfig, tokens: TokenCheck) -> Gce {
         let shared = Arc::new(Shared {
             world: Mutex::new(World::new(&cfg)),
+            seen: Mutex::new(Vec::new()),
             cfg,
             knobs: Knobs::default(),
             tokens,
@@ -166,6 +207,27 @@ impl Gce {
         let mut w = lock(&self.shared.world);
         w.settle(&self.shared.cfg, Instant::now());
         w
+    }
+
+    /// Every call answered with success so far, in order.
+    pub fn seen(&self) -> Vec<Seen> {
+        lock(&self.shared.seen).clone()
+    }
+
+    /// The request ids the cloud took, each with the operation it started:
+    /// its kind and the instance it made or acted on (none for a bulk
+    /// insert, or an insert that made nothing).
+    pub fn request_ids(&self) -> Vec<(String, &'static str, Option<String>)> {
+        let w = self.world();
+        let mut all: Vec<(String, &'static str, Option<String>)> = (w.requests.iter())
+            .filter_map(|(id, name)| {
+                let op = w.ops.get(name)?;
+                let made = op.target_id.map(|_| op.target.clone());
+                Some((id.clone(), op.kind, made))
+            })
+            .collect();
+        all.sort();
+        all
     }
 
     /// The cloud's own record: every instance it ever made, deleted ones
@@ -531,6 +593,7 @@ async fn insert(
     };
     if let Some(op) = before {
         // The same request again: its operation, nothing more made.
+        record(&s, OP, &q, None, &op);
         s.knobs.held(OP).await;
         return ok(&op);
     }
@@ -580,6 +643,7 @@ async fn insert(
             }
         }
     };
+    record(&s, OP, &q, Some(&name), &op);
     s.knobs.held(OP).await;
     ok(&op)
 }
@@ -600,6 +664,7 @@ async fn bulk_insert(
         Err(r) => return r.into_response(),
     };
     if let Some(op) = before {
+        record(&s, OP, &q, None, &op);
         s.knobs.held(OP).await;
         return ok(&op);
     }
@@ -611,6 +676,7 @@ async fn bulk_insert(
         Ok(op) => op,
         Err(r) => return refuse(&r),
     };
+    record(&s, OP, &q, None, &op);
     s.knobs.held(OP).await;
     ok(&op)
 }
@@ -797,6 +863,9 @@ async fn get_instance(
         let w = world(&s);
         w.live(&zone, &name).map(|i| i.json(&s.cfg, Instant::now()))
     };
+    if let Some(v) = &shown {
+        record(&s, OP, &HashMap::new(), Some(&name), v);
+    }
     s.knobs.held(OP).await;
     match shown {
         Some(v) => ok(&v),
@@ -929,6 +998,9 @@ async fn list(
                 v
             })
     };
+    if let Ok(v) = &answer {
+        record(&s, OP, &q, None, v);
+    }
     s.knobs.held(OP).await;
     match answer {
         Ok(v) => ok(&v),
@@ -983,6 +1055,9 @@ async fn aggregated_list(
                 v
             })
     };
+    if let Ok(v) = &answer {
+        record(&s, OP, &q, None, v);
+    }
     s.knobs.held(OP).await;
     match answer {
         Ok(v) => ok(&v),
@@ -1028,6 +1103,7 @@ async fn delete(
             )
         }
     };
+    record(&s, OP, &q, Some(&name), &op);
     s.knobs.held(OP).await;
     ok(&op)
 }
@@ -1103,6 +1179,7 @@ async fn set_labels(
             )
         }
     };
+    record(&s, OP, &q, Some(&name), &op);
     s.knobs.held(OP).await;
     ok(&op)
 }
@@ -1128,6 +1205,9 @@ async fn operation(
         return r.into_response();
     }
     let found = find_op(&s, &project, &zone, &name);
+    if let Ok((v, _)) = &found {
+        record(&s, OP, &HashMap::new(), None, v);
+    }
     s.knobs.held(OP).await;
     match found {
         Ok((v, _)) => ok(&v),
@@ -1161,6 +1241,7 @@ async fn wait(
             }
         }
     };
+    record(&s, OP, &HashMap::new(), None, &shown);
     s.knobs.held(OP).await;
     ok(&shown)
 }

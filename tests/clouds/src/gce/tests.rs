@@ -151,6 +151,10 @@ async fn an_insert_makes_one_instance_per_request_id_and_boots_it() {
     assert_eq!(status, 200, "{again}");
     assert_eq!(again["name"], op["name"]);
     assert_eq!(gce.machines().len(), 1);
+    assert_eq!(
+        gce.request_ids(),
+        [(R1.to_owned(), "insert", Some("vm-1".to_owned()))]
+    );
     // Another request id for the same name: it exists already.
     let (status, v) = insert(&gce, "vm-1", R2, json!({})).await;
     assert_eq!((status, reason(&v)), (409, "alreadyExists"), "{v}");
@@ -243,6 +247,20 @@ async fn lists_page_filter_on_labels_and_lag() {
     }
     assert_eq!(pages, 2);
     assert_eq!(names, ["vm-0", "vm-1", "vm-2", "vm-3"]);
+    // The cloud's record of them: the second asked with the first's token.
+    let seen: Vec<Seen> = (gce.seen().into_iter())
+        .filter(|s| s.op == "instances.list")
+        .collect();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[0].query.get("maxResults").map(String::as_str),
+        Some("3")
+    );
+    assert_eq!(
+        seen[1].query.get("pageToken"),
+        seen[0].next_page_token.as_ref()
+    );
+    assert_eq!(seen[1].next_page_token, None);
     let (status, v) = api(
         &gce,
         "GET",
