@@ -9,6 +9,7 @@
 mod commands;
 mod ec2;
 mod faults;
+mod gce;
 mod ha;
 mod http_edge;
 mod in_berth;

@@ -157,7 +157,7 @@ pub fn workspace() -> PathBuf {
 /// named `name` (`sim`, `example`, `hostile`, `broken`, `wrong-version`,
 /// `aws-ec2`, `static`, `careless`); `sim-0.1` is the build of the sim
 /// driver for contract 0.1 kept in the tree, built by nothing. The drivers
-/// for the clouds of tests/clouds (`hetzner`, …) are built one by one, the
+/// for the clouds of tests/clouds (`hetzner`, `gce`, …) are built one by one, the
 /// first time a test asks for each.
 pub fn plugin(name: &str) -> PathBuf {
     if name == "sim-0.1" {
@@ -188,7 +188,7 @@ pub fn plugin(name: &str) -> PathBuf {
 
 /// The drivers for the fake clouds of tests/clouds, each built only for the
 /// tests that ask for it.
-const CLOUD_DRIVERS: [&str; 1] = ["berth-driver-hetzner"];
+const CLOUD_DRIVERS: [&str; 2] = ["berth-driver-hetzner", "berth-driver-gce"];
 
 /// Builds the driver `package` alone, once per test process, and returns
 /// its component.
