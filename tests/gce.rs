@@ -569,9 +569,10 @@ async fn gce_api_calls_per_node_lifecycle() {
         count("instances.list") + count("instances.get") < n / 2,
         "{calls:?}"
     );
-    // All told: about two calls and a half per node (insert, labels,
-    // delete, and their share of batches and polls), never three.
-    assert!(total < 3 * n, "{calls:?}");
+    // All told: a setLabels and a delete per node, and their share of the
+    // batches, waits, polls and look-ups: 2.12 per node when measured,
+    // under 2.5 whatever the timing of the polls.
+    assert!(total < 2 * n + n / 2, "{calls:?}");
 }
 
 /// Launches cut off by SIGKILL after the cloud made their instance and
