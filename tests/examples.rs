@@ -75,7 +75,7 @@ async fn every_example_config_passes_config_check() {
         );
     }
     assert!(checked.contains(&"example.toml".to_owned()), "{checked:?}");
-    for cloud in ["hetzner.toml", "azure.toml", "openstack.toml"] {
+    for cloud in ["hetzner.toml", "azure.toml", "openstack.toml", "gce.toml"] {
         assert!(checked.contains(&cloud.to_owned()), "{checked:?}");
     }
 }

@@ -11,6 +11,7 @@ mod commands;
 mod ec2;
 mod examples;
 mod faults;
+mod gce;
 mod ha;
 mod hetzner;
 mod http_edge;

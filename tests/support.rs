@@ -188,10 +188,11 @@ pub fn plugin(name: &str) -> PathBuf {
 
 /// The drivers for the fake clouds of tests/clouds, each built only for the
 /// tests that ask for it.
-const CLOUD_DRIVERS: [&str; 3] = [
+const CLOUD_DRIVERS: [&str; 4] = [
     "berth-driver-hetzner",
     "berth-driver-azure",
     "berth-driver-openstack",
+    "berth-driver-gce",
 ];
 
 /// Builds the driver `package` alone, once per test process, and returns

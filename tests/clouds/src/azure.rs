@@ -429,20 +429,8 @@ impl Cloud {
 }
 
 fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = Vec::new();
-    let mut acc = 0u32;
-    let mut bits = 0;
-    for c in text.bytes().filter(|c| *c != b'=') {
-        let v = ALPHABET.iter().position(|a| *a == c)? as u32;
-        acc = (acc << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    Some(out)
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(text).ok()
 }
 
 fn rfc3339(at: Instant) -> String {

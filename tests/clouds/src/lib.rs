@@ -14,5 +14,6 @@
 
 pub mod azure;
 pub mod common;
+pub mod gce;
 pub mod hetzner;
 pub mod openstack;
