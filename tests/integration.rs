@@ -21,6 +21,7 @@ mod layers;
 mod openapi;
 mod openstack;
 mod pg_store;
+mod pinning;
 mod pool;
 mod power_loss;
 mod readiness;

@@ -45,8 +45,19 @@ pub fn warnings(config: &Settings) -> Vec<Problem> {
     out
 }
 
-/// Problems a checked config has on this machine: driver files, the
-/// store's password file or credentials' files missing.
+/// The sha256 of the file at `path`, in lowercase hex, as `sha256sum`
+/// prints it.
+pub fn file_sha256(path: &std::path::Path) -> std::io::Result<String> {
+    use sha2::Digest as _;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Problems a checked config has on this machine: driver files missing or
+/// not the bytes `driver-sha256` pins, the store's password file or
+/// credentials' files missing.
 pub fn check_files(config: &Settings) -> Vec<Problem> {
     let mut problems = Vec::new();
     let store_files = config.store.postgres.iter().flat_map(|pg| {
@@ -84,7 +95,23 @@ pub fn check_files(config: &Settings) -> Vec<Problem> {
         }
         let shown = d.driver.display();
         let message = match std::fs::metadata(&d.driver) {
-            Ok(meta) if meta.is_file() => continue,
+            Ok(meta) if meta.is_file() => {
+                if let Some(pin) = &d.driver_sha256 {
+                    let message = match file_sha256(&d.driver) {
+                        Ok(got) if got == *pin => continue,
+                        Ok(got) => {
+                            format!("{shown} has sha256 {got}, not the {pin} pinned here; refused")
+                        }
+                        Err(e) => format!("cannot read {shown} to check its sha256: {e}"),
+                    };
+                    problems.push(Problem {
+                        path: join(&join("providers", &p.name), "driver-sha256"),
+                        message,
+                        location: None,
+                    });
+                }
+                continue;
+            }
             Ok(_) => format!("not a file: {shown}"),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 format!("no such file: {shown}")

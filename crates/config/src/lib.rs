@@ -31,7 +31,7 @@ pub use berth_core::config::{
     Check, Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, ProviderLimits,
     Readiness, Timings,
 };
-pub use checks::{check_files, warnings};
+pub use checks::{check_files, file_sha256, warnings};
 pub use credentials::credentials;
 pub use exchanged::{
     ClientAuth, ClientCertificate, GoogleServiceAccount, Keystone, KeystoneMethod, KeystoneRef,

@@ -24,6 +24,18 @@ impl Walker<'_> {
             .required_string(&mut s, "driver")
             .map(|d| plugins_dir.join(d))
             .unwrap_or_default();
+        let driver_sha256 = self.string(&mut s, "driver-sha256").and_then(|d| {
+            let lower = d.trim().to_ascii_lowercase();
+            if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+                Some(lower)
+            } else {
+                self.problem(
+                    s.at("driver-sha256"),
+                    "must be the driver file's sha256: 64 hex digits (`sha256sum FILE`)",
+                );
+                None
+            }
+        });
         let priority = self
             .int::<i32>(&mut s, "priority", "a 32-bit integer")
             .unwrap_or(0);
@@ -167,6 +179,7 @@ impl Walker<'_> {
         };
         let driver = DriverSettings {
             driver,
+            driver_sha256,
             driver_config,
             allowed_hosts,
             credentials,

@@ -32,6 +32,9 @@ pub struct Settings {
 pub struct DriverSettings {
     /// The driver file, resolved against the plugins directory.
     pub driver: PathBuf,
+    /// The sha256 the driver file must have (`driver-sha256`, lowercase
+    /// hex): a file with other bytes is refused, never run.
+    pub driver_sha256: Option<String>,
     /// The driver config as JSON text, `${ENV}` already substituted. May hold
     /// secrets: never log it.
     pub driver_config: String,
@@ -48,6 +51,7 @@ impl fmt::Debug for DriverSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DriverSettings")
             .field("driver", &self.driver)
+            .field("driver_sha256", &self.driver_sha256)
             .field("driver_config", &"<redacted>")
             .field("allowed_hosts", &self.allowed_hosts)
             .field("credentials", &self.credentials)

@@ -974,3 +974,65 @@ fn exchanged_credential_problems() {
         &[("providers.os.credentials[1].username", "leave this out")],
     );
 }
+
+#[test]
+fn a_driver_is_pinned_by_its_digest_in_hex() {
+    let pinned = |pin: &str| {
+        GOOD.replace(
+            "driver = \"sim.wasm\"\n",
+            &format!("driver = \"sim.wasm\"\ndriver-sha256 = \"{pin}\"\n"),
+        )
+    };
+    let digest = "4C095FFD94318C5403F4EE3A1BD096F285BB2376123131DE061D9FFBBC46C28F";
+    let c = parse(&pinned(digest), Path::new("/etc/berth"), &env).expect("valid");
+    assert_eq!(
+        c.drivers[0].driver_sha256,
+        Some(digest.to_ascii_lowercase())
+    );
+    assert_eq!(
+        parse(GOOD, Path::new("/etc/berth"), &env)
+            .expect("valid")
+            .drivers[0]
+            .driver_sha256,
+        None
+    );
+    for bad in [
+        "sha256:4c09",
+        &digest[..63],
+        &format!("{digest}0"),
+        &"g".repeat(64),
+    ] {
+        check(
+            &pinned(bad),
+            &[("providers.sim-a.driver-sha256", "64 hex digits")],
+        );
+    }
+}
+
+#[test]
+fn a_pinned_file_with_other_bytes_is_a_problem_naming_both_digests() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("plugins/sim.wasm");
+    std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&file, b"abc").expect("write");
+    let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+    assert_eq!(file_sha256(&file).expect("reads"), abc);
+    let text = |pin: &str| {
+        GOOD.replace(
+            "driver = \"sim.wasm\"\n",
+            &format!("driver = \"sim.wasm\"\ndriver-sha256 = \"{pin}\"\n"),
+        )
+    };
+    let c = parse(&text(abc), dir.path(), &env).expect("valid");
+    assert!(check_files(&c).is_empty(), "{:?}", check_files(&c));
+    let other = "0".repeat(64);
+    let c = parse(&text(&other), dir.path(), &env).expect("valid");
+    let problems = check_files(&c);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].path, "providers.sim-a.driver-sha256");
+    assert!(
+        problems[0].message.contains(abc) && problems[0].message.contains(&other),
+        "{}",
+        problems[0].message
+    );
+}

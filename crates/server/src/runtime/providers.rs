@@ -236,12 +236,11 @@ impl Providers {
                 deny: deny.clone(),
                 gate: Some(gate),
             };
-            let task = tokio::spawn(keep_starting(
-                loader.clone(),
-                d.driver.clone(),
-                provider,
-                tx.clone(),
-            ));
+            let file = DriverFile {
+                path: d.driver.clone(),
+                sha256: d.driver_sha256.clone(),
+            };
+            let task = tokio::spawn(keep_starting(loader.clone(), file, provider, tx.clone()));
             starters.push(task.abort_handle());
             slots.push(Slot {
                 name: p.name.clone(),
@@ -417,16 +416,43 @@ impl Drop for Providers {
 
 /// Loads the driver and starts the provider's first instance, again and
 /// again with backoff until it works.
+/// A provider's driver file, and the sha256 its config pins, if any.
+struct DriverFile {
+    path: PathBuf,
+    sha256: Option<String>,
+}
+
+impl DriverFile {
+    /// Refuses a driver whose bytes are not the pinned ones: `got` is the
+    /// file's sha256, `None` when it could not be read.
+    fn check(&self, got: Result<&str, String>) -> Result<(), String> {
+        let Some(pin) = &self.sha256 else {
+            return Ok(());
+        };
+        match got {
+            Ok(got) if got == pin => Ok(()),
+            Ok(got) => Err(format!(
+                "its driver {} has sha256 {got}, not the {pin} driver-sha256 pins; refused",
+                self.path.display()
+            )),
+            Err(e) => Err(format!(
+                "its driver {} could not be read to check the sha256 driver-sha256 pins: {e}",
+                self.path.display()
+            )),
+        }
+    }
+}
+
 async fn keep_starting(
     loader: Arc<Loader>,
-    path: PathBuf,
+    file: DriverFile,
     config: SandboxConfig,
     tx: watch::Sender<State>,
 ) {
     let name = config.name.clone();
     let mut tries = 0u32;
     loop {
-        match start_one(&loader, &path, config.clone()).await {
+        match start_one(&loader, &file, config.clone()).await {
             Ok(provider) => {
                 if tries > 0 {
                     tracing::info!(provider = %name, tries, "provider started after failing");
@@ -461,10 +487,22 @@ async fn keep_starting(
 
 async fn start_one(
     loader: &Loader,
-    path: &PathBuf,
+    file: &DriverFile,
     config: SandboxConfig,
 ) -> Result<Sandbox, String> {
     let name = config.name.clone();
+    let path = &file.path;
+    // A pinned file is checked before any of its code is compiled or run,
+    // and what was loaded is checked again below: the file may change
+    // between the two reads.
+    if file.sha256.is_some() {
+        let at = path.clone();
+        let got = tokio::task::spawn_blocking(move || berth_config::file_sha256(&at))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        file.check(got.as_deref().map_err(Clone::clone))?;
+    }
     let cell = (loader.loaded.lock().unwrap_or_else(|p| p.into_inner()))
         .entry(path.clone())
         .or_default()
@@ -478,6 +516,11 @@ async fn start_one(
         .await
         .map_err(|e| format!("loading its driver: {e}"))?
         .clone();
+    if let Err(e) = file.check(Ok(driver.sha256())) {
+        // The file changed after it was loaded: the next try loads it again.
+        (loader.loaded.lock().unwrap_or_else(|p| p.into_inner())).remove(path);
+        return Err(e);
+    }
     let provider = Sandbox::start(&driver, config);
     provider
         .warm()
@@ -495,4 +538,32 @@ async fn start_one(
         }),
     }
     Ok(provider)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DriverFile;
+
+    #[test]
+    fn a_pinned_file_runs_only_with_its_digest() {
+        let file = |sha256: Option<&str>| DriverFile {
+            path: "/plugins/sim.wasm".into(),
+            sha256: sha256.map(str::to_owned),
+        };
+        assert!(file(None).check(Ok("anything")).is_ok());
+        assert!(file(None).check(Err("gone".into())).is_ok());
+        assert!(file(Some("ab")).check(Ok("ab")).is_ok());
+        let e = file(Some("ab")).check(Ok("cd")).expect_err("refused");
+        assert!(
+            e.contains("sha256 cd") && e.contains("ab driver-sha256 pins"),
+            "{e}"
+        );
+        let e = file(Some("ab"))
+            .check(Err("permission denied".into()))
+            .expect_err("refused");
+        assert!(
+            e.contains("could not be read") && e.contains("permission denied"),
+            "{e}"
+        );
+    }
 }
