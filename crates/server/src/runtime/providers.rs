@@ -414,8 +414,6 @@ impl Drop for Providers {
     }
 }
 
-/// Loads the driver and starts the provider's first instance, again and
-/// again with backoff until it works.
 /// A provider's driver file, and the sha256 its config pins, if any.
 struct DriverFile {
     path: PathBuf,
@@ -424,7 +422,7 @@ struct DriverFile {
 
 impl DriverFile {
     /// Refuses a driver whose bytes are not the pinned ones: `got` is the
-    /// file's sha256, `None` when it could not be read.
+    /// file's sha256, or why it could not be read.
     fn check(&self, got: Result<&str, String>) -> Result<(), String> {
         let Some(pin) = &self.sha256 else {
             return Ok(());
@@ -443,6 +441,8 @@ impl DriverFile {
     }
 }
 
+/// Loads the driver and starts the provider's first instance, again and
+/// again with backoff until it works.
 async fn keep_starting(
     loader: Arc<Loader>,
     file: DriverFile,
