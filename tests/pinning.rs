@@ -111,3 +111,33 @@ async fn a_pinned_driver_runs_only_with_the_pinned_bytes() {
         "{said}"
     );
 }
+
+/// The loader itself compares the pin with the bytes it read, before it
+/// compiles them: what `berth serve` relies on when a provider starts after
+/// the file changed under it.
+#[tokio::test]
+async fn the_loader_refuses_other_bytes_before_compiling_them() {
+    use berth::plugin::{Engine, EngineConfig, LoadErrorKind, LoadLimits};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("sim.wasm");
+    let right = std::fs::read(plugin("sim")).expect("the sim driver");
+    let pin = berth::config::file_sha256(&plugin("sim")).expect("digest");
+    put(&file, &with_custom_section(&right));
+    let engine = Engine::new(EngineConfig::default()).expect("engine");
+    let refused = engine
+        .load_file_pinned(&file, LoadLimits::default(), Some(&pin))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&refused.kind, LoadErrorKind::NotPinned { pinned, .. } if *pinned == pin),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("driver-sha256"), "{refused}");
+    put(&file, &right);
+    let loaded = engine
+        .load_file_pinned(&file, LoadLimits::default(), Some(&pin))
+        .await
+        .expect("the pinned bytes load");
+    assert_eq!(loaded.sha256(), pin);
+}

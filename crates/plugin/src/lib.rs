@@ -186,6 +186,10 @@ pub enum LoadErrorKind {
     Link(String),
     #[error("describe failed: {0}")]
     Describe(CallError),
+    #[error(
+        "its sha256 is {got}, not the {pinned} driver-sha256 pins; refused before any of it was compiled or run"
+    )]
+    NotPinned { got: String, pinned: String },
 }
 
 /// A loaded driver: compiled, checked and ready to instantiate. Cheap to clone.
@@ -313,15 +317,27 @@ impl Engine {
     }
 
     /// [`Engine::load_file`] within `limits`.
-    #[tracing::instrument(skip(self, limits), fields(path = %path.as_ref().display()))]
     pub async fn load_file_within(
         &self,
         path: impl AsRef<Path>,
         limits: LoadLimits,
     ) -> Result<Driver, LoadError> {
+        self.load_file_pinned(path, limits, None).await
+    }
+
+    /// [`Engine::load_file_within`], refusing a file whose sha256 is not
+    /// `pinned` (lowercase hex) before any of it is compiled or run: the
+    /// digest is of the very bytes that would be compiled.
+    #[tracing::instrument(skip(self, limits), fields(path = %path.as_ref().display()))]
+    pub async fn load_file_pinned(
+        &self,
+        path: impl AsRef<Path>,
+        limits: LoadLimits,
+        pinned: Option<&str>,
+    ) -> Result<Driver, LoadError> {
         let path = path.as_ref().to_path_buf();
         let started = Instant::now();
-        let (pre, sha256, source) = self.compile_and_link(&path, limits).await?;
+        let (pre, sha256, source) = self.compile_and_link(&path, limits, pinned).await?;
         let file_name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -368,6 +384,7 @@ impl Engine {
         &self,
         path: &Path,
         limits: LoadLimits,
+        pinned: Option<&str>,
     ) -> Result<(PluginPre, String, LoadSource), LoadError> {
         let err = |kind: LoadErrorKind| LoadError {
             path: path.to_path_buf(),
@@ -376,6 +393,15 @@ impl Engine {
         let bytes = read_at_most(path, limits.max_file_bytes)
             .await
             .map_err(err)?;
+        if let Some(pinned) = pinned {
+            let got = hex::encode(Sha256::digest(&bytes));
+            if got != pinned {
+                return Err(err(LoadErrorKind::NotPinned {
+                    got,
+                    pinned: pinned.to_owned(),
+                }));
+            }
+        }
         let contract = inspect(&bytes).map_err(|e| err(e.into()))?.contract;
         self.link(bytes, contract, limits).await.map_err(err)
     }

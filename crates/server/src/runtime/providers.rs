@@ -420,27 +420,6 @@ struct DriverFile {
     sha256: Option<String>,
 }
 
-impl DriverFile {
-    /// Refuses a driver whose bytes are not the pinned ones: `got` is the
-    /// file's sha256, or why it could not be read.
-    fn check(&self, got: Result<&str, String>) -> Result<(), String> {
-        let Some(pin) = &self.sha256 else {
-            return Ok(());
-        };
-        match got {
-            Ok(got) if got == pin => Ok(()),
-            Ok(got) => Err(format!(
-                "its driver {} has sha256 {got}, not the {pin} driver-sha256 pins; refused",
-                self.path.display()
-            )),
-            Err(e) => Err(format!(
-                "its driver {} could not be read to check the sha256 driver-sha256 pins: {e}",
-                self.path.display()
-            )),
-        }
-    }
-}
-
 /// Loads the driver and starts the provider's first instance, again and
 /// again with backoff until it works.
 async fn keep_starting(
@@ -492,34 +471,32 @@ async fn start_one(
 ) -> Result<Sandbox, String> {
     let name = config.name.clone();
     let path = &file.path;
-    // A pinned file is checked before any of its code is compiled or run,
-    // and what was loaded is checked again below: the file may change
-    // between the two reads.
-    if file.sha256.is_some() {
-        let at = path.clone();
-        let got = tokio::task::spawn_blocking(move || berth_config::file_sha256(&at))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
-        file.check(got.as_deref().map_err(Clone::clone))?;
-    }
     let cell = (loader.loaded.lock().unwrap_or_else(|p| p.into_inner()))
         .entry(path.clone())
         .or_default()
         .clone();
     let limits = LoadLimits::from(&config.limits);
+    let pinned = file.sha256.as_deref();
     let driver = cell
         .get_or_try_init(|| async {
             tracing::info!(provider = %name, driver = %path.display(), "loading a driver");
-            loader.engine.load_file_within(path, limits).await
+            // The loader compares the pin with the bytes it read, before it
+            // compiles or runs any of them.
+            (loader.engine).load_file_pinned(path, limits, pinned).await
         })
         .await
         .map_err(|e| format!("loading its driver: {e}"))?
         .clone();
-    if let Err(e) = file.check(Ok(driver.sha256())) {
-        // The file changed after it was loaded: the next try loads it again.
-        (loader.loaded.lock().unwrap_or_else(|p| p.into_inner())).remove(path);
-        return Err(e);
+    // Loaded before for another provider of the same file, unpinned or
+    // pinned to other bytes: this provider's pin is checked on those.
+    if let Some(pin) = pinned
+        && driver.sha256() != pin
+    {
+        return Err(format!(
+            "its driver {} has sha256 {}, not the {pin} driver-sha256 pins; refused",
+            path.display(),
+            driver.sha256()
+        ));
     }
     let provider = Sandbox::start(&driver, config);
     provider
@@ -538,32 +515,4 @@ async fn start_one(
         }),
     }
     Ok(provider)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::DriverFile;
-
-    #[test]
-    fn a_pinned_file_runs_only_with_its_digest() {
-        let file = |sha256: Option<&str>| DriverFile {
-            path: "/plugins/sim.wasm".into(),
-            sha256: sha256.map(str::to_owned),
-        };
-        assert!(file(None).check(Ok("anything")).is_ok());
-        assert!(file(None).check(Err("gone".into())).is_ok());
-        assert!(file(Some("ab")).check(Ok("ab")).is_ok());
-        let e = file(Some("ab")).check(Ok("cd")).expect_err("refused");
-        assert!(
-            e.contains("sha256 cd") && e.contains("ab driver-sha256 pins"),
-            "{e}"
-        );
-        let e = file(Some("ab"))
-            .check(Err("permission denied".into()))
-            .expect_err("refused");
-        assert!(
-            e.contains("could not be read") && e.contains("permission denied"),
-            "{e}"
-        );
-    }
 }
