@@ -13,7 +13,7 @@ use berth_test_clouds::common::live_by_node;
 use berth_test_clouds::hetzner::{Cloud, Options};
 
 use crate::support::config::{CI, OPS};
-use crate::support::server::{Berth, Launch, until};
+use crate::support::server::{Berth, Launch, run_berth, until};
 use crate::support::sys::set_own_env_var;
 use crate::support::{KIT_STEPS, plugin, workspace};
 
@@ -92,6 +92,55 @@ async fn hetzner_passes_the_conformance_kit_with_its_recorded_faults() {
         "{report}"
     );
     assert_eq!(cloud.machines().len(), made);
+}
+
+/// The kit as a driver author runs it, through `berth driver test` with
+/// the driver's recorded faults and the token from the environment.
+#[tokio::test]
+async fn hetzner_passes_the_kit_through_the_binary() {
+    const VAR: &str = "BERTH_ITEST_HETZNER_BINARY_KIT_TOKEN";
+    let cloud = Cloud::start(Options::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let provider = dir.path().join("provider.json");
+    let json = serde_json::json!({
+        "config": {"endpoint": cloud.url(), "page-size": 2},
+        "allow_hosts": [cloud.addr().to_string()],
+        "create": {"instance_type": "cx22", "image": "ubuntu-24.04"},
+        "call_deadline": "30s",
+        "credentials": [bearer(&cloud, VAR)],
+    });
+    std::fs::write(&provider, json.to_string()).expect("provider.json");
+    let wasm = plugin("hetzner");
+    let faults = workspace().join("plugins/hetzner/faults.json");
+    let cache = dir.path().join("cache");
+    let args = [
+        "driver".as_ref(),
+        "test".as_ref(),
+        wasm.as_os_str(),
+        "--config".as_ref(),
+        provider.as_os_str(),
+        "--faults".as_ref(),
+        faults.as_os_str(),
+    ];
+    let env: [(&str, &std::ffi::OsStr); 2] = [
+        (VAR, TOKEN.as_ref()),
+        ("BERTH_CACHE_DIR", cache.as_os_str()),
+    ];
+    let ran = run_berth(args, &env).await;
+    assert!(ran.status.success(), "{ran}");
+    for step in KIT_STEPS
+        .iter()
+        .chain(&["paging", "error mapping", "batches"])
+    {
+        assert!(
+            ran.stdout.contains(&format!("PASS  {step}")),
+            "{step}: {ran}"
+        );
+    }
+    until(10, "every server the kit made to be deleted", || async {
+        cloud.machines().iter().all(|m| m.deleted).then_some(())
+    })
+    .await;
 }
 
 /// The berth config of a pool on the fake cloud: label `ci` with
