@@ -313,12 +313,8 @@ impl Cloud {
                 get(vm).put(vm).patch(vm).delete(vm),
             )
             .route(
-                &format!("{rg}/Microsoft.Network/networkInterfaces/{{name}}"),
-                get(nic),
-            )
-            .route(
-                &format!("{rg}/Microsoft.Network/publicIPAddresses/{{name}}"),
-                get(pip),
+                &format!("{rg}/Microsoft.Network/{{kind}}/{{name}}"),
+                get(network),
             )
             .route(
                 "/subscriptions/{sub}/providers/Microsoft.Compute/locations/{loc}/operations/{id}",
@@ -1056,30 +1052,37 @@ async fn list_vms(
     finish(&shared, false, Answer::json(200, &body))
 }
 
-async fn nic(
+/// `GET` of a network interface or public IP address a VM made.
+async fn network(
     State(shared): State<Shared>,
     headers: HeaderMap,
-    Path((sub, rg, name)): Path<(String, String, String)>,
+    Path((sub, rg, kind, name)): Path<(String, String, String, String)>,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    if let Err(a) = admit(
+    let (made, op) = match kind.as_str() {
+        "networkInterfaces" => ("nic", "nic.get"),
+        "publicIPAddresses" => ("pip", "pip.get"),
+        _ => return no_route().await,
+    };
+    let admitted = admit(
         &shared,
         &headers,
         &sub,
         Some(&rg),
         raw.as_deref(),
         false,
-        "nic.get",
-    ) {
+        op,
+    );
+    if let Err(a) = admitted {
         return finish(&shared, false, a);
     }
     let s = lock(&shared.state);
     let found = (s.made.iter())
-        .find(|m| m.kind == "nic" && m.name == name && !m.deleted)
-        .and_then(|m| Some((m, s.vms.get(&m.vm)?)));
-    let answer = match found {
-        None => not_found("Microsoft.Network/networkInterfaces", &name, &rg),
-        Some((_, vm)) => {
+        .find(|m| m.kind == made && m.name == name && !m.deleted)
+        .and_then(|m| s.vms.get(&m.vm));
+    let answer = match (found, made) {
+        (None, _) => not_found(&format!("Microsoft.Network/{kind}"), &name, &rg),
+        (Some(vm), "nic") => {
             let pip = (s.made.iter())
                 .find(|p| p.vm == vm.name && p.kind == "pip" && !p.deleted)
                 .map(|p| json!({"id": format!("{}/providers/Microsoft.Network/publicIPAddresses/{}", s.base(), p.name)}));
@@ -1098,35 +1101,7 @@ async fn nic(
                 }),
             )
         }
-    };
-    drop(s);
-    finish(&shared, false, answer)
-}
-
-async fn pip(
-    State(shared): State<Shared>,
-    headers: HeaderMap,
-    Path((sub, rg, name)): Path<(String, String, String)>,
-    RawQuery(raw): RawQuery,
-) -> Response {
-    if let Err(a) = admit(
-        &shared,
-        &headers,
-        &sub,
-        Some(&rg),
-        raw.as_deref(),
-        false,
-        "pip.get",
-    ) {
-        return finish(&shared, false, a);
-    }
-    let s = lock(&shared.state);
-    let found = (s.made.iter())
-        .find(|m| m.kind == "pip" && m.name == name && !m.deleted)
-        .and_then(|m| s.vms.get(&m.vm));
-    let answer = match found {
-        None => not_found("Microsoft.Network/publicIPAddresses", &name, &rg),
-        Some(vm) => Answer::json(
+        (Some(vm), _) => Answer::json(
             200,
             &json!({
                 "name": name,
@@ -1178,8 +1153,7 @@ async fn operation(
     finish(&shared, false, answer)
 }
 
-async fn no_route(method: Method) -> Response {
-    let _ = method;
+async fn no_route() -> Response {
     error(
         404,
         "InvalidResourceType",
