@@ -13,8 +13,8 @@ use std::time::Duration;
 use berth::conformance::{self, Fault, TestConfig};
 use berth::plugin::{Engine, EngineConfig};
 use berth_test_clouds::azure::{Cloud, Options};
-use berth_test_clouds::common::live_by_node;
 
+use crate::support::clouds::{KilledPool, survives_sigkill_during_creates_and_deletes};
 use crate::support::config::{CI, OPS};
 use crate::support::server::{Berth, Launch, until};
 use crate::support::sys::set_own_env_var;
@@ -208,103 +208,30 @@ options = {{ ssh-public-key = "{KEY}" }}
     ) + &crate::support::config::test_store(state)
 }
 
-/// Nodes berth holds that are not gone, with their instance ids.
-async fn held_nodes(server: &Berth) -> Vec<(String, String)> {
-    let (_, nodes) = server.call("GET", "/v1/nodes", Some(OPS), None).await;
-    (nodes.as_array().into_iter().flatten())
-        .filter(|n| n["state"] != "gone")
-        .map(|n| {
-            let field = |k: &str| n[k].as_str().unwrap_or_default().to_owned();
-            (field("id"), field("instance"))
-        })
-        .collect()
-}
-
-/// SIGKILL while creates are answered (the cloud made the server, berth
-/// never heard), with lists lagging behind creates, then while deletes are;
-/// then the cloud's own record holds one server per node berth holds and
-/// nothing else, and a restart's adoption makes no create.
+/// SIGKILL during creates and during deletes, with lists lagging: the
+/// cloud's own record holds one VM per node berth holds and nothing else,
+/// a restart's adoption makes no create
+/// ([`survives_sigkill_during_creates_and_deletes`]), and nothing a deleted
+/// VM made is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_azure_pool_survives_sigkill_during_creates_and_deletes() {
-    const KILLS: usize = 4;
     const VAR: &str = "BERTH_ITEST_AZURE_POOL_SECRET";
     let (tokens, cloud) = clouds(Options::default()).await;
-    cloud.knobs().hold("vm.put", Duration::from_secs(1));
-    cloud.knobs().set_lag(Duration::from_secs(3));
     let dir = tempfile::tempdir().expect("tempdir");
-    let state = dir.path().join("state");
     let config = dir.path().join("berth.toml");
+    let state = dir.path().join("state");
     std::fs::write(&config, pool_config(&tokens, &cloud, &state, VAR, 1)).expect("config");
-    let cfg = config.display().to_string();
-    let args = ["--config", cfg.as_str()];
-    let env = [(VAR, SECRET)];
-    let launch = || Launch {
-        env: &env,
-        ..Launch::new(&args, dir.path())
-    };
-    let made = || cloud.machines().len();
-    let mut handed = Vec::new();
-    for round in 0..KILLS {
-        let server = Berth::launch(launch()).await;
-        if round > 0 {
-            server
-                .until_label_ready(60, "ci", 1, "the cut-off create resolved")
-                .await;
-            let request = server.request(CI, &[("ci", 1)]).await;
-            let r = server.fulfilled(CI, &request.id).await;
-            handed.extend(r.nodes.into_iter().map(|n| n.id));
-        }
-        until(30, "the cloud to make the next server", || async {
-            (made() > round).then_some(())
-        })
-        .await;
-        server.signal(libc::SIGKILL);
-        server.exit_within(Duration::from_secs(30)).await;
-    }
-    // Deletes cut off: the released nodes' DELETEs are held, and berth is
-    // killed once the cloud has taken the first.
-    cloud.knobs().hold("vm.delete", Duration::from_secs(1));
-    let server = Berth::launch(launch()).await;
-    server
-        .until_label_ready(60, "ci", 1, "the last create resolved")
-        .await;
-    let deletes = cloud.knobs().count("vm.delete");
-    for node in &handed {
-        let (s, n) = server
-            .call("POST", &format!("/v1/nodes/{node}/release"), Some(CI), None)
-            .await;
-        assert_eq!(s, 200, "{n}");
-    }
-    until(30, "a delete to reach the cloud", || async {
-        (cloud.knobs().count("vm.delete") > deletes).then_some(())
+    let machines = survives_sigkill_during_creates_and_deletes(KilledPool {
+        knobs: cloud.knobs(),
+        machines: &|| cloud.machines(),
+        create: "vm.put",
+        delete: "vm.delete",
+        pool: POOL,
+        config: &config,
+        dir: dir.path(),
+        env: &[(VAR, SECRET)],
     })
     .await;
-    server.signal(libc::SIGKILL);
-    server.exit_within(Duration::from_secs(30)).await;
-
-    cloud.knobs().hold("vm.delete", Duration::ZERO);
-    let server = Berth::launch(launch()).await;
-    server
-        .until_label_ready(60, "ci", 1, "the pool settled")
-        .await;
-    until(60, "every released node's server to be gone", || async {
-        let machines = cloud.machines();
-        let live = live_by_node(&machines, "berth-pool", POOL, "berth-node");
-        (live.len() == 1).then_some(())
-    })
-    .await;
-    // The cloud's record: one live VM per node berth holds, none twice,
-    // none berth does not hold; nothing a deleted VM made is left.
-    let machines = cloud.machines();
-    let live = live_by_node(&machines, "berth-pool", POOL, "berth-node");
-    assert!(live.values().all(|m| m.len() == 1), "duplicates: {live:#?}");
-    let held: BTreeSet<String> = held_nodes(&server)
-        .await
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    let in_cloud: BTreeSet<String> = live.keys().cloned().collect();
-    assert_eq!(in_cloud, held, "leaks or losses: {machines:#?}");
     let live_vms: BTreeSet<String> = (machines.iter())
         .filter(|m| !m.deleted)
         .map(|m| m.name.clone())
@@ -313,43 +240,6 @@ async fn an_azure_pool_survives_sigkill_during_creates_and_deletes() {
         .filter(|m| !m.deleted && !live_vms.contains(&m.vm))
         .collect();
     assert!(left.is_empty(), "left by deleted VMs: {left:#?}");
-    // Each cut-off create, sent again after the kill, was answered with
-    // the VM the first one made: one VM per round, none made again
-    // (a create given up would leave its VM to be deleted as a leak,
-    // and launch another), and the only ones deleted are the nodes given
-    // back.
-    assert_eq!(
-        machines.len(),
-        KILLS,
-        "one server per cut-off create: {machines:#?}"
-    );
-    let deleted: BTreeSet<String> = (machines.iter())
-        .filter(|m| m.deleted)
-        .filter_map(|m| m.tag("berth-node").map(str::to_owned))
-        .collect();
-    assert_eq!(deleted, handed.iter().cloned().collect(), "{machines:#?}");
-    assert!(
-        cloud.knobs().count("vm.put") > KILLS as u64,
-        "the creates were sent again: {:?}",
-        cloud.knobs().calls()
-    );
-
-    // A restart adopts what is there and makes nothing.
-    let creates = cloud.knobs().count("vm.put");
-    server.terminate().await.assert_success();
-    let server = Berth::launch(launch()).await;
-    server.until_ready(60, "the restarted pool listed").await;
-    server
-        .until_label_ready(60, "ci", 1, "the node adopted")
-        .await;
-    assert_eq!(
-        cloud.knobs().count("vm.put"),
-        creates,
-        "{:?}",
-        cloud.knobs().calls()
-    );
-    assert_eq!(cloud.machines().len(), machines.len());
-    server.terminate().await.assert_success();
 }
 
 /// Calls to the cloud per node, from create to delete, through `berth

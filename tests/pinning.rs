@@ -127,8 +127,7 @@ async fn the_loader_refuses_other_bytes_before_compiling_them() {
     let refused = engine
         .load_file_pinned(&file, LoadLimits::default(), Some(&pin))
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(
         matches!(&refused.kind, LoadErrorKind::NotPinned { pinned, .. } if *pinned == pin),
         "{refused}"

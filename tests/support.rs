@@ -3,6 +3,9 @@
 
 // Paths relative to this file, so that the benchmarks, which include it by
 // path, find them too.
+// A pool on a fake cloud killed during creates and deletes.
+#[path = "support/clouds.rs"]
+pub mod clouds;
 // The configs the tests write.
 #[path = "support/config.rs"]
 #[allow(dead_code)]
