@@ -4,7 +4,9 @@
 //! fetches one page of its cloud's per call and hands back the cloud's
 //! cursor in [`Page::next`]. [`page_of`] pages an answer the cloud gives
 //! whole (a cloud without pages). [`only_ids`] keeps a
-//! cloud's answer to what `get` may return.
+//! cloud's answer to what `get` may return. [`find_ids`] answers a `get`
+//! of many ids from a few pages of the pool's list where that costs fewer
+//! calls than a lookup each.
 
 use crate::tags::{POOL_TAG, tag};
 use crate::types::{Instance, Page};
@@ -41,6 +43,66 @@ pub fn only_ids(
         .into_iter()
         .filter(|i| ids.contains(&i.id) && tag(&i.tags, POOL_TAG) == Some(pool_id))
         .collect()
+}
+
+/// One page of a cloud's list, for [`find_ids`].
+pub struct ListPage {
+    /// This pool's instances on the page.
+    pub instances: Vec<Instance>,
+    /// The cursor of the next page; `None` on the last.
+    pub next: Option<String>,
+    /// How many pages come after this one, if the cloud says.
+    pub pages_left: Option<usize>,
+}
+
+/// The instances among `ids` that carry pool `pool_id`'s tag, for `get`,
+/// in few calls. Up to `one_by_one_at_most` ids are asked for one by one
+/// (`one`, `None` for an instance the cloud does not know). More are looked
+/// for in the pool's list first (`page`, from the cursor given; `None`: the
+/// first page), for as long as the pages still to read are fewer than the
+/// ids still missing (or, when the cloud does not say how many pages are
+/// left, for no more pages than ids are missing): never more calls than
+/// a lookup each. Whatever the list did not show (a list may lag behind a
+/// create) is then asked for by id, since an id left out of `get`'s answer
+/// is gone.
+pub fn find_ids<D>(
+    driver: &mut D,
+    ids: &[String],
+    pool_id: &str,
+    one_by_one_at_most: usize,
+    page: impl Fn(&mut D, Option<&str>) -> Result<ListPage, crate::types::Error>,
+    one: impl Fn(&mut D, &str) -> Result<Option<Instance>, crate::types::Error>,
+) -> Result<Vec<Instance>, crate::types::Error> {
+    let mut found = Vec::new();
+    let mut missing: Vec<&String> = ids.iter().collect();
+    if ids.len() > one_by_one_at_most {
+        let mut cursor: Option<String> = None;
+        let mut read = 0;
+        loop {
+            let p = page(driver, cursor.as_deref())?;
+            read += 1;
+            for i in p.instances {
+                if let Some(at) = missing.iter().position(|id| **id == i.id) {
+                    missing.swap_remove(at);
+                    found.push(i);
+                }
+            }
+            let worth = match p.pages_left {
+                Some(left) => left < missing.len(),
+                None => read < missing.len(),
+            };
+            match p.next {
+                Some(next) if !missing.is_empty() && worth => cursor = Some(next),
+                _ => break,
+            }
+        }
+    }
+    for id in missing {
+        if let Some(i) = one(driver, id)? {
+            found.push(i);
+        }
+    }
+    Ok(only_ids(found, ids, pool_id))
 }
 
 #[cfg(test)]
@@ -109,5 +171,77 @@ mod tests {
         let kept = only_ids(found, &["i-2".into(), "i-3".into()], "p");
         let kept: Vec<&str> = kept.iter().map(|i| i.id.as_str()).collect();
         assert_eq!(kept, ["i-3"]);
+    }
+
+    /// A cloud of `pages` pages of this pool's instances (ids by page),
+    /// whose lookups by id know `known`; it counts the calls made.
+    struct Cloud {
+        pages: Vec<Vec<&'static str>>,
+        known: Vec<&'static str>,
+        say_left: bool,
+        calls: Vec<String>,
+    }
+
+    fn find(cloud: &mut Cloud, ids: &[&str]) -> Vec<String> {
+        let ids: Vec<String> = ids.iter().map(|i| (*i).to_owned()).collect();
+        let found = find_ids(
+            cloud,
+            &ids,
+            "p",
+            2,
+            |c, cursor| {
+                let n: usize = cursor.map_or(0, |c| c.parse().unwrap());
+                c.calls.push(format!("page {n}"));
+                let last = c.pages.len() - 1;
+                Ok(ListPage {
+                    instances: c.pages[n].iter().map(|id| inst(id, "p")).collect(),
+                    next: (n < last).then(|| (n + 1).to_string()),
+                    pages_left: c.say_left.then_some(last - n),
+                })
+            },
+            |c, id| {
+                c.calls.push(format!("get {id}"));
+                Ok(c.known.contains(&id).then(|| inst(id, "p")))
+            },
+        )
+        .expect("found");
+        let mut ids: Vec<String> = found.into_iter().map(|i| i.id).collect();
+        ids.sort();
+        // In any order: the lookups go in no order of their own.
+        cloud.calls.sort();
+        ids
+    }
+
+    #[test]
+    fn find_ids_reads_pages_only_while_they_cost_less_than_lookups() {
+        let cloud = |say_left| Cloud {
+            pages: vec![vec!["a", "b"], vec!["c", "d"], vec!["e"]],
+            known: vec!["a", "b", "c", "d", "e", "new"],
+            say_left,
+            calls: Vec::new(),
+        };
+        // Few ids: a lookup each, no list.
+        let mut c = cloud(true);
+        assert_eq!(find(&mut c, &["a", "gone"]), ["a"]);
+        assert_eq!(c.calls, ["get a", "get gone"]);
+        // Many: the pages while fewer pages are left than ids missing, then
+        // a lookup for what the list did not show (made after it, or gone).
+        let mut c = cloud(true);
+        assert_eq!(
+            find(&mut c, &["a", "c", "e", "new", "gone"]),
+            ["a", "c", "e", "new"]
+        );
+        assert_eq!(
+            c.calls,
+            ["get gone", "get new", "page 0", "page 1", "page 2"]
+        );
+        // Two pages left and two ids missing: lookups are no dearer.
+        let mut c = cloud(true);
+        assert_eq!(find(&mut c, &["a", "b", "d", "gone"]), ["a", "b", "d"]);
+        assert_eq!(c.calls, ["get d", "get gone", "page 0"]);
+        // A cloud that does not say: no more pages than ids are missing.
+        let mut c = cloud(false);
+        assert_eq!(find(&mut c, &["a", "b", "e"]), ["a", "b", "e"]);
+        assert_eq!(c.calls, ["get e", "page 0"]);
     }
 }

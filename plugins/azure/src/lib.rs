@@ -300,37 +300,30 @@ impl Azure {
         }
     }
 
-    /// The VMs among `ids` that carry this pool's tag. A few are asked for
-    /// by name; more are looked for in the group's list first, for no more
-    /// pages than names are left, and what the list did not show (a list
-    /// may lag behind a create) is asked for by name.
+    /// The VMs among `ids` that carry this pool's tag, from pages of the
+    /// group's list where they cost fewer calls than a GET each
+    /// ([`pages::find_ids`]; ARM does not say how many pages are left).
     fn find(&mut self, ids: &[String]) -> Result<Vec<Instance>, Error> {
-        let mut found = Vec::new();
-        let mut missing: Vec<&String> = ids.iter().collect();
-        if ids.len() > GET_ONE_BY_ONE {
-            let mut url = format!("{}?api-version={COMPUTE_API}", self.group_url());
-            let mut pages = 0;
-            loop {
-                let (instances, next) = self.page(&url)?;
-                pages += 1;
-                for i in instances {
-                    if let Some(at) = missing.iter().position(|id| **id == i.id) {
-                        missing.swap_remove(at);
-                        found.push(i);
-                    }
-                }
-                match next {
-                    Some(link) if !missing.is_empty() && pages < missing.len() => url = link,
-                    _ => break,
-                }
-            }
-        }
-        for id in missing {
-            if let Some(vm) = self.vm(id)?.filter(|vm| self.ours(vm)) {
-                found.push(self.instance_of(&vm)?);
-            }
-        }
-        Ok(pages::only_ids(found, ids, &self.pool_id))
+        let pool_id = self.pool_id.clone();
+        let first = format!("{}?api-version={COMPUTE_API}", self.group_url());
+        pages::find_ids(
+            self,
+            ids,
+            &pool_id,
+            GET_ONE_BY_ONE,
+            |d, cursor| {
+                let (instances, next) = d.page(cursor.unwrap_or(&first))?;
+                Ok(pages::ListPage {
+                    instances,
+                    next,
+                    pages_left: None,
+                })
+            },
+            |d, id| match d.vm(id)?.filter(|vm| d.ours(vm)) {
+                Some(vm) => d.instance_of(&vm).map(Some),
+                None => Ok(None),
+            },
+        )
     }
 
     /// The `PUT` body for `spec`.

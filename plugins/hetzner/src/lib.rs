@@ -173,36 +173,30 @@ impl Hetzner {
         }
     }
 
-    /// The servers among `ids` that carry this pool's label. A few are
-    /// asked for one by one; more are looked for in the pool's list first,
-    /// for as many pages as it would take GETs, and whatever the list did
-    /// not show (a list may lag behind a create) is asked for by id.
-    fn find(&self, ids: &[String]) -> Result<Vec<Instance>, Error> {
-        let mut found = Vec::new();
-        let mut missing: Vec<&String> = ids.iter().collect();
-        if ids.len() > GET_ONE_BY_ONE {
-            let mut page = 1;
-            loop {
-                let (instances, next, last) = self.page(&[], page)?;
-                for i in instances {
-                    if let Some(at) = missing.iter().position(|id| **id == i.id) {
-                        missing.swap_remove(at);
-                        found.push(i);
-                    }
-                }
-                let pages_left = last.saturating_sub(page) as usize;
-                match next {
-                    Some(n) if !missing.is_empty() && pages_left < missing.len() => page = n,
-                    _ => break,
-                }
-            }
-        }
-        for id in missing {
-            if let Some(server) = self.server(id)? {
-                found.push(api::instance(&server).map_err(error::transient)?);
-            }
-        }
-        Ok(pages::only_ids(found, ids, &self.pool_id))
+    /// The servers among `ids` that carry this pool's label, from pages of
+    /// the pool's list where they cost fewer calls than a GET each
+    /// ([`pages::find_ids`]).
+    fn find(&mut self, ids: &[String]) -> Result<Vec<Instance>, Error> {
+        let pool_id = self.pool_id.clone();
+        pages::find_ids(
+            self,
+            ids,
+            &pool_id,
+            GET_ONE_BY_ONE,
+            |d, cursor| {
+                let page = cursor.and_then(|c| c.parse().ok()).unwrap_or(1);
+                let (instances, next, last) = d.page(&[], page)?;
+                Ok(pages::ListPage {
+                    instances,
+                    next: next.map(|n| n.to_string()),
+                    pages_left: Some(last.saturating_sub(page) as usize),
+                })
+            },
+            |d, id| match d.server(id)? {
+                Some(server) => api::instance(&server).map(Some).map_err(error::transient),
+                None => Ok(None),
+            },
+        )
     }
 
     /// The create body for `spec`.
