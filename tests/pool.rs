@@ -188,10 +188,7 @@ async fn rate_limited_holds_every_call_until_retry_after() {
     config.pool.providers[0].max_calls = 1;
     let service = start(config).await;
     let h = service.handle.clone();
-    // At one call a second, with the waits the 429s ask for, twelve take
-    // some 25 s on an idle 2-core machine: the bound leaves room for a
-    // loaded one.
-    until_pool(&h, 90, "twelve ready", |p| p.free_ready(LabelIx(0)) == 12).await;
+    until_pool(&h, 30, "twelve ready", |p| p.free_ready(LabelIx(0)) == 12).await;
     let calls = sim.cloud.calls();
     let limited: Vec<_> = calls.iter().filter(|c| c.status == 429).collect();
     assert!(!limited.is_empty(), "the sim never rate limited: {calls:?}");
