@@ -156,6 +156,10 @@ struct ProviderRt {
     quota_paused_until: Option<Time>,
     /// Every call held after rate-limited, until this time.
     held_until: Option<Time>,
+    /// A new list waits for one other call to go first: set when a call
+    /// other than a list page was answered rate-limited (see
+    /// `Pool::call_done`).
+    list_waits: bool,
     /// Instance types out of capacity (`None`: all of them), until when.
     capacity_paused: Vec<(Option<String>, Time)>,
     bucket: Option<Bucket>,
@@ -332,6 +336,7 @@ impl Pool {
                 deleting: Usage::default(),
                 quota_paused_until: None,
                 held_until: None,
+                list_waits: false,
                 capacity_paused: Vec::new(),
                 bucket: p.rate.map(|rate| Bucket::new(rate, p.burst)),
                 next_list: Time::ZERO,

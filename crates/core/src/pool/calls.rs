@@ -36,6 +36,7 @@ impl Pool {
                     break;
                 }
                 self.ix.providers[p].in_flight += 1;
+                self.ix.providers[p].list_waits = false;
                 out.push(Effect::Call(effect));
             }
         }
@@ -52,7 +53,8 @@ impl Pool {
                 cursor: l.cursor.clone(),
             });
         }
-        if !rt.list_busy && rt.next_list <= now {
+        let list_due = !rt.list_busy && rt.next_list <= now;
+        if list_due && !rt.list_waits {
             return Some(self.start_list(p, now));
         }
         // Booting instances are looked at by id, and so are instances
@@ -133,6 +135,10 @@ impl Pool {
             break;
         }
         self.ix.providers[p.0 as usize].want_tags.extend(later);
+        // Nothing else owed: the list that waited for it goes now.
+        if call.is_none() && list_due {
+            return Some(self.start_list(p, now));
+        }
         call
     }
 
@@ -328,6 +334,14 @@ impl Pool {
             let until = now + (*retry_after).max(Duration::from_millis(1));
             if rt.held_until.is_none_or(|t| t < until) {
                 rt.held_until = Some(until);
+                // Lists go first (`next_call`): a list due when the hold
+                // lifts would take a cloud's last call again, and the call
+                // refused here could be refused every time. So another call
+                // goes first, then a new list (a list under way goes on at
+                // once: its pages are owed).
+                if rt.listing.is_none() {
+                    rt.list_waits = true;
+                }
                 self.notices
                     .push(Notice::RateLimited { provider: p, until });
             }

@@ -190,6 +190,12 @@ pub(super) struct FakeProvider {
     /// While set, every page from this one (counted from 0) on fails as
     /// `transient`.
     pub failing_pages: Option<usize>,
+    /// The cloud's own rate limit, one call per this long: a call sooner
+    /// after the last one it took is refused as `rate-limited`, retry
+    /// after this long.
+    pub one_call_per: Option<Duration>,
+    /// When the cloud last took a call, under `one_call_per`.
+    pub last_taken: Option<Time>,
 }
 
 impl FakeProvider {
@@ -209,6 +215,22 @@ impl FakeProvider {
         })?;
         *times -= 1;
         Some(*lie)
+    }
+
+    /// The fault a call meets: the cloud's own rate limit, or one injected.
+    fn refused(&mut self, now: Time, call: Call) -> Option<Fault> {
+        if let Some(gap) = self.one_call_per {
+            if self.last_taken.is_some_and(|t| now < t + gap) {
+                return Some(Fault {
+                    call,
+                    failure: rate_limited(gap.as_millis() as u64),
+                    times: 1,
+                    reached: false,
+                });
+            }
+            self.last_taken = Some(now);
+        }
+        self.fault(call)
     }
 
     fn fault(&mut self, call: Call) -> Option<Fault> {
@@ -352,7 +374,7 @@ impl Cloud {
             .instances
             .retain(|_, i| i.terminated.is_none_or(|t| t + linger > now));
         self.providers[p].calls.push((now, call));
-        let fault = self.providers[p].fault(call);
+        let fault = self.providers[p].refused(now, call);
         if let Some(f) = &fault
             && !f.reached
         {

@@ -731,6 +731,39 @@ fn rate_limited_holds_every_call_to_that_provider_only() {
     ok(&h);
 }
 
+/// A cloud that takes one call a second, and lists due every second: once
+/// the hold a refused create brought lifts, the create goes before the next
+/// list. Were the list first, it would take the cloud's one call, the create
+/// would be refused again, and so on every second, never creating anything.
+#[test]
+fn the_call_a_hold_refused_goes_before_the_next_list() {
+    for batches in [false, true] {
+        let mut h = one(|c| {
+            a_mut(c).min_ready = 12;
+            c.providers[0].max_calls = 1;
+            c.timings.sync_interval = secs(1);
+        });
+        if batches {
+            h.declare(
+                0,
+                Batches {
+                    create: true,
+                    delete: true,
+                },
+            );
+        }
+        h.cloud.providers[0].one_call_per = Some(secs(1));
+        h.dt = Duration::from_millis(100);
+        assert!(
+            h.run_until(secs(120), |h| h.count("a", "ready") == 12),
+            "batches {batches}: {} of 12 ready after {} calls",
+            h.count("a", "ready"),
+            h.log.len()
+        );
+        ok(&h);
+    }
+}
+
 #[test]
 fn host_rate_limiter_keeps_calls_under_rate() {
     let mut h = one(|c| {
