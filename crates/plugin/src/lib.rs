@@ -336,8 +336,26 @@ impl Engine {
         pinned: Option<&str>,
     ) -> Result<Driver, LoadError> {
         let path = path.as_ref().to_path_buf();
+        let bytes =
+            (read_at_most(&path, limits.max_file_bytes).await).map_err(|kind| LoadError {
+                path: path.clone(),
+                kind,
+            })?;
+        self.load_bytes(path, bytes, limits, pinned).await
+    }
+
+    /// Loads a driver from `bytes` already read (at most
+    /// `limits.max_file_bytes` of them) from the file at `path`, which
+    /// names it; refused as [`Engine::load_file_pinned`] refuses.
+    pub async fn load_bytes(
+        &self,
+        path: PathBuf,
+        bytes: Vec<u8>,
+        limits: LoadLimits,
+        pinned: Option<&str>,
+    ) -> Result<Driver, LoadError> {
         let started = Instant::now();
-        let (pre, sha256, source) = self.compile_and_link(&path, limits, pinned).await?;
+        let (pre, sha256, source) = self.compile_and_link(&path, bytes, limits, pinned).await?;
         let file_name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -383,6 +401,7 @@ impl Engine {
     async fn compile_and_link(
         &self,
         path: &Path,
+        bytes: Vec<u8>,
         limits: LoadLimits,
         pinned: Option<&str>,
     ) -> Result<(PluginPre, String, LoadSource), LoadError> {
@@ -390,9 +409,13 @@ impl Engine {
             path: path.to_path_buf(),
             kind,
         };
-        let bytes = read_at_most(path, limits.max_file_bytes)
-            .await
-            .map_err(err)?;
+        let size = bytes.len() as u64;
+        if size > limits.max_file_bytes {
+            return Err(err(LoadErrorKind::TooLarge {
+                size,
+                max: limits.max_file_bytes,
+            }));
+        }
         if let Some(pinned) = pinned {
             let got = hex::encode(Sha256::digest(&bytes));
             if got != pinned {
