@@ -25,6 +25,7 @@ mod pinning;
 mod pool;
 mod power_loss;
 mod readiness;
+mod reload;
 mod sandbox;
 mod sdk_js;
 mod sdk_python;

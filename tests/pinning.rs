@@ -7,24 +7,7 @@ use std::path::Path;
 
 use crate::support::config::{OPS, edit_config, serve_config_on};
 use crate::support::server::{Berth, Launch, run_berth};
-use crate::support::{SimServer, live, plugin};
-
-/// `component` with a custom section appended: a valid component, the
-/// same driver, other bytes.
-fn with_custom_section(component: &[u8]) -> Vec<u8> {
-    let mut bytes = component.to_vec();
-    // Section id 0 (custom), size 7: a 1-byte name "x", then "berth".
-    bytes.extend_from_slice(&[0x00, 0x07, 0x01, b'x', b'b', b'e', b'r', b't', b'h']);
-    bytes
-}
-
-/// Replaces the file at `path` with `bytes` at once (a rename), as a deploy
-/// would.
-fn put(path: &Path, bytes: &[u8]) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).expect("write");
-    std::fs::rename(&tmp, path).expect("rename");
-}
+use crate::support::{SimServer, live, plugin, put, with_custom_section};
 
 async fn config_check(config: &Path) -> (bool, String) {
     let ran = run_berth(["config", "check", &config.display().to_string()], &[]).await;
@@ -42,7 +25,7 @@ async fn a_pinned_driver_runs_only_with_the_pinned_bytes() {
     std::fs::create_dir(&plugins).expect("mkdir");
     let driver = plugins.join("sim.wasm");
     let right = std::fs::read(plugin("sim")).expect("the sim driver");
-    let wrong = with_custom_section(&right);
+    let wrong = with_custom_section(&right, 0);
     let pin = berth::config::file_sha256(&plugin("sim")).expect("digest");
     put(&driver, &wrong);
     let wrong_sha = berth::config::file_sha256(&driver).expect("digest");
@@ -122,7 +105,7 @@ async fn the_loader_refuses_other_bytes_before_compiling_them() {
     let file = dir.path().join("sim.wasm");
     let right = std::fs::read(plugin("sim")).expect("the sim driver");
     let pin = berth::config::file_sha256(&plugin("sim")).expect("digest");
-    put(&file, &with_custom_section(&right));
+    put(&file, &with_custom_section(&right, 0));
     let engine = Engine::new(EngineConfig::default()).expect("engine");
     let refused = engine
         .load_file_pinned(&file, LoadLimits::default(), Some(&pin))

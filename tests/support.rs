@@ -99,6 +99,24 @@ pub fn instances_and_nodes(cloud: &berth::sim::SimCloud) -> (usize, usize) {
     (instances.len(), nodes.len())
 }
 
+/// `component` with a custom section appended that holds `n`: a valid
+/// component, the same driver, other bytes for each `n` (a new build, as
+/// far as its sha256 tells).
+pub fn with_custom_section(component: &[u8], n: u8) -> Vec<u8> {
+    let mut bytes = component.to_vec();
+    // Section id 0 (custom), size 8: a 1-byte name "x", then "berth" and n.
+    bytes.extend_from_slice(&[0x00, 0x08, 0x01, b'x', b'b', b'e', b'r', b't', b'h', n]);
+    bytes
+}
+
+/// Replaces the file at `path` with `bytes` at once (a rename), as a deploy
+/// would.
+pub fn put(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
 /// The value of the metric line of `/metrics` text that starts with
 /// `series` (name and labels), if there is one.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
@@ -158,7 +176,7 @@ pub fn workspace() -> PathBuf {
 
 /// Builds every plugin once per test process and returns the path of the one
 /// named `name` (`sim`, `example`, `hostile`, `broken`, `wrong-version`,
-/// `aws-ec2`, `static`, `careless`); `sim-0.1` is the build of the sim
+/// `aws-ec2`, `static`, `careless`, `trap-configure`); `sim-0.1` is the build of the sim
 /// driver for contract 0.1 kept in the tree, built by nothing. The drivers
 /// for the clouds of tests/clouds (`hetzner`, `openstack`, …) are built one by one, the
 /// first time a test asks for each.
@@ -184,6 +202,7 @@ pub fn plugin(name: &str) -> PathBuf {
         "aws-ec2" => "berth_driver_aws_ec2",
         "static" => "berth_driver_static",
         "careless" => "berth_fixture_careless",
+        "trap-configure" => "berth_fixture_trap_configure",
         other => panic!("unknown plugin {other}"),
     };
     dir.join(format!("{file}.wasm"))
@@ -225,6 +244,7 @@ pub fn build_plugins() -> Result<PathBuf, String> {
         "berth-driver-aws-ec2",
         "berth-driver-static",
         "berth-fixture-careless",
+        "berth-fixture-trap-configure",
     ])
 }
 

@@ -67,6 +67,21 @@ pub enum ClientCommand {
     Labels(ClientOptions),
     /// Renew your lease, once or every DURATION until interrupted.
     Heartbeat(HeartbeatArgs),
+    /// `berth driver reload`.
+    #[command(skip)]
+    ReloadDrivers(ClientOptions),
+    /// `berth driver rollback PROVIDER`.
+    #[command(skip)]
+    RollbackDriver(ProviderArgs),
+}
+
+/// A command on one provider.
+#[derive(Clone, clap::Args)]
+pub struct ProviderArgs {
+    /// The provider's name.
+    pub provider: String,
+    #[command(flatten)]
+    pub client: ClientOptions,
 }
 
 #[derive(Clone, clap::Args)]
@@ -247,6 +262,20 @@ async fn execute(cmd: ClientCommand, out: &mut (dyn Write + Send)) -> anyhow::Re
         C::Drivers(o) => show(out, o.json, client(&o)?.drivers().await?, render_drivers),
         C::Labels(o) => show(out, o.json, client(&o)?.labels().await?, render_labels),
         C::Heartbeat(h) => heartbeat(h, out).await,
+        C::ReloadDrivers(o) => {
+            let outcomes = client(&o)?.reload_drivers().await?;
+            let failed = outcomes.iter().any(|r| r.outcome == "failed");
+            show(out, o.json, outcomes, render_reloads)?;
+            Ok(if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        C::RollbackDriver(a) => {
+            let outcome = client(&a.client)?.rollback_driver(&a.provider).await?;
+            show(out, a.client.json, vec![outcome], render_reloads)
+        }
     }
 }
 
@@ -588,6 +617,24 @@ fn render_drivers(drivers: Vec<types::Driver>) -> String {
             ("LOADED", |d| millis(d.load_ms)),
             ("FROM", |d| d.loaded_from.clone()),
             ("PROVIDERS", |d| d.providers.join(",")),
+        ],
+    )
+}
+
+/// A sha256's first 12 digits, or `-`.
+fn short(sha256: &Option<String>) -> String {
+    sha256.as_deref().unwrap_or("-").chars().take(12).collect()
+}
+
+fn render_reloads(outcomes: Vec<types::DriverReload>) -> String {
+    columns(
+        &outcomes,
+        &[
+            ("PROVIDER", |r| r.provider.clone()),
+            ("OUTCOME", |r| r.outcome.clone()),
+            ("FILE", |r| short(&r.sha256)),
+            ("RUNNING", |r| short(&r.running)),
+            ("ERROR", |r| r.error.clone().unwrap_or_default()),
         ],
     )
 }

@@ -156,6 +156,13 @@ enum DriverCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Ask a running `berth serve` to read its driver files again: each
+    /// provider whose file changed switches to the new driver once it
+    /// configured (admin). Exits 1 if a file was refused.
+    Reload(berth::cli::ClientOptions),
+    /// Return a provider of a running `berth serve` to the driver it ran
+    /// before its last switch (admin).
+    Rollback(berth::cli::ProviderArgs),
     /// Write a contract version this berth implements (driver.wit with its
     /// WASI deps/) to DIR, to build a driver against in any language.
     Wit {
@@ -179,14 +186,23 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return exit(Err(e.into())),
     };
-    if let Command::Client(cmd) = cli.command {
+    let command = match cli.command {
+        Command::Driver(DriverCommand::Reload(o)) => {
+            Command::Client(berth::cli::ClientCommand::ReloadDrivers(o))
+        }
+        Command::Driver(DriverCommand::Rollback(a)) => {
+            Command::Client(berth::cli::ClientCommand::RollbackDriver(a))
+        }
+        other => other,
+    };
+    if let Command::Client(cmd) = command {
         // Client commands say what went wrong and pick their exit code.
         return match runtime.block_on(berth::cli::run(cmd)) {
             Ok(code) => code,
             Err(e) => exit(Err(e)),
         };
     }
-    let code = exit(runtime.block_on(run(cli.command)));
+    let code = exit(runtime.block_on(run(command)));
     // Whatever is still running is abandoned, not waited for: driver calls
     // left at the end of a stop's grace (their intents are stored) or a
     // driver still compiling when a stop came during the start.
@@ -415,7 +431,10 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             berth::sim::run(args, stop).await?;
             Ok(true)
         }
-        Command::Client(_) => unreachable!("client commands are run in main"),
+        Command::Client(_)
+        | Command::Driver(DriverCommand::Reload(_) | DriverCommand::Rollback(_)) => {
+            unreachable!("client commands are run in main")
+        }
         Command::Serve(args) => {
             if args.print_default_config {
                 let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 8181));

@@ -213,6 +213,26 @@ impl Client {
             .await
     }
 
+    /// `POST /v1/drivers/reload` (admin): every provider's driver file read
+    /// again, and what each provider did.
+    pub async fn reload_drivers(&self) -> Result<Vec<types::DriverReload>, Error> {
+        self.call(
+            reqwest::Method::POST,
+            &["drivers", "reload"],
+            &[],
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// `POST /v1/drivers/{provider}/rollback` (admin): the provider back on
+    /// the driver it ran before.
+    pub async fn rollback_driver(&self, provider: &str) -> Result<types::DriverReload, Error> {
+        let path = ["drivers", provider, "rollback"];
+        self.call(reqwest::Method::POST, &path, &[], None::<&()>)
+            .await
+    }
+
     /// `GET /v1/labels`.
     pub async fn labels(&self) -> Result<Vec<types::Label>, Error> {
         self.call(reqwest::Method::GET, &["labels"], &[], None::<&()>)

@@ -203,6 +203,7 @@ pub async fn serve(
         }
     };
     let reloads = tokio::spawn(reload_on(hangups, service.handle.providers().clone()));
+    let watching = service.handle.providers().watch_files();
     let (close, closed) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(
         listener,
@@ -226,6 +227,7 @@ pub async fn serve(
         .stop_within(options.stop_grace.unwrap_or(runtime::DEFAULT_STOP_GRACE))
         .await;
     reloads.abort();
+    watching.abort();
     let _ = close.send(());
     server.await.context("the HTTP server panicked")?;
     if let Some(sim) = sim {
@@ -372,12 +374,24 @@ fn hangups() -> std::io::Result<()> {
 }
 
 /// On each SIGHUP: every provider's credentials read their secrets (from
-/// the files they name) and are exchanged again at their next use.
+/// the files they name) and are exchanged again at their next use, and the
+/// driver files are read again (`Providers::reload`).
 #[cfg(unix)]
 async fn reload_on(mut hangups: tokio::signal::unix::Signal, providers: Arc<runtime::Providers>) {
     while hangups.recv().await.is_some() {
-        tracing::info!("SIGHUP: credentials are read and exchanged again at their next use");
+        tracing::info!(
+            "SIGHUP: credentials are read and exchanged again at their next use, and driver files read again"
+        );
         providers.reload_credentials();
+        let outcomes = providers.reload(runtime::Trigger::Asked).await;
+        let count =
+            |f: fn(&runtime::Reloaded) -> bool| outcomes.iter().filter(|(_, o)| f(o)).count();
+        tracing::info!(
+            switched = count(|o| matches!(o, runtime::Reloaded::Swapped { .. })),
+            failed = count(|o| matches!(o, runtime::Reloaded::Failed { .. })),
+            unchanged = count(|o| matches!(o, runtime::Reloaded::Unchanged { .. })),
+            "SIGHUP: driver files read again"
+        );
     }
 }
 

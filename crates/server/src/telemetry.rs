@@ -78,6 +78,13 @@ struct ByCredential {
     outcome: &'static str,
 }
 
+/// A provider's driver reloads by outcome (`switched`, `failed`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByReload {
+    provider: String,
+    outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Rule {
     provider: String,
@@ -149,6 +156,8 @@ pub struct Telemetry {
     http_closed: Family<Reason, Counter>,
     outbound_denied: Family<ByProvider, Counter>,
     credential_exchanges: Family<ByCredential, Counter>,
+    driver_reloads: Family<ByReload, Counter>,
+    driver_reload_failing: Family<ByProvider, Gauge>,
     /// Holds the metrics above, written out in this order.
     registry: Registry,
     recent: HashMap<String, Mutex<Recent>>,
@@ -408,6 +417,18 @@ impl Telemetry {
                  sent again with the new token)",
                 Family::default(),
             ),
+            driver_reloads: register(
+                r,
+                "berth_driver_reloads",
+                "Driver reloads of a provider, by outcome (switched: it runs the new file's driver;                  failed: the file was refused and it goes on with the driver it ran)",
+                Family::default(),
+            ),
+            driver_reload_failing: register(
+                r,
+                "berth_driver_reload_failing",
+                "1 while a provider's last driver reload failed (see reload_error in /v1/drivers), 0 otherwise",
+                Family::default(),
+            ),
             registry,
             recent,
         };
@@ -498,6 +519,19 @@ impl Telemetry {
             (self.provider_started)
                 .get_or_create(&ByProvider::new(&p.name))
                 .set(if up { 1.0 } else { 0.0 });
+        }
+        for (name, counts) in providers.reload_counts() {
+            for (outcome, total) in [("switched", counts.swaps), ("failed", counts.failures)] {
+                let labels = ByReload {
+                    provider: name.clone(),
+                    outcome,
+                };
+                let child = self.driver_reloads.get_or_create(&labels);
+                child.inc_by(total.saturating_sub(child.get()));
+            }
+            (self.driver_reload_failing)
+                .get_or_create(&ByProvider { provider: name })
+                .set(if counts.failing { 1.0 } else { 0.0 });
         }
         for (name, started) in providers.started() {
             let labels = ByProvider { provider: name };

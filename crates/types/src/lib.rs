@@ -413,6 +413,46 @@ pub struct Driver {
     pub load_ms: f64,
     /// Providers that use it.
     pub providers: Vec<String>,
+    /// The last reload of one of these providers that failed, while they
+    /// go on with this driver (the newest, if several did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reload_error: Option<DriverReloadError>,
+    /// The sha256 of the driver these providers ran before their last
+    /// switch: `berth driver rollback PROVIDER` returns to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_sha256: Option<String>,
+}
+
+/// A driver reload that failed: the file was refused, and the provider
+/// goes on with the driver it runs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct DriverReloadError {
+    pub provider: String,
+    /// The sha256 of the file refused (empty when it could not be read).
+    pub sha256: String,
+    pub error: String,
+    pub at: String,
+}
+
+/// What a reload (`POST /v1/drivers/reload`) or a rollback
+/// (`POST /v1/drivers/{provider}/rollback`) did with one provider.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct DriverReload {
+    pub provider: String,
+    /// `unchanged` (its file holds the driver it runs), `switched` (it now
+    /// runs the file's driver), `failed` (the file was refused: see
+    /// `error`), `passed_over` (the file failed before or was rolled back
+    /// from; a reload an operator asks for loads it again) or `not_started`
+    /// (its start reads the file anyway).
+    pub outcome: String,
+    /// The sha256 of the file read (or of the driver a rollback returned to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// The sha256 of the driver it runs now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `POST /v1/lease`: the caller's lease, renewed.

@@ -64,6 +64,8 @@ pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<super::state::Api> 
         .routes(routes!(labels))
         .routes(routes!(providers))
         .routes(routes!(drivers))
+        .routes(routes!(reload_drivers))
+        .routes(routes!(rollback_driver))
         .routes(routes!(renew_lease))
 }
 

@@ -3,16 +3,16 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
 use super::edge::{json, no_other_params};
-use super::error::Result;
+use super::error::{ApiError, Result};
 use super::state::Api;
 use super::{responses, views};
-use crate::runtime::change;
-use berth_types as types;
+use crate::runtime::{RollbackError, Trigger, change};
+use berth_types::{self as types, ErrorCode};
 
 // ---- configuration and health ----------------------------------------------
 
@@ -99,6 +99,84 @@ pub(super) async fn drivers(State(api): State<Api>, headers: HeaderMap) -> Resul
         StatusCode::OK,
         views::drivers(&api.handle().drivers()),
     ))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/drivers/reload",
+    operation_id = "reload_drivers",
+    tag = "config",
+    summary = "Reload the driver files (admin)",
+    description = "Reads every started provider's driver file again. A provider whose file changed switches to the new driver once it has loaded and configured on a fresh instance; calls under way finish in the driver they started in. A file that fails any check leaves its provider on the driver it runs, with the reason (`failed`). A file that failed before, or was rolled back from, is loaded again too. This process's drivers only: on a pool shared by several processes, ask each. Answers once every provider is done. No body. Admin only.",
+    security(("bearerAuth" = ["admin"])),
+    extensions(("x-berth-roles" = json!(["admin"]))),
+    responses(
+        (status = 200, description = "What the reload did, per provider, in configuration order.", body = [types::DriverReload]),
+        (status = 400, response = responses::TakesNoQuery),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, description = "Not an admin token (code `forbidden`).", body = types::ErrorBody),
+        (status = 503, response = responses::Unavailable)
+    )
+)]
+pub(super) async fn reload_drivers(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
+    admin(&api, &headers)?;
+    let providers = api.handle().providers().clone();
+    let outcomes = providers.reload(Trigger::Asked).await;
+    let list: Vec<types::DriverReload> = (outcomes.into_iter())
+        .map(|(p, o)| views::driver_reload(p, o))
+        .collect();
+    Ok(json(StatusCode::OK, list))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/drivers/{provider}/rollback",
+    operation_id = "rollback_driver",
+    tag = "config",
+    summary = "Return a provider to its previous driver (admin)",
+    description = "Switches the provider back to the driver it ran before its last switch (`previous_sha256` in `/v1/drivers`), once that has configured on a fresh instance, and keeps the one it leaves as the previous. A change of the file does not load the driver left again; a reload an operator asks for, or a file with other bytes, does. Lasts until berth restarts, which loads the file: put the previous file back to keep it. No body. Admin only.",
+    security(("bearerAuth" = ["admin"])),
+    extensions(("x-berth-roles" = json!(["admin"]))),
+    params(
+        ("provider" = String, Path, description = "A configured provider's name.")
+    ),
+    responses(
+        (status = 200, description = "The provider, switched.", body = types::DriverReload),
+        (status = 400, response = responses::TakesNoQuery),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, description = "Not an admin token (code `forbidden`).", body = types::ErrorBody),
+        (status = 404, description = "No such provider (code `not_found`).", body = types::ErrorBody),
+        (status = 409, description = "The provider has not started, has run no other driver, or its previous driver failed to start again (code `conflict`).", body = types::ErrorBody),
+        (status = 503, response = responses::Unavailable)
+    )
+)]
+pub(super) async fn rollback_driver(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Path(provider): Path<String>,
+) -> Result<Response> {
+    admin(&api, &headers)?;
+    let providers = api.handle().providers().clone();
+    match providers.rollback(&provider).await {
+        Ok(outcome) => Ok(json(
+            StatusCode::OK,
+            views::driver_reload(provider, outcome),
+        )),
+        Err(e @ RollbackError::Unknown(_)) => Err(ApiError::not_found(e.to_string())),
+        Err(e) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::Conflict,
+            e.to_string(),
+        )),
+    }
+}
+
+/// Refuses a caller that is not an admin, and any change while stopping.
+fn admin(api: &Api, headers: &HeaderMap) -> Result<()> {
+    if !api.caller(headers)?.is_admin() {
+        return Err(ApiError::forbidden("only an admin token may do this"));
+    }
+    api.refuse_if_stopping()
 }
 
 #[utoipa::path(

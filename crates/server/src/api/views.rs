@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::auth::Caller;
 use super::edge::no_other_params;
 use super::error::ApiError;
-use crate::runtime::{Health, LoadedDriver, Providers};
+use crate::runtime::{Health, LoadedDriver, Providers, Reloaded};
 use crate::telemetry::Telemetry;
 use axum::http::StatusCode;
 use berth_config::{Config, LabelIx, LabelKind, ProviderIx};
@@ -438,12 +438,15 @@ pub(super) fn providers(
         .collect()
 }
 
+/// A wall-clock time as RFC 3339 (none before 1970).
+fn wall(t: std::time::SystemTime) -> Option<String> {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| rfc3339(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+        .ok()
+}
+
 fn credential_state(c: berth_plugin::CredentialStatus) -> types::CredentialState {
-    let at = |t: std::time::SystemTime| {
-        t.duration_since(std::time::UNIX_EPOCH)
-            .map(|d| rfc3339(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
-            .ok()
-    };
+    let at = wall;
     types::CredentialState {
         state: match (&c.error, c.used) {
             (Some(_), _) => "failing",
@@ -482,7 +485,46 @@ pub(super) fn drivers(loaded: &[LoadedDriver]) -> Vec<types::Driver> {
                 .to_owned(),
                 load_ms: d.driver.load_time().as_secs_f64() * 1e3,
                 providers: d.providers.clone(),
+                reload_error: d.reload_error.as_ref().map(|e| types::DriverReloadError {
+                    provider: e.provider.clone(),
+                    sha256: e.sha256.clone(),
+                    error: e.error.to_string(),
+                    at: wall(e.at).unwrap_or_default(),
+                }),
+                previous_sha256: d.previous.as_ref().map(|p| p.sha256().to_owned()),
             }
         })
         .collect()
+}
+
+/// What a reload or a rollback did with `provider`.
+pub(super) fn driver_reload(provider: String, outcome: Reloaded) -> types::DriverReload {
+    let view =
+        |outcome: &str, sha256: Option<String>, running: Option<String>| types::DriverReload {
+            provider: provider.clone(),
+            outcome: outcome.to_owned(),
+            sha256,
+            running,
+            error: None,
+        };
+    match outcome {
+        Reloaded::Unchanged { sha256 } => view("unchanged", Some(sha256.clone()), Some(sha256)),
+        Reloaded::Swapped { to, .. } => view("switched", Some(to.clone()), Some(to)),
+        Reloaded::Failed {
+            sha256,
+            running,
+            error,
+        } => types::DriverReload {
+            error: Some(error.to_string()),
+            ..view(
+                "failed",
+                Some(sha256).filter(|s| !s.is_empty()),
+                Some(running),
+            )
+        },
+        Reloaded::PassedOver { sha256, running } => {
+            view("passed_over", Some(sha256), Some(running))
+        }
+        Reloaded::NotStarted => view("not_started", None, None),
+    }
 }

@@ -22,6 +22,9 @@ use berth_plugin::{
     SandboxConfig,
 };
 
+mod reload;
+pub use reload::{ReloadCounts, ReloadError, Reloaded, RollbackError, Trigger};
+
 /// A boxed future that can move between threads.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -150,11 +153,17 @@ enum State {
     Closed,
 }
 
-/// A driver the pool loaded, and the providers that use it.
+/// A driver the pool runs, the providers that run it, and how their
+/// reloads went.
 #[derive(Clone, Debug)]
 pub struct LoadedDriver {
     pub driver: Driver,
     pub providers: Vec<String>,
+    /// The last reload of one of these providers that failed, while this
+    /// driver goes on: the newest if several did.
+    pub reload_error: Option<reload::ReloadError>,
+    /// The driver these providers ran before, which a rollback returns to.
+    pub previous: Option<Driver>,
 }
 
 /// Every configured provider, in the config's order.
@@ -165,6 +174,8 @@ pub struct Providers {
     /// `None` for [`Providers::fixed`]: nothing is loaded.
     loader: Option<Arc<Loader>>,
     starters: Vec<tokio::task::AbortHandle>,
+    /// One reload or rollback at a time.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 struct Slot {
@@ -172,19 +183,22 @@ struct Slot {
     /// The driver file the provider runs on.
     driver: PathBuf,
     tx: watch::Sender<State>,
+    /// What a start of its driver needs: the file and the sandbox's
+    /// config (`None` for [`Providers::fixed`]).
+    start: Option<(DriverFile, SandboxConfig)>,
+    /// Its reloads so far. Plain mutex: never held across an await.
+    reloads: Mutex<reload::Reloads>,
 }
 
 /// Loads each driver file once, for all the providers on it.
-struct Loader {
-    engine: Engine,
+pub(super) struct Loader {
+    pub(super) engine: Engine,
     /// Each file's driver, once loaded. A provider waits only for its own
     /// file's load (the first of its providers to start it sets the
     /// limits), never for another file's. Plain mutex: held only to find or
-    /// add a file's cell.
-    loaded: Mutex<HashMap<PathBuf, Arc<tokio::sync::OnceCell<Driver>>>>,
-    /// The drivers of started providers, for [`Providers::drivers`]. Plain
-    /// mutex: never held across an await.
-    started: Mutex<Vec<LoadedDriver>>,
+    /// add a file's cell. A reload puts the new driver in its file's cell,
+    /// so that a provider started after it starts on the new one.
+    pub(super) loaded: Mutex<HashMap<PathBuf, Arc<tokio::sync::OnceCell<Driver>>>>,
 }
 
 /// The first retry of a failed start comes after this; it doubles up to
@@ -206,7 +220,6 @@ impl Providers {
         let loader = Arc::new(Loader {
             engine,
             loaded: Mutex::new(HashMap::new()),
-            started: Mutex::new(Vec::new()),
         });
         let mut slots = Vec::new();
         let mut starters = Vec::new();
@@ -240,12 +253,19 @@ impl Providers {
                 path: d.driver.clone(),
                 sha256: d.driver_sha256.clone(),
             };
-            let task = tokio::spawn(keep_starting(loader.clone(), file, provider, tx.clone()));
+            let task = tokio::spawn(keep_starting(
+                loader.clone(),
+                file.clone(),
+                provider.clone(),
+                tx.clone(),
+            ));
             starters.push(task.abort_handle());
             slots.push(Slot {
                 name: p.name.clone(),
                 driver: d.driver.clone(),
                 tx,
+                start: Some((file, provider)),
+                reloads: Mutex::default(),
             });
         }
         Arc::new(Providers {
@@ -253,6 +273,7 @@ impl Providers {
             prober,
             loader: Some(loader),
             starters,
+            reloading: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -275,6 +296,8 @@ impl Providers {
                     name,
                     driver: PathBuf::new(),
                     tx,
+                    start: None,
+                    reloads: Mutex::default(),
                 }
             })
             .collect();
@@ -283,6 +306,7 @@ impl Providers {
             prober,
             loader: None,
             starters: Vec::new(),
+            reloading: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -380,11 +404,42 @@ impl Providers {
         }
     }
 
-    /// The drivers of the providers started so far, with those providers.
+    /// The drivers the started providers run, each with those providers,
+    /// in the config's order of their first provider.
     pub fn drivers(&self) -> Vec<LoadedDriver> {
-        self.loader.as_ref().map_or_else(Vec::new, |l| {
-            l.started.lock().unwrap_or_else(|p| p.into_inner()).clone()
-        })
+        let mut drivers: Vec<LoadedDriver> = Vec::new();
+        for slot in &self.slots {
+            let State::Up(_, Some(sandbox)) = &*slot.tx.borrow() else {
+                continue;
+            };
+            let driver = sandbox.driver();
+            let reloads = slot.reloads.lock().unwrap_or_else(|p| p.into_inner());
+            let at = match drivers.iter().position(|d| {
+                d.driver.path() == driver.path() && d.driver.sha256() == driver.sha256()
+            }) {
+                Some(at) => at,
+                None => {
+                    drivers.push(LoadedDriver {
+                        driver: driver.clone(),
+                        providers: Vec::new(),
+                        reload_error: None,
+                        previous: None,
+                    });
+                    drivers.len() - 1
+                }
+            };
+            let d = &mut drivers[at];
+            d.providers.push(slot.name.clone());
+            if let Some(e) = &reloads.error
+                && d.reload_error.as_ref().is_none_or(|o| o.at < e.at)
+            {
+                d.reload_error = Some(e.clone());
+            }
+            if d.previous.is_none() {
+                d.previous = reloads.previous.clone();
+            }
+        }
+        drivers
     }
 
     /// Stopping: starts still under way are abandoned, and calls that wait
@@ -415,9 +470,10 @@ impl Drop for Providers {
 }
 
 /// A provider's driver file, and the sha256 its config pins, if any.
-struct DriverFile {
-    path: PathBuf,
-    sha256: Option<String>,
+#[derive(Clone)]
+pub(super) struct DriverFile {
+    pub(super) path: PathBuf,
+    pub(super) sha256: Option<String>,
 }
 
 /// Loads the driver and starts the provider's first instance, again and
@@ -503,16 +559,5 @@ async fn start_one(
         .warm()
         .await
         .map_err(|e| format!("starting its driver: {e}"))?;
-    let mut started = loader.started.lock().unwrap_or_else(|p| p.into_inner());
-    match started
-        .iter_mut()
-        .find(|d| d.driver.path() == driver.path())
-    {
-        Some(d) => d.providers.push(name),
-        None => started.push(LoadedDriver {
-            driver,
-            providers: vec![name],
-        }),
-    }
     Ok(provider)
 }

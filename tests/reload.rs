@@ -1,0 +1,310 @@
+//! Drivers replaced while `berth serve` runs: a changed file in the driver's
+//! directory is noticed, loaded beside the running driver and switched to
+//! once it configured; a file that fails anything leaves the provider on
+//! the driver it runs, saying why; a removed file stops nothing; a
+//! rollback returns to the driver before. All through the binary.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+use crate::support::config::{CI, OPS, edit_config, serve_config_on};
+use crate::support::server::{Berth, run_berth, until};
+use crate::support::{
+    SimServer, instances_and_nodes, live, metric, plugin, put, with_custom_section,
+};
+
+/// A sim cloud, and a plugins directory holding its driver as `sim.wasm`
+/// with a config of provider `sim` on it.
+struct Plugins {
+    sim: SimServer,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    driver: PathBuf,
+    /// The driver's bytes, and their sha256.
+    bytes: Vec<u8>,
+    first: String,
+}
+
+impl Plugins {
+    async fn new() -> Plugins {
+        let sim = SimServer::start().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plugins = dir.path().join("plugins");
+        std::fs::create_dir(&plugins).expect("mkdir");
+        let driver = plugins.join("sim.wasm");
+        let bytes = std::fs::read(plugin("sim")).expect("the sim driver");
+        put(&driver, &bytes);
+        let config = serve_config_on(&sim, dir.path(), &driver);
+        let first = sha256(&bytes);
+        Plugins {
+            sim,
+            dir,
+            config,
+            driver,
+            bytes,
+            first,
+        }
+    }
+
+    /// `berth serve` on the config, once it runs the first driver.
+    async fn serve(&self) -> Berth {
+        let args = ["--config", &self.config.display().to_string()];
+        let server = Berth::start(&args, self.dir.path()).await;
+        until_running(&server, &self.first, "the first driver").await;
+        server
+    }
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// `/v1/drivers`' entry of provider `sim`.
+async fn sim_driver(server: &Berth) -> Value {
+    let (status, drivers) = server.call("GET", "/v1/drivers", Some(OPS), None).await;
+    assert_eq!(status, 200, "{drivers}");
+    (drivers.as_array().into_iter().flatten())
+        .find(|d| {
+            d["providers"]
+                .as_array()
+                .is_some_and(|p| p.contains(&"sim".into()))
+        })
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Waits until provider `sim` runs the driver of sha256 `sha`.
+async fn until_running(server: &Berth, sha: &str, what: &str) -> Value {
+    until(60, what, || async {
+        let d = sim_driver(server).await;
+        (d["sha256"] == sha).then_some(d)
+    })
+    .await
+}
+
+/// Waits until provider `sim` shows a reload error for the file of sha256
+/// `sha` (empty: a file that could not be read), and answers it.
+async fn until_refused(server: &Berth, sha: &str, what: &str) -> Value {
+    until(60, what, || async {
+        let d = sim_driver(server).await;
+        (d["reload_error"]["sha256"] == sha).then_some(d)
+    })
+    .await
+}
+
+/// A request for one `small` node, fulfilled, and its node released.
+async fn served(server: &Berth) {
+    let r = server.request(CI, &[("small", 1)]).await;
+    let r = server.fulfilled(CI, &r.id).await;
+    let client = server.client(CI);
+    for n in &r.nodes {
+        client.release(&n.id).await.expect("release");
+    }
+}
+
+#[tokio::test]
+async fn a_driver_replaced_ten_times_under_churn_fails_no_request_and_loses_no_call() {
+    let p = Plugins::new().await;
+    let (sim, driver, bytes) = (&p.sim, &p.driver, &p.bytes);
+    let server = Arc::new(p.serve().await);
+    server
+        .until_label_ready(60, "small", 2, "the first driver's nodes")
+        .await;
+
+    // Two clients request and release, one node at a time, all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let served_count = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let (server, stop, count) = (server.clone(), stop.clone(), served_count.clone());
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                served(&server).await;
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+
+    let mut before = p.first.clone();
+    for n in 1..=10u8 {
+        let build = with_custom_section(bytes, n);
+        let sha = sha256(&build);
+        put(driver, &build);
+        let d = until_running(&server, &sha, &format!("build {n} running")).await;
+        assert_eq!(d["previous_sha256"], before.as_str(), "{d}");
+        assert!(d.get("reload_error").is_none(), "{d}");
+        before = sha;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        // A request that failed panicked its client.
+        c.await.expect("every request was served");
+    }
+    let served_count = served_count.load(Ordering::SeqCst);
+    assert!(served_count >= 10, "{served_count} requests served");
+
+    // The sim's own record: no node got a second instance (no create made
+    // twice), and every live instance is a node berth holds (none lost).
+    let (instances, nodes) = instances_and_nodes(&sim.cloud);
+    assert_eq!(instances, nodes, "a node got two instances");
+    until(
+        60,
+        "berth's nodes and the sim's live instances agree",
+        || async {
+            let client = server.client(OPS);
+            let held: std::collections::BTreeSet<String> = (client.nodes(&Default::default()))
+                .await
+                .expect("nodes")
+                .into_iter()
+                .filter(|n| !matches!(n.state.as_str(), "gone" | "failed" | "deleting"))
+                .filter_map(|n| n.instance)
+                .collect();
+            let in_cloud: std::collections::BTreeSet<String> =
+                live(&sim.cloud).into_iter().map(|i| i.id).collect();
+            (held == in_cloud).then_some(())
+        },
+    )
+    .await;
+    let metrics = server.metrics(Some(OPS)).await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "berth_driver_reloads_total{provider=\"sim\",outcome=\"switched\"}"
+        ),
+        Some(10.0),
+        "{metrics}"
+    );
+    let server = Arc::into_inner(server).expect("the clients are done");
+    server.terminate().await.assert_success();
+}
+
+#[tokio::test]
+async fn a_bad_new_file_leaves_the_running_driver_serving() {
+    let p = Plugins::new().await;
+    let (driver, bytes, first) = (&p.driver, &p.bytes, &p.first);
+    let server = p.serve().await;
+
+    let wrong_contract = std::fs::read(plugin("wrong-version")).expect("fixture");
+    let traps = std::fs::read(plugin("trap-configure")).expect("fixture");
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        (
+            "not a component",
+            b"\0asm but not a component".to_vec(),
+            "loading it",
+        ),
+        ("the wrong contract", wrong_contract, "loading it"),
+        ("a trap in configure", traps, "starting the new driver"),
+    ];
+    for (what, file, says) in cases {
+        let sha = sha256(&file);
+        put(driver, &file);
+        let d = until_refused(&server, &sha, what).await;
+        assert_eq!(d["sha256"], first.as_str(), "{what}: {d}");
+        let error = d["reload_error"]["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{what}: {error}");
+        served(&server).await;
+    }
+    let metrics = server.metrics(Some(OPS)).await;
+    assert_eq!(
+        metric(&metrics, "berth_driver_reload_failing{provider=\"sim\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    // A copy still being written: half of a new build, in place. It is
+    // refused; once the copy ends the whole file loads.
+    let build = with_custom_section(bytes, 1);
+    let half = &build[..build.len() / 2];
+    let mut copy = std::fs::File::create(driver).expect("open for the copy");
+    copy.write_all(half).expect("half");
+    copy.flush().expect("flush");
+    let d = until_refused(&server, &sha256(half), "the half copy").await;
+    assert_eq!(d["sha256"], first.as_str(), "{d}");
+    served(&server).await;
+    copy.write_all(&build[half.len()..]).expect("the rest");
+    drop(copy);
+    let d = until_running(&server, &sha256(&build), "the whole copy").await;
+    assert!(d.get("reload_error").is_none(), "{d}");
+    assert_eq!(d["previous_sha256"], first.as_str(), "{d}");
+    served(&server).await;
+    let metrics = server.metrics(Some(OPS)).await;
+    assert_eq!(
+        metric(&metrics, "berth_driver_reload_failing{provider=\"sim\"}"),
+        Some(0.0),
+        "{metrics}"
+    );
+    server.terminate().await.assert_success();
+}
+
+#[tokio::test]
+async fn a_removed_file_stops_nothing_and_a_rollback_returns_to_the_driver_before() {
+    let p = Plugins::new().await;
+    let (driver, bytes, first) = (&p.driver, &p.bytes, &p.first);
+    let server = p.serve().await;
+    let build = with_custom_section(bytes, 1);
+    let second = sha256(&build);
+    put(driver, &build);
+    until_running(&server, &second, "the new build").await;
+
+    // Removed: the provider goes on, and says so.
+    std::fs::remove_file(driver).expect("remove");
+    let d = until_refused(&server, "", "the removed file").await;
+    assert_eq!(d["sha256"], second.as_str(), "{d}");
+    served(&server).await;
+
+    // `berth driver rollback`: back to the first driver.
+    let cli = ["--server", server.base.as_str(), "--token", OPS];
+    let ran = run_berth([&["driver", "rollback", "sim"][..], &cli].concat(), &[]).await;
+    assert!(ran.success(), "{ran}");
+    assert!(ran.stdout.contains("switched"), "{ran}");
+    let d = until_running(&server, first, "the rollback").await;
+    assert_eq!(d["previous_sha256"], second.as_str(), "{d}");
+    served(&server).await;
+
+    // A client may not.
+    let client = ["--server", server.base.as_str(), "--token", CI];
+    let ran = run_berth([&["driver", "rollback", "sim"][..], &client].concat(), &[]).await;
+    assert!(!ran.success() && ran.stderr.contains("admin"), "{ran}");
+
+    // The build rolled back from, put back, is passed over until an
+    // operator asks: `berth driver reload` loads it.
+    put(driver, &build);
+    let ran = run_berth([&["driver", "reload"][..], &cli].concat(), &[]).await;
+    assert!(ran.success(), "{ran}");
+    assert!(ran.stdout.contains("switched"), "{ran}");
+    until_running(&server, &second, "the build reloaded").await;
+
+    // SIGHUP reads the files again too.
+    let third = with_custom_section(bytes, 2);
+    put(driver, &third);
+    server.signal(libc::SIGHUP);
+    until_running(&server, &sha256(&third), "the build after SIGHUP").await;
+    served(&server).await;
+    server.terminate().await.assert_success();
+}
+
+#[tokio::test]
+async fn a_pinned_provider_refuses_a_new_file_that_is_not_the_pinned_one() {
+    let p = Plugins::new().await;
+    let first = &p.first;
+    edit_config(
+        &p.config,
+        "[providers.sim]\n",
+        &format!("[providers.sim]\ndriver-sha256 = \"{first}\"\n"),
+    );
+    let server = p.serve().await;
+    let build = with_custom_section(&p.bytes, 1);
+    put(&p.driver, &build);
+    let d = until_refused(&server, &sha256(&build), "the unpinned build").await;
+    assert_eq!(d["sha256"], first.as_str(), "{d}");
+    let error = d["reload_error"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("driver-sha256"), "{error}");
+    served(&server).await;
+    assert!(!live(&p.sim.cloud).is_empty());
+    server.terminate().await.assert_success();
+}
