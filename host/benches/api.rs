@@ -25,6 +25,10 @@
 //! request and one burst of 20. Then one request whose first instance
 //! fails to boot: how soon berth replaces it.
 //!
+//! `... -- swap` measures a hand-out's latency while the sim driver's
+//! file is replaced every second, against the steady state
+//! (docs/BENCHMARKS.md, "A driver swapped under load").
+//!
 //! `... -- ssh` measures what `ready = "ssh"` costs: the sim's instances
 //! lead to a real sshd (as in `tests/readiness.rs`) and boot at once;
 //! single cold requests alternate between a label ready when running and
@@ -395,6 +399,8 @@ async fn main() {
     let addr = addr_rx.await.expect("listening").to_string();
     if ssh {
         ssh_scenario(&addr).await;
+    } else if arg("swap") {
+        swap_scenario(&addr, dir.path()).await;
     } else if let Some(ms) = boot {
         cold_scenarios(&addr, &cloud, ms).await;
         failed_scenario(&addr, &cloud, ms).await;
@@ -715,6 +721,80 @@ async fn ssh_scenario(addr: &str) {
 
 /// Every scenario, with clients on `addrs`; the store commits are read
 /// from `holder`'s metrics.
+/// `... -- swap`: one client's hand-outs from ready nodes (request →
+/// fulfilled → release, in a loop) for 10 s in a steady state, then for
+/// 10 s while the sim driver's file is replaced by a new build every second
+/// (the same driver with a custom section that differs: each is a new
+/// sha256, checked, compiled and configured beside the running one); two
+/// rounds, alternating.
+async fn swap_scenario(addr: &str, dir: &std::path::Path) {
+    use sha2::Digest;
+    let mut admin = Conn::open(addr).await;
+    while admin.ready("loop").await < 32 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    admin.request(json!({"one": 1})).await;
+    let driver = dir.join("sim.wasm");
+    let bytes = std::fs::read(&driver).expect("the sim driver");
+    let run = Duration::from_secs(10);
+    let mut build = 0u32;
+    for round in 1..=2 {
+        let (rate, p50, p99) = sustained(&[addr.to_owned()], 1, run).await;
+        println!(
+            "round {round}, steady:      {rate:.0} hand-outs/s  p50 {}  p99 {}",
+            ms(p50),
+            ms(p99)
+        );
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (stop, addr, driver, bytes) =
+                (stop.clone(), addr.to_owned(), driver.clone(), bytes.clone());
+            let first = build;
+            tokio::spawn(async move {
+                let mut admin = Conn::open(&addr).await;
+                let mut took = Vec::new();
+                let mut build = first;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    build += 1;
+                    let started = Instant::now();
+                    let mut next = bytes.clone();
+                    // A custom section (id 0) named "x" holding the build number.
+                    next.extend_from_slice(&[0x00, 0x06, 0x01, b'x']);
+                    next.extend_from_slice(&build.to_le_bytes());
+                    let sha = hex::encode(sha2::Sha256::digest(&next));
+                    let tmp = driver.with_extension("tmp");
+                    std::fs::write(&tmp, &next).expect("write");
+                    std::fs::rename(&tmp, &driver).expect("rename");
+                    loop {
+                        let (_, drivers) = admin.call("GET", "/v1/drivers", None).await;
+                        if drivers[0]["sha256"] == sha.as_str() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    took.push(started.elapsed());
+                    let gap = Duration::from_secs(1).saturating_sub(started.elapsed());
+                    tokio::time::sleep(gap).await;
+                }
+                (build, took)
+            })
+        };
+        let (rate, p50, p99) = sustained(&[addr.to_owned()], 1, run).await;
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (last, mut took) = swapper.await.expect("the swapper");
+        build = last;
+        took.sort();
+        println!(
+            "round {round}, swapping:    {rate:.0} hand-outs/s  p50 {}  p99 {}  ({} swaps, file written to running: p50 {}, max {})",
+            ms(p50),
+            ms(p99),
+            took.len(),
+            ms(percentile(&took, 0.5)),
+            ms(*took.last().expect("a swap"))
+        );
+    }
+}
+
 async fn scenarios(addrs: &[String], holder: &str) {
     let addr = &addrs[0];
     let mut admin = Conn::open(addr).await;

@@ -9,7 +9,8 @@
 //! the log and the metrics. The driver replaced is kept, and a rollback
 //! returns to it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -270,7 +271,10 @@ impl Providers {
             .collect();
         dirs.sort();
         dirs.dedup();
-        tokio::spawn(watch(Arc::downgrade(self), dirs))
+        let names: HashSet<OsString> = (self.slots.iter())
+            .filter_map(|s| s.start.as_ref()?.0.path.file_name().map(OsString::from))
+            .collect();
+        tokio::spawn(watch(Arc::downgrade(self), dirs, names))
     }
 
     /// Each provider's reload counts, by name.
@@ -400,16 +404,28 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// read: a copy under way writes many times.
 const QUIET: Duration = Duration::from_millis(250);
 
-/// Watches the directories of the providers' driver files and reloads
-/// once a change has settled ([`QUIET`]); after a reload that failed, the
-/// next waits out a backoff (1 s doubling to a minute) and whatever
+/// Watches `dirs`, the directories of the providers' driver files, and
+/// reloads once a change to a file named as one of them (`names`: written,
+/// renamed onto, removed) has settled ([`QUIET`]); other files there (a
+/// store in the same directory) wake nothing. After a reload that failed,
+/// the next waits out a backoff (1 s doubling to a minute) and whatever
 /// changed meanwhile is read then. Ends when `providers` is dropped or the
 /// watch cannot go on.
-async fn watch(providers: std::sync::Weak<Providers>, dirs: Vec<PathBuf>) {
+async fn watch(
+    providers: std::sync::Weak<Providers>,
+    dirs: Vec<PathBuf>,
+    names: HashSet<OsString>,
+) {
     use notify::Watcher;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !e.kind.is_access()) {
+        let Ok(event) = event else {
+            // The watch lost track (a queue overflow): read them all.
+            let _ = tx.send(());
+            return;
+        };
+        let ours = (event.paths.iter()).any(|p| p.file_name().is_some_and(|n| names.contains(n)));
+        if ours && !event.kind.is_access() {
             let _ = tx.send(());
         }
     });
