@@ -308,3 +308,22 @@ async fn a_pinned_provider_refuses_a_new_file_that_is_not_the_pinned_one() {
     assert!(!live(&p.sim.cloud).is_empty());
     server.terminate().await.assert_success();
 }
+
+#[tokio::test]
+async fn a_provider_whose_driver_failed_to_start_starts_on_the_file_that_replaces_it() {
+    let p = Plugins::new().await;
+    let traps = std::fs::read(plugin("trap-configure")).expect("fixture");
+    put(&p.driver, &traps);
+    let args = ["--config", &p.config.display().to_string()];
+    let server = Berth::start(&args, p.dir.path()).await;
+    until(60, "the provider failed", || async {
+        let (_, providers) = server.call("GET", "/v1/providers", Some(OPS), None).await;
+        (providers[0]["status"] == "failed").then_some(())
+    })
+    .await;
+    // The working driver dropped in: its next start reads it.
+    put(&p.driver, &p.bytes);
+    until_running(&server, &p.first, "the provider started on the new file").await;
+    served(&server).await;
+    server.terminate().await.assert_success();
+}

@@ -122,10 +122,6 @@ impl Providers {
             let Some((file, config)) = &slot.start else {
                 continue;
             };
-            let Some(running) = slot.running() else {
-                out.push((slot.name.clone(), Reloaded::NotStarted));
-                continue;
-            };
             let limits = LoadLimits::from(&config.limits);
             let path = &file.path;
             if !read.contains_key(path) {
@@ -133,6 +129,12 @@ impl Providers {
                 let digested = bytes.map(|b| (hex::encode(Sha256::digest(&b)), b));
                 read.insert(path.clone(), digested);
             }
+            // Its file is read all the same: its next start reads it too
+            // (below).
+            let Some(running) = slot.running() else {
+                out.push((slot.name.clone(), Reloaded::NotStarted));
+                continue;
+            };
             let (sha256, bytes) = match &read[path] {
                 Ok(read) => read,
                 Err(e) => {
