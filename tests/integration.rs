@@ -47,7 +47,7 @@ use berth::plugin::{
 };
 use support::sandbox::{engine, provider, spec};
 use support::server::run_berth;
-use support::{KIT_STEPS, LogCapture, SimServer, plugin};
+use support::{KIT_STEPS, LogCapture, SimServer, plugin, plugins_dir_and_name};
 
 async fn hostile(
     engine: &Engine,
@@ -611,8 +611,9 @@ async fn config_check_prints_every_problem_with_its_path() {
     std::fs::write(
         &good,
         format!(
-            "pool-id = \"p\"\n[providers.a]\ndriver = {:?}\n",
-            plugin("sim").display().to_string()
+            "pool-id = \"p\"\nplugins-dir = {:?}\n[providers.a]\ndriver = {:?}\n",
+            plugins_dir_and_name(&plugin("sim")).0,
+            plugins_dir_and_name(&plugin("sim")).1,
         ),
     )
     .unwrap();
