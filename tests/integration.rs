@@ -20,6 +20,7 @@ mod kit;
 mod layers;
 mod openapi;
 mod openstack;
+mod paths;
 mod pg_store;
 mod pinning;
 mod pool;
