@@ -104,3 +104,51 @@ impl ArtifactCache {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An empty component, compiled by `engine`, as the cache writes it.
+    fn artifact(engine: &Engine, wat: &str) -> Vec<u8> {
+        let component =
+            Component::new(engine, wat::parse_str(wat).expect("wat")).expect("compiles");
+        component.serialize().expect("serializes")
+    }
+
+    /// An entry's name in the cache directory that is a symlink to an
+    /// artifact outside it is not followed: the source is compiled anew,
+    /// and the entry is replaced by a file of the cache's own.
+    #[test]
+    fn an_entry_linked_out_of_the_cache_directory_is_not_loaded() {
+        let engine = Engine::default();
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("cache");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let cache = ArtifactCache::new(dir.clone(), &engine);
+        let wasm = wat::parse_str("(component)").expect("wat");
+        let sha = "0".repeat(64);
+
+        // A valid artifact of this engine, outside the cache directory,
+        // linked in under the entry's name (absolute and relative).
+        let outside = root.path().join("elsewhere.cwasm");
+        std::fs::write(&outside, artifact(&engine, "(component (core module))")).expect("write");
+        let entry = dir.join(cache.name_for(&sha));
+        for target in [outside.clone(), PathBuf::from("../elsewhere.cwasm")] {
+            std::os::unix::fs::symlink(&target, &entry).expect("symlink");
+            let (_, source) = cache.load(&engine, &sha, &wasm).expect("loads");
+            assert_eq!(source, LoadSource::Compiled, "{}", target.display());
+            let meta = std::fs::symlink_metadata(&entry).expect("entry");
+            assert!(
+                meta.is_file(),
+                "the link was replaced by the cache's own file"
+            );
+            std::fs::remove_file(&entry).expect("unlink");
+        }
+
+        // Its own entry is loaded from the cache.
+        cache.load(&engine, &sha, &wasm).expect("compiles");
+        let (_, source) = cache.load(&engine, &sha, &wasm).expect("loads");
+        assert_eq!(source, LoadSource::Cache);
+    }
+}
