@@ -19,7 +19,7 @@ use crate::support::config::{CI, OPS};
 use crate::support::server::{Berth, Launch, until};
 use crate::support::sys::set_own_env_var;
 use crate::support::tokens::{TokenConfig, TokenServer};
-use crate::support::{KIT_STEPS, plugin, workspace};
+use crate::support::{KIT_STEPS, plugin, plugins_dir_and_name, workspace};
 
 const CLIENT: &str = "berth-service-principal";
 const SECRET: &str = "client-secret-4d2a9c0e7b";
@@ -162,6 +162,7 @@ fn pool_config(
 pool-id = "{POOL}"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "1s"
 boot-poll-interval = "200ms"
 leak-grace = "1s"
@@ -199,7 +200,8 @@ ram = "4GiB"
 options = {{ ssh-public-key = "{KEY}" }}
 "#,
         state = state.display().to_string(),
-        driver = plugin("azure").display().to_string(),
+        plugins = plugins_dir_and_name(&plugin("azure")).0,
+        driver = plugins_dir_and_name(&plugin("azure")).1,
         url = cloud.url(),
         sub = o.subscription,
         rg = o.resource_group,

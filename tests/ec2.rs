@@ -33,7 +33,7 @@ use crate::support::config::{CI, OPS};
 use crate::support::pool::{fulfil, live_nodes, until_pool};
 use crate::support::server::{Berth, Launch, until};
 use crate::support::sys::set_own_env_var;
-use crate::support::{KIT_STEPS, LogCapture, plugin, workspace};
+use crate::support::{KIT_STEPS, LogCapture, plugin, plugins_dir_and_name, workspace};
 
 const REGION: &str = "us-east-1";
 const INSTANCE_TYPE: &str = "t3.micro";
@@ -819,6 +819,7 @@ fn pool_config_text(
 pool-id = "ec2-itest"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "{sync_interval}"
 boot-poll-interval = "200ms"
 leak-grace = "1s"
@@ -850,7 +851,8 @@ vcpus = 2
 ram = "1GiB"
 "#,
         state = state.display().to_string(),
-        driver = plugin("aws-ec2").display().to_string(),
+        plugins = plugins_dir_and_name(&plugin("aws-ec2")).0,
+        driver = plugins_dir_and_name(&plugin("aws-ec2")).1,
         proxy = proxy.addr,
         key = moto.key_id,
         ami = moto.ami,

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::support::fault_proxy::{FaultProxy, ListFault};
 use crate::support::server::{Berth, Launch, http, until};
-use crate::support::{SimServer, live, plugin};
+use crate::support::{SimServer, live, plugin, plugins_dir_and_name};
 
 /// Most instances the provider may hold.
 const MAX: usize = 12;
@@ -46,6 +46,7 @@ async fn rig(missing_confirm: Option<&str>) -> Rig {
 pool-id = "faults"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"
 leak-grace = "1s"
@@ -73,7 +74,8 @@ vcpus = 1
 ram = "1GiB"
 "#,
         state = dir.path().join("state").display().to_string(),
-        driver = plugin("sim").display().to_string(),
+        plugins = plugins_dir_and_name(&plugin("sim")).0,
+        driver = plugins_dir_and_name(&plugin("sim")).1,
         addr = proxy.addr(),
         url = proxy.url(),
         missing_confirm = missing_confirm

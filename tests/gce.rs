@@ -29,7 +29,7 @@ use crate::support::tokens::{
     GOOGLE_CLIENT_EMAIL, GOOGLE_PROJECT_ID, TokenConfig, TokenServer, google_key_json, key_path,
     key_pem,
 };
-use crate::support::{KIT_STEPS, plugin, workspace};
+use crate::support::{KIT_STEPS, plugin, plugins_dir_and_name, workspace};
 
 const ZONE: &str = "us-central1-a";
 const MACHINE: &str = "e2-small";
@@ -200,6 +200,7 @@ fn pool_config_text(cloud: &Cloud, state: &Path, min_ready: u32, sync_interval: 
 pool-id = "{POOL}"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "{sync_interval}"
 boot-poll-interval = "200ms"
 leak-grace = "1s"
@@ -228,7 +229,8 @@ vcpus = 2
 ram = "2GiB"
 "#,
         state = state.display().to_string(),
-        driver = plugin("gce").display().to_string(),
+        plugins = plugins_dir_and_name(&plugin("gce")).0,
+        driver = plugins_dir_and_name(&plugin("gce")).1,
         host = cloud.host(),
         url = cloud.gce.url(),
         key = cloud.key.display().to_string(),

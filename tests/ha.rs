@@ -32,7 +32,7 @@ use crate::support::config::{CI, OPS, serve_config_for, set_lease_ttl};
 use crate::support::config::{database, store_table};
 use crate::support::postgres::{PgCluster, psql};
 use crate::support::server::{Berth, http, until};
-use crate::support::{SimServer, live, metric, plugin};
+use crate::support::{SimServer, live, metric, plugin, plugins_dir_and_name};
 
 /// The pool's lease TTL in these tests.
 const TTL: Duration = Duration::from_secs(1);
@@ -66,6 +66,9 @@ impl Fleet {
         let root = tempfile::tempdir().unwrap();
         let (url, store) = database(root.path(), None);
         let driver = plugin("sim");
+        // Every provider on the same file, in the plugins directory the
+        // config names for the first.
+        let (_, file) = plugins_dir_and_name(&driver);
         let [sim, others @ ..] = sims;
         let others = Vec::from(others);
         let endpoints: Vec<(String, String)> = std::iter::once(&sim)
@@ -76,7 +79,7 @@ impl Fleet {
             let mut text = String::new();
             for (k, (name, (addr, url))) in SHARDS.iter().zip(&endpoints).enumerate() {
                 if k > 0 {
-                    text.push_str(&format!("[providers.{name}]\ndriver = {driver:?}\n"));
+                    text.push_str(&format!("[providers.{name}]\ndriver = {file:?}\n"));
                 }
                 text.push_str(&format!(
                     "allow-hosts = [\"{addr}\"]\nconfig = {{ endpoint = \"{url}/c/b{i}\" }}\n\
@@ -1508,11 +1511,12 @@ async fn providers_moving_between_processes_are_said_in_a_line_per_move() {
     const EXTRA: usize = 7;
     let sim = SimServer::start().await;
     let driver = plugin("sim");
+    let (_, file) = plugins_dir_and_name(&driver);
     let keys = |sim: &SimServer, i: usize| {
         let mut text = sim_provider(sim, i);
         for k in 0..EXTRA {
             text.push_str(&format!(
-                "\n[providers.p{k}]\ndriver = {driver:?}\n{}\n",
+                "\n[providers.p{k}]\ndriver = {file:?}\n{}\n",
                 sim_provider(sim, i)
             ));
         }
@@ -1596,12 +1600,13 @@ async fn a_provider_is_given_up_only_once_its_calls_in_flight_have_ended() {
     })
     .await;
     let driver = plugin("sim");
+    let (_, file) = plugins_dir_and_name(&driver);
     let (slow_addr, slow_url) = (slow.addr(), slow.url());
     // `slow` is the second provider, the one the first process gives up
     // when the second joins, and the preferred one for `small`.
     let keys = move |sim: &SimServer, i: usize| {
         format!(
-            "{}\npriority = 2\n[providers.slow]\ndriver = {driver:?}\npriority = 1\n\
+            "{}\npriority = 2\n[providers.slow]\ndriver = {file:?}\npriority = 1\n\
              allow-hosts = [\"{slow_addr}\"]\nconfig = {{ endpoint = \"{slow_url}/c/b{i}\" }}\n",
             sim_provider(sim, i)
         )

@@ -14,7 +14,7 @@ use crate::support::clouds::{KilledPool, survives_sigkill_during_creates_and_del
 use crate::support::config::{CI, OPS};
 use crate::support::server::{Berth, Launch, run_berth, until};
 use crate::support::sys::set_own_env_var;
-use crate::support::{KIT_STEPS, plugin, workspace};
+use crate::support::{KIT_STEPS, plugin, plugins_dir_and_name, workspace};
 
 const TOKEN: &str = "hcloud-test-token";
 /// Stored as it is: lowercase letters, digits and inner `-`, no `z`, need no
@@ -151,6 +151,7 @@ fn pool_config(cloud: &Cloud, state: &Path, var: &str, min_ready: u32) -> String
 pool-id = "{POOL}"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "1s"
 boot-poll-interval = "200ms"
 leak-grace = "1s"
@@ -184,7 +185,8 @@ vcpus = 2
 ram = "4GiB"
 "#,
         state = state.display().to_string(),
-        driver = plugin("hetzner").display().to_string(),
+        plugins = plugins_dir_and_name(&plugin("hetzner")).0,
+        driver = plugins_dir_and_name(&plugin("hetzner")).1,
         url = cloud.url(),
     ) + &crate::support::config::test_store(state)
 }

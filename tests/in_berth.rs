@@ -10,7 +10,7 @@ use berth::config::{self, LabelIx};
 use berth::pool::NodeState;
 
 use crate::support::pool::{fulfil, live_instances, live_nodes, start, until_pool};
-use crate::support::{SimServer, plugin, scripted_plugin};
+use crate::support::{SimServer, plugin, plugins_dir_and_name, scripted_plugin};
 
 /// The config: one provider `p` on `driver` with `provider` TOML (its
 /// `allow-hosts` and `config`), one label `small` with min-ready 2.
@@ -20,6 +20,7 @@ fn config_text(state: &Path, driver: &Path, provider: &str, instance_type: &str)
 pool-id = "itest"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"
 leak-grace = "1s"
@@ -39,7 +40,8 @@ vcpus = 1
 ram = "1GiB"
 "#,
         state = state.display().to_string(),
-        driver = driver.display().to_string(),
+        plugins = plugins_dir_and_name(driver).0,
+        driver = plugins_dir_and_name(driver).1,
     )
 }
 

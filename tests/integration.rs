@@ -20,6 +20,7 @@ mod kit;
 mod layers;
 mod openapi;
 mod openstack;
+mod paths;
 mod pg_store;
 mod pinning;
 mod pool;
@@ -48,7 +49,7 @@ use berth::plugin::{
 };
 use support::sandbox::{engine, provider, spec};
 use support::server::run_berth;
-use support::{KIT_STEPS, LogCapture, SimServer, plugin};
+use support::{KIT_STEPS, LogCapture, SimServer, plugin, plugins_dir_and_name};
 
 async fn hostile(
     engine: &Engine,
@@ -612,8 +613,9 @@ async fn config_check_prints_every_problem_with_its_path() {
     std::fs::write(
         &good,
         format!(
-            "pool-id = \"p\"\n[providers.a]\ndriver = {:?}\n",
-            plugin("sim").display().to_string()
+            "pool-id = \"p\"\nplugins-dir = {:?}\n[providers.a]\ndriver = {:?}\n",
+            plugins_dir_and_name(&plugin("sim")).0,
+            plugins_dir_and_name(&plugin("sim")).1,
         ),
     )
     .unwrap();

@@ -25,7 +25,7 @@ use crate::support::config::{CI, OPS};
 use crate::support::pool::{fulfil, until_pool};
 use crate::support::server::{Berth, Launch, until};
 use crate::support::tokens::{TokenConfig, TokenServer};
-use crate::support::{KIT_STEPS, plugin, workspace};
+use crate::support::{KIT_STEPS, plugin, plugins_dir_and_name, workspace};
 
 const USER: &str = "berth-ci";
 const PASSWORD: &str = "os-pa55word/for+nova=";
@@ -199,6 +199,7 @@ fn pool_config_text(cloud: &Cloud, state: &Path, min_ready: u32, driver: &str) -
 pool-id = "os-itest"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "1s"
 boot-poll-interval = "200ms"
 leak-grace = "1s"
@@ -230,7 +231,8 @@ vcpus = 1
 ram = "2GiB"
 "#,
         state = state.display().to_string(),
-        plugin = plugin("openstack").display().to_string(),
+        plugins = plugins_dir_and_name(&plugin("openstack")).0,
+        plugin = plugins_dir_and_name(&plugin("openstack")).1,
         host = cloud.host(),
         auth = cloud.tokens.keystone_url(),
         password = cloud.dir.path().join("os-password").display().to_string(),

@@ -17,7 +17,7 @@ use berth::sim::{Knobs, SimCloud};
 
 use crate::support::config::{SLOTS, test_store};
 use crate::support::pool::{fulfil, live_instances, pool_config, start, until_pool};
-use crate::support::{SimServer, live, plugin};
+use crate::support::{SimServer, live, plugin, plugins_dir_and_name};
 
 /// Opens the store that `settings` name, as `berth serve` would, without
 /// claiming the pool: for reading what a stopped pool left behind.
@@ -235,7 +235,7 @@ image = "img"
 vcpus = 8
 ram = "32GiB"
 "#,
-        driver = plugin("sim").display().to_string(),
+        driver = plugins_dir_and_name(&plugin("sim")).1,
         addr = sim.addr(),
         url = sim.url(),
     );
@@ -625,6 +625,7 @@ async fn a_pool_killed_during_churn_resumes_without_leaks_or_double_allocations(
 pool-id = "itest"
 ready = "running"
 state-dir = "state"
+plugins-dir = {plugins:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"
 leak-grace = "1s"
@@ -646,7 +647,8 @@ image = "img"
 vcpus = 1
 ram = "1GiB"
 "#,
-        driver = plugin("sim").display().to_string(),
+        plugins = plugins_dir_and_name(&plugin("sim")).0,
+        driver = plugins_dir_and_name(&plugin("sim")).1,
         addr = sim.addr(),
         url = sim.url(),
     );

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::support::server::{Berth, Launch, run_berth, until};
-use crate::support::{SimServer, metric, plugin};
+use crate::support::{SimServer, metric, plugin, plugins_dir_and_name, plugins_dir_with};
 
 mod addresses;
 mod allow_lists;
@@ -64,11 +64,19 @@ impl<'a> Hostile<'a> {
 /// started last, and shows that nothing the hostile ones do at start holds
 /// it up.
 fn config(sim: &SimServer, dir: &Path, hostile: &[Hostile<'_>]) -> PathBuf {
+    // Each driver file in one plugins directory, as the config names them.
+    let file = |h: &Hostile<'_>| h.file.map_or_else(|| plugin(h.driver), Path::to_path_buf);
+    let files: Vec<PathBuf> = (hostile.iter().map(file)).chain([plugin("sim")]).collect();
+    let plugins = plugins_dir_with(
+        &dir.join("plugins"),
+        &files.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+    );
     let mut text = format!(
         r#"
 pool-id = "sandbox-test"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"
 leak-grace = "1s"
@@ -77,6 +85,7 @@ leak-grace = "1s"
 listen = "127.0.0.1:0"
 "#,
         state = dir.join("state").display().to_string(),
+        plugins = plugins.display().to_string(),
     );
     for h in hostile {
         let allow: Vec<String> = h.allow.iter().map(|a| format!("{a:?}")).collect();
@@ -103,10 +112,7 @@ vcpus = 1
 ram = "1GiB"
 "#,
             name = h.name,
-            driver = (h.file)
-                .map_or_else(|| plugin(h.driver), Path::to_path_buf)
-                .display()
-                .to_string(),
+            driver = plugins_dir_and_name(&file(h)).1,
             allow = allow.join(", "),
             sandbox = h.sandbox,
             max = h.max_instances,
@@ -134,7 +140,7 @@ image = "img"
 vcpus = 1
 ram = "1GiB"
 "#,
-        driver = plugin("sim").display().to_string(),
+        driver = plugins_dir_and_name(&plugin("sim")).1,
         addr = sim.addr(),
         url = sim.url(),
     ));

@@ -15,7 +15,8 @@ use crate::support::disk::{Tmpfs, skip};
 use crate::support::postgres::psql;
 use crate::support::server::{Berth, Launch, SIGTERM, run_berth, until};
 use crate::support::{
-    SimServer, create_statuses, creates, instances_and_nodes, live, metric, plugin, scripted_plugin,
+    SimServer, create_statuses, creates, instances_and_nodes, live, metric, plugin,
+    plugins_dir_and_name, plugins_dir_with, scripted_plugin,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1052,7 +1053,12 @@ async fn a_01_driver_and_a_02_driver_serve_one_pool_side_by_side() {
     let new_cloud = SimServer::start().await;
     let old_cloud = SimServer::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let old = plugin("sim-0.1");
+    // Built in different directories: both in one plugins directory.
+    let plugins = plugins_dir_with(
+        &dir.path().join("plugins"),
+        &[&plugin("sim"), &plugin("sim-0.1")],
+    );
+    let (_, old) = plugins_dir_and_name(&plugin("sim-0.1"));
     let extra = format!(
         "[providers.sim.limits]\nmax-instances = 2\n\
          [providers.old]\ndriver = {old:?}\nallow-hosts = [\"{}\"]\n\
@@ -1063,7 +1069,8 @@ async fn a_01_driver_and_a_02_driver_serve_one_pool_side_by_side() {
         old_cloud.addr(),
         old_cloud.url(),
     );
-    let config = serve_config_with(&new_cloud, dir.path(), &plugin("sim"), "", &extra);
+    let (_, sim) = plugins_dir_and_name(&plugin("sim"));
+    let config = serve_config_with(&new_cloud, dir.path(), &plugins.join(sim), "", &extra);
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
     server.until_ready(30, "ready").await;

@@ -208,6 +208,35 @@ pub fn plugin(name: &str) -> PathBuf {
     dir.join(format!("{file}.wasm"))
 }
 
+/// The `plugins-dir` and `driver` of a config for the driver file at
+/// `file`: its directory, and its name there (a config names a driver only
+/// as a file inside its plugins directory).
+pub fn plugins_dir_and_name(file: &Path) -> (String, String) {
+    let dir = file.parent().expect("a driver file's directory");
+    let name = file.file_name().expect("a driver file's name");
+    (
+        dir.display().to_string(),
+        Path::new(name).display().to_string(),
+    )
+}
+
+/// A plugins directory `dir` holding each of `files` under its own name
+/// (a hard link, or a copy where none can be made), for a config whose
+/// drivers were built or written in different directories.
+pub fn plugins_dir_with(dir: &Path, files: &[&Path]) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("plugins dir");
+    for file in files {
+        let to = dir.join(file.file_name().expect("a driver file's name"));
+        if to.exists() {
+            continue;
+        }
+        if std::fs::hard_link(file, &to).is_err() {
+            std::fs::copy(file, &to).expect("copying a driver file");
+        }
+    }
+    dir.to_path_buf()
+}
+
 /// The drivers for the fake clouds of tests/clouds, each built only for the
 /// tests that ask for it.
 const CLOUD_DRIVERS: [&str; 4] = [

@@ -230,6 +230,7 @@ async fn service(rows: &mut Vec<(String, String)>) {
 pool-id = "bench"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 boot-poll-interval = "50ms"
 [providers.sim]
 driver = {driver:?}
@@ -245,7 +246,8 @@ vcpus = 2
 ram = "4GiB"
 "#,
         state = dir.path().display().to_string(),
-        driver = support::plugin("sim").display().to_string(),
+        plugins = support::plugins_dir_and_name(&support::plugin("sim")).0,
+        driver = support::plugins_dir_and_name(&support::plugin("sim")).1,
         addr = sim.addr(),
         url = sim.url(),
     );

@@ -30,6 +30,7 @@ fn config(dir: &Path, sim: &support::SimServer, spinners: usize) -> std::path::P
 pool-id = "bench-sandbox"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "30s"
 boot-poll-interval = "100ms"
 
@@ -50,7 +51,9 @@ vcpus = 1
 ram = "1GiB"
 "#,
         state = dir.join("state").display().to_string(),
-        sim_driver = support::plugin("sim").display().to_string(),
+        // The sim and hostile drivers are built into one directory.
+        plugins = support::plugins_dir_and_name(&support::plugin("sim")).0,
+        sim_driver = support::plugins_dir_and_name(&support::plugin("sim")).1,
         addr = sim.addr(),
         url = sim.url(),
     );
@@ -63,7 +66,7 @@ config = {{ mode = "ok", list = "spin" }}
 [providers.spin{i}.sandbox]
 call-deadline = "5s"
 "#,
-            hostile = support::plugin("hostile").display().to_string(),
+            hostile = support::plugins_dir_and_name(&support::plugin("hostile")).1,
         ));
     }
     let path = dir.join("berth.toml");

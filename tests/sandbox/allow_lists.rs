@@ -3,8 +3,8 @@
 use serde_json::json;
 
 use super::{Hostile, start};
-use crate::support::plugin;
 use crate::support::server::{run_berth, until};
+use crate::support::{plugin, plugins_dir_and_name};
 
 /// Regression: nothing said when two providers' allow-lists overlapped,
 /// and a driver that could reach another provider's cloud deleted 8 of that
@@ -15,11 +15,12 @@ use crate::support::server::{run_berth, until};
 async fn overlapping_allow_lists_are_warned_of() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("berth.toml");
-    let driver = plugin("sim").display().to_string();
+    let (plugins, driver) = plugins_dir_and_name(&plugin("sim"));
     std::fs::write(
         &file,
         format!(
             r#"pool-id = "p"
+plugins-dir = {plugins:?}
 [providers.east]
 driver = {driver:?}
 allow-hosts = ["ec2.us-east-1.amazonaws.com:443"]

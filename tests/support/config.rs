@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::support::postgres::PgCluster;
-use crate::support::{SimServer, plugin, workspace};
+use crate::support::{SimServer, plugin, plugins_dir_and_name, workspace};
 
 pub const CI: &str = "ci-token-0123456789abcdef";
 pub const OTHER: &str = "other-token-0123456789ab";
@@ -66,11 +66,13 @@ pub fn serve_config_for(
     small: &str,
     extra: &str,
 ) -> std::path::PathBuf {
+    let (plugins, driver) = plugins_dir_and_name(driver);
     let text = format!(
         r#"
 pool-id = "serve-test"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"
 leak-grace = "1s"
@@ -103,7 +105,6 @@ price = 0.1
 {extra}
 "#,
         state = dir.join("state").display().to_string(),
-        driver = driver.display().to_string(),
     );
     let text = if extra.contains("[store]") {
         text

@@ -12,15 +12,17 @@ use berth::runtime::{self, Handle, Service, StartOptions};
 use berth::sim::SimCloud;
 
 use crate::support::config::test_store;
-use crate::support::{SimServer, live, plugin};
+use crate::support::{SimServer, live, plugin, plugins_dir_and_name};
 
 /// A config for one sim provider (plus `extra` TOML), with short timings.
 pub fn pool_config(sim: &SimServer, state: &Path, extra: &str) -> Settings {
+    let (plugins, driver) = plugins_dir_and_name(&plugin("sim"));
     let text = format!(
         r#"
 pool-id = "itest"
 ready = "running"
 state-dir = {state:?}
+plugins-dir = {plugins:?}
 sync-interval = "1s"
 boot-poll-interval = "100ms"
 leak-grace = "1s"
@@ -37,7 +39,6 @@ config = {{ endpoint = "{url}" }}
 {extra}
 "#,
         state = state.display().to_string(),
-        driver = plugin("sim").display().to_string(),
         addr = sim.addr(),
         url = sim.url(),
     );

@@ -2,6 +2,7 @@
 //! but should not ([`warnings`]), and the files it names that this machine
 //! lacks ([`check_files`]).
 
+use crate::inside::open_inside;
 use crate::problem::Problem;
 use crate::sandbox::AllowedHost;
 use crate::settings::{Password, Settings};
@@ -48,14 +49,20 @@ pub fn warnings(config: &Settings) -> Vec<Problem> {
 /// The sha256 of the file at `path`, in lowercase hex, as `sha256sum`
 /// prints it.
 pub fn file_sha256(path: &std::path::Path) -> std::io::Result<String> {
+    reader_sha256(std::fs::File::open(path)?)
+}
+
+/// The sha256 of what `reader` reads, streamed (a large file is not held
+/// in memory).
+fn reader_sha256(mut reader: impl std::io::Read) -> std::io::Result<String> {
     use sha2::Digest as _;
-    let mut file = std::fs::File::open(path)?;
     let mut hasher = sha2::Sha256::new();
-    std::io::copy(&mut file, &mut hasher)?;
+    std::io::copy(&mut reader, &mut hasher)?;
     Ok(hex::encode(hasher.finalize()))
 }
 
-/// Problems a checked config has on this machine: driver files missing or
+/// Problems a checked config has on this machine: driver files missing,
+/// not regular files, outside the plugins directory (through a symlink) or
 /// not the bytes `driver-sha256` pins, the store's password file or
 /// credentials' files missing.
 pub fn check_files(config: &Settings) -> Vec<Problem> {
@@ -93,36 +100,31 @@ pub fn check_files(config: &Settings) -> Vec<Problem> {
                 }
             }
         }
-        let shown = d.driver.display();
-        let message = match std::fs::metadata(&d.driver) {
-            Ok(meta) if meta.is_file() => {
-                if let Some(pin) = &d.driver_sha256 {
-                    let message = match file_sha256(&d.driver) {
-                        Ok(got) if got == *pin => continue,
-                        Ok(got) => {
-                            format!("{shown} has sha256 {got}, not the {pin} pinned here; refused")
-                        }
-                        Err(e) => format!("cannot read {shown} to check its sha256: {e}"),
-                    };
-                    problems.push(Problem {
-                        path: join(&join("providers", &p.name), "driver-sha256"),
-                        message,
-                        location: None,
-                    });
-                }
+        // Opened as the runtime opens it: inside the plugins directory.
+        let file = match open_inside(&d.plugins_dir, &d.driver_name) {
+            Ok(file) => file,
+            Err(e) => {
+                problems.push(Problem {
+                    path: join(&join("providers", &p.name), "driver"),
+                    message: e.to_string(),
+                    location: None,
+                });
                 continue;
             }
-            Ok(_) => format!("not a file: {shown}"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                format!("no such file: {shown}")
-            }
-            Err(e) => format!("cannot read {shown}: {e}"),
         };
-        problems.push(Problem {
-            path: join(&join("providers", &p.name), "driver"),
-            message,
-            location: None,
-        });
+        if let Some(pin) = &d.driver_sha256 {
+            let shown = d.driver.display();
+            let message = match reader_sha256(file) {
+                Ok(got) if got == *pin => continue,
+                Ok(got) => format!("{shown} has sha256 {got}, not the {pin} pinned here; refused"),
+                Err(e) => format!("cannot read {shown} to check its sha256: {e}"),
+            };
+            problems.push(Problem {
+                path: join(&join("providers", &p.name), "driver-sha256"),
+                message,
+                location: None,
+            });
+        }
     }
     problems
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use berth_core::config::{Provider, ProviderLimits};
 use toml::{Table, Value};
 
+use crate::inside::name_problem;
 use crate::sandbox::{AllowedHost, SandboxLimits};
 use crate::settings::DriverSettings;
 use crate::walker::{Section, Walker, join};
@@ -20,10 +21,22 @@ impl Walker<'_> {
         base: &Path,
     ) -> (Provider, DriverSettings) {
         let mut s = Section::new(join("providers", &name), t);
-        let driver: PathBuf = self
-            .required_string(&mut s, "driver")
-            .map(|d| plugins_dir.join(d))
-            .unwrap_or_default();
+        let driver_name = self.required_string(&mut s, "driver").map(PathBuf::from);
+        if let Some(d) = &driver_name
+            && let Some(why) = name_problem(d)
+        {
+            self.problem(
+                s.at("driver"),
+                format!(
+                    "`{}` {why}: a driver is named by its path relative to plugins-dir ({}), \
+                     a file inside it, without `..`; put the file there",
+                    d.display(),
+                    plugins_dir.display()
+                ),
+            );
+        }
+        let driver_name = driver_name.unwrap_or_default();
+        let driver = plugins_dir.join(&driver_name);
         let driver_sha256 = self.string(&mut s, "driver-sha256").and_then(|d| {
             let lower = d.trim().to_ascii_lowercase();
             if lower.len() == 64 && lower.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -179,6 +192,8 @@ impl Walker<'_> {
         };
         let driver = DriverSettings {
             driver,
+            driver_name,
+            plugins_dir: plugins_dir.to_path_buf(),
             driver_sha256,
             driver_config,
             allowed_hosts,

@@ -30,8 +30,15 @@ pub struct Settings {
 /// How a provider's driver runs: the file, its config, and its sandbox.
 #[derive(Clone)]
 pub struct DriverSettings {
-    /// The driver file, resolved against the plugins directory.
+    /// The driver file, resolved against the plugins directory: for
+    /// messages and as the name of a loaded driver. Opened only as
+    /// `driver_name` inside `plugins_dir` ([`crate::read_driver`]).
     pub driver: PathBuf,
+    /// The driver file as the config names it (`driver`): a path relative
+    /// to the plugins directory, neither absolute nor holding `..`.
+    pub driver_name: PathBuf,
+    /// The plugins directory the driver file is inside.
+    pub plugins_dir: PathBuf,
     /// The sha256 the driver file must have (`driver-sha256`, lowercase
     /// hex): a file with other bytes is refused, never run.
     pub driver_sha256: Option<String>,
@@ -51,6 +58,8 @@ impl fmt::Debug for DriverSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DriverSettings")
             .field("driver", &self.driver)
+            .field("driver_name", &self.driver_name)
+            .field("plugins_dir", &self.plugins_dir)
             .field("driver_sha256", &self.driver_sha256)
             .field("driver_config", &"<redacted>")
             .field("allowed_hosts", &self.allowed_hosts)

@@ -368,6 +368,70 @@ fn a_name_with_a_dot_is_quoted_in_paths() {
 }
 
 #[test]
+fn a_driver_is_a_path_inside_the_plugins_directory() {
+    let with = |driver: &str| GOOD.replace("\"sim.wasm\"", &format!("{driver:?}"));
+    let c = parse(&with("sub/./sim.wasm"), Path::new("/etc/berth"), &env).expect("valid");
+    assert_eq!(c.drivers[0].driver_name, Path::new("sub/./sim.wasm"));
+    assert_eq!(c.drivers[0].plugins_dir, Path::new("/etc/berth/plugins"));
+    assert_eq!(
+        c.drivers[0].driver,
+        Path::new("/etc/berth/plugins/sub/sim.wasm")
+    );
+    for (driver, why) in [
+        ("../../etc/passwd", "holds `..`"),
+        ("sub/../../x.wasm", "holds `..`"),
+        ("sub/..", "holds `..`"),
+        ("/etc/passwd", "is an absolute path"),
+        ("/etc/berth/plugins/sim.wasm", "is an absolute path"),
+        ("", "is empty"),
+    ] {
+        check(&with(driver), &[("providers.sim-a.driver", why)]);
+        check(
+            &with(driver),
+            &[(
+                "providers.sim-a.driver",
+                "relative to plugins-dir (/etc/berth/plugins), a file inside it, without `..`",
+            )],
+        );
+    }
+}
+
+/// Regression: `driver = "../../etc/passwd"` passed `berth config check`
+/// without a word, and a symlink in the plugins directory led anywhere.
+#[test]
+fn check_files_refuses_a_driver_that_leads_out_of_the_plugins_directory() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::write(dir.path().join("outside.wasm"), b"abc").unwrap();
+    std::fs::write(plugins.join("inside.wasm"), b"abc").unwrap();
+    symlink("../outside.wasm", plugins.join("up.wasm")).unwrap();
+    symlink(dir.path().join("outside.wasm"), plugins.join("abs.wasm")).unwrap();
+    symlink("inside.wasm", plugins.join("same.wasm")).unwrap();
+    let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+    let text = format!(
+        "pool-id = \"p\"\n\
+         [providers.a]\ndriver = \"up.wasm\"\ndriver-sha256 = \"{abc}\"\n\
+         [providers.b]\ndriver = \"abs.wasm\"\n\
+         [providers.c]\ndriver = \"same.wasm\"\ndriver-sha256 = \"{abc}\"\n"
+    );
+    let c = parse(&text, dir.path(), &env).expect("valid");
+    let problems = check_files(&c);
+    let got: Vec<(&str, &str)> = (problems.iter())
+        .map(|p| (p.path.as_str(), p.message.as_str()))
+        .collect();
+    assert_eq!(got.len(), 2, "{got:#?}");
+    for (at, (path, message)) in ["a", "b"].iter().zip(&got) {
+        assert_eq!(*path, format!("providers.{at}.driver"));
+        assert!(
+            message.contains("leads outside") && message.contains(&plugins.display().to_string()),
+            "{message}"
+        );
+    }
+}
+
+#[test]
 fn load_resolves_against_the_file_and_check_files_finds_missing_drivers() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(dir.path().join("plugins")).unwrap();
@@ -384,6 +448,7 @@ fn load_resolves_against_the_file_and_check_files_finds_missing_drivers() {
     let c = load(&file).expect("valid");
     assert_eq!(c.state_dir, dir.path().join("berth-data"));
     assert_eq!(c.drivers[0].driver, dir.path().join("plugins/there.wasm"));
+    assert_eq!(c.drivers[0].driver_name, Path::new("there.wasm"));
     let problems: Vec<String> = check_files(&c).iter().map(|p| p.to_string()).collect();
     let gone = dir.path().join("plugins/gone.wasm");
     let not_file = dir.path().join("plugins/.");

@@ -12,7 +12,10 @@
 #![allow(unsafe_code)]
 
 use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -45,8 +48,15 @@ impl ArtifactCache {
         }
     }
 
-    fn path_for(&self, sha256: &str) -> PathBuf {
-        self.dir.join(format!("{sha256}-{}.cwasm", self.engine_key))
+    fn name_for(&self, sha256: &str) -> String {
+        format!("{sha256}-{}.cwasm", self.engine_key)
+    }
+
+    /// The cache directory, held open: its entries are opened relative to
+    /// it (cap-std), so a symlink in it that leads elsewhere is never
+    /// followed, and what is deserialized comes from inside it.
+    fn open_dir(&self) -> std::io::Result<Dir> {
+        Dir::open_ambient_dir(&self.dir, ambient_authority())
     }
 
     /// Loads the compiled form of `wasm` from the cache, or compiles it and
@@ -57,14 +67,16 @@ impl ArtifactCache {
         sha256: &str,
         wasm: &[u8],
     ) -> wasmtime::Result<(Component, LoadSource)> {
-        let path = self.path_for(sha256);
-        if let Ok(bytes) = std::fs::read(&path) {
+        let name = self.name_for(sha256);
+        let path = self.dir.join(&name);
+        if let Ok(bytes) = self.open_dir().and_then(|dir| dir.read(&name)) {
             // Read into memory rather than mapping the file: a cache file that
             // is truncated or rewritten while mapped (by another berth process,
             // or an operator) would otherwise crash this one with SIGBUS.
             //
             // SAFETY: the file is one this host wrote (below) into its own
-            // cache directory, under a name that binds it to the source's
+            // cache directory (read from inside it: no symlink in it leads
+            // out), under a name that binds it to the source's
             // sha256 and this engine's compatibility hash. Artifacts from
             // anywhere else are never deserialized; a damaged one fails the
             // header checks and is recompiled.
@@ -76,18 +88,67 @@ impl ArtifactCache {
             }
         }
         let component = Component::new(engine, wasm)?;
-        if let Err(e) = self.store(&path, &component) {
+        if let Err(e) = self.store(&name, &component) {
             tracing::warn!(path = %path.display(), error = %e, "could not write compiled driver to cache");
         }
         Ok((component, LoadSource::Compiled))
     }
 
-    fn store(&self, path: &Path, component: &Component) -> anyhow::Result<()> {
+    fn store(&self, name: &str, component: &Component) -> anyhow::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
+        let dir = self.open_dir()?;
         let bytes = component.serialize().map_err(anyhow::Error::from)?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, path)?;
+        let tmp = format!("{name}.tmp{}", std::process::id());
+        dir.write(&tmp, bytes)?;
+        dir.rename(&tmp, &dir, name)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An empty component, compiled by `engine`, as the cache writes it.
+    fn artifact(engine: &Engine, wat: &str) -> Vec<u8> {
+        let component =
+            Component::new(engine, wat::parse_str(wat).expect("wat")).expect("compiles");
+        component.serialize().expect("serializes")
+    }
+
+    /// An entry's name in the cache directory that is a symlink to an
+    /// artifact outside it is not followed: the source is compiled anew,
+    /// and the entry is replaced by a file of the cache's own.
+    #[test]
+    fn an_entry_linked_out_of_the_cache_directory_is_not_loaded() {
+        let engine = Engine::default();
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("cache");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let cache = ArtifactCache::new(dir.clone(), &engine);
+        let wasm = wat::parse_str("(component)").expect("wat");
+        let sha = "0".repeat(64);
+
+        // A valid artifact of this engine, outside the cache directory,
+        // linked in under the entry's name (absolute and relative).
+        let outside = root.path().join("elsewhere.cwasm");
+        std::fs::write(&outside, artifact(&engine, "(component (core module))")).expect("write");
+        let entry = dir.join(cache.name_for(&sha));
+        for target in [outside.clone(), PathBuf::from("../elsewhere.cwasm")] {
+            std::os::unix::fs::symlink(&target, &entry).expect("symlink");
+            let (_, source) = cache.load(&engine, &sha, &wasm).expect("loads");
+            assert_eq!(source, LoadSource::Compiled, "{}", target.display());
+            let meta = std::fs::symlink_metadata(&entry).expect("entry");
+            assert!(
+                meta.is_file(),
+                "the link was replaced by the cache's own file"
+            );
+            std::fs::remove_file(&entry).expect("unlink");
+        }
+
+        // Its own entry is loaded from the cache.
+        cache.load(&engine, &sha, &wasm).expect("compiles");
+        let (_, source) = cache.load(&engine, &sha, &wasm).expect("loads");
+        assert_eq!(source, LoadSource::Cache);
     }
 }

@@ -251,6 +251,8 @@ impl Providers {
             };
             let file = DriverFile {
                 path: d.driver.clone(),
+                plugins_dir: d.plugins_dir.clone(),
+                name: d.driver_name.clone(),
                 sha256: d.driver_sha256.clone(),
             };
             let task = tokio::spawn(keep_starting(
@@ -472,7 +474,12 @@ impl Drop for Providers {
 /// A provider's driver file, and the sha256 its config pins, if any.
 #[derive(Clone)]
 pub(super) struct DriverFile {
+    /// `name` joined to `plugins_dir`: what the file is called in messages
+    /// and the loaded driver's name, never opened as such.
     pub(super) path: PathBuf,
+    pub(super) plugins_dir: PathBuf,
+    /// The file's path inside `plugins_dir`, read only from inside it.
+    pub(super) name: PathBuf,
     pub(super) sha256: Option<String>,
 }
 
@@ -536,12 +543,22 @@ async fn start_one(
     let driver = cell
         .get_or_try_init(|| async {
             tracing::info!(provider = %name, driver = %path.display(), "loading a driver");
-            // The loader compares the pin with the bytes it read, before it
-            // compiles or runs any of them.
-            (loader.engine).load_file_pinned(path, limits, pinned).await
+            // Read from inside the plugins directory only; the loader
+            // compares the pin with these bytes before it compiles or runs
+            // any of them.
+            let (dir, inside) = (file.plugins_dir.clone(), file.name.clone());
+            let max = limits.max_file_bytes;
+            let bytes =
+                tokio::task::spawn_blocking(move || berth_config::read_driver(&dir, &inside, max))
+                    .await
+                    .map_err(|e| format!("reading its driver: {e}"))?
+                    .map_err(|e| format!("loading its driver: {e}"))?;
+            (loader.engine)
+                .load_bytes(path.clone(), bytes, limits, pinned)
+                .await
+                .map_err(|e| format!("loading its driver: {e}"))
         })
-        .await
-        .map_err(|e| format!("loading its driver: {e}"))?
+        .await?
         .clone();
     // Loaded before for another provider of the same file, unpinned or
     // pinned to other bytes: this provider's pin is checked on those.

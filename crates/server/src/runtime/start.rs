@@ -118,18 +118,17 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     };
     let engine = Engine::new(EngineConfig {
         cache_dir: Some(
-            options
-                .cache_dir
-                .clone()
-                .or_else(berth_plugin::default_cache_dir)
-                .unwrap_or_else(|| state_dir.join("cache")),
+            match (options.cache_dir.clone()).or_else(berth_plugin::default_cache_dir) {
+                Some(dir) => dir,
+                None => in_state_dir(state_dir, "cache", &[])?,
+            },
         ),
         ..Default::default()
     })?;
     let driver_state = match records {
         Some(records) => records,
         None => {
-            let path = state_dir.join("driver-state.sqlite");
+            let path = in_state_dir(state_dir, "driver-state.sqlite", SQLITE_COMPANIONS)?;
             DriverState::on(Arc::new(
                 berth_store::SqliteRecords::open(&path)
                     .with_context(|| format!("opening the driver records {}", path.display()))?,
@@ -188,7 +187,7 @@ pub(super) async fn open_store(
     advertise: Option<String>,
 ) -> anyhow::Result<Opened> {
     let Some(pg) = &settings.store.postgres else {
-        let path = settings.state_dir.join("berth.db");
+        let path = in_state_dir(&settings.state_dir, "berth.db", SQLITE_COMPANIONS)?;
         let store = SqliteStore::open(&path, config.clone(), settings.store.sync)
             .with_context(|| format!("opening the store {}", path.display()))?;
         return Ok(Opened {
@@ -219,4 +218,26 @@ pub(super) async fn open_store(
         shared: Some((shards, inbox)),
         store: Box::new(store),
     })
+}
+
+/// What SQLite makes beside a database file, by the file's name and these.
+const SQLITE_COMPANIONS: &[&str] = &["-wal", "-shm", "-journal"];
+
+/// The path of `file` in the state directory, refused when it, or one of
+/// `companions` beside it, is a symlink that leads out of the directory.
+/// SQLite opens files by path, not relative to a directory held open, so
+/// this is checked before it opens them: berth's records are written
+/// inside the state directory, never where a link in it points.
+fn in_state_dir(
+    state_dir: &std::path::Path,
+    file: &str,
+    companions: &[&str],
+) -> anyhow::Result<std::path::PathBuf> {
+    let names =
+        std::iter::once(file.to_owned()).chain(companions.iter().map(|c| file.to_owned() + c));
+    for name in names {
+        berth_config::stays_inside(state_dir, std::path::Path::new(&name))
+            .map_err(|e| anyhow::anyhow!("the state directory's {file}: {e}"))?;
+    }
+    Ok(state_dir.join(file))
 }

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncReadExt;
 
 use berth_plugin::{Driver, LoadLimits, Sandbox};
 
@@ -125,7 +124,7 @@ impl Providers {
             let limits = LoadLimits::from(&config.limits);
             let path = &file.path;
             if !read.contains_key(path) {
-                let bytes = read_at_most(path, limits.max_file_bytes).await;
+                let bytes = read_inside(file, limits.max_file_bytes).await;
                 let digested = bytes.map(|b| (hex::encode(Sha256::digest(&b)), b));
                 read.insert(path.clone(), digested);
             }
@@ -138,10 +137,8 @@ impl Providers {
             let (sha256, bytes) = match &read[path] {
                 Ok(read) => read,
                 Err(e) => {
-                    let error = format!(
-                        "cannot read its driver file {}: {e}; it goes on with the driver it runs",
-                        path.display()
-                    );
+                    let error =
+                        format!("reading its driver file: {e}; it goes on with the driver it runs");
                     out.push((slot.name.clone(), slot.failed(&running, "", error)));
                     continue;
                 }
@@ -381,20 +378,14 @@ impl Slot {
     }
 }
 
-/// The whole file if it holds at most `max` bytes.
-async fn read_at_most(path: &Path, max: u64) -> Result<Vec<u8>, String> {
-    let file = tokio::fs::File::open(path)
+/// The provider's driver file, read from inside its plugins directory
+/// only, if it holds at most `max` bytes.
+async fn read_inside(file: &super::DriverFile, max: u64) -> Result<Vec<u8>, String> {
+    let (dir, name) = (file.plugins_dir.clone(), file.name.clone());
+    tokio::task::spawn_blocking(move || berth_config::read_driver(&dir, &name, max))
         .await
-        .map_err(|e| e.to_string())?;
-    let mut bytes = Vec::new();
-    file.take(max.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .await
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > max {
-        return Err(format!("it holds more than max-driver-size ({max} bytes)"));
-    }
-    Ok(bytes)
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
 }
 
 /// The first wait before a reload after one failed; it doubles up to
