@@ -18,6 +18,7 @@ mod http_edge;
 mod in_berth;
 mod kit;
 mod layers;
+mod live_config;
 mod openapi;
 mod openstack;
 mod paths;

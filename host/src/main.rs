@@ -90,10 +90,26 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 
 #[derive(Subcommand)]
 enum ConfigCommand {
-    /// Check a config file: every problem, with its path.
+    /// Check a config file: every problem, with its path. With --against,
+    /// what reading it again would change in a running `berth serve`
+    /// instead.
     Check {
         /// The config file (TOML).
         file: PathBuf,
+        /// A running `berth serve` (its URL): print each difference between
+        /// FILE and the config it runs, and whether it can change while it
+        /// runs, as that process reads FILE; exit 1 if a reload would be
+        /// refused (admin).
+        #[arg(long, value_name = "URL")]
+        against: Option<String>,
+        /// The API token for --against, sent as a bearer token.
+        #[arg(
+            long,
+            env = "BERTH_TOKEN",
+            hide_env_values = true,
+            requires = "against"
+        )]
+        token: Option<String>,
     },
 }
 
@@ -379,7 +395,39 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             );
             Ok(true)
         }
-        Command::Config(ConfigCommand::Check { file }) => {
+        Command::Config(ConfigCommand::Check {
+            file,
+            against: Some(url),
+            token,
+        }) => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let client = berth::client::Client::new(&url, token)?;
+            let check = client.check_config(text).await?;
+            for d in &check.differences {
+                let restart = if d.live {
+                    ""
+                } else {
+                    " (cannot change while berth runs: restart it)"
+                };
+                println!("{}: {}: {}{restart}", file.display(), d.key, d.what);
+            }
+            for p in &check.problems {
+                println!("{}: {p}", file.display());
+            }
+            let summary = match (check.refused, check.differences.len()) {
+                (true, _) => "a reload would be refused; nothing would change".to_owned(),
+                (false, 0) => "a reload would change nothing".to_owned(),
+                (false, n) => format!("a reload would make {}", count(n, "change", "changes")),
+            };
+            println!(
+                "{}: {summary} (against {} at {url})",
+                file.display(),
+                check.file
+            );
+            Ok(!check.refused)
+        }
+        Command::Config(ConfigCommand::Check { file, .. }) => {
             // Read here rather than through `config::load` so that a file
             // that cannot be read is berth failing to run (exit 2), not a
             // problem found in the config (exit 1).

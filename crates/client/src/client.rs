@@ -233,6 +233,19 @@ impl Client {
             .await
     }
 
+    /// `POST /v1/config/check` (admin): what reading `text` as the config
+    /// file would change in the running berth.
+    pub async fn check_config(&self, text: String) -> Result<types::ConfigCheck, Error> {
+        let body = types::ConfigText { text };
+        self.call(
+            reqwest::Method::POST,
+            &["config", "check"],
+            &[],
+            Some(&body),
+        )
+        .await
+    }
+
     /// `GET /v1/labels`.
     pub async fn labels(&self) -> Result<Vec<types::Label>, Error> {
         self.call(reqwest::Method::GET, &["labels"], &[], None::<&()>)

@@ -21,6 +21,7 @@ mod locate;
 mod parse;
 mod problem;
 mod providers;
+mod reload;
 mod sandbox;
 mod settings;
 mod store;
@@ -43,6 +44,7 @@ pub use interpolate::interpolate_json;
 pub use locate::locate;
 pub use parse::{base_dir, load, parse};
 pub use problem::{ConfigErrors, Location, Problem};
+pub use reload::{Difference, differences};
 pub use sandbox::{
     AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret, canonical_ip,
 };

@@ -1101,3 +1101,55 @@ fn a_pinned_file_with_other_bytes_is_a_problem_naming_both_digests() {
         problems[0].message
     );
 }
+
+/// What a reload of GOOD edited would change: each key with old and new,
+/// live or not; secrets said to have changed, never shown.
+#[test]
+fn a_reload_names_each_difference_and_whether_it_can_change_live() {
+    let parsed = |text: &str| parse(text, Path::new("/etc/berth"), &env).expect("valid");
+    let running = parsed(GOOD);
+    assert!(differences(&running, &running).is_empty());
+    let edited = GOOD
+        .replace("pool-id = \"ci\"", "pool-id = \"cd\"")
+        .replace("sync-interval = \"30s\"", "sync-interval = \"1500ms\"")
+        .replace("min-ready = 2", "min-ready = 5")
+        .replace("rate = 2.5", "rate = 4")
+        .replace("${SIM_TOKEN}", "${CI_TOKEN}")
+        + r#"
+[labels.small]
+[labels.small.providers.sim-a]
+instance-type = "small"
+image = "ubuntu"
+vcpus = 1
+ram = "1GiB"
+"#;
+    let got: Vec<String> = (differences(&running, &parsed(&edited)).iter())
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "pool-id: ci → cd (cannot change while berth runs: restart it)",
+            "sync-interval: 30s → 1500ms",
+            "providers.sim-a.rate: 2.5 → 4",
+            // Its default follows the rate.
+            "providers.sim-a.burst: 3 → 4",
+            "providers.sim-a.config: changed",
+            "labels.big.min-ready: 2 → 5",
+            "labels.small: added",
+        ],
+        "{got:#?}"
+    );
+    assert!(
+        !got.iter()
+            .any(|l| l.contains("s3cret") || l.contains("ci-token"))
+    );
+    let removed = GOOD.replace("[labels.slot]\nslots = 4\nbacking-label = \"big\"\n", "");
+    let got: Vec<String> = (differences(&running, &parsed(&removed)).iter())
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        got,
+        ["labels.slot: removed: it is asked for no more, and its nodes go once idle"]
+    );
+}

@@ -309,6 +309,7 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
     };
     let telemetry = Arc::new(Telemetry::new(&settings.pool));
     let api_settings = settings.api.clone();
+    let running = (options.config.clone()).map(|file| (file, Arc::new(settings.clone())));
     let service = runtime::start(
         settings,
         StartOptions {
@@ -322,6 +323,9 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
     )
     .await?;
     let api = Api::new(service.handle.clone(), telemetry.clone(), api_settings);
+    if let Some((file, settings)) = running {
+        api.config_file(file, settings);
+    }
     Ok(Started {
         service,
         api,

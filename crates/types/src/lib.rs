@@ -423,6 +423,43 @@ pub struct Driver {
     pub previous_sha256: Option<String>,
 }
 
+/// `POST /v1/config/check`: a config file's text, to compare with the one
+/// berth runs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigText {
+    /// The whole file, as TOML.
+    pub text: String,
+}
+
+/// What reading a config file again would change in the running berth.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ConfigCheck {
+    /// The file berth runs, whose directory anchors the text's relative
+    /// paths.
+    pub file: String,
+    /// Every difference, in the file's order.
+    pub differences: Vec<ConfigDifference>,
+    /// What is wrong with the text, each as `path: message` (nothing
+    /// changes while there is any).
+    pub problems: Vec<String>,
+    /// Whether a reload of this text would be refused whole: a problem, or
+    /// a difference that cannot change while berth runs.
+    pub refused: bool,
+}
+
+/// One difference between the running config and a file's.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ConfigDifference {
+    /// The dotted key (`labels.small.min-ready`), or a table added or
+    /// removed (`providers.sim`).
+    pub key: String,
+    /// `2 → 4`, `added`, `removed`, or `changed` for what may hold a secret.
+    pub what: String,
+    /// Whether it can change while berth runs.
+    pub live: bool,
+}
+
 /// A driver reload that failed: the file was refused, and the provider
 /// goes on with the driver it runs.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]

@@ -66,6 +66,7 @@ pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<super::state::Api> 
         .routes(routes!(drivers))
         .routes(routes!(reload_drivers))
         .routes(routes!(rollback_driver))
+        .routes(routes!(check_config))
         .routes(routes!(renew_lease))
 }
 

@@ -37,6 +37,9 @@ pub(super) struct Inner {
     /// every connection and health checks and admin calls always find
     /// room ([`Api::limit_waits`]). Without a limit, unbounded.
     pub(super) waits: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
+    /// The config file berth runs and its settings as read at start; unset
+    /// for the embedded default and for embedders that give none.
+    pub(super) config: std::sync::OnceLock<(std::path::PathBuf, Arc<berth_config::Settings>)>,
 }
 
 impl Api {
@@ -53,6 +56,7 @@ impl Api {
                 stopping: AtomicBool::new(false),
                 relay: Relay::new(),
                 waits: std::sync::OnceLock::new(),
+                config: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -62,6 +66,12 @@ impl Api {
     /// ended. Set once, by the server that knows its connection cap.
     pub fn limit_waits(&self, n: usize) {
         let _ = (self.inner.waits).set(Arc::new(tokio::sync::Semaphore::new(n)));
+    }
+
+    /// The config file berth runs, and its settings as read at start:
+    /// what `POST /v1/config/check` compares a file with. Set once.
+    pub fn config_file(&self, file: std::path::PathBuf, settings: Arc<berth_config::Settings>) {
+        let _ = self.inner.config.set((file, settings));
     }
 
     /// `[api]`: tokens and limits.

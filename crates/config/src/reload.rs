@@ -1,0 +1,343 @@
+//! What reading the config file again would change in a running berth: each
+//! difference between the running settings and the new file's, by its
+//! dotted key, and whether it can change while berth runs. What cannot
+//! (the pool's id, the store, where the API listens) makes a reload refused
+//! as a whole. Secrets are never shown: a driver's config and credentials
+//! and an API token are said to have changed, never what they hold.
+
+use std::fmt;
+use std::time::Duration;
+
+use berth_core::config::{Label, LabelKind, Provider, Readiness};
+
+use crate::settings::{DriverSettings, Settings};
+use crate::walker::join;
+
+/// One difference between the running settings and a new file's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Difference {
+    /// The dotted key (`labels.small.min-ready`), or the table added or
+    /// removed (`providers.sim`).
+    pub key: String,
+    /// What changed: `2 → 4`, `added`, `removed`, `changed`.
+    pub what: String,
+    /// Whether a running berth takes it without a restart.
+    pub live: bool,
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.what)?;
+        if !self.live {
+            f.write_str(" (cannot change while berth runs: restart it)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every difference a reload from `running` to `new` would make, in the
+/// file's order: top level, `[api]`, `[store]`, providers, labels.
+pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
+    let mut d = Diff(Vec::new());
+    let (a, b) = (&running.pool, &new.pool);
+    d.field("pool-id", &a.pool_id, &b.pool_id, false);
+    d.field("state-dir", &running.state_dir, &new.state_dir, false);
+    d.field("plugins-dir", &running.plugins_dir, &new.plugins_dir, true);
+    let (t, u) = (&a.timings, &b.timings);
+    d.field("sync-interval", &t.sync_interval, &u.sync_interval, true);
+    d.field(
+        "boot-poll-interval",
+        &t.boot_poll_interval,
+        &u.boot_poll_interval,
+        true,
+    );
+    d.field("leak-grace", &t.leak_grace, &u.leak_grace, true);
+    d.field("delete-retry", &t.delete_retry, &u.delete_retry, true);
+    d.field(
+        "missing-confirm",
+        &t.missing_confirm,
+        &u.missing_confirm,
+        true,
+    );
+    d.field("quota-pause", &t.quota_pause, &u.quota_pause, true);
+    d.field("capacity-pause", &t.capacity_pause, &u.capacity_pause, true);
+    d.field("history", &t.history, &u.history, true);
+
+    let (x, y) = (&running.api, &new.api);
+    d.field("api.listen", &x.listen, &y.listen, false);
+    d.field("api.advertise", &x.advertise, &y.advertise, false);
+    d.field(
+        "api.max-connections",
+        &x.max_connections,
+        &y.max_connections,
+        false,
+    );
+    d.field(
+        "api.header-timeout",
+        &x.header_timeout,
+        &y.header_timeout,
+        false,
+    );
+    d.field("api.body-timeout", &x.body_timeout, &y.body_timeout, false);
+    d.field(
+        "api.lease-ttl",
+        &a.requestor_lease_ttl,
+        &b.requestor_lease_ttl,
+        true,
+    );
+    let tokens = |s: &Settings| -> Vec<(String, String, String)> {
+        (s.api.tokens.iter())
+            .map(|t| (t.name.clone(), format!("{:?}", t.role), t.secret.clone()))
+            .collect()
+    };
+    d.secret("api.tokens", tokens(running) != tokens(new), true);
+
+    let (s, r) = (&running.store, &new.store);
+    d.field(
+        "store.sync",
+        &format!("{:?}", s.sync),
+        &format!("{:?}", r.sync),
+        false,
+    );
+    let url = |p: &Option<crate::Postgres>| p.as_ref().map(|p| p.url.clone());
+    d.field("store.url", &url(&s.postgres), &url(&r.postgres), false);
+    let ttl = |p: &Option<crate::Postgres>| p.as_ref().map(|p| p.pool_lease_ttl);
+    d.field(
+        "store.pool-lease-ttl",
+        &ttl(&s.postgres),
+        &ttl(&r.postgres),
+        false,
+    );
+    let ca = |p: &Option<crate::Postgres>| p.as_ref().and_then(|p| p.ca_file.clone());
+    d.field("store.ca-file", &ca(&s.postgres), &ca(&r.postgres), false);
+
+    for (p, driver) in a.providers.iter().zip(&running.drivers) {
+        let key = join("providers", &p.name);
+        match b.provider(&p.name) {
+            None => d.table(
+                key,
+                "removed: it takes no new nodes, and goes once its nodes are deleted",
+            ),
+            Some(ix) => d.provider(&key, (p, driver), (&b.providers[ix.0 as usize], &new[ix])),
+        }
+    }
+    for p in b.providers.iter().filter(|p| a.provider(&p.name).is_none()) {
+        d.table(join("providers", &p.name), "added");
+    }
+    for l in &a.labels {
+        let key = join("labels", &l.name);
+        match b.label(&l.name) {
+            None => d.table(
+                key,
+                "removed: it is asked for no more, and its nodes go once idle",
+            ),
+            Some(ix) => d.label(&key, (running, l), (new, &b.labels[ix.0 as usize])),
+        }
+    }
+    for l in b.labels.iter().filter(|l| a.label(&l.name).is_none()) {
+        d.table(join("labels", &l.name), "added");
+    }
+    d.0
+}
+
+struct Diff(Vec<Difference>);
+
+impl Diff {
+    fn field<T: Shown + PartialEq + ?Sized>(&mut self, key: &str, old: &T, new: &T, live: bool) {
+        if old != new {
+            self.0.push(Difference {
+                key: key.to_owned(),
+                what: format!("{} → {}", old.shown(), new.shown()),
+                live,
+            });
+        }
+    }
+
+    /// A value that may hold a secret: only whether it changed.
+    fn secret(&mut self, key: &str, changed: bool, live: bool) {
+        if changed {
+            self.0.push(Difference {
+                key: key.to_owned(),
+                what: "changed".into(),
+                live,
+            });
+        }
+    }
+
+    fn table(&mut self, key: String, what: &str) {
+        self.0.push(Difference {
+            key,
+            what: what.into(),
+            live: true,
+        });
+    }
+
+    fn provider(
+        &mut self,
+        key: &str,
+        (p, d): (&Provider, &DriverSettings),
+        (q, e): (&Provider, &DriverSettings),
+    ) {
+        let k = |name: &str| join(key, name);
+        self.field(&k("driver"), &d.driver_name, &e.driver_name, true);
+        self.field(
+            &k("driver-sha256"),
+            &d.driver_sha256,
+            &e.driver_sha256,
+            true,
+        );
+        self.field(&k("priority"), &p.priority, &q.priority, true);
+        self.field(&k("rate"), &p.rate, &q.rate, true);
+        self.field(&k("burst"), &p.burst, &q.burst, true);
+        self.field(&k("max-concurrent-calls"), &p.max_calls, &q.max_calls, true);
+        let (l, m) = (&p.limits, &q.limits);
+        self.field(
+            &k("limits.max-instances"),
+            &l.max_instances,
+            &m.max_instances,
+            true,
+        );
+        self.field(&k("limits.max-cores"), &l.max_cores, &m.max_cores, true);
+        self.field(&k("limits.max-ram"), &l.max_ram_mib, &m.max_ram_mib, true);
+        self.secret(&k("config"), d.driver_config != e.driver_config, true);
+        let hosts = |d: &DriverSettings| format!("{:?}", d.allowed_hosts);
+        self.field(&k("allow-hosts"), &hosts(d), &hosts(e), true);
+        let credentials = |d: &DriverSettings| format!("{:?}", d.credentials);
+        self.secret(&k("credentials"), credentials(d) != credentials(e), true);
+        let sandbox = |d: &DriverSettings| format!("{:?}", d.sandbox);
+        self.secret(&k("sandbox"), sandbox(d) != sandbox(e), true);
+    }
+
+    fn label(&mut self, key: &str, (s, l): (&Settings, &Label), (t, m): (&Settings, &Label)) {
+        let k = |name: &str| join(key, name);
+        self.field(&k("min-ready"), &l.min_ready, &m.min_ready, true);
+        self.field(
+            &k("max-ready-age"),
+            &l.max_ready_age,
+            &m.max_ready_age,
+            true,
+        );
+        self.field(&k("boot-timeout"), &l.boot_timeout, &m.boot_timeout, true);
+        self.field(
+            &k("launch-retries"),
+            &l.launch_retries,
+            &m.launch_retries,
+            true,
+        );
+        self.field(&k("idle-timeout"), &l.idle_timeout, &m.idle_timeout, true);
+        self.field(&k("reuse"), &l.reuse, &m.reuse, true);
+        self.field(&k("ready"), &l.ready, &m.ready, true);
+        match (&l.kind, &m.kind) {
+            (LabelKind::Machine { offers: o }, LabelKind::Machine { offers: n }) => {
+                // Offers by provider name: indexes differ between files.
+                let by_name = |s: &Settings, offers: &[berth_core::config::Offer]| {
+                    let mut v: Vec<(String, String)> = (offers.iter())
+                        .map(|o| {
+                            let name = s.pool.providers[o.provider.0 as usize].name.clone();
+                            let shown = format!(
+                                "{} {} {} {} {} {}",
+                                o.instance_type, o.image, o.options, o.vcpus, o.ram_mib, o.price
+                            );
+                            (name, shown)
+                        })
+                        .collect();
+                    v.sort();
+                    v
+                };
+                let (o, n) = (by_name(s, o), by_name(t, n));
+                for (provider, offer) in &o {
+                    let key = join(&k("providers"), provider);
+                    match n.iter().find(|(p, _)| p == provider) {
+                        None => self.table(key, "removed"),
+                        Some((_, new)) if new != offer => self.table(key, "changed"),
+                        Some(_) => {}
+                    }
+                }
+                for (provider, _) in n.iter().filter(|(p, _)| !o.iter().any(|(q, _)| q == p)) {
+                    self.table(join(&k("providers"), provider), "added");
+                }
+            }
+            (
+                LabelKind::Slots {
+                    slots,
+                    backing,
+                    grace_time,
+                },
+                LabelKind::Slots {
+                    slots: slots2,
+                    backing: backing2,
+                    grace_time: grace2,
+                },
+            ) => {
+                self.field(&k("slots"), slots, slots2, true);
+                let (b, c) = (
+                    &s.pool.labels[backing.0 as usize].name,
+                    &t.pool.labels[backing2.0 as usize].name,
+                );
+                self.field(&k("backing-label"), b, c, true);
+                self.field(&k("grace-time"), grace_time, grace2, true);
+            }
+            _ => self.table(
+                k("slots"),
+                "a machine label became a slot label, or the other way",
+            ),
+        }
+    }
+}
+
+/// A value as a difference shows it.
+trait Shown {
+    fn shown(&self) -> String;
+}
+
+macro_rules! shown_by_display {
+    ($($t:ty),*) => {$(
+        impl Shown for $t {
+            fn shown(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+shown_by_display!(
+    u16,
+    u32,
+    u64,
+    i32,
+    usize,
+    f64,
+    bool,
+    String,
+    str,
+    std::net::SocketAddr
+);
+
+impl Shown for Duration {
+    /// As the file writes it: `90s`, `1500ms`.
+    fn shown(&self) -> String {
+        if self.subsec_millis() == 0 {
+            format!("{}s", self.as_secs())
+        } else {
+            format!("{}ms", self.as_millis())
+        }
+    }
+}
+
+impl Shown for std::path::PathBuf {
+    fn shown(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+impl Shown for Readiness {
+    fn shown(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl<T: Shown> Shown for Option<T> {
+    fn shown(&self) -> String {
+        self.as_ref()
+            .map_or_else(|| "none".to_owned(), Shown::shown)
+    }
+}
