@@ -198,7 +198,11 @@ async fn a_bad_new_file_leaves_the_running_driver_serving() {
             "loading it",
         ),
         ("the wrong contract", wrong_contract, "loading it"),
-        ("a trap in configure", traps, "starting the new driver"),
+        (
+            "a trap in configure",
+            traps.clone(),
+            "starting the new driver",
+        ),
     ];
     for (what, file, says) in cases {
         let sha = sha256(&file);
@@ -215,6 +219,11 @@ async fn a_bad_new_file_leaves_the_running_driver_serving() {
         Some(1.0),
         "{metrics}"
     );
+    // `berth drivers` says so too, with the refused file's digest.
+    let cli = ["drivers", "--server", server.base.as_str(), "--token", OPS];
+    let ran = run_berth(cli, &[]).await;
+    let refused = format!("{} refused: starting the new driver", &sha256(&traps)[..12]);
+    assert!(ran.success() && ran.stdout.contains(&refused), "{ran}");
 
     // A copy still being written: half of a new build, in place. It is
     // refused; once the copy ends the whole file loads.

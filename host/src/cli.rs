@@ -617,6 +617,10 @@ fn render_drivers(drivers: Vec<types::Driver>) -> String {
             ("LOADED", |d| millis(d.load_ms)),
             ("FROM", |d| d.loaded_from.clone()),
             ("PROVIDERS", |d| d.providers.join(",")),
+            ("RELOAD", |d| match &d.reload_error {
+                Some(e) => format!("{} refused: {}", short(&Some(e.sha256.clone())), e.error),
+                None => "-".into(),
+            }),
         ],
     )
 }
