@@ -420,7 +420,8 @@ impl Telemetry {
             driver_reloads: register(
                 r,
                 "berth_driver_reloads",
-                "Driver reloads of a provider, by outcome (switched: it runs the new file's driver;                  failed: the file was refused and it goes on with the driver it ran)",
+                "Driver reloads of a provider, by outcome (switched: it runs the new file's driver; \
+                 failed: the file was refused and it goes on with the driver it ran)",
                 Family::default(),
             ),
             driver_reload_failing: register(

@@ -648,3 +648,32 @@ fn regression_a_trapped_create_for_a_request_is_a_leak_not_in_quarantine() {
     };
     run(&ops, &cloud).unwrap();
 }
+
+/// A case the property test found (2026-11-29, 2,323 cases in): a signed
+/// instance left in quarantine after quiet time, with no rate limit in
+/// play. Kept as it shrank; ignored until mended (see the test's message).
+#[test]
+#[ignore = "found 2026-11-29: a signed instance stays in quarantine; not mended yet"]
+fn regression_signed_instance_left_in_quarantine() {
+    use Op::*;
+    let ops = vec![
+        Submit(vec![(0, 1)], 0, 0),
+        Deliver(Index(0)),
+        Advance(81383),
+        Fault(0, Call::Create, FaultKind::Capacity, 3),
+        Submit(vec![(1, 1)], 0, 0),
+        Fault(0, Call::Delete, FaultKind::Transient, 1),
+        Fault(0, Call::Create, FaultKind::Trap { reached: true }, 2),
+        Submit(vec![(2, 1)], 0, 0),
+        Fault(0, Call::Create, FaultKind::Quota, 1),
+        Advance(13000),
+    ];
+    let cloud = Cloudiness {
+        latency_ms: 1500,
+        reach_late: false,
+        boot_ms: 0,
+        linger_ms: 0,
+        batches: false,
+    };
+    run(&ops, &cloud).unwrap();
+}

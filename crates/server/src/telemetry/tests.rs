@@ -114,6 +114,10 @@ const DESCRIBED: &str = "\
 # TYPE berth_sandbox_denied counter
 # HELP berth_credential_exchanges Reads and token exchanges of a provider's credentials, by host and outcome (ok, failed, after_401: made early because a host answered 401, replayed: requests sent again with the new token).
 # TYPE berth_credential_exchanges counter
+# HELP berth_driver_reloads Driver reloads of a provider, by outcome (switched: it runs the new file's driver; failed: the file was refused and it goes on with the driver it ran).
+# TYPE berth_driver_reloads counter
+# HELP berth_driver_reload_failing 1 while a provider's last driver reload failed (see reload_error in /v1/drivers), 0 otherwise.
+# TYPE berth_driver_reload_failing gauge
 # EOF
 ";
 
@@ -227,6 +231,14 @@ fn fed() -> Telemetry {
         outcome: "ok",
     };
     t.credential_exchanges.get_or_create(&exchanged).inc_by(2);
+    let switched = ByReload {
+        provider: "p0".into(),
+        outcome: "switched",
+    };
+    t.driver_reloads.get_or_create(&switched).inc();
+    (t.driver_reload_failing)
+        .get_or_create(&ByProvider::new("p0"))
+        .set(0.0);
     t
 }
 
