@@ -108,11 +108,21 @@ impl Pool {
                 n.id
             ));
         }
-        // A node the store knows that never held this instance: the try
-        // that made it was given up before anything could be handed out on
-        // it (a node launched for a request carries `berth-request` from
-        // its create), so the tag claims nothing.
-        let never_held = known.is_some_and(|n| n.instance.as_deref() != Some(inst.id.as_str()));
+        // A node the store knows that never held this instance, or whose
+        // launch was given up (gone, aborted: never handed out): the try
+        // that made it ended before anything could be handed out on it (a
+        // node launched for a request carries `berth-request` from its
+        // create), so the tag claims nothing.
+        let never_held = known.is_some_and(|n| {
+            n.instance.as_deref() != Some(inst.id.as_str())
+                || matches!(
+                    n.state,
+                    NodeState::Gone {
+                        reason: GoneReason::Aborted,
+                        ..
+                    }
+                )
+        });
         if !never_held && let Some(r) = self.handed_out_unknown(inst, node) {
             return Some(format!(
                 "it is tagged as handed out to request {}, which the store does not have it handed to",
