@@ -483,6 +483,28 @@ pub(super) struct DriverFile {
     pub(super) sha256: Option<String>,
 }
 
+impl DriverFile {
+    /// The file's bytes, read from inside its plugins directory only (on a
+    /// blocking thread), if it holds at most `max` of them.
+    pub(super) async fn read(&self, max: u64) -> Result<Vec<u8>, String> {
+        let (dir, name) = (self.plugins_dir.clone(), self.name.clone());
+        tokio::task::spawn_blocking(move || berth_config::read_driver(&dir, &name, max))
+            .await
+            .map_err(|e| format!("reading {}: {e}", self.path.display()))?
+            .map_err(|e| e.to_string())
+    }
+
+    /// Why bytes of sha256 `got` may not run as this provider's driver,
+    /// if its `driver-sha256` pins other bytes.
+    pub(super) fn refuses(&self, got: &str) -> Option<String> {
+        let pin = self.sha256.as_deref().filter(|pin| *pin != got)?;
+        Some(format!(
+            "its driver file {} has sha256 {got}, not the {pin} driver-sha256 pins; refused, and none of it runs",
+            self.path.display()
+        ))
+    }
+}
+
 /// Loads the driver and starts the provider's first instance, again and
 /// again with backoff until it works.
 async fn keep_starting(
@@ -546,13 +568,8 @@ async fn start_one(
             // Read from inside the plugins directory only; the loader
             // compares the pin with these bytes before it compiles or runs
             // any of them.
-            let (dir, inside) = (file.plugins_dir.clone(), file.name.clone());
-            let max = limits.max_file_bytes;
-            let bytes =
-                tokio::task::spawn_blocking(move || berth_config::read_driver(&dir, &inside, max))
-                    .await
-                    .map_err(|e| format!("reading its driver: {e}"))?
-                    .map_err(|e| format!("loading its driver: {e}"))?;
+            let bytes = (file.read(limits.max_file_bytes).await)
+                .map_err(|e| format!("loading its driver: {e}"))?;
             (loader.engine)
                 .load_bytes(path.clone(), bytes, limits, pinned)
                 .await
@@ -562,14 +579,8 @@ async fn start_one(
         .clone();
     // Loaded before for another provider of the same file, unpinned or
     // pinned to other bytes: this provider's pin is checked on those.
-    if let Some(pin) = pinned
-        && driver.sha256() != pin
-    {
-        return Err(format!(
-            "its driver {} has sha256 {}, not the {pin} driver-sha256 pins; refused",
-            path.display(),
-            driver.sha256()
-        ));
+    if let Some(refused) = file.refuses(driver.sha256()) {
+        return Err(refused);
     }
     let provider = Sandbox::start(&driver, config);
     provider

@@ -124,7 +124,7 @@ impl Providers {
             let limits = LoadLimits::from(&config.limits);
             let path = &file.path;
             if !read.contains_key(path) {
-                let bytes = read_inside(file, limits.max_file_bytes).await;
+                let bytes = file.read(limits.max_file_bytes).await;
                 let digested = bytes.map(|b| (hex::encode(Sha256::digest(&b)), b));
                 read.insert(path.clone(), digested);
             }
@@ -154,13 +154,7 @@ impl Providers {
                 out.push((slot.name.clone(), Reloaded::PassedOver { sha256, running }));
                 continue;
             }
-            if let Some(pin) = &file.sha256
-                && pin != sha256
-            {
-                let error = format!(
-                    "its driver file {} has sha256 {sha256}, not the {pin} driver-sha256 pins; refused before any of it was compiled or run",
-                    path.display()
-                );
+            if let Some(error) = file.refuses(sha256) {
                 out.push((slot.name.clone(), slot.failed(&running, sha256, error)));
                 continue;
             }
@@ -376,16 +370,6 @@ impl Slot {
             error,
         }
     }
-}
-
-/// The provider's driver file, read from inside its plugins directory
-/// only, if it holds at most `max` bytes.
-async fn read_inside(file: &super::DriverFile, max: u64) -> Result<Vec<u8>, String> {
-    let (dir, name) = (file.plugins_dir.clone(), file.name.clone());
-    tokio::task::spawn_blocking(move || berth_config::read_driver(&dir, &name, max))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
 }
 
 /// The first wait before a reload after one failed; it doubles up to
