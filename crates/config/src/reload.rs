@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use berth_core::config::{Label, LabelKind, Provider, Readiness};
+use berth_core::config::{Config, Label, LabelIx, LabelKind, Provider, ProviderIx, Readiness};
 
 use crate::settings::{DriverSettings, Settings};
 use crate::walker::join;
@@ -42,7 +42,9 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
     let (a, b) = (&running.pool, &new.pool);
     d.field("pool-id", &a.pool_id, &b.pool_id, false);
     d.field("state-dir", &running.state_dir, &new.state_dir, false);
-    d.field("plugins-dir", &running.plugins_dir, &new.plugins_dir, true);
+    // Driver files and their settings are not yet taken live (the
+    // providers' sandboxes would start again on them).
+    d.field("plugins-dir", &running.plugins_dir, &new.plugins_dir, false);
     let (t, u) = (&a.timings, &b.timings);
     d.field("sync-interval", &t.sync_interval, &u.sync_interval, true);
     d.field(
@@ -140,6 +142,114 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
     d.0
 }
 
+/// The new file's settings arranged for the berth running `running`, or
+/// every reason the reload is refused as a whole.
+///
+/// A running pool, its store and its nodes know labels and providers by
+/// index, so the arranged settings keep the running ones' indexes: labels
+/// the running file has keep their places, and labels added follow, in the
+/// new file's order (a slot label's `backing-label` follows its label);
+/// providers are put in the running order, with every offer following its
+/// provider. Refused: anything that cannot change while berth runs (see
+/// [`differences`]), and, not yet taken live, providers added or removed
+/// and labels removed.
+pub fn align(running: &Settings, new: Settings) -> Result<Settings, Vec<String>> {
+    let mut refused: Vec<String> = (differences(running, &new).iter())
+        .filter(|d| !d.live)
+        .map(ToString::to_string)
+        .collect();
+    let (a, b) = (&running.pool, &new.pool);
+    for p in &a.providers {
+        if b.provider(&p.name).is_none() {
+            refused.push(format!(
+                "{}: removed: a provider is not yet removed while berth runs: restart it",
+                join("providers", &p.name)
+            ));
+        }
+    }
+    for p in b.providers.iter().filter(|p| a.provider(&p.name).is_none()) {
+        refused.push(format!(
+            "{}: added: a provider is not yet added while berth runs: restart it",
+            join("providers", &p.name)
+        ));
+    }
+    for l in &a.labels {
+        let key = join("labels", &l.name);
+        let Some(m) = b.label(&l.name).map(|ix| &b[ix]) else {
+            refused.push(format!(
+                "{key}: removed: a label is not yet removed while berth runs: restart it"
+            ));
+            continue;
+        };
+        let backing = |c: &Config, l: &Label| match &l.kind {
+            LabelKind::Machine { .. } => None,
+            LabelKind::Slots { backing, .. } => Some(c[*backing].name.clone()),
+        };
+        if backing(a, l) != backing(b, m) {
+            refused.push(format!(
+                "{key}: its kind or backing label changed: not yet while berth runs: restart it"
+            ));
+        }
+    }
+    if !refused.is_empty() {
+        return Err(refused);
+    }
+    // Where each of the new file's providers and labels goes.
+    let provider_at: Vec<ProviderIx> = (b.providers.iter())
+        .map(|p| a.provider(&p.name).expect("every provider runs"))
+        .collect();
+    let mut label_order: Vec<usize> = (a.labels.iter())
+        .map(|l| b.label(&l.name).expect("no label removed").0 as usize)
+        .collect();
+    label_order.extend((0..b.labels.len()).filter(|&i| a.label(&b.labels[i].name).is_none()));
+    let mut label_at = vec![LabelIx(0); b.labels.len()];
+    for (to, &from) in label_order.iter().enumerate() {
+        label_at[from] = LabelIx(u16::try_from(to).expect("labels fit their index"));
+    }
+
+    let Settings {
+        pool,
+        state_dir,
+        plugins_dir,
+        drivers,
+        api,
+        store,
+    } = new;
+    let mut providers: Vec<Option<(Provider, DriverSettings)>> = vec![None; provider_at.len()];
+    for ((p, d), to) in pool.providers.into_iter().zip(drivers).zip(&provider_at) {
+        providers[to.0 as usize] = Some((p, d));
+    }
+    let (providers, drivers): (Vec<Provider>, Vec<DriverSettings>) =
+        providers.into_iter().flatten().unzip();
+    let mut labels: Vec<Option<Label>> = pool.labels.into_iter().map(Some).collect();
+    let labels = (label_order.iter())
+        .map(|&from| {
+            let mut l = labels[from].take().expect("each label once");
+            match &mut l.kind {
+                LabelKind::Machine { offers } => {
+                    for o in offers {
+                        o.provider = provider_at[o.provider.0 as usize];
+                    }
+                }
+                LabelKind::Slots { backing, .. } => *backing = label_at[backing.0 as usize],
+            }
+            l
+        })
+        .collect();
+    Ok(Settings {
+        pool: Config {
+            providers,
+            labels,
+            ..pool
+        },
+        state_dir,
+        plugins_dir,
+        drivers,
+        api,
+        store,
+    })
+}
+
 struct Diff(Vec<Difference>);
 
 impl Diff {
@@ -179,12 +289,12 @@ impl Diff {
         (q, e): (&Provider, &DriverSettings),
     ) {
         let k = |name: &str| join(key, name);
-        self.field(&k("driver"), &d.driver_name, &e.driver_name, true);
+        self.field(&k("driver"), &d.driver_name, &e.driver_name, false);
         self.field(
             &k("driver-sha256"),
             &d.driver_sha256,
             &e.driver_sha256,
-            true,
+            false,
         );
         self.field(&k("priority"), &p.priority, &q.priority, true);
         self.field(&k("rate"), &p.rate, &q.rate, true);
@@ -199,13 +309,13 @@ impl Diff {
         );
         self.field(&k("limits.max-cores"), &l.max_cores, &m.max_cores, true);
         self.field(&k("limits.max-ram"), &l.max_ram_mib, &m.max_ram_mib, true);
-        self.secret(&k("config"), d.driver_config != e.driver_config, true);
+        self.secret(&k("config"), d.driver_config != e.driver_config, false);
         let hosts = |d: &DriverSettings| format!("{:?}", d.allowed_hosts);
-        self.field(&k("allow-hosts"), &hosts(d), &hosts(e), true);
+        self.field(&k("allow-hosts"), &hosts(d), &hosts(e), false);
         let credentials = |d: &DriverSettings| format!("{:?}", d.credentials);
-        self.secret(&k("credentials"), credentials(d) != credentials(e), true);
+        self.secret(&k("credentials"), credentials(d) != credentials(e), false);
         let sandbox = |d: &DriverSettings| format!("{:?}", d.sandbox);
-        self.secret(&k("sandbox"), sandbox(d) != sandbox(e), true);
+        self.secret(&k("sandbox"), sandbox(d) != sandbox(e), false);
     }
 
     fn label(&mut self, key: &str, (s, l): (&Settings, &Label), (t, m): (&Settings, &Label)) {

@@ -1134,7 +1134,8 @@ ram = "1GiB"
             "providers.sim-a.rate: 2.5 → 4",
             // Its default follows the rate.
             "providers.sim-a.burst: 3 → 4",
-            "providers.sim-a.config: changed",
+            // Not yet live: a driver's settings.
+            "providers.sim-a.config: changed (cannot change while berth runs: restart it)",
             "labels.big.min-ready: 2 → 5",
             "labels.small: added",
         ],
@@ -1151,5 +1152,84 @@ ram = "1GiB"
     assert_eq!(
         got,
         ["labels.slot: removed: it is asked for no more, and its nodes go once idle"]
+    );
+}
+
+/// A reload's settings keep the running labels' and providers' indexes,
+/// whatever order the new file writes them in; what cannot change live,
+/// and what is not yet taken live, refuses the reload as a whole.
+#[test]
+fn a_reload_keeps_running_indexes_or_is_refused_with_every_reason() {
+    let parsed = |text: &str| parse(text, Path::new("/etc/berth"), &env).expect("valid");
+    let with_b = |text: &str| {
+        text.replace(
+            "[labels.big]\n",
+            "[providers.sim-b]\ndriver = \"sim.wasm\"\n\n[labels.big]\n",
+        ) + "[labels.big.providers.sim-b]\ninstance-type = \"b\"\nimage = \"u\"\nvcpus = 1\nram = \"1GiB\"\n"
+    };
+    let running = parsed(&with_b(GOOD));
+    // The new file: sim-b first, a label `small` before the others, and
+    // the slot label before its backing label.
+    let small = "[labels.small]\nmin-ready = 3\n[labels.small.providers.sim-b]\n\
+                 instance-type = \"s\"\nimage = \"u\"\nvcpus = 1\nram = \"1GiB\"\n\n";
+    let slot = "[labels.slot]\nslots = 4\nbacking-label = \"big\"\n";
+    let text = with_b(GOOD).replace(slot, "");
+    let b_table = "[providers.sim-b]\ndriver = \"sim.wasm\"\n\n";
+    let text = text.replace(b_table, "").replace(
+        "[providers.sim-a]",
+        &format!("{b_table}{small}{slot}\n[providers.sim-a]"),
+    );
+    let new = parsed(&text);
+    assert_eq!(new.pool.labels[0].name, "small", "{text}");
+    assert_eq!(new.pool.providers[0].name, "sim-b", "{text}");
+
+    let aligned = align(&running, new).expect("a live change");
+    let names =
+        |s: &Settings| -> Vec<String> { s.pool.labels.iter().map(|l| l.name.clone()).collect() };
+    assert_eq!(names(&aligned), ["big", "slot", "small"]);
+    let providers: Vec<&str> = (aligned.pool.providers.iter())
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(providers, ["sim-a", "sim-b"]);
+    assert_eq!(aligned.pool.providers[0].rate, Some(2.5), "settings follow");
+    assert_eq!(aligned.drivers.len(), 2);
+    match &aligned.pool.labels[1].kind {
+        LabelKind::Slots { backing, .. } => assert_eq!(*backing, LabelIx(0)),
+        other => panic!("{other:?}"),
+    }
+    let offers = |ix: usize| match &aligned.pool.labels[ix].kind {
+        LabelKind::Machine { offers } => {
+            let mut v: Vec<(u16, String)> = (offers.iter())
+                .map(|o| (o.provider.0, o.instance_type.clone()))
+                .collect();
+            v.sort();
+            v
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(offers(0), [(0, "big".to_owned()), (1, "b".to_owned())]);
+    assert_eq!(offers(2), [(1, "s".to_owned())]);
+    assert_eq!(aligned.pool.labels[2].min_ready, 3);
+    assert!(differences(&aligned, &parsed(&text)).is_empty());
+
+    // Refused, with every reason at once.
+    let bad = with_b(GOOD)
+        .replace("pool-id = \"ci\"", "pool-id = \"cd\"")
+        .replace(slot, "")
+        .replace(
+            "[providers.sim-a]",
+            "[providers.sim-c]\ndriver = \"sim.wasm\"\n\n[providers.sim-a]",
+        );
+    let Err(why) = align(&running, parsed(&bad)) else {
+        panic!("refused")
+    };
+    assert_eq!(
+        why,
+        [
+            "pool-id: ci → cd (cannot change while berth runs: restart it)",
+            "providers.sim-c: added: a provider is not yet added while berth runs: restart it",
+            "labels.slot: removed: a label is not yet removed while berth runs: restart it",
+        ],
+        "{why:#?}"
     );
 }
