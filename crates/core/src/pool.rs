@@ -448,6 +448,69 @@ impl Pool {
         &self.config
     }
 
+    /// Takes a new config while running (a reload of the config file).
+    ///
+    /// It must keep the pool's id and the running labels and providers at
+    /// their indexes (`berth_config::align` arranges a file so): labels may
+    /// be added after them, and providers neither added nor removed. A
+    /// label keeps its kind and, for a slot label, its backing label.
+    /// Anything else is refused, and the pool keeps its config.
+    ///
+    /// From the next tick the pool decides with it: `min-ready`, limits,
+    /// offers, readiness, timeouts, rates, and new labels, which requests
+    /// may ask for at once. What was already set by the old one stays as
+    /// set: a boot timeout running, a pause, a timer due.
+    pub fn reconfigure(&mut self, config: Arc<Config>) -> Result<(), String> {
+        let old = &self.config;
+        if config.pool_id != old.pool_id {
+            return Err(format!(
+                "the pool's id cannot change while berth runs ({} → {})",
+                old.pool_id, config.pool_id
+            ));
+        }
+        let names =
+            |c: &Config| -> Vec<String> { c.providers.iter().map(|p| p.name.clone()).collect() };
+        if names(&config) != names(old) {
+            return Err(format!(
+                "the providers cannot change while berth runs ({:?} → {:?})",
+                names(old),
+                names(&config)
+            ));
+        }
+        for (i, l) in old.labels.iter().enumerate() {
+            let Some(m) = config.labels.get(i).filter(|m| m.name == l.name) else {
+                return Err(format!("label {} is not at its index", l.name));
+            };
+            let same_kind = match (&l.kind, &m.kind) {
+                (LabelKind::Machine { .. }, LabelKind::Machine { .. }) => true,
+                (LabelKind::Slots { backing: a, .. }, LabelKind::Slots { backing: b, .. }) => {
+                    a == b
+                }
+                _ => false,
+            };
+            if !same_kind {
+                return Err(format!(
+                    "label {} cannot change its kind or its backing label while berth runs",
+                    l.name
+                ));
+            }
+        }
+        for (rt, (p, q)) in
+            (self.ix.providers.iter_mut()).zip(old.providers.iter().zip(&config.providers))
+        {
+            if (p.rate, p.burst) != (q.rate, q.burst) {
+                rt.bucket = q.rate.map(|rate| Bucket::new(rate, q.burst));
+            }
+            rt.max_in_flight = q.max_calls.max(1);
+        }
+        let added = config.labels.len() - old.labels.len();
+        self.ix
+            .labels
+            .extend((0..added).map(|_| LabelRt::default()));
+        self.config = config;
+        Ok(())
+    }
+
     /// The store's identity the pool signs with.
     pub fn identity(&self) -> &Identity {
         &self.identity

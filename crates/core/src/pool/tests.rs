@@ -272,6 +272,74 @@ fn a_node_set_plans_its_most_constrained_label_first() {
     );
 }
 
+// ---- a new config while running --------------------------------------------
+
+/// A reload raises `min-ready` and adds a label: the pool prewarms up to
+/// the new figure, serves the new label at once, and keeps every node it
+/// had. A reload that moves a label or changes the providers is refused
+/// and changes nothing.
+#[test]
+fn a_new_config_is_taken_between_steps_and_keeps_every_node() {
+    let mut h = one(|c| a_mut(c).min_ready = 2);
+    settle(&mut h);
+    let ids = |h: &Harness| -> Vec<NodeId> { h.nodes("a", "ready").iter().map(|n| n.id).collect() };
+    let before = ids(&h);
+    assert_eq!(before.len(), 2);
+
+    let mut c = (*h.config).clone();
+    c.labels[0].min_ready = 4;
+    c.labels.push(machine("b", vec![offer(0, "tb")]));
+    c.labels[1].min_ready = 1;
+    c.providers[0].rate = Some(1.0);
+    c.providers[0].burst = 1;
+    let c = Arc::new(c);
+    h.pool.reconfigure(c.clone()).expect("a live change");
+    h.config = c;
+    let (from, calls) = (h.now, h.log.len());
+    h.advance(secs(10));
+    ok(&h);
+    assert_eq!(h.count("a", "ready"), 4, "min-ready raised");
+    assert_eq!(h.count("b", "ready"), 1, "the new label prewarmed");
+    let after = ids(&h);
+    assert!(before.iter().all(|n| after.contains(n)), "no node lost");
+    // The new rate: one call a second.
+    let times: Vec<Time> = (h.log[calls..].iter())
+        .filter(|(_, e)| matches!(e, Effect::Call(_)))
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(times.len() >= 3, "{times:?}");
+    assert!(
+        times.windows(2).all(|w| w[1] >= w[0] + secs(1)),
+        "{from:?}: {times:?}"
+    );
+    let r = h.submit(&[("b", 2)], 0);
+    h.advance(secs(10));
+    ok(&h);
+    assert!(h.fulfilled(r), "the new label served");
+
+    // Refused whole: a label moved, a provider renamed, a kind changed.
+    let config = h.pool.config().clone();
+    let mut moved = (*config).clone();
+    moved.labels.swap(0, 1);
+    let mut renamed = (*config).clone();
+    renamed.providers[0].name = "p1".into();
+    let mut kind = (*config).clone();
+    kind.labels[1] = slots("b", 0, 2);
+    for (bad, why) in [
+        (moved, "is not at its index"),
+        (renamed, "providers cannot change"),
+        (kind, "cannot change its kind"),
+    ] {
+        let err = h.pool.reconfigure(Arc::new(bad)).expect_err(why);
+        assert!(err.contains(why), "{err}");
+        assert!(
+            Arc::ptr_eq(h.pool.config(), &config),
+            "the running config stays"
+        );
+    }
+    settle(&mut h);
+}
+
 // ---- providers ------------------------------------------------------------
 
 /// What a provider is like in a provider-choice row.
