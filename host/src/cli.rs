@@ -73,6 +73,9 @@ pub enum ClientCommand {
     /// `berth driver rollback PROVIDER`.
     #[command(skip)]
     RollbackDriver(ProviderArgs),
+    /// `berth config reload`.
+    #[command(skip)]
+    ReloadConfig(ClientOptions),
 }
 
 /// A command on one provider.
@@ -275,6 +278,16 @@ async fn execute(cmd: ClientCommand, out: &mut (dyn Write + Send)) -> anyhow::Re
         C::RollbackDriver(a) => {
             let outcome = client(&a.client)?.rollback_driver(&a.provider).await?;
             show(out, a.client.json, vec![outcome], render_reloads)
+        }
+        C::ReloadConfig(o) => {
+            let reload = client(&o)?.reload_config().await?;
+            let applied = reload.applied;
+            show(out, o.json, reload, render_config_reload)?;
+            Ok(if applied {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
     }
 }
@@ -641,6 +654,30 @@ fn render_reloads(outcomes: Vec<types::DriverReload>) -> String {
             ("ERROR", |r| r.error.clone().unwrap_or_default()),
         ],
     )
+}
+
+/// Each difference, each problem and reason, then what became of it.
+fn render_config_reload(r: types::ConfigReload) -> String {
+    let mut s = String::new();
+    for d in &r.differences {
+        s += &format!("{}: {}: {}\n", r.file, d.key, d.what);
+    }
+    for p in &r.problems {
+        s += &format!("{}: {p}\n", r.file);
+    }
+    for why in &r.reasons {
+        s += &format!("{}: refused: {why}\n", r.file);
+    }
+    s += &match (r.applied, r.differences.len()) {
+        (false, _) => format!(
+            "{}: reload refused; berth goes on with the config it runs\n",
+            r.file
+        ),
+        (true, 0) => format!("{}: read again; nothing changed\n", r.file),
+        (true, 1) => format!("{}: read again; 1 change applied\n", r.file),
+        (true, n) => format!("{}: read again; {n} changes applied\n", r.file),
+    };
+    s
 }
 
 fn render_labels(labels: Vec<types::Label>) -> String {

@@ -111,6 +111,11 @@ enum ConfigCommand {
         )]
         token: Option<String>,
     },
+    /// Ask a running `berth serve` to read its config file again, as
+    /// SIGHUP does, and apply what changed; if anything in it is wrong or
+    /// cannot change while it runs, nothing changes and every reason is
+    /// printed. Exits 1 if refused (admin).
+    Reload(berth::cli::ClientOptions),
 }
 
 #[derive(Subcommand)]
@@ -208,6 +213,9 @@ fn main() -> ExitCode {
         }
         Command::Driver(DriverCommand::Rollback(a)) => {
             Command::Client(berth::cli::ClientCommand::RollbackDriver(a))
+        }
+        Command::Config(ConfigCommand::Reload(o)) => {
+            Command::Client(berth::cli::ClientCommand::ReloadConfig(o))
         }
         other => other,
     };
@@ -415,6 +423,9 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             for p in &check.problems {
                 println!("{}: {p}", file.display());
             }
+            for why in &check.reasons {
+                println!("{}: refused: {why}", file.display());
+            }
             let summary = match (check.refused, check.differences.len()) {
                 (true, _) => "a reload would be refused; nothing would change".to_owned(),
                 (false, 0) => "a reload would change nothing".to_owned(),
@@ -480,6 +491,7 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             Ok(true)
         }
         Command::Client(_)
+        | Command::Config(ConfigCommand::Reload(_))
         | Command::Driver(DriverCommand::Reload(_) | DriverCommand::Rollback(_)) => {
             unreachable!("client commands are run in main")
         }

@@ -235,6 +235,18 @@ impl Client {
 
     /// `POST /v1/config/check` (admin): what reading `text` as the config
     /// file would change in the running berth.
+    /// `POST /v1/config/reload` (admin): the config file read again, and
+    /// applied unless refused.
+    pub async fn reload_config(&self) -> Result<types::ConfigReload, Error> {
+        self.call(
+            reqwest::Method::POST,
+            &["config", "reload"],
+            &[],
+            None::<&()>,
+        )
+        .await
+    }
+
     pub async fn check_config(&self, text: String) -> Result<types::ConfigCheck, Error> {
         let body = types::ConfigText { text };
         self.call(

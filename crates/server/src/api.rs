@@ -9,6 +9,7 @@
 //! `/v1` calls are relayed to it as they are (`forward.rs`).
 
 mod auth;
+mod config;
 mod doc;
 mod edge;
 mod error;

@@ -181,7 +181,7 @@ pub async fn serve(
         return Ok(());
     };
     let addr = listener.local_addr()?;
-    ready(addr, service.handle.config());
+    ready(addr, &service.handle.config());
     let limits = {
         let config = api.settings();
         let (max_connections, fd_limit) = http::connection_cap(config.max_connections);
@@ -202,7 +202,11 @@ pub async fn serve(
             max_connections,
         }
     };
-    let reloads = tokio::spawn(reload_on(hangups, service.handle.providers().clone()));
+    let reloads = tokio::spawn(reload_on(
+        hangups,
+        api.clone(),
+        service.handle.providers().clone(),
+    ));
     let watching = service.handle.providers().watch_files();
     let (close, closed) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(
@@ -377,15 +381,22 @@ fn hangups() -> std::io::Result<()> {
     Ok(())
 }
 
-/// On each SIGHUP: every provider's credentials read their secrets (from
-/// the files they name) and are exchanged again at their next use, and the
-/// driver files are read again (`Providers::reload`).
+/// On each SIGHUP: the config file is read again and what changed applied
+/// (`Api::reload_config`; the log says what, or why not), every
+/// provider's credentials read their secrets (from the files they name)
+/// and are exchanged again at their next use, and the driver files are
+/// read again (`Providers::reload`).
 #[cfg(unix)]
-async fn reload_on(mut hangups: tokio::signal::unix::Signal, providers: Arc<runtime::Providers>) {
+async fn reload_on(
+    mut hangups: tokio::signal::unix::Signal,
+    api: Api,
+    providers: Arc<runtime::Providers>,
+) {
     while hangups.recv().await.is_some() {
         tracing::info!(
-            "SIGHUP: credentials are read and exchanged again at their next use, and driver files read again"
+            "SIGHUP: the config file is read again, credentials are read and exchanged again at their next use, and driver files read again"
         );
+        api.reload_config().await;
         providers.reload_credentials();
         let outcomes = providers.reload(runtime::Trigger::Asked).await;
         let count =
@@ -400,7 +411,7 @@ async fn reload_on(mut hangups: tokio::signal::unix::Signal, providers: Arc<runt
 }
 
 #[cfg(not(unix))]
-async fn reload_on(_: (), _: Arc<runtime::Providers>) {}
+async fn reload_on(_: (), _: Api, _: Arc<runtime::Providers>) {}
 
 /// Ctrl-C, registered now (see the Unix version).
 #[cfg(not(unix))]

@@ -471,6 +471,10 @@ impl PgStore {
 }
 
 impl Store for PgStore {
+    fn reconfigure(&mut self, config: Arc<Config>) {
+        self.config = config;
+    }
+
     fn load<'a>(&'a mut self, config: &'a Config) -> StoreFuture<'a, Loaded> {
         let after = self.deadline() * LOAD_DEADLINE_FACTOR;
         Box::pin(self.within("loading the store", after, async |s| {

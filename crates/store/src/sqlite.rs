@@ -420,6 +420,10 @@ impl rusqlite::ToSql for value::Val {
 
 /// SQLite answers in the calling thread, before the future is returned.
 impl Store for SqliteStore {
+    fn reconfigure(&mut self, config: Arc<Config>) {
+        self.config = config;
+    }
+
     fn load<'a>(&'a mut self, config: &'a Config) -> StoreFuture<'a, Loaded> {
         Box::pin(std::future::ready(self.load_now(config)))
     }

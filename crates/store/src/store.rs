@@ -29,6 +29,10 @@ pub trait Store: Send {
     /// requests, removes purged ones, rewrites the slot assignments of
     /// changed backing nodes. On error nothing of `changes` is written.
     fn commit<'a>(&'a mut self, changes: &'a Changes) -> StoreFuture<'a, ()>;
+    /// Names labels and providers by `config` in what it writes from now
+    /// on: the pool took a new config while running, with the running
+    /// labels and providers at their indexes and labels added after them.
+    fn reconfigure(&mut self, config: std::sync::Arc<Config>);
     /// Whether the store is within reach, for a step that acts without
     /// committing anything (a list): no cloud call while it is not. The
     /// embedded store always is.

@@ -254,6 +254,13 @@ impl Db {
 }
 
 impl Store for Db {
+    fn reconfigure(&mut self, config: std::sync::Arc<Config>) {
+        match self {
+            Db::Sqlite { store, .. } => store.reconfigure(config),
+            Db::Postgres { store, .. } => store.reconfigure(config),
+        }
+    }
+
     fn load<'a>(&'a mut self, config: &'a Config) -> StoreFuture<'a, Loaded> {
         match self {
             Db::Sqlite { store, .. } => store.load(config),

@@ -443,9 +443,30 @@ pub struct ConfigCheck {
     /// What is wrong with the text, each as `path: message` (nothing
     /// changes while there is any).
     pub problems: Vec<String>,
-    /// Whether a reload of this text would be refused whole: a problem, or
-    /// a difference that cannot change while berth runs.
+    /// Why a reload of this text would be refused whole, besides its
+    /// problems: each difference that cannot change while berth runs, and
+    /// each change berth does not yet take while it runs.
+    pub reasons: Vec<String>,
+    /// Whether a reload of this text would be refused whole: a problem or
+    /// a reason.
     pub refused: bool,
+}
+
+/// What reading the config file again did (`POST /v1/config/reload`,
+/// `SIGHUP`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ConfigReload {
+    /// The file berth runs, read again.
+    pub file: String,
+    /// Whether berth now runs what the file says: every difference was
+    /// taken (also when there was none). When not, nothing changed.
+    pub applied: bool,
+    /// Every difference from the config berth ran, in the file's order.
+    pub differences: Vec<ConfigDifference>,
+    /// What is wrong with the file, each as `path: message`.
+    pub problems: Vec<String>,
+    /// Why the reload was refused, besides the file's problems.
+    pub reasons: Vec<String>,
 }
 
 /// One difference between the running config and a file's.

@@ -45,6 +45,7 @@ impl Modify for BearerAuth {
 /// Every route with its handler, and what each is documented to take and
 /// answer.
 pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<super::state::Api> {
+    use super::config::*;
     use super::health::*;
     use super::nodes::*;
     use super::pool::*;
@@ -67,6 +68,7 @@ pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<super::state::Api> 
         .routes(routes!(reload_drivers))
         .routes(routes!(rollback_driver))
         .routes(routes!(check_config))
+        .routes(routes!(reload_config))
         .routes(routes!(renew_lease))
 }
 

@@ -111,7 +111,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::Conflict(Conflict::NoSuchNode | Conflict::NoSuchRequest) => {
                 ApiError::not_found(message)
             }
-            ServiceError::Conflict(_) => {
+            ServiceError::Conflict(_) | ServiceError::Reconfigure(_) => {
                 ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message)
             }
         }

@@ -215,7 +215,7 @@ pub(super) async fn metrics(State(api): State<Api>, headers: HeaderMap) -> Resul
         // Every process serves its own metrics: one standing by, or whose
         // store is out of reach, without the pool's gauges.
         Err(ServiceError::Standby(_) | ServiceError::StoreUnavailable(_)) => {
-            telemetry.render_alone(api.handle().config(), &providers)
+            telemetry.render_alone(&api.handle().config(), &providers)
         }
         Err(e) => return Err(e.into()),
     };

@@ -47,7 +47,7 @@ pub(super) async fn list_nodes(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response> {
     let caller = api.caller(&headers)?;
-    let filter = views::NodeFilter::parse(&q, api.handle().config())?;
+    let filter = views::NodeFilter::parse(&q, &api.handle().config())?;
     let list = api
         .handle()
         .inspect(move |pool| views::nodes(pool, &filter, &caller))

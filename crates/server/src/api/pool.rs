@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -172,68 +171,8 @@ pub(super) async fn rollback_driver(
     }
 }
 
-#[utoipa::path(
-    post,
-    path = "/v1/config/check",
-    operation_id = "check_config",
-    tag = "config",
-    summary = "Compare a config file with the running one (admin)",
-    description = "Checks the text of a config file as this process would read it (its relative paths against the directory of the file berth runs, `${ENV}` from berth's environment, its driver files on this machine) and answers every difference from the config berth runs, each with whether it can change while berth runs, or the problems that make the text invalid. Changes nothing. `berth config check FILE --against URL` calls it. Admin only.",
-    security(("bearerAuth" = ["admin"])),
-    extensions(("x-berth-roles" = json!(["admin"]))),
-    request_body(content = types::ConfigText),
-    responses(
-        (status = 200, description = "The differences, or the text's problems.", body = types::ConfigCheck),
-        (status = 400, description = "A malformed body (code `bad_request`, `field` `body`, `text` or an unknown field's name).", body = types::ErrorBody),
-        (status = 401, response = responses::Unauthorized),
-        (status = 403, description = "Not an admin token (code `forbidden`).", body = types::ErrorBody),
-        (status = 409, description = "berth runs its embedded default, with no config file to compare with (code `conflict`).", body = types::ErrorBody),
-        (status = 503, response = responses::Unavailable)
-    )
-)]
-pub(super) async fn check_config(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response> {
-    admin(&api, &headers)?;
-    let asked: types::ConfigText = super::edge::body(&body)?;
-    let Some((file, running)) = api.inner.config.get() else {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::Conflict,
-            "berth runs its embedded default: there is no config file to compare with",
-        ));
-    };
-    let env = |name: &str| std::env::var(name).ok();
-    let base = berth_config::base_dir(file);
-    let (differences, problems) = match berth_config::parse(&asked.text, base, &env) {
-        Ok(new) => {
-            let problems = berth_config::check_files(&new);
-            (berth_config::differences(running, &new), problems)
-        }
-        Err(e) => (Vec::new(), e.problems),
-    };
-    let refused = !problems.is_empty() || differences.iter().any(|d| !d.live);
-    Ok(json(
-        StatusCode::OK,
-        types::ConfigCheck {
-            file: file.display().to_string(),
-            differences: (differences.into_iter())
-                .map(|d| types::ConfigDifference {
-                    key: d.key,
-                    what: d.what,
-                    live: d.live,
-                })
-                .collect(),
-            problems: problems.iter().map(ToString::to_string).collect(),
-            refused,
-        },
-    ))
-}
-
 /// Refuses a caller that is not an admin, and any change while stopping.
-fn admin(api: &Api, headers: &HeaderMap) -> Result<()> {
+pub(super) fn admin(api: &Api, headers: &HeaderMap) -> Result<()> {
     if !api.caller(headers)?.is_admin() {
         return Err(ApiError::forbidden("only an admin token may do this"));
     }

@@ -47,7 +47,7 @@ pub(super) async fn create_request(
     let caller = api.caller(&headers)?;
     api.refuse_if_stopping()?;
     let asked: types::NewRequest = self::body(&body)?;
-    let config = api.handle().config().clone();
+    let config = api.handle().config();
     let new = berth_core::pool::read_request(
         &config,
         asked.requestor,

@@ -27,7 +27,8 @@ pub struct Api {
 pub(super) struct Inner {
     pub(super) handle: Handle,
     pub(super) telemetry: Arc<Telemetry>,
-    /// `[api]`: tokens and limits.
+    /// `[api]`: its limits, as read at start. Its tokens are kept apart,
+    /// in `tokens`, where a reload swaps them.
     pub(super) settings: berth_config::ApiSettings,
     pub(super) stopping: AtomicBool,
     /// Passes calls to the pool's holder while this process stands by.
@@ -37,17 +38,21 @@ pub(super) struct Inner {
     /// every connection and health checks and admin calls always find
     /// room ([`Api::limit_waits`]). Without a limit, unbounded.
     pub(super) waits: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
-    /// The config file berth runs and its settings as read at start; unset
+    /// The config file berth runs and its settings as last applied; unset
     /// for the embedded default and for embedders that give none.
-    pub(super) config: std::sync::OnceLock<(std::path::PathBuf, Arc<berth_config::Settings>)>,
+    pub(super) config: std::sync::OnceLock<super::config::RunningConfig>,
+    /// The API tokens: `[api.tokens]` as last applied (a config reload
+    /// swaps them). Plain lock: held only to read or swap the `Arc`.
+    pub(super) tokens: std::sync::RwLock<Arc<Vec<berth_config::Token>>>,
 }
 
 impl Api {
     pub fn new(
         handle: Handle,
         telemetry: Arc<Telemetry>,
-        settings: berth_config::ApiSettings,
+        mut settings: berth_config::ApiSettings,
     ) -> Api {
+        let tokens = std::mem::take(&mut settings.tokens);
         Api {
             inner: Arc::new(Inner {
                 handle,
@@ -57,6 +62,7 @@ impl Api {
                 relay: Relay::new(),
                 waits: std::sync::OnceLock::new(),
                 config: std::sync::OnceLock::new(),
+                tokens: std::sync::RwLock::new(Arc::new(tokens)),
             }),
         }
     }
@@ -69,12 +75,15 @@ impl Api {
     }
 
     /// The config file berth runs, and its settings as read at start:
-    /// what `POST /v1/config/check` compares a file with. Set once.
+    /// what `POST /v1/config/check` compares a file with, and what
+    /// `POST /v1/config/reload` reads again. Set once.
     pub fn config_file(&self, file: std::path::PathBuf, settings: Arc<berth_config::Settings>) {
-        let _ = self.inner.config.set((file, settings));
+        let running = super::config::RunningConfig::new(file, settings);
+        let _ = self.inner.config.set(running);
     }
 
-    /// `[api]`: tokens and limits.
+    /// `[api]` as read at start: its limits. Its `tokens` are empty here:
+    /// the ones in force are kept apart, where a config reload swaps them.
     pub fn settings(&self) -> &berth_config::ApiSettings {
         &self.inner.settings
     }
@@ -100,7 +109,13 @@ impl Api {
     }
 
     pub(super) fn caller(&self, headers: &HeaderMap) -> Result<Caller> {
-        auth::authenticate(&self.inner.settings.tokens, headers)
+        let tokens = self
+            .inner
+            .tokens
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        auth::authenticate(&tokens, headers)
     }
 }
 

@@ -30,6 +30,9 @@ pub(super) enum Command {
     /// Take in what waits in the store's inbox; answer once all of it is
     /// stored.
     TakeIn(Reply),
+    /// Decide with a new config from the next step ([`Pool::reconfigure`]);
+    /// answer with why not, if it is refused.
+    Reconfigure(Arc<Config>, oneshot::Sender<Result<(), ServiceError>>),
 }
 
 /// A change, its caller and the way to answer them, as the queue carries
@@ -87,7 +90,9 @@ pub const COMMAND_QUEUE: usize = 4096;
 #[derive(Clone)]
 pub struct Handle {
     pub(super) tx: mpsc::Sender<Command>,
-    pub(super) config: Arc<Config>,
+    /// The config the pool decides with: swapped by [`Handle::reconfigure`]
+    /// once the pool took a new one.
+    pub(super) config: Arc<std::sync::RwLock<Arc<Config>>>,
     pub(super) providers: Arc<Providers>,
     /// Why the pool's task ended, if it ended by itself; a command sent
     /// after that is answered with it rather than a plain `Stopped`.
@@ -111,8 +116,26 @@ pub(super) type SharedLease = Arc<std::sync::Mutex<Option<berth_store::Holding>>
 pub(super) type Modes = Arc<tokio::sync::watch::Sender<Mode>>;
 
 impl Handle {
-    pub fn config(&self) -> &Arc<Config> {
-        &self.config
+    /// The config the pool decides with now.
+    pub fn config(&self) -> Arc<Config> {
+        // A poisoned lock still holds a whole config: it is only swapped.
+        let config = self.config.read().unwrap_or_else(|e| e.into_inner());
+        config.clone()
+    }
+
+    /// Makes the pool decide with `config` from its next step: a reload
+    /// of the config file, arranged with `berth_config::align`. Refused,
+    /// changing nothing, if the pool cannot take it
+    /// ([`Pool::reconfigure`]), or if the pool stands by (its holder
+    /// decides) or has stopped.
+    pub async fn reconfigure(&self, config: Arc<Config>) -> Result<(), ServiceError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Reconfigure(config.clone(), tx))?;
+        rx.await.map_err(|_| self.gone())??;
+        // After the pool: a request naming a new label reaches a pool that
+        // knows it.
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = config;
+        Ok(())
     }
 
     /// The drivers loaded so far.
@@ -221,7 +244,7 @@ impl Handle {
     /// standing by.
     pub fn may_take(&self, caller: &Caller, new: &NewRequest) -> Result<(), ServiceError> {
         change::may_submit(caller, new)?;
-        Ok(berth_core::pool::servable(&self.config, new)?)
+        Ok(berth_core::pool::servable(&self.config(), new)?)
     }
 
     /// Accepts a request under `id` while this process stands by (checked
@@ -242,13 +265,14 @@ impl Handle {
             return Err(self.gone());
         };
         let created = self.clock.now();
+        let config = self.config();
         let entry = InboxEntry {
             id,
             requestor: new.requestor.clone(),
             priority: new.priority,
             created,
             wants: (new.wants.iter())
-                .map(|(l, n)| (self.config[*l].name.clone(), *n))
+                .map(|(l, n)| (config[*l].name.clone(), *n))
                 .collect(),
         };
         let added = inbox.send(&entry).await.map_err(|e| {
@@ -358,5 +382,8 @@ pub(super) fn refuse(command: Command, why: &ServiceError) {
         Command::TakeIn(reply) => reply(Err(why.clone())),
         Command::Wait(_, reply) => drop(reply),
         Command::Inspect(_) => {}
+        Command::Reconfigure(_, reply) => {
+            let _ = reply.send(Err(why.clone()));
+        }
     }
 }

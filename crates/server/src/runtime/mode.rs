@@ -33,6 +33,10 @@ pub enum ServiceError {
     /// this one stands by.
     #[error("{}", standby_text(.0.as_ref()))]
     Standby(Option<Holder>),
+    /// The pool cannot take this config while it runs
+    /// (`Pool::reconfigure`): it keeps its own.
+    #[error("the pool keeps its config: {0}")]
+    Reconfigure(String),
 }
 
 pub(super) fn standby_text(holder: Option<&Holder>) -> String {

@@ -113,7 +113,7 @@ impl Service {
         Service {
             handle: Handle {
                 tx,
-                config,
+                config: Arc::new(std::sync::RwLock::new(config)),
                 providers: parts.providers,
                 ended,
                 mode,

@@ -360,6 +360,13 @@ impl Loop {
                 self.inbox_due = true;
                 self.taking_in.push(reply);
             }
+            Command::Reconfigure(config, reply) => {
+                let taken = pool.reconfigure(config.clone());
+                if taken.is_ok() {
+                    self.store.reconfigure(config);
+                }
+                let _ = reply.send(taken.map_err(ServiceError::Reconfigure));
+            }
         }
     }
 

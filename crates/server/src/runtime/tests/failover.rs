@@ -105,6 +105,10 @@ impl SharedStore {
 }
 
 impl Store for SharedStore {
+    fn reconfigure(&mut self, config: Arc<Config>) {
+        self.records.reconfigure(config);
+    }
+
     fn load<'a>(&'a mut self, config: &'a Config) -> StoreFuture<'a, Loaded> {
         if let Err(e) = self.reach() {
             return Box::pin(std::future::ready(Err(e)));
