@@ -2,7 +2,7 @@
 //! one it runs: `berth config check FILE --against URL`, through the binary.
 
 use crate::support::config::{CI, OPS, serve_config_on};
-use crate::support::server::{Berth, run_berth};
+use crate::support::server::{Berth, run_berth, until};
 use crate::support::{SimServer, plugin};
 
 #[tokio::test]
@@ -97,9 +97,10 @@ async fn nodes(server: &Berth) -> std::collections::BTreeMap<String, (String, St
 /// A config reload through the binary: SIGHUP takes a file that raises
 /// `min-ready`, adds a label and a token, with no restart, and every node
 /// (one of them in use) goes on as it was. A file that cannot be taken
-/// changes nothing, and `berth config reload` prints why.
+/// changes nothing, and `berth config reload` prints why. A label removed
+/// is asked for no more, and its nodes are deleted once idle.
 #[tokio::test]
-async fn a_config_reload_adds_a_label_and_raises_min_ready_with_no_node_lost() {
+async fn a_config_reload_adds_and_removes_labels_and_raises_min_ready_with_no_node_lost() {
     const NEW_TOKEN: &str = "token-of-a-client-added-by-a-reload";
     let sim = SimServer::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -118,10 +119,12 @@ async fn a_config_reload_adds_a_label_and_raises_min_ready_with_no_node_lost() {
     assert_eq!(before.len(), 3, "{before:?}");
 
     let running = std::fs::read_to_string(&config).expect("the config");
-    let next = running.replace("min-ready = 2", "min-ready = 3").replace(
+    let without_big = running.replace("min-ready = 2", "min-ready = 3").replace(
         "[api.tokens.ops]",
         &format!("[api.tokens.new]\nrole = \"client\"\ntoken = \"{NEW_TOKEN}\"\n[api.tokens.ops]"),
-    ) + "\n[labels.big]\nmin-ready = 1\n[labels.big.providers.sim]\n\
+    );
+    let next = without_big.clone()
+        + "\n[labels.big]\nmin-ready = 1\n[labels.big.providers.sim]\n\
           instance-type = \"big\"\nimage = \"img\"\nvcpus = 4\nram = \"8GiB\"\n";
     std::fs::write(&config, &next).expect("write");
     if crate::support::config::on_postgres() {
@@ -161,7 +164,8 @@ async fn a_config_reload_adds_a_label_and_raises_min_ready_with_no_node_lost() {
     assert_eq!(after.len(), before.len() + 2, "{after:?}");
     // The token added serves at once, and the new label too.
     let big = server.request(NEW_TOKEN, &[("big", 1)]).await;
-    server.fulfilled(NEW_TOKEN, &big.id).await;
+    let big = server.fulfilled(NEW_TOKEN, &big.id).await;
+    let big_node = big.nodes[0].id.clone();
     let (status, _) = server
         .call(
             "POST",
@@ -171,23 +175,23 @@ async fn a_config_reload_adds_a_label_and_raises_min_ready_with_no_node_lost() {
         )
         .await;
     assert_eq!(status, 200, "the node in use before the reload is released");
+    server.until_label_ready(60, "big", 1, "big refilled").await;
 
     // Refused whole, berth goes on with what it runs: the pool's id, a
-    // label removed, and a key the file does not know.
+    // provider added, and a key the file does not know.
+    let driver_line = (running.lines())
+        .find(|l| l.starts_with("driver = "))
+        .expect("the driver's line");
     let bad = next
         .replace("pool-id = \"serve-test\"", "pool-id = \"other\"")
         .replace("min-ready = 3", "min-ready = 5")
-        .replace(
-            "[labels.big]\nmin-ready = 1\n",
-            "[labels.huge]\nmin-ready = 1\n",
-        )
-        .replace("[labels.big.providers.sim]", "[labels.huge.providers.sim]");
+        + &format!("\n[providers.extra]\n{driver_line}\n");
     std::fs::write(&config, &bad).expect("write");
     let ran = reload(&server).await;
     assert!(!ran.success(), "{ran}");
     for line in [
         "refused: pool-id: serve-test → other (cannot change while berth runs: restart it)",
-        "refused: labels.big: removed: a label is not yet removed while berth runs",
+        "refused: providers.extra: added: a provider is not yet added while berth runs",
         "labels.small.min-ready: 3 → 5",
         "reload refused; berth goes on with the config it runs",
     ] {
@@ -199,20 +203,68 @@ async fn a_config_reload_adds_a_label_and_raises_min_ready_with_no_node_lost() {
         !ran.success() && ran.stdout.contains("labels.small.min-redy"),
         "{ran}"
     );
-    let (_, labels) = server.call("GET", "/v1/labels", Some(OPS), None).await;
-    let names: Vec<&str> = (labels.as_array().expect("labels").iter())
-        .filter_map(|l| l["name"].as_str())
+    let labels = async || {
+        let (_, labels) = server.call("GET", "/v1/labels", Some(OPS), None).await;
+        labels.as_array().expect("labels").clone()
+    };
+    let names: Vec<String> = (labels().await.iter())
+        .filter_map(|l| l["name"].as_str().map(str::to_owned))
         .collect();
-    assert_eq!(names, ["small", "big"], "{labels}");
+    assert_eq!(names, ["small", "big"]);
     assert!(
-        (labels.as_array().expect("labels").iter())
-            .all(|l| l["name"] != "small" || l["min_ready"] == 3),
-        "{labels}"
+        (labels().await.iter()).all(|l| l["name"] != "small" || l["min_ready"] == 3),
+        "{:?}",
+        labels().await
     );
     assert!(server.log_text().contains("config reload refused"));
 
+    // `big` removed: its ready node is deleted at once, the one in use
+    // once released; it is asked for no more. `small` goes on.
+    std::fs::write(&config, &without_big).expect("write");
+    let ran = reload(&server).await;
+    assert!(ran.success(), "{ran}");
+    assert!(ran.stdout.contains("labels.big: removed"), "{ran}");
+    until(60, "big's ready node deleted", || async {
+        let all = labels().await;
+        let big = all.iter().find(|l| l["name"] == "big")?;
+        let nodes = big["nodes"].as_object()?;
+        (big["removed"] == true && big["ready"] == 0 && nodes.keys().all(|s| s == "in-use"))
+            .then_some(())
+    })
+    .await;
+    let (status, refused) = server
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(NEW_TOKEN),
+            Some(serde_json::json!({"labels": {"big": 1}})),
+        )
+        .await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (422, Some("unknown_label")),
+        "{refused}"
+    );
+    let (status, _) = server
+        .call(
+            "POST",
+            &format!("/v1/nodes/{big_node}/release"),
+            Some(NEW_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    until(60, "big's node in use deleted once released", || async {
+        let all = labels().await;
+        let big = all.iter().find(|l| l["name"] == "big")?;
+        big["nodes"].as_object()?.is_empty().then_some(())
+    })
+    .await;
+    server
+        .until_label_ready(60, "small", 3, "small goes on")
+        .await;
+
     // The file as it was applied: read again, nothing changes.
-    std::fs::write(&config, &next).expect("write");
     let ran = reload(&server).await;
     assert!(
         ran.success() && ran.stdout.contains("nothing changed"),

@@ -685,7 +685,13 @@ fn render_labels(labels: Vec<types::Label>) -> String {
         &labels,
         &[
             ("NAME", |l| l.name.clone()),
-            ("KIND", |l| l.kind.clone()),
+            ("KIND", |l| {
+                if l.removed {
+                    format!("{} (removed)", l.kind)
+                } else {
+                    l.kind.clone()
+                }
+            }),
             ("MIN-READY", |l| l.min_ready.to_string()),
             ("READY", |l| l.ready.to_string()),
             ("NODES", |l| {

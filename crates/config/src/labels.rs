@@ -102,6 +102,7 @@ impl Walker<'_> {
             reuse,
             ready,
             kind,
+            retired: false,
         };
         (label, backing)
     }

@@ -126,20 +126,31 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
     for p in b.providers.iter().filter(|p| a.provider(&p.name).is_none()) {
         d.table(join("providers", &p.name), "added");
     }
-    for l in &a.labels {
+    // A label removed by an earlier reload is no longer running.
+    for l in a.labels.iter().filter(|l| !l.retired) {
         let key = join("labels", &l.name);
         match b.label(&l.name) {
             None => d.table(
                 key,
-                "removed: it is asked for no more, and its nodes go once idle",
+                "removed: it is asked for no more, and its nodes are drained (deleted once idle)",
             ),
             Some(ix) => d.label(&key, (running, l), (new, &b.labels[ix.0 as usize])),
         }
     }
-    for l in b.labels.iter().filter(|l| a.label(&l.name).is_none()) {
+    for l in b
+        .labels
+        .iter()
+        .filter(|l| running_label(a, &l.name).is_none())
+    {
         d.table(join("labels", &l.name), "added");
     }
     d.0
+}
+
+/// A label of the running config by name, unless an earlier reload
+/// removed it.
+fn running_label(c: &Config, name: &str) -> Option<LabelIx> {
+    c.label(name).filter(|&ix| !c[ix].retired)
 }
 
 /// The new file's settings arranged for the berth running `running`, or
@@ -150,9 +161,11 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
 /// the running file has keep their places, and labels added follow, in the
 /// new file's order (a slot label's `backing-label` follows its label);
 /// providers are put in the running order, with every offer following its
-/// provider. Refused: anything that cannot change while berth runs (see
-/// [`differences`]), and, not yet taken live, providers added or removed
-/// and labels removed.
+/// provider. A label the new file no longer has stays at its index,
+/// retired ([`Label::retired`]), until berth stops. Refused: anything that
+/// cannot change while berth runs (see [`differences`]), and, not yet
+/// taken live, providers added or removed and a label's kind or backing
+/// label changed.
 pub fn align(running: &Settings, new: Settings) -> Result<Settings, Vec<String>> {
     let mut refused: Vec<String> = (differences(running, &new).iter())
         .filter(|d| !d.live)
@@ -176,9 +189,6 @@ pub fn align(running: &Settings, new: Settings) -> Result<Settings, Vec<String>>
     for l in &a.labels {
         let key = join("labels", &l.name);
         let Some(m) = b.label(&l.name).map(|ix| &b[ix]) else {
-            refused.push(format!(
-                "{key}: removed: a label is not yet removed while berth runs: restart it"
-            ));
             continue;
         };
         let backing = |c: &Config, l: &Label| match &l.kind {
@@ -198,13 +208,21 @@ pub fn align(running: &Settings, new: Settings) -> Result<Settings, Vec<String>>
     let provider_at: Vec<ProviderIx> = (b.providers.iter())
         .map(|p| a.provider(&p.name).expect("every provider runs"))
         .collect();
-    let mut label_order: Vec<usize> = (a.labels.iter())
-        .map(|l| b.label(&l.name).expect("no label removed").0 as usize)
+    // Each running label's place: the new file's label of its name, or,
+    // with none, itself retired; then the labels added.
+    let mut label_order: Vec<Result<usize, &Label>> = (a.labels.iter())
+        .map(|l| b.label(&l.name).map(|ix| ix.0 as usize).ok_or(l))
         .collect();
-    label_order.extend((0..b.labels.len()).filter(|&i| a.label(&b.labels[i].name).is_none()));
+    label_order.extend(
+        (0..b.labels.len())
+            .filter(|&i| a.label(&b.labels[i].name).is_none())
+            .map(Ok),
+    );
     let mut label_at = vec![LabelIx(0); b.labels.len()];
-    for (to, &from) in label_order.iter().enumerate() {
-        label_at[from] = LabelIx(u16::try_from(to).expect("labels fit their index"));
+    for (to, from) in label_order.iter().enumerate() {
+        if let Ok(from) = from {
+            label_at[*from] = LabelIx(u16::try_from(to).expect("labels fit their index"));
+        }
     }
 
     let Settings {
@@ -223,7 +241,16 @@ pub fn align(running: &Settings, new: Settings) -> Result<Settings, Vec<String>>
         providers.into_iter().flatten().unzip();
     let mut labels: Vec<Option<Label>> = pool.labels.into_iter().map(Some).collect();
     let labels = (label_order.iter())
-        .map(|&from| {
+        .map(|from| {
+            let from = match from {
+                Ok(from) => *from,
+                Err(removed) => {
+                    return Label {
+                        retired: true,
+                        ..(*removed).clone()
+                    };
+                }
+            };
             let mut l = labels[from].take().expect("each label once");
             match &mut l.kind {
                 LabelKind::Machine { offers } => {

@@ -1151,7 +1151,9 @@ ram = "1GiB"
         .collect();
     assert_eq!(
         got,
-        ["labels.slot: removed: it is asked for no more, and its nodes go once idle"]
+        [
+            "labels.slot: removed: it is asked for no more, and its nodes are drained (deleted once idle)"
+        ]
     );
 }
 
@@ -1212,10 +1214,35 @@ fn a_reload_keeps_running_indexes_or_is_refused_with_every_reason() {
     assert_eq!(aligned.pool.labels[2].min_ready, 3);
     assert!(differences(&aligned, &parsed(&text)).is_empty());
 
+    // A label removed stays at its index, retired, until berth stops; a
+    // reload that no longer has it either changes nothing, and one that
+    // has it again brings it back.
+    let removed = align(&running, parsed(&with_b(GOOD).replace(slot, ""))).expect("live");
+    assert_eq!(names(&removed), ["big", "slot"]);
+    assert!(!removed.pool.labels[0].retired && removed.pool.labels[1].retired);
+    assert_eq!(
+        removed.pool.labels[1].kind, running.pool.labels[1].kind,
+        "kept as it ran"
+    );
+    let differences_from = |s: &Settings, text: &str| -> Vec<String> {
+        (differences(s, &parsed(text)).iter())
+            .map(ToString::to_string)
+            .collect()
+    };
+    assert!(differences_from(&removed, &with_b(GOOD).replace(slot, "")).is_empty());
+    assert_eq!(
+        differences_from(&removed, &with_b(GOOD)),
+        ["labels.slot: added"]
+    );
+    let back = align(&removed, parsed(&with_b(GOOD))).expect("live");
+    assert_eq!(names(&back), ["big", "slot"]);
+    assert!(!back.pool.labels[1].retired);
+
     // Refused, with every reason at once.
+    let slot_on_b = "[labels.slot]\nslots = 4\nbacking-label = \"small\"\n";
     let bad = with_b(GOOD)
         .replace("pool-id = \"ci\"", "pool-id = \"cd\"")
-        .replace(slot, "")
+        .replace(slot, &format!("{slot_on_b}\n{small}"))
         .replace(
             "[providers.sim-a]",
             "[providers.sim-c]\ndriver = \"sim.wasm\"\n\n[providers.sim-a]",
@@ -1228,7 +1255,7 @@ fn a_reload_keeps_running_indexes_or_is_refused_with_every_reason() {
         [
             "pool-id: ci → cd (cannot change while berth runs: restart it)",
             "providers.sim-c: added: a provider is not yet added while berth runs: restart it",
-            "labels.slot: removed: a label is not yet removed while berth runs: restart it",
+            "labels.slot: its kind or backing label changed: not yet while berth runs: restart it",
         ],
         "{why:#?}"
     );

@@ -152,6 +152,10 @@ pub struct Label {
     pub ready: Readiness,
     /// Machines or slots.
     pub kind: LabelKind,
+    /// Removed from the config file while berth ran: asked for no more,
+    /// never prewarmed, and its nodes drained (deleted once idle). It keeps
+    /// its index until berth stops; the next start has no such label.
+    pub retired: bool,
 }
 
 /// What shows that a running instance is usable (`ready`).
@@ -228,6 +232,7 @@ impl Label {
             reuse: false,
             ready: Readiness::default(),
             kind,
+            retired: false,
         }
     }
 }

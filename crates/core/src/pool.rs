@@ -460,7 +460,12 @@ impl Pool {
     /// offers, readiness, timeouts, rates, and new labels, which requests
     /// may ask for at once. What was already set by the old one stays as
     /// set: a boot timeout running, a pause, a timer due.
-    pub fn reconfigure(&mut self, config: Arc<Config>) -> Result<(), String> {
+    ///
+    /// A label it marks retired (removed from the file) is asked for no
+    /// more: its pending requests fail, and its nodes, and the backing
+    /// nodes of a retired slot label, are drained (deleted once idle), but
+    /// those an operator holds.
+    pub fn reconfigure(&mut self, config: Arc<Config>, now: Time) -> Result<(), String> {
         let old = &self.config;
         if config.pool_id != old.pool_id {
             return Err(format!(
@@ -503,12 +508,52 @@ impl Pool {
             }
             rt.max_in_flight = q.max_calls.max(1);
         }
+        let retiring: Vec<LabelIx> = (0..config.labels.len())
+            .filter(|&i| config.labels[i].retired && !old.labels.get(i).is_some_and(|l| l.retired))
+            .map(|i| LabelIx(i as u16))
+            .collect();
         let added = config.labels.len() - old.labels.len();
         self.ix
             .labels
             .extend((0..added).map(|_| LabelRt::default()));
         self.config = config;
+        for label in retiring {
+            self.retire(label, now);
+        }
         Ok(())
+    }
+
+    /// Fails the pending requests for a label removed from the config, and
+    /// drains its nodes.
+    fn retire(&mut self, label: LabelIx, now: Time) {
+        let reason = format!(
+            "label `{}` was removed from the config; the request was given up",
+            self.config[label].name
+        );
+        let pending: Vec<RequestId> = (self.pending.iter())
+            .map(|k| k.2)
+            .filter(|id| self.requests[id].wants.iter().any(|(l, _)| *l == label))
+            .collect();
+        for id in pending {
+            let state = RequestState::Failed {
+                at: now,
+                reason: reason.clone(),
+            };
+            self.finish_request(id, state, now);
+        }
+        let drained: Vec<NodeId> = (self.nodes.values())
+            .filter(|n| n.idle == Idle::Run && !n.state.is_final())
+            .filter(|n| match &n.packing {
+                Packing::Plain => n.label == label,
+                Packing::Backing { slot_label, .. } => *slot_label == label,
+                Packing::Slot { .. } => false,
+            })
+            .map(|n| n.id)
+            .collect();
+        for id in drained {
+            // Not final, so it takes the drain.
+            let _ = self.set_idle(now, id, Idle::Drain);
+        }
     }
 
     /// The store's identity the pool signs with.

@@ -224,6 +224,11 @@ pub struct Label {
     /// Where a machine label's nodes can be launched.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub offers: Vec<Offer>,
+    /// Removed from the config file while berth runs: asked for no more,
+    /// and its nodes drained (deleted once idle). Listed until berth
+    /// stops. Absent while false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]

@@ -66,8 +66,11 @@ pub fn read_request<'a>(
                 label: name.to_owned(),
             });
         }
-        let Some(ix) = config.label(name) else {
-            let known: Vec<&str> = config.labels.iter().map(|l| l.name.as_str()).collect();
+        let Some(ix) = config.label(name).filter(|&ix| !config[ix].retired) else {
+            let known: Vec<&str> = (config.labels.iter())
+                .filter(|l| !l.retired)
+                .map(|l| l.name.as_str())
+                .collect();
             return Err(Unreadable::UnknownLabel {
                 name: name.to_owned(),
                 known: known.join(", "),

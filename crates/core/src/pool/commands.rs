@@ -16,6 +16,9 @@ pub fn servable(config: &Config, new: &NewRequest) -> Result<(), Refused> {
         if !seen.insert(*label) {
             return Err(Refused::DuplicateLabel(config[*label].name.clone()));
         }
+        if config[*label].retired {
+            return Err(Refused::Removed(config[*label].name.clone()));
+        }
         let possible = max_possible(config, *label);
         if u64::from(*count) > possible {
             return Err(Refused::TooMany {

@@ -825,6 +825,8 @@ pub enum Refused {
         wanted: u32,
         possible: u64,
     },
+    #[error("label `{0}` was removed from the config")]
+    Removed(String),
 }
 
 /// Why an operation on an existing node or request was refused.

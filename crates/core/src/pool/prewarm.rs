@@ -10,7 +10,7 @@ impl Pool {
     pub(super) fn prewarm(&mut self, label: LabelIx, wanted: &Tally, now: Time) {
         let cfg = &self.config[label];
         let min_ready = cfg.min_ready;
-        if min_ready == 0 {
+        if min_ready == 0 || cfg.retired {
             return;
         }
         let rt = &self.ix.labels[label.0 as usize];

@@ -293,7 +293,7 @@ fn a_new_config_is_taken_between_steps_and_keeps_every_node() {
     c.providers[0].rate = Some(1.0);
     c.providers[0].burst = 1;
     let c = Arc::new(c);
-    h.pool.reconfigure(c.clone()).expect("a live change");
+    h.pool.reconfigure(c.clone(), h.now).expect("a live change");
     h.config = c;
     let (from, calls) = (h.now, h.log.len());
     h.advance(secs(10));
@@ -330,7 +330,7 @@ fn a_new_config_is_taken_between_steps_and_keeps_every_node() {
         (renamed, "providers cannot change"),
         (kind, "cannot change its kind"),
     ] {
-        let err = h.pool.reconfigure(Arc::new(bad)).expect_err(why);
+        let err = h.pool.reconfigure(Arc::new(bad), h.now).expect_err(why);
         assert!(err.contains(why), "{err}");
         assert!(
             Arc::ptr_eq(h.pool.config(), &config),
@@ -338,6 +338,67 @@ fn a_new_config_is_taken_between_steps_and_keeps_every_node() {
         );
     }
     settle(&mut h);
+}
+
+/// A label removed by a reload: its pending request fails, its free
+/// nodes are deleted, the one in use is deleted once released, and the
+/// one an operator holds stays held; nothing is launched for it again,
+/// and a request for it is refused. The other label goes on.
+#[test]
+fn a_label_removed_while_running_is_drained_and_asked_for_no_more() {
+    let mut h = a_and("b", 6, 3);
+    let mut c = (*h.config).clone();
+    c.labels[1].min_ready = 1;
+    let c = Arc::new(c);
+    h.pool.reconfigure(c.clone(), h.now).expect("live");
+    h.config = c;
+    settle(&mut h);
+    assert_eq!((h.count("a", "ready"), h.count("b", "ready")), (3, 1));
+    let used = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let in_use = h.pool.request(used).unwrap().nodes[0];
+    let held = h.nodes("a", "ready")[0].id;
+    h.set_idle(held, Idle::Hold);
+    // Six instances at most: this one waits.
+    let waits = h.submit(&[("a", 5)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(waits), RequestState::Pending);
+
+    let mut c = (*h.config).clone();
+    c.labels[0].retired = true;
+    let c = Arc::new(c);
+    h.pool.reconfigure(c.clone(), h.now).expect("live");
+    h.config = c;
+    h.persist();
+    h.advance(secs(5));
+    ok(&h);
+    assert!(
+        reason(&h, waits).contains("label `a` was removed"),
+        "{}",
+        reason(&h, waits)
+    );
+    assert_eq!(h.count("a", "ready"), 1, "only the held one");
+    assert_eq!(h.nodes("a", "ready")[0].id, held);
+    assert_eq!(h.count("a", "in-use"), 1);
+    assert_eq!(h.count("b", "ready"), 1, "the other label goes on");
+    h.release(in_use);
+    h.advance(secs(5));
+    ok(&h);
+    assert_eq!(h.count("a", "in-use"), 0);
+    assert_eq!(h.live(0), 2, "the held node and b's");
+    let refused = h.pool.submit(
+        h.now,
+        NewRequest {
+            requestor: "test".into(),
+            priority: 0,
+            wants: vec![(LabelIx(0), 1)],
+        },
+    );
+    assert_eq!(refused, Err(Refused::Removed("a".into())));
+    let launched = creates(&h).len();
+    h.advance(secs(30));
+    ok(&h);
+    assert_eq!(creates(&h).len(), launched, "nothing launched for it again");
 }
 
 // ---- providers ------------------------------------------------------------

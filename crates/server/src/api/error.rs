@@ -102,7 +102,9 @@ impl From<ServiceError> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Standby, message)
             }
             ServiceError::Refused(Refused::Empty) => ApiError::bad("labels", message),
-            ServiceError::Refused(Refused::DuplicateLabel(_)) => ApiError::bad("labels", message),
+            ServiceError::Refused(Refused::DuplicateLabel(_) | Refused::Removed(_)) => {
+                ApiError::bad("labels", message)
+            }
             ServiceError::Refused(Refused::TooMany { .. }) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorCode::Unsatisfiable,

@@ -321,12 +321,14 @@ pub(super) fn labels(pool: &Pool) -> Vec<types::Label> {
             types::Label {
                 name: l.name.clone(),
                 kind: if slots.is_some() { "slots" } else { "machine" }.to_owned(),
-                min_ready: l.min_ready,
+                // A removed label keeps none ready.
+                min_ready: if l.retired { 0 } else { l.min_ready },
                 ready: pool.free_ready(ix),
                 nodes: std::mem::take(&mut by_label[i]),
                 slots,
                 backing_label,
                 offers,
+                removed: l.retired,
             }
         })
         .collect()

@@ -361,7 +361,7 @@ impl Loop {
                 self.taking_in.push(reply);
             }
             Command::Reconfigure(config, reply) => {
-                let taken = pool.reconfigure(config.clone());
+                let taken = pool.reconfigure(config.clone(), now);
                 if taken.is_ok() {
                     self.store.reconfigure(config);
                 }
