@@ -542,12 +542,7 @@ impl Pool {
             self.finish_request(id, state, now);
         }
         let drained: Vec<NodeId> = (self.nodes.values())
-            .filter(|n| n.idle == Idle::Run && !n.state.is_final())
-            .filter(|n| match &n.packing {
-                Packing::Plain => n.label == label,
-                Packing::Backing { slot_label, .. } => *slot_label == label,
-                Packing::Slot { .. } => false,
-            })
+            .filter(|n| n.idle == Idle::Run && !n.state.is_final() && self.of_retired_label(n))
             .map(|n| n.id)
             .collect();
         for id in drained {

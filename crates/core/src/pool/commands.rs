@@ -180,20 +180,29 @@ impl Pool {
         Ok(())
     }
 
-    /// Sets a node's idle behaviour (and its tag).
+    /// Sets a node's idle behaviour (and its tag). A node of a label
+    /// removed from the config runs no more: `run` drains it.
     pub fn set_idle(&mut self, now: Time, id: NodeId, idle: Idle) -> Result<(), Conflict> {
         let node = self.nodes.get(&id).ok_or(Conflict::NoSuchNode)?;
         if node.state.is_final() {
             return Err(Conflict::AlreadyFinal(node.state.name()));
         }
+        let idle = match idle {
+            Idle::Run if self.of_retired_label(node) => Idle::Drain,
+            idle => idle,
+        };
         if node.idle == idle {
             return Ok(());
         }
         // Its tag follows (`update`).
         self.update(id, |n| n.idle = idle);
         let state = self.nodes[&id].state.clone();
+        let plain = self.nodes[&id].packing == Packing::Plain;
         match (idle, state) {
-            (Idle::Drain, NodeState::Ready { .. }) if self.nodes[&id].assigned.is_none() => {
+            // A backing node goes once its slots are free (below).
+            (Idle::Drain, NodeState::Ready { .. })
+                if plain && self.nodes[&id].assigned.is_none() =>
+            {
                 self.begin_delete(id, DeleteReason::Drained, now)
             }
             (Idle::Drain | Idle::Run, NodeState::Used { .. }) => self.settle_used(id, now),
@@ -207,6 +216,16 @@ impl Pool {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Whether `node` serves a label removed from the config: a plain
+    /// node's own label, a backing node's slot label.
+    pub(super) fn of_retired_label(&self, node: &Node) -> bool {
+        match &node.packing {
+            Packing::Plain => self.config[node.label].retired,
+            Packing::Backing { slot_label, .. } => self.config[*slot_label].retired,
+            Packing::Slot { .. } => false,
+        }
     }
 
     /// An operator deletes a node, whatever it is doing.

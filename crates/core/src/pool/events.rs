@@ -300,7 +300,12 @@ impl Pool {
                 self.dirty_requests.insert(*r);
             }
         }
-        let give_up = attempt > retries || (!requests.is_empty() && spent.len() == requests.len());
+        // A node no request waits for, of a label removed from the config,
+        // is not tried again: nothing would use it.
+        let unwanted = requests.is_empty() && self.of_retired_label(&self.nodes[&id]);
+        let give_up = attempt > retries
+            || (!requests.is_empty() && spent.len() == requests.len())
+            || unwanted;
         let pname = &self.config[provider].name;
         let lname = &self.config[label].name;
         let reason = format!(

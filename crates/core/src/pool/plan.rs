@@ -156,13 +156,10 @@ impl Pool {
         let Some(req) = self.requests.get(&id) else {
             return;
         };
-        let mut spared: HashSet<LabelIx> = HashSet::new();
-        for &(label, _) in &req.wants {
-            spared.insert(label);
-            if let LabelKind::Slots { backing, .. } = self.config[label].kind {
-                spared.insert(backing);
-            }
-        }
+        // Only the labels it wants are spared. Not a wanted slot label's
+        // backing label: a slot is never placed on a plain node of it, so
+        // its free plain nodes are room the request cannot use otherwise.
+        let spared: HashSet<LabelIx> = req.wants.iter().map(|&(label, _)| label).collect();
         // Candidates per provider, oldest ready first: the free ready nodes
         // of the other labels, and the ready backing nodes with every slot
         // free of the other slot labels (kept only for those labels'

@@ -1387,6 +1387,30 @@ fn backings(h: &Harness) -> Vec<Node> {
     v
 }
 
+/// An operator drains a ready backing node whose slot is in use: the
+/// slot keeps its instance until it is released, and then the backing
+/// node is deleted.
+#[test]
+fn a_drained_backing_node_waits_for_its_slots_in_use() {
+    let mut h = slotted();
+    let r = h.submit(&[("s", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r));
+    let slot = h.pool.request(r).unwrap().nodes[0];
+    let backing = backings(&h)[0].id;
+    h.set_idle(backing, Idle::Drain);
+    settle(&mut h);
+    assert_eq!(h.count("s", "in-use"), 1, "the slot keeps its instance");
+    assert!(matches!(
+        h.pool.node(backing).unwrap().state,
+        NodeState::Ready { .. }
+    ));
+    h.release(slot);
+    h.advance(secs(5));
+    ok(&h);
+    assert_eq!(h.live(0), 0, "deleted once its slot was free");
+}
+
 #[test]
 fn slots_are_packed_before_launching_and_never_given_twice() {
     let mut h = slotted();
