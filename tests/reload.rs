@@ -336,3 +336,98 @@ async fn a_provider_whose_driver_failed_to_start_starts_on_the_file_that_replace
     served(&server).await;
     server.terminate().await.assert_success();
 }
+
+/// A config reload that changes a provider's driver settings starts its
+/// driver on them beside the one it runs, and switches once that
+/// configured: the driver's config (the sim's page size), then its file
+/// (another name, other bytes), which the watch then follows. Settings the
+/// driver refuses in `configure` leave every part of the reload undone.
+#[tokio::test]
+async fn a_config_reload_switches_a_drivers_settings_whole_or_not_at_all() {
+    let p = Plugins::new().await;
+    let server = p.serve().await;
+    server.until_label_ready(60, "small", 2, "prewarmed").await;
+    let running = std::fs::read_to_string(&p.config).expect("the config");
+    let url = p.sim.url();
+    let endpoint = format!("config = {{ endpoint = \"{url}\" }}");
+    assert!(running.contains(&endpoint), "{running}");
+    let with = |page: u32, min: u32| {
+        running
+            .replace(
+                &endpoint,
+                &format!("config = {{ endpoint = \"{url}\", page_size = {page} }}"),
+            )
+            .replace("min-ready = 2", &format!("min-ready = {min}"))
+    };
+    let reload = || async {
+        let base = server.base.clone();
+        run_berth(["config", "reload", "--server", &base, "--token", OPS], &[]).await
+    };
+    let min_ready = || async {
+        let (_, labels) = server.call("GET", "/v1/labels", Some(OPS), None).await;
+        labels[0]["min_ready"].as_u64()
+    };
+    let lists_of_one = || {
+        (p.sim.cloud.calls().iter())
+            .filter(|c| c.method == "GET" && c.path == "/v1/instances")
+            .filter(|c| (c.query.as_deref().unwrap_or("").split('&')).any(|q| q == "page_size=1"))
+            .count()
+    };
+
+    // The driver refuses the new config: nothing of the reload is taken.
+    std::fs::write(&p.config, with(0, 3)).expect("write");
+    let ran = reload().await;
+    assert!(!ran.success(), "{ran}");
+    for line in [
+        "refused: providers.sim: its new settings could not start",
+        "page_size",
+        "providers.sim.config: changed",
+        "labels.small.min-ready: 2 → 3",
+    ] {
+        assert!(ran.stdout.contains(line), "{line}: {ran}");
+    }
+    assert_eq!(min_ready().await, Some(2));
+    assert_eq!(sim_driver(&server).await["sha256"], p.first.as_str());
+
+    // Taken whole: lists ask for pages of one, and min-ready is 3.
+    std::fs::write(&p.config, with(1, 3)).expect("write");
+    let ran = reload().await;
+    assert!(ran.success(), "{ran}");
+    server
+        .until_label_ready(60, "small", 3, "min-ready raised")
+        .await;
+    until(60, "a list in pages of one", || async {
+        (lists_of_one() > 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        sim_driver(&server).await["sha256"],
+        p.first.as_str(),
+        "the same driver"
+    );
+
+    // Another file, by the config: loaded, switched to, and watched.
+    let plugins = p.driver.parent().expect("the plugins directory");
+    let second = with_custom_section(&p.bytes, 1);
+    put(&plugins.join("sim-b.wasm"), &second);
+    let renamed = with(1, 3).replace("driver = \"sim.wasm\"", "driver = \"sim-b.wasm\"");
+    assert_ne!(renamed, with(1, 3));
+    std::fs::write(&p.config, renamed).expect("write");
+    let ran = reload().await;
+    assert!(
+        ran.success() && ran.stdout.contains("providers.sim.driver"),
+        "{ran}"
+    );
+    let d = until_running(&server, &sha256(&second), "the file the config names").await;
+    assert_eq!(d["previous_sha256"], p.first.as_str(), "{d}");
+    let third = with_custom_section(&p.bytes, 2);
+    put(&plugins.join("sim-b.wasm"), &third);
+    until_running(
+        &server,
+        &sha256(&third),
+        "a new build of the file the config names",
+    )
+    .await;
+    server.until_label_ready(60, "small", 3, "serving").await;
+    server.terminate().await.assert_success();
+}

@@ -44,7 +44,7 @@ pub use interpolate::interpolate_json;
 pub use locate::locate;
 pub use parse::{base_dir, load, parse};
 pub use problem::{ConfigErrors, Location, Problem};
-pub use reload::{Difference, align, differences};
+pub use reload::{Difference, align, differences, drivers_changed};
 pub use sandbox::{
     AllowedHost, Auth, Credential, FIELD_SIZE_LIMIT, SandboxLimits, Secret, canonical_ip,
 };

@@ -42,8 +42,7 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
     let (a, b) = (&running.pool, &new.pool);
     d.field("pool-id", &a.pool_id, &b.pool_id, false);
     d.field("state-dir", &running.state_dir, &new.state_dir, false);
-    // Driver files and their settings are not yet taken live (the
-    // providers' sandboxes would start again on them).
+    // Where every driver file is found: not yet taken live.
     d.field("plugins-dir", &running.plugins_dir, &new.plugins_dir, false);
     let (t, u) = (&a.timings, &b.timings);
     d.field("sync-interval", &t.sync_interval, &u.sync_interval, true);
@@ -145,6 +144,31 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
         d.table(join("labels", &l.name), "added");
     }
     d.0
+}
+
+/// The providers whose driver settings a reload changes (`driver`,
+/// `driver-sha256`, `config`, `allow-hosts`, `credentials`, `sandbox`):
+/// each starts its driver afresh with them. By name, in the running order.
+pub fn drivers_changed(running: &Settings, differences: &[Difference]) -> Vec<String> {
+    const KEYS: [&str; 6] = [
+        "driver",
+        "driver-sha256",
+        "config",
+        "allow-hosts",
+        "credentials",
+        "sandbox",
+    ];
+    (running.pool.providers.iter())
+        .map(|p| p.name.clone())
+        .filter(|name| {
+            let table = join("providers", name);
+            differences.iter().any(|d| {
+                (d.key.strip_prefix(table.as_str()))
+                    .and_then(|rest| rest.strip_prefix('.'))
+                    .is_some_and(|key| KEYS.contains(&key))
+            })
+        })
+        .collect()
 }
 
 /// A label of the running config by name, unless an earlier reload
@@ -316,12 +340,12 @@ impl Diff {
         (q, e): (&Provider, &DriverSettings),
     ) {
         let k = |name: &str| join(key, name);
-        self.field(&k("driver"), &d.driver_name, &e.driver_name, false);
+        self.field(&k("driver"), &d.driver_name, &e.driver_name, true);
         self.field(
             &k("driver-sha256"),
             &d.driver_sha256,
             &e.driver_sha256,
-            false,
+            true,
         );
         self.field(&k("priority"), &p.priority, &q.priority, true);
         self.field(&k("rate"), &p.rate, &q.rate, true);
@@ -336,13 +360,13 @@ impl Diff {
         );
         self.field(&k("limits.max-cores"), &l.max_cores, &m.max_cores, true);
         self.field(&k("limits.max-ram"), &l.max_ram_mib, &m.max_ram_mib, true);
-        self.secret(&k("config"), d.driver_config != e.driver_config, false);
+        self.secret(&k("config"), d.driver_config != e.driver_config, true);
         let hosts = |d: &DriverSettings| format!("{:?}", d.allowed_hosts);
-        self.field(&k("allow-hosts"), &hosts(d), &hosts(e), false);
+        self.field(&k("allow-hosts"), &hosts(d), &hosts(e), true);
         let credentials = |d: &DriverSettings| format!("{:?}", d.credentials);
-        self.secret(&k("credentials"), credentials(d) != credentials(e), false);
+        self.secret(&k("credentials"), credentials(d) != credentials(e), true);
         let sandbox = |d: &DriverSettings| format!("{:?}", d.sandbox);
-        self.secret(&k("sandbox"), sandbox(d) != sandbox(e), false);
+        self.secret(&k("sandbox"), sandbox(d) != sandbox(e), true);
     }
 
     fn label(&mut self, key: &str, (s, l): (&Settings, &Label), (t, m): (&Settings, &Label)) {

@@ -1134,8 +1134,7 @@ ram = "1GiB"
             "providers.sim-a.rate: 2.5 → 4",
             // Its default follows the rate.
             "providers.sim-a.burst: 3 → 4",
-            // Not yet live: a driver's settings.
-            "providers.sim-a.config: changed (cannot change while berth runs: restart it)",
+            "providers.sim-a.config: changed",
             "labels.big.min-ready: 2 → 5",
             "labels.small: added",
         ],

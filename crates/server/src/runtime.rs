@@ -56,8 +56,8 @@ pub use handle::{COMMAND_QUEUE, Handle};
 pub use mode::{Holder, Mode, PoolError, ServiceError};
 pub use observer::{InFlight, Observer, outcome_name};
 pub use providers::{
-    BoxFuture, Cloud, Health, LoadedDriver, Providers, ReloadCounts, ReloadError, Reloaded,
-    RollbackError, Trigger,
+    BoxFuture, Cloud, Health, LoadedDriver, Prepared, Providers, ReloadCounts, ReloadError,
+    Reloaded, RollbackError, Trigger,
 };
 pub use service::{Backend, DEFAULT_STOP_GRACE, Parts, Service, Shared};
 pub use shards::Shards;

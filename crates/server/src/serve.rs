@@ -207,7 +207,8 @@ pub async fn serve(
         api.clone(),
         service.handle.providers().clone(),
     ));
-    let watching = service.handle.providers().watch_files();
+    let providers = service.handle.providers().clone();
+    providers.watch_files();
     let (close, closed) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(
         listener,
@@ -231,7 +232,7 @@ pub async fn serve(
         .stop_within(options.stop_grace.unwrap_or(runtime::DEFAULT_STOP_GRACE))
         .await;
     reloads.abort();
-    watching.abort();
+    providers.stop_watching();
     let _ = close.send(());
     server.await.context("the HTTP server panicked")?;
     if let Some(sim) = sim {

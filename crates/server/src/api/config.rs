@@ -139,22 +139,12 @@ impl Api {
         let mut reasons = judged.reasons;
         let mut applied = false;
         if let Some(aligned) = judged.aligned {
-            if judged.differences.is_empty() {
-                applied = true;
-            } else {
-                match self
-                    .handle()
-                    .reconfigure(Arc::new(aligned.pool.clone()))
-                    .await
-                {
-                    Ok(()) => {
-                        self.set_tokens(aligned.api.tokens.clone());
-                        *config.running.lock().unwrap_or_else(|e| e.into_inner()) =
-                            Arc::new(aligned);
-                        applied = true;
-                    }
-                    Err(e) => reasons.push(e.to_string()),
+            match self.apply(&running, aligned, &judged.differences).await {
+                Ok(aligned) => {
+                    *config.running.lock().unwrap_or_else(|e| e.into_inner()) = aligned;
+                    applied = true;
                 }
+                Err(why) => reasons.extend(why),
             }
         }
         let reload = types::ConfigReload {
@@ -166,6 +156,33 @@ impl Api {
         };
         log(&reload);
         Some(reload)
+    }
+
+    /// Applies `aligned` whole, or none of it: the providers whose driver
+    /// settings changed start on them next to what they run, then the pool
+    /// takes its config, then the providers switch and the tokens are
+    /// swapped.
+    async fn apply(
+        &self,
+        running: &Settings,
+        aligned: Settings,
+        differences: &[Difference],
+    ) -> std::result::Result<Arc<Settings>, Vec<String>> {
+        if differences.is_empty() {
+            return Ok(Arc::new(aligned));
+        }
+        let providers = self.handle().providers().clone();
+        let changed = berth_config::drivers_changed(running, differences);
+        let prepared = providers.prepare(&aligned, &changed).await?;
+        let pool = Arc::new(aligned.pool.clone());
+        // Dropping what was prepared changes nothing.
+        self.handle()
+            .reconfigure(pool)
+            .await
+            .map_err(|e| vec![e.to_string()])?;
+        providers.commit(prepared);
+        self.set_tokens(aligned.api.tokens.clone());
+        Ok(Arc::new(aligned))
     }
 
     fn set_tokens(&self, tokens: Vec<Token>) {

@@ -61,8 +61,11 @@ const KEY_FAMILIES: [&[Algorithm]; 3] = [
 /// Makes the readiness probes of every provider's instances.
 pub struct Prober {
     permits: Semaphore,
-    /// Per provider, in the config's order: where its probes may go.
-    policies: Vec<HttpPolicy>,
+    /// Per provider, in the config's order: where its probes may go. A
+    /// config reload replaces one (plain lock: held only to read or swap).
+    policies: std::sync::RwLock<Vec<Arc<HttpPolicy>>>,
+    /// Where no probe may go, whatever a policy allows (berth's own API).
+    deny: Vec<SocketAddr>,
     /// [`LOOPBACK_ONLY_ENV`] was set at start.
     loopback_only: bool,
 }
@@ -73,23 +76,40 @@ impl Prober {
     pub fn new(providers: Vec<(String, Vec<AllowedHost>)>, deny: Vec<SocketAddr>) -> Prober {
         let policies = providers
             .into_iter()
-            .map(|(name, allowed)| HttpPolicy::new(name.into(), allowed).denying(deny.clone()))
+            .map(|(name, allowed)| {
+                Arc::new(HttpPolicy::new(name.into(), allowed).denying(deny.clone()))
+            })
             .collect();
         Prober {
             permits: Semaphore::new(MAX_PROBES),
-            policies,
+            policies: std::sync::RwLock::new(policies),
+            deny,
             loopback_only: std::env::var_os(LOOPBACK_ONLY_ENV).is_some_and(|v| v == "1"),
+        }
+    }
+
+    /// Provider `p` (named `name`) may be reached at `allowed` from now on
+    /// (a config reload changed its `allow-hosts`).
+    pub(super) fn allow(&self, p: usize, name: &str, allowed: Vec<AllowedHost>) {
+        let policy = HttpPolicy::new(name.into(), allowed).denying(self.deny.clone());
+        let mut policies = self.policies.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = policies.get_mut(p) {
+            *at = Arc::new(policy);
         }
     }
 
     /// Probes an instance of provider `p`: the host keys its SSH server
     /// showed (none for `tcp`), or why it is not ready.
     pub async fn probe(&self, p: ProviderIx, target: &ProbeTarget) -> Result<Vec<String>, String> {
-        let Some(policy) = self.policies.get(p.0 as usize) else {
+        let policy = {
+            let policies = self.policies.read().unwrap_or_else(|e| e.into_inner());
+            policies.get(p.0 as usize).cloned()
+        };
+        let Some(policy) = policy else {
             return Err("no such provider".into());
         };
         let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
-        let attempt = attempt(policy, target, self.loopback_only);
+        let attempt = attempt(&policy, target, self.loopback_only);
         match tokio::time::timeout(target.timeout, attempt).await {
             Ok(r) => r,
             Err(_) => Err(format!(

@@ -22,7 +22,9 @@ use berth_plugin::{
     SandboxConfig,
 };
 
+mod reconfigure;
 mod reload;
+pub use reconfigure::Prepared;
 pub use reload::{ReloadCounts, ReloadError, Reloaded, RollbackError, Trigger};
 
 /// A boxed future that can move between threads.
@@ -174,21 +176,28 @@ pub struct Providers {
     /// `None` for [`Providers::fixed`]: nothing is loaded.
     loader: Option<Arc<Loader>>,
     starters: Vec<tokio::task::AbortHandle>,
-    /// One reload or rollback at a time.
+    /// One reload, rollback or change of settings at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// The watch on the driver files ([`Providers::watch_files`]), started
+    /// again when a config reload names other files.
+    watching: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 struct Slot {
     name: String,
-    /// The driver file the provider runs on.
-    driver: PathBuf,
     tx: watch::Sender<State>,
     /// What a start of its driver needs: the file and the sandbox's
-    /// config (`None` for [`Providers::fixed`]).
-    start: Option<(DriverFile, SandboxConfig)>,
+    /// config (`None` for [`Providers::fixed`]). Shared with the task that
+    /// starts it (and starts it again after a failure), which reads it
+    /// afresh each time; a config reload replaces it. Plain mutex: held
+    /// only to read or replace it.
+    start: Option<Arc<Mutex<Start>>>,
     /// Its reloads so far. Plain mutex: never held across an await.
     reloads: Mutex<reload::Reloads>,
 }
+
+/// A provider's driver file and its sandbox's config.
+type Start = (DriverFile, SandboxConfig);
 
 /// Loads each driver file once, for all the providers on it.
 pub(super) struct Loader {
@@ -255,18 +264,13 @@ impl Providers {
                 name: d.driver_name.clone(),
                 sha256: d.driver_sha256.clone(),
             };
-            let task = tokio::spawn(keep_starting(
-                loader.clone(),
-                file.clone(),
-                provider.clone(),
-                tx.clone(),
-            ));
+            let start = Arc::new(Mutex::new((file, provider)));
+            let task = tokio::spawn(keep_starting(loader.clone(), start.clone(), tx.clone()));
             starters.push(task.abort_handle());
             slots.push(Slot {
                 name: p.name.clone(),
-                driver: d.driver.clone(),
                 tx,
-                start: Some((file, provider)),
+                start: Some(start),
                 reloads: Mutex::default(),
             });
         }
@@ -276,6 +280,7 @@ impl Providers {
             loader: Some(loader),
             starters,
             reloading: tokio::sync::Mutex::new(()),
+            watching: Mutex::new(None),
         })
     }
 
@@ -296,7 +301,6 @@ impl Providers {
                 let (tx, _) = watch::channel(State::Up(cloud, None));
                 Slot {
                     name,
-                    driver: PathBuf::new(),
                     tx,
                     start: None,
                     reloads: Mutex::default(),
@@ -309,6 +313,7 @@ impl Providers {
             loader: None,
             starters: Vec::new(),
             reloading: tokio::sync::Mutex::new(()),
+            watching: Mutex::new(None),
         })
     }
 
@@ -350,8 +355,10 @@ impl Providers {
 
     /// The file name of the driver provider `p` runs on.
     pub fn driver_file(&self, p: ProviderIx) -> String {
-        let path = &self.slots[p.0 as usize].driver;
-        path.file_name()
+        let Some((file, _)) = self.slots[p.0 as usize].start() else {
+            return String::new();
+        };
+        (file.path.file_name())
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default()
     }
@@ -468,6 +475,15 @@ impl Drop for Providers {
         for s in &self.starters {
             s.abort();
         }
+        self.stop_watching();
+    }
+}
+
+impl Slot {
+    /// Its driver file and sandbox config as they stand.
+    fn start(&self) -> Option<Start> {
+        let start = self.start.as_ref()?;
+        Some(start.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 }
 
@@ -506,17 +522,17 @@ impl DriverFile {
 }
 
 /// Loads the driver and starts the provider's first instance, again and
-/// again with backoff until it works.
-async fn keep_starting(
-    loader: Arc<Loader>,
-    file: DriverFile,
-    config: SandboxConfig,
-    tx: watch::Sender<State>,
-) {
-    let name = config.name.clone();
+/// again with backoff until it works, each time with its file and config
+/// as they then stand.
+async fn keep_starting(loader: Arc<Loader>, start: Arc<Mutex<Start>>, tx: watch::Sender<State>) {
+    let name = (start.lock().unwrap_or_else(|p| p.into_inner()))
+        .1
+        .name
+        .clone();
     let mut tries = 0u32;
     loop {
-        match start_one(&loader, &file, config.clone()).await {
+        let (file, config) = start.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match start_one(&loader, &file, config).await {
             Ok(provider) => {
                 if tries > 0 {
                     tracing::info!(provider = %name, tries, "provider started after failing");

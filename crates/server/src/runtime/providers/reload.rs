@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use berth_plugin::{Driver, LoadLimits, Sandbox};
 
-use super::{Providers, Slot, State};
+use super::{Providers, Slot, Start, State};
 
 /// One provider's reloads so far.
 #[derive(Default)]
@@ -118,7 +118,7 @@ impl Providers {
         let mut loaded: HashMap<(PathBuf, String), Result<Driver, String>> = HashMap::new();
         let mut out = Vec::new();
         for slot in &self.slots {
-            let Some((file, config)) = &slot.start else {
+            let Some((file, config)) = &slot.start() else {
                 continue;
             };
             let limits = LoadLimits::from(&config.limits);
@@ -226,7 +226,7 @@ impl Providers {
         let slot = (self.slots.iter())
             .find(|s| s.name == provider)
             .ok_or_else(|| RollbackError::Unknown(provider.to_owned()))?;
-        let (Some((_, config)), Some(running)) = (&slot.start, slot.running()) else {
+        let (Some((_, config)), Some(running)) = (&slot.start(), slot.running()) else {
             return Err(RollbackError::NotStarted(provider.to_owned()));
         };
         let previous = (slot.lock().previous.clone())
@@ -249,11 +249,12 @@ impl Providers {
     }
 
     /// Watches the directories of the providers' driver files and reloads
-    /// when one changes ([`watch`]), until the task is aborted or the
-    /// providers dropped.
-    pub fn watch_files(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let mut dirs: Vec<PathBuf> = (self.slots.iter())
-            .filter_map(|s| s.start.as_ref()?.0.path.parent().map(Path::to_path_buf))
+    /// when one changes ([`watch`]), until [`Providers::stop_watching`] or
+    /// the providers are dropped. Watching again stops the watch before.
+    pub fn watch_files(self: &Arc<Self>) {
+        let starts: Vec<Start> = self.slots.iter().filter_map(Slot::start).collect();
+        let mut dirs: Vec<PathBuf> = (starts.iter())
+            .filter_map(|(file, _)| file.path.parent().map(Path::to_path_buf))
             .map(|d| {
                 if d.as_os_str().is_empty() {
                     PathBuf::from(".")
@@ -264,10 +265,22 @@ impl Providers {
             .collect();
         dirs.sort();
         dirs.dedup();
-        let names: HashSet<OsString> = (self.slots.iter())
-            .filter_map(|s| s.start.as_ref()?.0.path.file_name().map(OsString::from))
+        let names: HashSet<OsString> = (starts.iter())
+            .filter_map(|(file, _)| file.path.file_name().map(OsString::from))
             .collect();
-        tokio::spawn(watch(Arc::downgrade(self), dirs, names))
+        let task = tokio::spawn(watch(Arc::downgrade(self), dirs, names));
+        let mut watching = self.watching.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(before) = watching.replace(task.abort_handle()) {
+            before.abort();
+        }
+    }
+
+    /// Stops watching the driver files.
+    pub fn stop_watching(&self) {
+        let mut watching = self.watching.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(task) = watching.take() {
+            task.abort();
+        }
     }
 
     /// Each provider's reload counts, by name.
@@ -292,7 +305,7 @@ impl Slot {
     }
 
     /// The driver it runs, once started.
-    fn running(&self) -> Option<Driver> {
+    pub(super) fn running(&self) -> Option<Driver> {
         match &*self.tx.borrow() {
             State::Up(_, Some(sandbox)) => Some(sandbox.driver().clone()),
             _ => None,
@@ -310,17 +323,7 @@ impl Slot {
     ) -> Result<(), String> {
         let sandbox = Sandbox::start(driver, config);
         sandbox.warm().await.map_err(|e| e.to_string())?;
-        let sandbox = Arc::new(sandbox);
-        // Still up on the driver it ran: not stopping, and not switched
-        // meanwhile (reloads take turns, so nothing else switches it).
-        let switched = self.tx.send_if_modified(|s| match s {
-            State::Up(_, Some(old)) if old.driver().sha256() == running.sha256() => {
-                *s = State::Up(sandbox.clone(), Some(sandbox.clone()));
-                true
-            }
-            _ => false,
-        });
-        if !switched {
+        if !self.swap(Arc::new(sandbox), running) {
             return Err("the provider stopped meanwhile".into());
         }
         tracing::info!(
@@ -330,12 +333,31 @@ impl Slot {
             contract = driver.contract().version(),
             "the provider switched to another driver; calls under way finish in the one it ran"
         );
-        let mut reloads = self.lock();
-        reloads.previous = Some(running.clone());
-        reloads.error = None;
-        reloads.passed_over = None;
-        reloads.swaps += 1;
         Ok(())
+    }
+
+    /// Makes `sandbox` the provider's if it is still up on `running`: not
+    /// stopping, and not switched meanwhile (reloads take turns, so nothing
+    /// else switches it). Calls from now on go to it; the ones running
+    /// finish where they started. If its driver is another, the one it
+    /// replaces is kept for a rollback.
+    pub(super) fn swap(&self, sandbox: Arc<Sandbox>, running: &Driver) -> bool {
+        let other = sandbox.driver().sha256() != running.sha256();
+        let switched = self.tx.send_if_modified(|s| match s {
+            State::Up(_, Some(old)) if old.driver().sha256() == running.sha256() => {
+                *s = State::Up(sandbox.clone(), Some(sandbox));
+                true
+            }
+            _ => false,
+        });
+        if switched && other {
+            let mut reloads = self.lock();
+            reloads.previous = Some(running.clone());
+            reloads.error = None;
+            reloads.passed_over = None;
+            reloads.swaps += 1;
+        }
+        switched
     }
 
     /// Notes a failed reload and says why, once per file: a file that

@@ -1,0 +1,162 @@
+//! A config reload that changes providers' driver settings (`driver`,
+//! `driver-sha256`, `config`, `allow-hosts`, `credentials`, `sandbox`), in
+//! two phases so that a reload is taken whole or not at all:
+//! [`Providers::prepare`] starts each started provider's driver with its new
+//! settings on a fresh instance next to the running one (as a driver reload
+//! does), and [`Providers::commit`] switches them all once the rest of the
+//! reload was taken. Dropping the [`Prepared`] instead changes nothing.
+//!
+//! A provider that has not started yet takes its new settings at its next
+//! try to start.
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use berth_config::Settings;
+use berth_plugin::{Driver, LoadLimits, Sandbox, SandboxConfig};
+
+use super::{DriverFile, Providers, Start};
+
+/// Providers' new settings, each started provider's on a fresh instance
+/// that has configured, not yet switched to. Holds the providers' reload
+/// turn: no driver reload or rollback runs until it is committed or
+/// dropped.
+pub struct Prepared<'a> {
+    _turn: tokio::sync::MutexGuard<'a, ()>,
+    changes: Vec<Change>,
+}
+
+struct Change {
+    slot: usize,
+    start: Start,
+    /// The instance on the new settings, and the driver it replaces; none
+    /// for a provider that has not started.
+    switch: Option<(Arc<Sandbox>, Driver)>,
+}
+
+impl Providers {
+    /// Starts the providers named in `changed` on their settings in
+    /// `settings` (arranged to the running order, `berth_config::align`),
+    /// each on a fresh instance that must load and configure; or every
+    /// reason one could not, changing nothing.
+    pub async fn prepare(
+        &self,
+        settings: &Settings,
+        changed: &[String],
+    ) -> Result<Prepared<'_>, Vec<String>> {
+        let turn = self.reloading.lock().await;
+        let mut changes = Vec::new();
+        let mut refused = Vec::new();
+        for name in changed {
+            match self.prepare_one(settings, name).await {
+                Ok(change) => changes.push(change),
+                Err(e) => refused.push(format!(
+                    "providers.{name}: its new settings could not start ({e}); it goes on as it runs"
+                )),
+            }
+        }
+        if !refused.is_empty() {
+            return Err(refused);
+        }
+        Ok(Prepared {
+            _turn: turn,
+            changes,
+        })
+    }
+
+    async fn prepare_one(&self, settings: &Settings, name: &str) -> Result<Change, String> {
+        let at = (self.slots.iter().position(|s| s.name == name)).ok_or("no such provider")?;
+        let slot = &self.slots[at];
+        let (Some((_, running_config)), Some(d)) = (slot.start(), settings.drivers.get(at)) else {
+            return Err("its driver is not run from a file".into());
+        };
+        if settings.pool.providers.get(at).map(|p| p.name.as_str()) != Some(name) {
+            return Err("the settings are not in the running order".into());
+        }
+        let file = DriverFile {
+            path: d.driver.clone(),
+            plugins_dir: d.plugins_dir.clone(),
+            name: d.driver_name.clone(),
+            sha256: d.driver_sha256.clone(),
+        };
+        let config = SandboxConfig {
+            driver_config: d.driver_config.clone(),
+            allowed_hosts: d.allowed_hosts.clone(),
+            limits: d.sandbox.clone(),
+            credentials: d.credentials.clone(),
+            ..running_config
+        };
+        let Some(running) = slot.running() else {
+            return Ok(Change {
+                slot: at,
+                start: (file, config),
+                switch: None,
+            });
+        };
+        let limits = LoadLimits::from(&config.limits);
+        let bytes = file.read(limits.max_file_bytes).await?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        if let Some(refused) = file.refuses(&sha256) {
+            return Err(refused);
+        }
+        let driver = if sha256 == running.sha256() && file.path == *running.path() {
+            running.clone()
+        } else {
+            let loader = self.loader.as_ref().ok_or("no driver loader")?;
+            (loader.engine)
+                .load_bytes(file.path.clone(), bytes, limits, None)
+                .await
+                .map_err(|e| format!("loading its driver: {e}"))?
+        };
+        let sandbox = Sandbox::start(&driver, config.clone());
+        sandbox.warm().await.map_err(|e| e.to_string())?;
+        Ok(Change {
+            slot: at,
+            start: (file, config),
+            switch: Some((Arc::new(sandbox), running)),
+        })
+    }
+
+    /// Switches every prepared provider to its new settings: calls from now
+    /// on go to the new instance, and the ones running finish where they
+    /// started. Driver files are watched anew if their names changed.
+    pub fn commit(self: &Arc<Self>, prepared: Prepared<'_>) {
+        let mut files_changed = false;
+        for change in prepared.changes {
+            let slot = &self.slots[change.slot];
+            let Some(start) = &slot.start else {
+                continue;
+            };
+            let (file, config) = change.start;
+            self.prober
+                .allow(change.slot, &slot.name, config.allowed_hosts.clone());
+            {
+                let mut start = start.lock().unwrap_or_else(|p| p.into_inner());
+                files_changed |= start.0.path != file.path;
+                *start = (file, config);
+            }
+            let Some((sandbox, running)) = change.switch else {
+                continue;
+            };
+            let driver = sandbox.driver().clone();
+            if slot.swap(sandbox, &running) {
+                tracing::info!(
+                    provider = %slot.name,
+                    driver = %driver.path().display(),
+                    sha256 = driver.sha256(),
+                    "the provider switched to its settings from the reloaded config; calls under way finish where they started"
+                );
+            }
+        }
+        if files_changed
+            && self
+                .watching
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
+        {
+            self.watch_files();
+        }
+    }
+}
