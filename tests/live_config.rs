@@ -177,21 +177,18 @@ async fn a_config_reload_adds_and_removes_labels_and_raises_min_ready_with_no_no
     assert_eq!(status, 200, "the node in use before the reload is released");
     server.until_label_ready(60, "big", 1, "big refilled").await;
 
-    // Refused whole, berth goes on with what it runs: the pool's id, a
-    // provider added, and a key the file does not know.
-    let driver_line = (running.lines())
-        .find(|l| l.starts_with("driver = "))
-        .expect("the driver's line");
+    // Refused whole, berth goes on with what it runs: the pool's id and
+    // where the API listens, and a key the file does not know.
     let bad = next
         .replace("pool-id = \"serve-test\"", "pool-id = \"other\"")
-        .replace("min-ready = 3", "min-ready = 5")
-        + &format!("\n[providers.extra]\n{driver_line}\n");
+        .replace("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:1\"")
+        .replace("min-ready = 3", "min-ready = 5");
     std::fs::write(&config, &bad).expect("write");
     let ran = reload(&server).await;
     assert!(!ran.success(), "{ran}");
     for line in [
         "refused: pool-id: serve-test → other (cannot change while berth runs: restart it)",
-        "refused: providers.extra: added: a provider is not yet added while berth runs",
+        "refused: api.listen: 127.0.0.1:0 → 127.0.0.1:1 (cannot change while berth runs",
         "labels.small.min-ready: 3 → 5",
         "reload refused; berth goes on with the config it runs",
     ] {

@@ -431,3 +431,84 @@ async fn a_config_reload_switches_a_drivers_settings_whole_or_not_at_all() {
     server.until_label_ready(60, "small", 3, "serving").await;
     server.terminate().await.assert_success();
 }
+
+/// A config reload that adds a provider and removes one, moving label
+/// `small` from `sim` to `other` (a second cloud): `small` is prewarmed on
+/// `other`; `sim`'s free nodes are deleted and its node in use once
+/// released, and `sim` is still listed meanwhile, marked removed.
+#[tokio::test]
+async fn a_config_reload_adds_a_provider_and_drains_one_it_removes() {
+    let p = Plugins::new().await;
+    let other = SimServer::start().await;
+    let server = p.serve().await;
+    server
+        .until_label_ready(60, "small", 2, "prewarmed on sim")
+        .await;
+    let held = server.request(CI, &[("small", 1)]).await;
+    let held = server.fulfilled(CI, &held.id).await;
+    server
+        .until_label_ready(60, "small", 2, "refilled on sim")
+        .await;
+    assert_eq!(live(&p.sim.cloud).len(), 3);
+
+    let running = std::fs::read_to_string(&p.config).expect("the config");
+    let moved = running
+        .replace("[providers.sim]", "[providers.other]")
+        .replace(
+            "[labels.small.providers.sim]",
+            "[labels.small.providers.other]",
+        )
+        .replace(&p.sim.url(), &other.url())
+        .replace(&p.sim.addr().to_string(), &other.addr().to_string());
+    std::fs::write(&p.config, moved).expect("write");
+    let ran = run_berth(
+        ["config", "reload", "--server", &server.base, "--token", OPS],
+        &[],
+    )
+    .await;
+    assert!(ran.success(), "{ran}");
+    for line in ["providers.sim: removed", "providers.other: added"] {
+        assert!(ran.stdout.contains(line), "{line}: {ran}");
+    }
+    until(
+        60,
+        "small prewarmed on other, sim left with the node in use",
+        || async { (live(&other.cloud).len() == 2 && live(&p.sim.cloud).len() == 1).then_some(()) },
+    )
+    .await;
+    server
+        .until_label_ready(60, "small", 2, "ready on other")
+        .await;
+    let (_, providers) = server.call("GET", "/v1/providers", Some(OPS), None).await;
+    let removed: Vec<(&str, bool)> = (providers.as_array().expect("providers").iter())
+        .map(|p| (p["name"].as_str().unwrap_or(""), p["removed"] == true))
+        .collect();
+    assert_eq!(removed, [("sim", true), ("other", false)], "{providers}");
+
+    let lists = || {
+        (p.sim.cloud.calls().iter())
+            .filter(|c| c.method == "GET" && c.path == "/v1/instances")
+            .count()
+    };
+    let before = lists();
+    let (status, _) = server
+        .call(
+            "POST",
+            &format!("/v1/nodes/{}/release", held.nodes[0].id),
+            Some(CI),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    until(60, "the node in use deleted once released", || async {
+        live(&p.sim.cloud).is_empty().then_some(())
+    })
+    .await;
+    until(60, "sim still listed", || async {
+        (lists() > before).then_some(())
+    })
+    .await;
+    let (instances, nodes) = instances_and_nodes(&other.cloud);
+    assert_eq!(instances, nodes, "no node got two instances on other");
+    server.terminate().await.assert_success();
+}

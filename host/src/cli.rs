@@ -600,7 +600,13 @@ fn render_providers(providers: Vec<types::Provider>) -> String {
         &providers,
         &[
             ("NAME", |p| p.name.clone()),
-            ("STATUS", |p| p.status.clone()),
+            ("STATUS", |p| {
+                if p.removed {
+                    format!("{} (removed)", p.status)
+                } else {
+                    p.status.clone()
+                }
+            }),
             ("INSTANCES", |p| p.usage.instances.to_string()),
             ("VCPUS", |p| p.usage.vcpus.to_string()),
             ("RAM", |p| mib(p.usage.ram_mib)),

@@ -189,6 +189,7 @@ impl Walker<'_> {
             priority,
             max_calls: u32::try_from(sandbox.max_instances.max(1)).unwrap_or(u32::MAX),
             limits,
+            retired: false,
         };
         let driver = DriverSettings {
             driver,

@@ -112,17 +112,18 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
     let ca = |p: &Option<crate::Postgres>| p.as_ref().and_then(|p| p.ca_file.clone());
     d.field("store.ca-file", &ca(&s.postgres), &ca(&r.postgres), false);
 
-    for (p, driver) in a.providers.iter().zip(&running.drivers) {
+    // A provider removed by an earlier reload is no longer running.
+    for (p, driver) in (a.providers.iter().zip(&running.drivers)).filter(|(p, _)| !p.retired) {
         let key = join("providers", &p.name);
         match b.provider(&p.name) {
             None => d.table(
                 key,
-                "removed: it takes no new nodes, and goes once its nodes are deleted",
+                "removed: no label offers it, and its nodes are drained (deleted once idle)",
             ),
             Some(ix) => d.provider(&key, (p, driver), (&b.providers[ix.0 as usize], &new[ix])),
         }
     }
-    for p in b.providers.iter().filter(|p| a.provider(&p.name).is_none()) {
+    for p in (b.providers.iter()).filter(|p| a.provider(&p.name).is_none_or(|ix| a[ix].retired)) {
         d.table(join("providers", &p.name), "added");
     }
     // A label removed by an earlier reload is no longer running.
@@ -146,28 +147,31 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
     d.0
 }
 
-/// The providers whose driver settings a reload changes (`driver`,
-/// `driver-sha256`, `config`, `allow-hosts`, `credentials`, `sandbox`):
-/// each starts its driver afresh with them. By name, in the running order.
-pub fn drivers_changed(running: &Settings, differences: &[Difference]) -> Vec<String> {
-    const KEYS: [&str; 6] = [
-        "driver",
-        "driver-sha256",
-        "config",
-        "allow-hosts",
-        "credentials",
-        "sandbox",
-    ];
-    (running.pool.providers.iter())
-        .map(|p| p.name.clone())
-        .filter(|name| {
-            let table = join("providers", name);
-            differences.iter().any(|d| {
-                (d.key.strip_prefix(table.as_str()))
-                    .and_then(|rest| rest.strip_prefix('.'))
-                    .is_some_and(|key| KEYS.contains(&key))
-            })
+/// The running providers whose driver settings `aligned` (arranged by
+/// [`align`]) changes: `driver`, `driver-sha256`, `config`, `allow-hosts`,
+/// `credentials` or `sandbox`, or all of them for a provider removed by an
+/// earlier reload that the file has again. Each starts its driver afresh
+/// with them. By name, in the running order.
+pub fn drivers_changed(running: &Settings, aligned: &Settings) -> Vec<String> {
+    let settings = |s: &Settings, i: usize| {
+        let d = &s.drivers[i];
+        (
+            d.driver_name.clone(),
+            d.driver_sha256.clone(),
+            d.driver_config.clone(),
+            format!("{:?}", d.allowed_hosts),
+            format!("{:?}", d.credentials),
+            format!("{:?}", d.sandbox),
+        )
+    };
+    (running.pool.providers.iter().enumerate())
+        .filter(|&(i, p)| {
+            let Some(q) = aligned.pool.providers.get(i) else {
+                return false;
+            };
+            (p.retired && !q.retired) || settings(running, i) != settings(aligned, i)
         })
+        .map(|(_, p)| p.name.clone())
         .collect()
 }
 
@@ -185,10 +189,11 @@ fn running_label(c: &Config, name: &str) -> Option<LabelIx> {
 /// the running file has keep their places, and labels added follow, in the
 /// new file's order (a slot label's `backing-label` follows its label);
 /// providers are put in the running order, with every offer following its
-/// provider. A label the new file no longer has stays at its index,
-/// retired ([`Label::retired`]), until berth stops. Refused: anything that
-/// cannot change while berth runs (see [`differences`]), and, not yet
-/// taken live, providers added or removed and a label's kind or backing
+/// provider; labels and providers added follow the running ones. A label
+/// or provider the new file no longer has stays at its index, retired
+/// ([`Label::retired`], [`Provider::retired`]), until berth stops.
+/// Refused: anything that cannot change while berth runs (see
+/// [`differences`]), and, not yet taken live, a label's kind or backing
 /// label changed.
 pub fn align(running: &Settings, new: Settings) -> Result<Settings, Vec<String>> {
     let mut refused: Vec<String> = (differences(running, &new).iter())
@@ -196,20 +201,6 @@ pub fn align(running: &Settings, new: Settings) -> Result<Settings, Vec<String>>
         .map(ToString::to_string)
         .collect();
     let (a, b) = (&running.pool, &new.pool);
-    for p in &a.providers {
-        if b.provider(&p.name).is_none() {
-            refused.push(format!(
-                "{}: removed: a provider is not yet removed while berth runs: restart it",
-                join("providers", &p.name)
-            ));
-        }
-    }
-    for p in b.providers.iter().filter(|p| a.provider(&p.name).is_none()) {
-        refused.push(format!(
-            "{}: added: a provider is not yet added while berth runs: restart it",
-            join("providers", &p.name)
-        ));
-    }
     for l in &a.labels {
         let key = join("labels", &l.name);
         let Some(m) = b.label(&l.name).map(|ix| &b[ix]) else {
@@ -228,12 +219,23 @@ pub fn align(running: &Settings, new: Settings) -> Result<Settings, Vec<String>>
     if !refused.is_empty() {
         return Err(refused);
     }
-    // Where each of the new file's providers and labels goes.
-    let provider_at: Vec<ProviderIx> = (b.providers.iter())
-        .map(|p| a.provider(&p.name).expect("every provider runs"))
+    // Each running provider's place: the new file's provider of its name,
+    // or, with none, itself retired; then the providers added. The same
+    // for labels.
+    let mut provider_order: Vec<Result<usize, usize>> = (a.providers.iter().enumerate())
+        .map(|(i, p)| b.provider(&p.name).map(|ix| ix.0 as usize).ok_or(i))
         .collect();
-    // Each running label's place: the new file's label of its name, or,
-    // with none, itself retired; then the labels added.
+    provider_order.extend(
+        (0..b.providers.len())
+            .filter(|&i| a.provider(&b.providers[i].name).is_none())
+            .map(Ok),
+    );
+    let mut provider_at = vec![ProviderIx(0); b.providers.len()];
+    for (to, from) in provider_order.iter().enumerate() {
+        if let Ok(from) = from {
+            provider_at[*from] = ProviderIx(u16::try_from(to).expect("providers fit their index"));
+        }
+    }
     let mut label_order: Vec<Result<usize, &Label>> = (a.labels.iter())
         .map(|l| b.label(&l.name).map(|ix| ix.0 as usize).ok_or(l))
         .collect();
@@ -257,12 +259,20 @@ pub fn align(running: &Settings, new: Settings) -> Result<Settings, Vec<String>>
         api,
         store,
     } = new;
-    let mut providers: Vec<Option<(Provider, DriverSettings)>> = vec![None; provider_at.len()];
-    for ((p, d), to) in pool.providers.into_iter().zip(drivers).zip(&provider_at) {
-        providers[to.0 as usize] = Some((p, d));
-    }
-    let (providers, drivers): (Vec<Provider>, Vec<DriverSettings>) =
-        providers.into_iter().flatten().unzip();
+    let mut given: Vec<Option<(Provider, DriverSettings)>> =
+        pool.providers.into_iter().zip(drivers).map(Some).collect();
+    let (providers, drivers): (Vec<Provider>, Vec<DriverSettings>) = (provider_order.iter())
+        .map(|from| match *from {
+            Ok(from) => given[from].take().expect("each provider once"),
+            Err(removed) => (
+                Provider {
+                    retired: true,
+                    ..a.providers[removed].clone()
+                },
+                running.drivers[removed].clone(),
+            ),
+        })
+        .unzip();
     let mut labels: Vec<Option<Label>> = pool.labels.into_iter().map(Some).collect();
     let labels = (label_order.iter())
         .map(|from| {

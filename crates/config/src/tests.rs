@@ -1237,6 +1237,41 @@ fn a_reload_keeps_running_indexes_or_is_refused_with_every_reason() {
     assert_eq!(names(&back), ["big", "slot"]);
     assert!(!back.pool.labels[1].retired);
 
+    // A provider removed stays at its index, retired, and one added
+    // follows the running ones, with the offers that name it.
+    let swapped = with_b(GOOD)
+        .replace("[providers.sim-b]", "[providers.sim-c]")
+        .replace(
+            "[labels.big.providers.sim-b]",
+            "[labels.big.providers.sim-c]",
+        );
+    let moved = align(&running, parsed(&swapped)).expect("live");
+    let providers: Vec<(&str, bool)> = (moved.pool.providers.iter())
+        .map(|p| (p.name.as_str(), p.retired))
+        .collect();
+    assert_eq!(
+        providers,
+        [("sim-a", false), ("sim-b", true), ("sim-c", false)]
+    );
+    assert_eq!(moved.drivers.len(), 3);
+    match &moved.pool.labels[0].kind {
+        LabelKind::Machine { offers } => {
+            let mut at: Vec<u16> = offers.iter().map(|o| o.provider.0).collect();
+            at.sort();
+            assert_eq!(at, [0, 2]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        differences_from(&moved, &with_b(GOOD)),
+        [
+            "providers.sim-c: removed: no label offers it, and its nodes are drained (deleted once idle)",
+            "providers.sim-b: added",
+            "labels.big.providers.sim-c: removed",
+            "labels.big.providers.sim-b: added"
+        ]
+    );
+
     // Refused, with every reason at once.
     let slot_on_b = "[labels.slot]\nslots = 4\nbacking-label = \"small\"\n";
     let bad = with_b(GOOD)
@@ -1253,7 +1288,6 @@ fn a_reload_keeps_running_indexes_or_is_refused_with_every_reason() {
         why,
         [
             "pool-id: ci → cd (cannot change while berth runs: restart it)",
-            "providers.sim-c: added: a provider is not yet added while berth runs: restart it",
             "labels.slot: its kind or backing label changed: not yet while berth runs: restart it",
         ],
         "{why:#?}"

@@ -100,6 +100,11 @@ pub struct Provider {
     pub max_calls: u32,
     /// What berth may have on this provider at once.
     pub limits: ProviderLimits,
+    /// Removed from the config file while berth ran: no label offers it,
+    /// and its nodes are drained (deleted once idle); its instances are
+    /// still listed, so that none is lost or leaked. It keeps its index
+    /// until berth stops; the next start has no such provider.
+    pub retired: bool,
 }
 
 impl Provider {
@@ -113,6 +118,7 @@ impl Provider {
             priority: 0,
             max_calls: Provider::DEFAULT_MAX_CALLS,
             limits: ProviderLimits::default(),
+            retired: false,
         }
     }
 

@@ -235,6 +235,52 @@ struct ProviderRt {
     mismatch: Option<String>,
 }
 
+impl ProviderRt {
+    /// A provider nothing has happened on yet.
+    fn new(p: &crate::config::Provider) -> ProviderRt {
+        ProviderRt {
+            usage: Usage::default(),
+            deleting: Usage::default(),
+            quota_paused_until: None,
+            held_until: None,
+            list_waits: false,
+            capacity_paused: Vec::new(),
+            bucket: p.rate.map(|rate| Bucket::new(rate, p.burst)),
+            next_list: Time::ZERO,
+            list_busy: false,
+            lists_started: 0,
+            listed: false,
+            listing: None,
+            batches: Batches::default(),
+            in_flight: 0,
+            max_in_flight: p.max_calls.max(1),
+            want_create: BTreeSet::new(),
+            want_delete: BTreeSet::new(),
+            want_tags: BTreeSet::new(),
+            with_instance: HashSet::new(),
+            holders: HashMap::new(),
+            leak_bucket: Bucket::new(LEAK_DELETES_PER_SECOND, LEAK_DELETES_PER_SECOND as u32),
+            leaks: HashMap::new(),
+            missing: HashMap::new(),
+            to_confirm: BTreeSet::new(),
+            get_busy: false,
+            next_get: Time::ZERO,
+            next_boot_poll: None,
+            get_failures: 0,
+            list_failures: 0,
+            list_health: ListHealth::Ok,
+            last_listed: None,
+            list_said: None,
+            foreign_said: false,
+            leaks_deleted: 0,
+            quarantined: BTreeMap::new(),
+            checked: false,
+            taken_on_purpose: HashSet::new(),
+            mismatch: None,
+        }
+    }
+}
+
 /// An instance of the pool that berth neither hands out nor deletes: its
 /// tags cannot be vouched for, or say it is in use, and nothing the store
 /// holds rules that out. It waits for a person.
@@ -328,50 +374,7 @@ impl Pool {
     /// An empty pool. `seed` makes ids unpredictable; pass a random one.
     pub fn new(config: Arc<Config>, seed: u64) -> Pool {
         let labels = config.labels.iter().map(|_| LabelRt::default()).collect();
-        let providers = config
-            .providers
-            .iter()
-            .map(|p| ProviderRt {
-                usage: Usage::default(),
-                deleting: Usage::default(),
-                quota_paused_until: None,
-                held_until: None,
-                list_waits: false,
-                capacity_paused: Vec::new(),
-                bucket: p.rate.map(|rate| Bucket::new(rate, p.burst)),
-                next_list: Time::ZERO,
-                list_busy: false,
-                lists_started: 0,
-                listed: false,
-                listing: None,
-                batches: Batches::default(),
-                in_flight: 0,
-                max_in_flight: p.max_calls.max(1),
-                want_create: BTreeSet::new(),
-                want_delete: BTreeSet::new(),
-                want_tags: BTreeSet::new(),
-                with_instance: HashSet::new(),
-                holders: HashMap::new(),
-                leak_bucket: Bucket::new(LEAK_DELETES_PER_SECOND, LEAK_DELETES_PER_SECOND as u32),
-                leaks: HashMap::new(),
-                missing: HashMap::new(),
-                to_confirm: BTreeSet::new(),
-                get_busy: false,
-                next_get: Time::ZERO,
-                next_boot_poll: None,
-                get_failures: 0,
-                list_failures: 0,
-                list_health: ListHealth::Ok,
-                last_listed: None,
-                list_said: None,
-                foreign_said: false,
-                leaks_deleted: 0,
-                quarantined: BTreeMap::new(),
-                checked: false,
-                taken_on_purpose: HashSet::new(),
-                mismatch: None,
-            })
-            .collect();
+        let providers = config.providers.iter().map(ProviderRt::new).collect();
         Pool {
             config,
             nodes: HashMap::new(),
@@ -451,10 +454,10 @@ impl Pool {
     /// Takes a new config while running (a reload of the config file).
     ///
     /// It must keep the pool's id and the running labels and providers at
-    /// their indexes (`berth_config::align` arranges a file so): labels may
-    /// be added after them, and providers neither added nor removed. A
-    /// label keeps its kind and, for a slot label, its backing label.
-    /// Anything else is refused, and the pool keeps its config.
+    /// their indexes (`berth_config::align` arranges a file so): labels and
+    /// providers may be added after them. A label keeps its kind and, for a
+    /// slot label, its backing label. Anything else is refused, and the
+    /// pool keeps its config.
     ///
     /// From the next tick the pool decides with it: `min-ready`, limits,
     /// offers, readiness, timeouts, rates, and new labels, which requests
@@ -464,7 +467,8 @@ impl Pool {
     /// A label it marks retired (removed from the file) is asked for no
     /// more: its pending requests fail, and its nodes, and the backing
     /// nodes of a retired slot label, are drained (deleted once idle), but
-    /// those an operator holds.
+    /// those an operator holds. So are the nodes on a provider it marks
+    /// retired, which no label offers any more.
     pub fn reconfigure(&mut self, config: Arc<Config>, now: Time) -> Result<(), String> {
         let old = &self.config;
         if config.pool_id != old.pool_id {
@@ -473,14 +477,16 @@ impl Pool {
                 old.pool_id, config.pool_id
             ));
         }
-        let names =
-            |c: &Config| -> Vec<String> { c.providers.iter().map(|p| p.name.clone()).collect() };
-        if names(&config) != names(old) {
-            return Err(format!(
-                "the providers cannot change while berth runs ({:?} → {:?})",
-                names(old),
-                names(&config)
-            ));
+        for p in &old.providers {
+            let at = old.provider(&p.name).map(|ix| ix.0 as usize);
+            if config
+                .providers
+                .get(at.unwrap_or(usize::MAX))
+                .map(|q| &q.name)
+                != Some(&p.name)
+            {
+                return Err(format!("provider {} is not at its index", p.name));
+            }
         }
         for (i, l) in old.labels.iter().enumerate() {
             let Some(m) = config.labels.get(i).filter(|m| m.name == l.name) else {
@@ -516,15 +522,17 @@ impl Pool {
         self.ix
             .labels
             .extend((0..added).map(|_| LabelRt::default()));
+        let known = old.providers.len();
+        (self.ix.providers).extend(config.providers[known..].iter().map(ProviderRt::new));
         self.config = config;
         for label in retiring {
             self.retire(label, now);
         }
+        self.drain_retired(now);
         Ok(())
     }
 
-    /// Fails the pending requests for a label removed from the config, and
-    /// drains its nodes.
+    /// Fails the pending requests for a label removed from the config.
     fn retire(&mut self, label: LabelIx, now: Time) {
         let reason = format!(
             "label `{}` was removed from the config; the request was given up",
@@ -541,8 +549,14 @@ impl Pool {
             };
             self.finish_request(id, state, now);
         }
+    }
+
+    /// Drains every node that runs no more ([`Pool::runs_no_more`]): of a
+    /// label or on a provider removed from the config. Each is deleted once
+    /// idle; those an operator holds, once the hold is lifted.
+    fn drain_retired(&mut self, now: Time) {
         let drained: Vec<NodeId> = (self.nodes.values())
-            .filter(|n| n.idle == Idle::Run && !n.state.is_final() && self.of_retired_label(n))
+            .filter(|n| n.idle == Idle::Run && !n.state.is_final() && self.runs_no_more(n))
             .map(|n| n.id)
             .collect();
         for id in drained {

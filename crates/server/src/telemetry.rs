@@ -160,7 +160,9 @@ pub struct Telemetry {
     driver_reload_failing: Family<ByProvider, Gauge>,
     /// Holds the metrics above, written out in this order.
     registry: Registry,
-    recent: HashMap<String, Mutex<Recent>>,
+    /// Each provider's latest calls, by name: the providers of the config
+    /// (a reload may add some). Plain mutex: held only to record or read.
+    recent: Mutex<HashMap<String, Recent>>,
 }
 
 /// One provider's latest calls.
@@ -175,11 +177,11 @@ impl Telemetry {
     pub fn new(config: &Config) -> Telemetry {
         let mut registry = Registry::default();
         let r = &mut registry;
-        let recent = config
-            .providers
-            .iter()
-            .map(|p| (p.name.clone(), Mutex::new(Recent::default())))
-            .collect();
+        let recent = Mutex::new(
+            (config.providers.iter())
+                .map(|p| (p.name.clone(), Recent::default()))
+                .collect(),
+        );
         let telemetry = Telemetry {
             calls: register(
                 r,
@@ -623,10 +625,10 @@ impl Telemetry {
 
     /// A summary of `provider`'s recent calls.
     pub fn recent_calls(&self, provider: &str) -> types::CallStats {
-        let Some(r) = self.recent.get(provider) else {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(r) = recent.get(provider) else {
             return types::CallStats::default();
         };
-        let r = r.lock().unwrap_or_else(|e| e.into_inner());
         let mut took: Vec<f64> = r.calls.iter().map(|c| c.0).collect();
         took.sort_by(f64::total_cmp);
         let at = |q: f64| -> Option<f64> {
@@ -687,8 +689,9 @@ impl Observer for Telemetry {
                 })
                 .inc();
         }
-        if let Some(r) = self.recent.get(provider) {
-            let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            let r = recent.entry(provider.to_owned()).or_default();
             if r.calls.len() == RECENT {
                 r.calls.pop_front();
             }

@@ -312,6 +312,12 @@ pub struct Provider {
     /// driver has them. Never a secret.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialState>,
+    /// Removed from the config file while berth runs: no label offers it,
+    /// and its nodes are drained (deleted once idle); it is still listed,
+    /// so that nothing on it is lost or leaked. Listed until berth stops.
+    /// Absent while false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
 
 /// How one credential of a provider is doing ([`Provider::credentials`]).

@@ -188,7 +188,7 @@ impl Pool {
             return Err(Conflict::AlreadyFinal(node.state.name()));
         }
         let idle = match idle {
-            Idle::Run if self.of_retired_label(node) => Idle::Drain,
+            Idle::Run if self.runs_no_more(node) => Idle::Drain,
             idle => idle,
         };
         if node.idle == idle {
@@ -218,14 +218,17 @@ impl Pool {
         Ok(())
     }
 
-    /// Whether `node` serves a label removed from the config: a plain
-    /// node's own label, a backing node's slot label.
-    pub(super) fn of_retired_label(&self, node: &Node) -> bool {
-        match &node.packing {
+    /// Whether `node` is to go once idle, whatever its idle behaviour:
+    /// it serves a label removed from the config (a plain node's own
+    /// label, a backing node's slot label), or its instance is on a
+    /// provider removed from the config.
+    pub(super) fn runs_no_more(&self, node: &Node) -> bool {
+        let label = match &node.packing {
             Packing::Plain => self.config[node.label].retired,
             Packing::Backing { slot_label, .. } => self.config[*slot_label].retired,
-            Packing::Slot { .. } => false,
-        }
+            Packing::Slot { .. } => return false,
+        };
+        label || self.config[node.provider].retired
     }
 
     /// An operator deletes a node, whatever it is doing.

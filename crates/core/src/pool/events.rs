@@ -302,7 +302,7 @@ impl Pool {
         }
         // A node no request waits for, of a label removed from the config,
         // is not tried again: nothing would use it.
-        let unwanted = requests.is_empty() && self.of_retired_label(&self.nodes[&id]);
+        let unwanted = requests.is_empty() && self.runs_no_more(&self.nodes[&id]);
         let give_up = attempt > retries
             || (!requests.is_empty() && spent.len() == requests.len())
             || unwanted;

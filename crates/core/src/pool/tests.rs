@@ -317,7 +317,8 @@ fn a_new_config_is_taken_between_steps_and_keeps_every_node() {
     ok(&h);
     assert!(h.fulfilled(r), "the new label served");
 
-    // Refused whole: a label moved, a provider renamed, a kind changed.
+    // Refused whole: a label moved, a provider renamed (in its place), a
+    // kind changed.
     let config = h.pool.config().clone();
     let mut moved = (*config).clone();
     moved.labels.swap(0, 1);
@@ -327,7 +328,7 @@ fn a_new_config_is_taken_between_steps_and_keeps_every_node() {
     kind.labels[1] = slots("b", 0, 2);
     for (bad, why) in [
         (moved, "is not at its index"),
-        (renamed, "providers cannot change"),
+        (renamed, "provider p0 is not at its index"),
         (kind, "cannot change its kind"),
     ] {
         let err = h.pool.reconfigure(Arc::new(bad), h.now).expect_err(why);
@@ -399,6 +400,52 @@ fn a_label_removed_while_running_is_drained_and_asked_for_no_more() {
     h.advance(secs(30));
     ok(&h);
     assert_eq!(creates(&h).len(), launched, "nothing launched for it again");
+}
+
+/// A reload adds provider `p1` and removes `p0`, moving label `a` over:
+/// `a` is prewarmed on `p1`; `p0`'s free nodes are deleted and its node in
+/// use once released; `p0` is still listed, so nothing on it is leaked.
+#[test]
+fn a_provider_added_serves_and_one_removed_is_drained() {
+    let mut h = one(|c| a_mut(c).min_ready = 2);
+    settle(&mut h);
+    let r = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let in_use = h.pool.request(r).unwrap().nodes[0];
+    assert_eq!(h.live(0), 3);
+
+    let mut c = (*h.config).clone();
+    c.providers.push(provider("p1"));
+    c.providers[0].retired = true;
+    c.labels[0].kind = LabelKind::Machine {
+        offers: vec![offer(1, "t1")],
+    };
+    let c = Arc::new(c);
+    h.cloud.providers.push(Default::default());
+    h.pool.reconfigure(c.clone(), h.now).expect("live");
+    h.config = c;
+    h.persist();
+    h.advance(secs(10));
+    ok(&h);
+    assert_eq!(h.live(1), 2, "prewarmed on the provider added");
+    assert_eq!(h.live(0), 1, "only the node in use is left on p0");
+    let on = |h: &Harness, p: u16| -> Vec<NodeId> {
+        (h.nodes("a", "ready").iter())
+            .filter(|n| n.provider.0 == p)
+            .map(|n| n.id)
+            .collect()
+    };
+    assert_eq!(on(&h, 1).len(), 2);
+    assert!(on(&h, 0).is_empty());
+    h.release(in_use);
+    h.advance(secs(10));
+    ok(&h);
+    assert_eq!(h.live(0), 0, "deleted once released");
+    let lists = h.calls(0, Call::List).len();
+    h.advance(secs(120));
+    ok(&h);
+    assert!(h.calls(0, Call::List).len() > lists, "p0 is still listed");
+    h.check_no_leaks().expect("nothing leaked");
 }
 
 // ---- providers ------------------------------------------------------------

@@ -172,7 +172,7 @@ impl Api {
             return Ok(Arc::new(aligned));
         }
         let providers = self.handle().providers().clone();
-        let changed = berth_config::drivers_changed(running, differences);
+        let changed = berth_config::drivers_changed(running, &aligned);
         let prepared = providers.prepare(&aligned, &changed).await?;
         let pool = Arc::new(aligned.pool.clone());
         // Dropping what was prepared changes nothing.

@@ -435,6 +435,7 @@ pub(super) fn providers(
                 holder: None,
                 lease_expires: None,
                 credentials,
+                removed: p.retired,
             }
         })
         .collect()

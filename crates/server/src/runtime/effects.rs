@@ -77,7 +77,7 @@ pub(super) fn probe(
         let name = providers.name(provider);
         let check = target.check;
         observer.probed(
-            name,
+            &name,
             check,
             r.as_ref().map(|_| ()).map_err(String::as_str),
             started.elapsed(),

@@ -98,6 +98,20 @@ impl Prober {
         }
     }
 
+    /// A provider added after the others (by a config reload).
+    pub(super) fn add(&self, name: &str, allowed: Vec<AllowedHost>) {
+        let policy = HttpPolicy::new(name.into(), allowed).denying(self.deny.clone());
+        let mut policies = self.policies.write().unwrap_or_else(|e| e.into_inner());
+        policies.push(Arc::new(policy));
+    }
+
+    /// Only the first `n` providers: those added after them were taken
+    /// back.
+    pub(super) fn truncate(&self, n: usize) {
+        let mut policies = self.policies.write().unwrap_or_else(|e| e.into_inner());
+        policies.truncate(n);
+    }
+
     /// Probes an instance of provider `p`: the host keys its SSH server
     /// showed (none for `tcp`), or why it is not ready.
     pub async fn probe(&self, p: ProviderIx, target: &ProbeTarget) -> Result<Vec<String>, String> {

@@ -170,12 +170,16 @@ pub struct LoadedDriver {
 
 /// Every configured provider, in the config's order.
 pub struct Providers {
-    slots: Vec<Slot>,
+    /// In the config's order; a config reload adds providers at the end
+    /// (plain lock: held only to read or grow the list).
+    slots: std::sync::RwLock<Vec<Arc<Slot>>>,
     /// The readiness probes of their instances.
     prober: super::probe::Prober,
     /// `None` for [`Providers::fixed`]: nothing is loaded.
     loader: Option<Arc<Loader>>,
-    starters: Vec<tokio::task::AbortHandle>,
+    /// The tasks that start the providers (plain mutex: held only to add
+    /// or abort them).
+    starters: Mutex<Vec<tokio::task::AbortHandle>>,
     /// One reload, rollback or change of settings at a time.
     reloading: tokio::sync::Mutex<()>,
     /// The watch on the driver files ([`Providers::watch_files`]), started
@@ -246,39 +250,27 @@ impl Providers {
             .zip(&settings.drivers)
             .zip(gates)
         {
-            let (tx, _) = watch::channel(State::Starting);
-            let provider = SandboxConfig {
+            // Its driver's settings are set by `start_from`.
+            let base = SandboxConfig {
                 name: p.name.clone(),
                 pool_id: settings.pool.pool_id.clone(),
-                driver_config: d.driver_config.clone(),
-                allowed_hosts: d.allowed_hosts.clone(),
+                driver_config: String::new(),
+                allowed_hosts: Vec::new(),
                 limits: d.sandbox.clone(),
-                credentials: d.credentials.clone(),
+                credentials: Vec::new(),
                 state: Some(state.clone()),
                 deny: deny.clone(),
                 gate: Some(gate),
             };
-            let file = DriverFile {
-                path: d.driver.clone(),
-                plugins_dir: d.plugins_dir.clone(),
-                name: d.driver_name.clone(),
-                sha256: d.driver_sha256.clone(),
-            };
-            let start = Arc::new(Mutex::new((file, provider)));
-            let task = tokio::spawn(keep_starting(loader.clone(), start.clone(), tx.clone()));
-            starters.push(task.abort_handle());
-            slots.push(Slot {
-                name: p.name.clone(),
-                tx,
-                start: Some(start),
-                reloads: Mutex::default(),
-            });
+            let (slot, task) = Slot::starting(&loader, start_from(d, base));
+            starters.push(task);
+            slots.push(slot);
         }
         Arc::new(Providers {
-            slots,
+            slots: std::sync::RwLock::new(slots.into_iter().map(Arc::new).collect()),
             prober,
             loader: Some(loader),
-            starters,
+            starters: Mutex::new(starters),
             reloading: tokio::sync::Mutex::new(()),
             watching: Mutex::new(None),
         })
@@ -295,7 +287,7 @@ impl Providers {
                 .collect(),
             Vec::new(),
         );
-        let slots = clouds
+        let slots: Vec<Slot> = clouds
             .into_iter()
             .map(|(name, cloud)| {
                 let (tx, _) = watch::channel(State::Up(cloud, None));
@@ -308,10 +300,10 @@ impl Providers {
             })
             .collect();
         Arc::new(Providers {
-            slots,
+            slots: std::sync::RwLock::new(slots.into_iter().map(Arc::new).collect()),
             prober,
             loader: None,
-            starters: Vec::new(),
+            starters: Mutex::new(Vec::new()),
             reloading: tokio::sync::Mutex::new(()),
             watching: Mutex::new(None),
         })
@@ -325,7 +317,9 @@ impl Providers {
     /// The provider once it has started: waits while it starts; the reason
     /// if its start failed (or the service is stopping).
     pub async fn get(&self, p: ProviderIx) -> Result<Arc<dyn Cloud>, Arc<str>> {
-        let slot = &self.slots[p.0 as usize];
+        let Some(slot) = self.slot(p) else {
+            return Err("no such provider".into());
+        };
         let mut rx = slot.tx.subscribe();
         let state = rx
             .wait_for(|s| !matches!(s, State::Starting))
@@ -342,20 +336,33 @@ impl Providers {
     /// What provider `p`'s driver takes many of in one call, once it has
     /// started.
     pub fn batches(&self, p: ProviderIx) -> Option<Batches> {
-        match &*self.slots.get(p.0 as usize)?.tx.borrow() {
+        let slot = self.slot(p)?;
+        let state = slot.tx.borrow();
+        match &*state {
             State::Up(cloud, _) => Some(cloud.batches()),
             _ => None,
         }
     }
 
     /// The provider's name.
-    pub fn name(&self, p: ProviderIx) -> &str {
-        &self.slots[p.0 as usize].name
+    pub fn name(&self, p: ProviderIx) -> String {
+        self.slot(p).map(|s| s.name.clone()).unwrap_or_default()
+    }
+
+    /// Provider `p`'s slot, if there is one.
+    fn slot(&self, p: ProviderIx) -> Option<Arc<Slot>> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        slots.get(p.0 as usize).cloned()
+    }
+
+    /// Every provider's slot, in the config's order.
+    fn all(&self) -> Vec<Arc<Slot>> {
+        self.slots.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The file name of the driver provider `p` runs on.
     pub fn driver_file(&self, p: ProviderIx) -> String {
-        let Some((file, _)) = self.slots[p.0 as usize].start() else {
+        let Some((file, _)) = self.slot(p).and_then(|s| s.start()) else {
             return String::new();
         };
         (file.path.file_name())
@@ -365,7 +372,11 @@ impl Providers {
 
     /// How the provider's start is going.
     pub fn health(&self, p: ProviderIx) -> Health {
-        match &*self.slots[p.0 as usize].tx.borrow() {
+        let Some(slot) = self.slot(p) else {
+            return Health::Starting;
+        };
+        let state = slot.tx.borrow();
+        match &*state {
             State::Starting => Health::Starting,
             State::Up(..) => Health::Up,
             State::Failed {
@@ -387,7 +398,7 @@ impl Providers {
 
     /// The started providers, by name (for stats).
     pub fn started(&self) -> Vec<(String, Arc<Sandbox>)> {
-        self.slots
+        self.all()
             .iter()
             .filter_map(|s| match &*s.tx.borrow() {
                 State::Up(_, p) => Some((s.name.clone(), p.clone()?)),
@@ -399,7 +410,11 @@ impl Providers {
     /// How the credentials of provider `p` are doing; none until it has
     /// started.
     pub fn credentials(&self, p: ProviderIx) -> Vec<berth_plugin::CredentialStatus> {
-        match &*self.slots[p.0 as usize].tx.borrow() {
+        let Some(slot) = self.slot(p) else {
+            return Vec::new();
+        };
+        let state = slot.tx.borrow();
+        match &*state {
             State::Up(_, Some(sandbox)) => sandbox.credentials(),
             _ => Vec::new(),
         }
@@ -417,7 +432,7 @@ impl Providers {
     /// in the config's order of their first provider.
     pub fn drivers(&self) -> Vec<LoadedDriver> {
         let mut drivers: Vec<LoadedDriver> = Vec::new();
-        for slot in &self.slots {
+        for slot in &self.all() {
             let State::Up(_, Some(sandbox)) = &*slot.tx.borrow() else {
                 continue;
             };
@@ -454,10 +469,8 @@ impl Providers {
     /// Stopping: starts still under way are abandoned, and calls that wait
     /// for one fail at once. Calls already running in a driver go on.
     pub fn close(&self) {
-        for s in &self.starters {
-            s.abort();
-        }
-        for slot in &self.slots {
+        self.abort_starters();
+        for slot in &self.all() {
             slot.tx.send_if_modified(|s| {
                 if matches!(s, State::Up(..)) {
                     false
@@ -470,16 +483,63 @@ impl Providers {
     }
 }
 
-impl Drop for Providers {
-    fn drop(&mut self) {
-        for s in &self.starters {
+impl Providers {
+    fn abort_starters(&self) {
+        for s in self
+            .starters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             s.abort();
         }
+    }
+}
+
+impl Drop for Providers {
+    fn drop(&mut self) {
+        self.abort_starters();
         self.stop_watching();
     }
 }
 
+/// A provider's start from its settings: the driver file, and `base` (its
+/// name, the pool's id, where its records live, what it may never reach,
+/// its gate) with the driver's config, allow-list, limits and credentials.
+pub(super) fn start_from(d: &berth_config::DriverSettings, base: SandboxConfig) -> Start {
+    let file = DriverFile {
+        path: d.driver.clone(),
+        plugins_dir: d.plugins_dir.clone(),
+        name: d.driver_name.clone(),
+        sha256: d.driver_sha256.clone(),
+    };
+    let config = SandboxConfig {
+        driver_config: d.driver_config.clone(),
+        allowed_hosts: d.allowed_hosts.clone(),
+        limits: d.sandbox.clone(),
+        credentials: d.credentials.clone(),
+        ..base
+    };
+    (file, config)
+}
+
 impl Slot {
+    /// A provider starting on `start` in the background, and the task
+    /// that starts it.
+    fn starting(loader: &Arc<Loader>, start: Start) -> (Slot, tokio::task::AbortHandle) {
+        let (tx, _) = watch::channel(State::Starting);
+        let name = start.1.name.clone();
+        let start = Arc::new(Mutex::new(start));
+        let task = tokio::spawn(keep_starting(loader.clone(), start.clone(), tx.clone()));
+        let slot = Slot {
+            name,
+            tx,
+            start: Some(start),
+            reloads: Mutex::default(),
+        };
+        (slot, task.abort_handle())
+    }
+
     /// Its driver file and sandbox config as they stand.
     fn start(&self) -> Option<Start> {
         let start = self.start.as_ref()?;

@@ -7,7 +7,10 @@
 //! reload was taken. Dropping the [`Prepared`] instead changes nothing.
 //!
 //! A provider that has not started yet takes its new settings at its next
-//! try to start.
+//! try to start. Providers the settings add (after the running ones) start
+//! at once, in the background, as at berth's start; the pool knows of them
+//! only once it takes the config, and a dropped [`Prepared`] takes them
+//! back.
 
 use std::sync::Arc;
 
@@ -16,15 +19,19 @@ use sha2::{Digest, Sha256};
 use berth_config::Settings;
 use berth_plugin::{Driver, LoadLimits, Sandbox, SandboxConfig};
 
-use super::{DriverFile, Providers, Start};
+use super::{Providers, Slot, Start, start_from};
 
 /// Providers' new settings, each started provider's on a fresh instance
 /// that has configured, not yet switched to. Holds the providers' reload
 /// turn: no driver reload or rollback runs until it is committed or
 /// dropped.
 pub struct Prepared<'a> {
+    providers: &'a Providers,
     _turn: tokio::sync::MutexGuard<'a, ()>,
     changes: Vec<Change>,
+    /// The providers added: from this index on, and the tasks starting
+    /// them. Taken back unless committed.
+    added: Option<(usize, Vec<tokio::task::AbortHandle>)>,
 }
 
 struct Change {
@@ -59,34 +66,62 @@ impl Providers {
         if !refused.is_empty() {
             return Err(refused);
         }
+        let added = self.add(settings)?;
         Ok(Prepared {
+            providers: self,
             _turn: turn,
             changes,
+            added,
         })
     }
 
+    /// Starts the providers `settings` has after the running ones, each
+    /// with what the first running provider shares with every other (where
+    /// driver records live, what no driver may reach, the gate).
+    fn add(
+        &self,
+        settings: &Settings,
+    ) -> Result<Option<(usize, Vec<tokio::task::AbortHandle>)>, Vec<String>> {
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let from = slots.len();
+        let new = settings
+            .pool
+            .providers
+            .iter()
+            .zip(&settings.drivers)
+            .skip(from);
+        if new.len() == 0 {
+            return Ok(None);
+        }
+        let (Some(loader), Some((_, like))) = (&self.loader, slots.first().and_then(|s| s.start()))
+        else {
+            return Err(vec!["providers cannot be added to these providers".into()]);
+        };
+        let mut tasks = Vec::new();
+        for (p, d) in new {
+            let base = SandboxConfig {
+                name: p.name.clone(),
+                ..like.clone()
+            };
+            let (slot, task) = Slot::starting(loader, start_from(d, base));
+            self.prober.add(&p.name, d.allowed_hosts.clone());
+            slots.push(Arc::new(slot));
+            tasks.push(task);
+        }
+        Ok(Some((from, tasks)))
+    }
+
     async fn prepare_one(&self, settings: &Settings, name: &str) -> Result<Change, String> {
-        let at = (self.slots.iter().position(|s| s.name == name)).ok_or("no such provider")?;
-        let slot = &self.slots[at];
+        let slots = self.all();
+        let at = (slots.iter().position(|s| s.name == name)).ok_or("no such provider")?;
+        let slot = &slots[at];
         let (Some((_, running_config)), Some(d)) = (slot.start(), settings.drivers.get(at)) else {
             return Err("its driver is not run from a file".into());
         };
         if settings.pool.providers.get(at).map(|p| p.name.as_str()) != Some(name) {
             return Err("the settings are not in the running order".into());
         }
-        let file = DriverFile {
-            path: d.driver.clone(),
-            plugins_dir: d.plugins_dir.clone(),
-            name: d.driver_name.clone(),
-            sha256: d.driver_sha256.clone(),
-        };
-        let config = SandboxConfig {
-            driver_config: d.driver_config.clone(),
-            allowed_hosts: d.allowed_hosts.clone(),
-            limits: d.sandbox.clone(),
-            credentials: d.credentials.clone(),
-            ..running_config
-        };
+        let (file, config) = start_from(d, running_config);
         let Some(running) = slot.running() else {
             return Ok(Change {
                 slot: at,
@@ -121,10 +156,16 @@ impl Providers {
     /// Switches every prepared provider to its new settings: calls from now
     /// on go to the new instance, and the ones running finish where they
     /// started. Driver files are watched anew if their names changed.
-    pub fn commit(self: &Arc<Self>, prepared: Prepared<'_>) {
+    pub fn commit(self: &Arc<Self>, mut prepared: Prepared<'_>) {
         let mut files_changed = false;
-        for change in prepared.changes {
-            let slot = &self.slots[change.slot];
+        if let Some((_, tasks)) = prepared.added.take() {
+            files_changed = true;
+            let mut starters = self.starters.lock().unwrap_or_else(|p| p.into_inner());
+            starters.extend(tasks);
+        }
+        let slots = self.all();
+        for change in std::mem::take(&mut prepared.changes) {
+            let slot = &slots[change.slot];
             let Some(start) = &slot.start else {
                 continue;
             };
@@ -158,5 +199,20 @@ impl Providers {
         {
             self.watch_files();
         }
+    }
+}
+
+impl Drop for Prepared<'_> {
+    /// Not committed: the providers added are taken back.
+    fn drop(&mut self) {
+        let Some((from, tasks)) = self.added.take() else {
+            return;
+        };
+        for task in tasks {
+            task.abort();
+        }
+        let mut slots = (self.providers.slots.write()).unwrap_or_else(|e| e.into_inner());
+        slots.truncate(from);
+        self.providers.prober.truncate(from);
     }
 }

@@ -117,7 +117,7 @@ impl Providers {
         let mut read: HashMap<PathBuf, Result<(String, Vec<u8>), String>> = HashMap::new();
         let mut loaded: HashMap<(PathBuf, String), Result<Driver, String>> = HashMap::new();
         let mut out = Vec::new();
-        for slot in &self.slots {
+        for slot in &self.all() {
             let Some((file, config)) = &slot.start() else {
                 continue;
             };
@@ -223,7 +223,7 @@ impl Providers {
     /// reload or a file with other bytes.
     pub async fn rollback(&self, provider: &str) -> Result<Reloaded, RollbackError> {
         let _one = self.reloading.lock().await;
-        let slot = (self.slots.iter())
+        let slot = (self.all().into_iter())
             .find(|s| s.name == provider)
             .ok_or_else(|| RollbackError::Unknown(provider.to_owned()))?;
         let (Some((_, config)), Some(running)) = (&slot.start(), slot.running()) else {
@@ -252,7 +252,7 @@ impl Providers {
     /// when one changes ([`watch`]), until [`Providers::stop_watching`] or
     /// the providers are dropped. Watching again stops the watch before.
     pub fn watch_files(self: &Arc<Self>) {
-        let starts: Vec<Start> = self.slots.iter().filter_map(Slot::start).collect();
+        let starts: Vec<Start> = self.all().iter().filter_map(|s| s.start()).collect();
         let mut dirs: Vec<PathBuf> = (starts.iter())
             .filter_map(|(file, _)| file.path.parent().map(Path::to_path_buf))
             .map(|d| {
@@ -285,7 +285,7 @@ impl Providers {
 
     /// Each provider's reload counts, by name.
     pub fn reload_counts(&self) -> Vec<(String, ReloadCounts)> {
-        (self.slots.iter())
+        (self.all().iter())
             .map(|s| {
                 let r = s.lock();
                 let counts = ReloadCounts {
