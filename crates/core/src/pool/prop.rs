@@ -134,6 +134,11 @@ enum Reload {
     Remove(usize),
     /// A label as it first was, removed or not.
     Restore(usize),
+    /// The slots per backing instance of `s`: 2 or more, so that every
+    /// request the ops make still fits p0 as a whole (with one slot, two
+    /// `big` and two `s` need four `big` instances, more cores than p0 has,
+    /// while each label alone fits: such a request is taken and waits).
+    Slots(u16),
 }
 
 /// One line per op, so a shrunk failure reads as a script. An index shows
@@ -163,6 +168,7 @@ impl std::fmt::Debug for Op {
             Op::Reload(Reload::MinReady(l, n)) => write!(f, "reload: {} min-ready {n}", LABELS[*l]),
             Op::Reload(Reload::Remove(l)) => write!(f, "reload: {} removed", LABELS[*l]),
             Op::Reload(Reload::Restore(l)) => write!(f, "reload: {} as it was", LABELS[*l]),
+            Op::Reload(Reload::Slots(n)) => write!(f, "reload: s has {n} slots"),
         }
     }
 }
@@ -209,6 +215,7 @@ fn op() -> impl Strategy<Value = Op> {
             (0..LABELS.len(), 0u32..4).prop_map(|(l, n)| Reload::MinReady(l, n)),
             prop_oneof![Just(0usize), Just(1), Just(3)].prop_map(Reload::Remove),
             (0..LABELS.len()).prop_map(Reload::Restore),
+            (2u16..5).prop_map(Reload::Slots),
         ]
         .prop_map(Op::Reload),
     ]
@@ -345,6 +352,11 @@ impl Run {
                     Reload::MinReady(l, n) => c.labels[l].min_ready = n,
                     Reload::Remove(l) => c.labels[l].retired = true,
                     Reload::Restore(l) => c.labels[l] = prop_config().labels[l].clone(),
+                    Reload::Slots(n) => {
+                        if let LabelKind::Slots { slots, .. } = &mut c.labels[3].kind {
+                            *slots = n;
+                        }
+                    }
                 }
                 let c = Arc::new(c);
                 h.pool.reconfigure(c.clone(), now).expect("a live change");
