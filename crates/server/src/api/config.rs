@@ -264,7 +264,7 @@ pub(super) async fn check_config(
     operation_id = "reload_config",
     tag = "config",
     summary = "Read the config file again and apply it (admin)",
-    description = "Reads the config file berth runs again, as `SIGHUP` does, and applies what changed between two steps of the pool: labels added, `min-ready`, limits, rates, readiness, timeouts, timings, the lease's length and API tokens. Nodes, requests and leases are kept. If the file has a problem, or changes what cannot change while berth runs (the pool's id, the store, the listen address, a driver's settings, providers added or removed, labels removed), nothing changes and every reason is answered, with `applied` false. `berth config reload` calls it. Admin only; no body.",
+    description = "Reads the config file berth runs again, as `SIGHUP` does, and applies what changed between two steps of the pool: labels and providers added, changed or removed (a removed one is drained and listed as `removed` until berth stops), drivers' settings, limits, rates, readiness, timeouts, timings, the lease's length and API tokens. Nodes, requests and leases are kept. If the file has a problem, changes what cannot change while berth runs (the pool's id, the state and plugins directories, the store, where the API listens), or a provider's driver does not start on its new settings, nothing changes and every reason is answered, with `applied` false. Refused on a store shared by several processes. `berth config reload` calls it. Admin only; no body.",
     security(("bearerAuth" = ["admin"])),
     extensions(("x-berth-roles" = json!(["admin"]))),
     responses(

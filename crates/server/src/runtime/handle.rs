@@ -127,7 +127,9 @@ impl Handle {
     /// of the config file, arranged with `berth_config::align`. Refused,
     /// changing nothing, if the pool cannot take it
     /// ([`Pool::reconfigure`]), or if the pool stands by (its holder
-    /// decides) or has stopped.
+    /// decides) or has stopped. With a store shared by several processes,
+    /// each must be given the same config: `berth serve` refuses a reload
+    /// there.
     pub async fn reconfigure(&self, config: Arc<Config>) -> Result<(), ServiceError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Reconfigure(config.clone(), tx))?;
