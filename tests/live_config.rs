@@ -3,7 +3,7 @@
 
 use crate::support::config::{CI, OPS, serve_config_on};
 use crate::support::server::{Berth, run_berth, until};
-use crate::support::{SimServer, plugin};
+use crate::support::{SimServer, metric, plugin};
 
 #[tokio::test]
 async fn config_check_against_a_running_berth_names_what_a_reload_would_change() {
@@ -214,6 +214,11 @@ async fn a_config_reload_adds_and_removes_labels_and_raises_min_ready_with_no_no
         labels().await
     );
     assert!(server.log_text().contains("config reload refused"));
+    let metrics = server.metrics(Some(OPS)).await;
+    for (outcome, n) in [("applied", 1.0), ("refused", 2.0)] {
+        let series = format!("berth_config_reloads_total{{outcome=\"{outcome}\"}}");
+        assert_eq!(metric(&metrics, &series), Some(n), "{series}: {metrics}");
+    }
 
     // `big` removed: its ready node is deleted at once, the one in use
     // once released; it is asked for no more. `small` goes on.

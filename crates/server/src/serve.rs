@@ -397,7 +397,9 @@ async fn reload_on(
         tracing::info!(
             "SIGHUP: the config file is read again, credentials are read and exchanged again at their next use, and driver files read again"
         );
-        api.reload_config().await;
+        if api.reload_config().await.is_none() {
+            tracing::info!("SIGHUP: berth runs its embedded default: no config file to read again");
+        }
         providers.reload_credentials();
         let outcomes = providers.reload(runtime::Trigger::Asked).await;
         let count =

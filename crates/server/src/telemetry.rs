@@ -70,6 +70,12 @@ struct ByProvider {
     provider: String,
 }
 
+/// What became of something asked for as a whole.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByOutcome {
+    outcome: &'static str,
+}
+
 /// One credential of a provider, and the outcome of its exchanges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByCredential {
@@ -158,6 +164,7 @@ pub struct Telemetry {
     credential_exchanges: Family<ByCredential, Counter>,
     driver_reloads: Family<ByReload, Counter>,
     driver_reload_failing: Family<ByProvider, Gauge>,
+    config_reloads: Family<ByOutcome, Counter>,
     /// Holds the metrics above, written out in this order.
     registry: Registry,
     /// Each provider's latest calls, by name: the providers of the config
@@ -432,6 +439,13 @@ impl Telemetry {
                 "1 while a provider's last driver reload failed (see reload_error in /v1/drivers), 0 otherwise",
                 Family::default(),
             ),
+            config_reloads: register(
+                r,
+                "berth_config_reloads",
+                "Reloads of the config file (SIGHUP, POST /v1/config/reload), by outcome (applied: \
+                 berth runs what the file says; refused: nothing changed, and the log says why)",
+                Family::default(),
+            ),
             registry,
             recent,
         };
@@ -441,7 +455,20 @@ impl Telemetry {
                 .calls_in_flight
                 .get_or_create(&ByProvider::new(&p.name));
         }
+        for outcome in ["applied", "refused"] {
+            let _ = telemetry
+                .config_reloads
+                .get_or_create(&ByOutcome { outcome });
+        }
         telemetry
+    }
+
+    /// A reload of the config file was applied, or refused.
+    pub fn config_reloaded(&self, applied: bool) {
+        let outcome = if applied { "applied" } else { "refused" };
+        self.config_reloads
+            .get_or_create(&ByOutcome { outcome })
+            .inc();
     }
 
     /// How many API connections are open.

@@ -155,6 +155,7 @@ impl Api {
             reasons,
         };
         log(&reload);
+        self.inner.telemetry.config_reloaded(applied);
         Some(reload)
     }
 

@@ -118,6 +118,8 @@ const DESCRIBED: &str = "\
 # TYPE berth_driver_reloads counter
 # HELP berth_driver_reload_failing 1 while a provider's last driver reload failed (see reload_error in /v1/drivers), 0 otherwise.
 # TYPE berth_driver_reload_failing gauge
+# HELP berth_config_reloads Reloads of the config file (SIGHUP, POST /v1/config/reload), by outcome (applied: berth runs what the file says; refused: nothing changed, and the log says why).
+# TYPE berth_config_reloads counter
 # EOF
 ";
 
