@@ -132,6 +132,11 @@ impl Api {
     /// nothing and says every reason. `None`: berth runs no config file.
     pub async fn reload_config(&self) -> Option<types::ConfigReload> {
         let config = self.inner.config.get()?;
+        Some(self.reload(config).await)
+    }
+
+    /// [`Api::reload_config`] of `config`.
+    async fn reload(&self, config: &RunningConfig) -> types::ConfigReload {
         let _one = config.reloading.lock().await;
         let running = config.running();
         let file = &config.file;
@@ -156,7 +161,7 @@ impl Api {
         };
         log(&reload);
         self.inner.telemetry.config_reloaded(applied);
-        Some(reload)
+        reload
     }
 
     /// Applies `aligned` whole, or none of it: the providers whose driver
@@ -279,9 +284,6 @@ pub(super) async fn check_config(
 )]
 pub(super) async fn reload_config(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
     admin(&api, &headers)?;
-    api.running_config()?;
-    let reload = api.reload_config().await.ok_or_else(|| {
-        ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, "no config file")
-    })?;
-    Ok(json(StatusCode::OK, reload))
+    let config = api.running_config()?;
+    Ok(json(StatusCode::OK, api.reload(config).await))
 }
