@@ -570,6 +570,15 @@ impl DriverFile {
             .map_err(|e| e.to_string())
     }
 
+    /// The file's bytes as [`DriverFile::read`] reads them, with their
+    /// sha256 (lowercase hex): what a reload compares with the running
+    /// driver's and the pin.
+    pub(super) async fn read_digested(&self, max: u64) -> Result<(String, Vec<u8>), String> {
+        use sha2::{Digest, Sha256};
+        let bytes = self.read(max).await?;
+        Ok((hex::encode(Sha256::digest(&bytes)), bytes))
+    }
+
     /// Why bytes of sha256 `got` may not run as this provider's driver,
     /// if its `driver-sha256` pins other bytes.
     pub(super) fn refuses(&self, got: &str) -> Option<String> {

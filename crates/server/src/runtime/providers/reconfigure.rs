@@ -14,8 +14,6 @@
 
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
 use berth_config::Settings;
 use berth_plugin::{Driver, LoadLimits, Sandbox, SandboxConfig};
 
@@ -130,8 +128,7 @@ impl Providers {
             });
         };
         let limits = LoadLimits::from(&config.limits);
-        let bytes = file.read(limits.max_file_bytes).await?;
-        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let (sha256, bytes) = file.read_digested(limits.max_file_bytes).await?;
         if let Some(refused) = file.refuses(&sha256) {
             return Err(refused);
         }

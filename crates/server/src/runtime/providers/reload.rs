@@ -15,8 +15,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use sha2::{Digest, Sha256};
-
 use berth_plugin::{Driver, LoadLimits, Sandbox};
 
 use super::{Providers, Slot, Start, State};
@@ -124,8 +122,7 @@ impl Providers {
             let limits = LoadLimits::from(&config.limits);
             let path = &file.path;
             if !read.contains_key(path) {
-                let bytes = file.read(limits.max_file_bytes).await;
-                let digested = bytes.map(|b| (hex::encode(Sha256::digest(&b)), b));
+                let digested = file.read_digested(limits.max_file_bytes).await;
                 read.insert(path.clone(), digested);
             }
             // Its file is read all the same: its next start reads it too
