@@ -14,6 +14,7 @@ mod api;
 mod checks;
 mod credentials;
 mod exchanged;
+mod fleet;
 mod inside;
 mod interpolate;
 mod labels;
@@ -39,6 +40,7 @@ pub use exchanged::{
     ClientAuth, ClientCertificate, GoogleServiceAccount, Keystone, KeystoneMethod, KeystoneRef,
     MAX_SECRET_FILE, OAuth2, SecretSource,
 };
+pub use fleet::fleet_digest;
 pub use inside::{FileError, FileErrorKind, name_problem, open_inside, read_driver, stays_inside};
 pub use interpolate::interpolate_json;
 pub use locate::locate;

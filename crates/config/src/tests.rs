@@ -1293,3 +1293,61 @@ fn a_reload_keeps_running_indexes_or_is_refused_with_every_reason() {
         "{why:#?}"
     );
 }
+
+/// The fleet's digest is what the processes on one store must run alike:
+/// a reloaded file and the same file read at start agree, whatever the
+/// order of its tables; a change the pool decides with changes it, and
+/// what is each process's own does not.
+#[test]
+fn the_fleet_digest_follows_meaning_not_arrangement_nor_what_is_each_processs_own() {
+    let parsed = |text: &str| parse(text, Path::new("/etc/berth"), &env).expect("valid");
+    let small = "[labels.small]\nmin-ready = 1\n[labels.small.providers.sim-a]\n\
+                 instance-type = \"s\"\nimage = \"u\"\nvcpus = 1\nram = \"1GiB\"\n\n";
+    let tokens = "[api.tokens.ci]\nrole = \"client\"\ntoken = \"ci-secret-0123456789\"\n\n";
+    let base = format!("{GOOD}\n{small}{tokens}");
+    let digest = fleet_digest(&parsed(&base));
+    assert_eq!(digest.len(), 64);
+
+    // The labels in another order; a reload of it onto a running pool
+    // that had one more label, since removed (retired, kept at its index).
+    let reordered = format!(
+        "pool-id = \"ci\"\nsync-interval = \"30s\"\n\n{tokens}{small}{}",
+        GOOD.replace("pool-id = \"ci\"\nsync-interval = \"30s\"\n", "")
+    );
+    assert_eq!(fleet_digest(&parsed(&reordered)), digest, "{reordered}");
+    let extra = "[labels.extra]\n[labels.extra.providers.sim-a]\n\
+                 instance-type = \"x\"\nimage = \"u\"\nvcpus = 1\nram = \"1GiB\"\n\n";
+    let running = parsed(&format!("{base}{extra}"));
+    assert_ne!(fleet_digest(&running), digest);
+    let aligned = align(&running, parsed(&reordered)).expect("live");
+    assert!(aligned.pool.labels.iter().any(|l| l.retired));
+    assert_eq!(fleet_digest(&aligned), digest);
+
+    // Each process's own: where it listens, its state, its driver's
+    // settings.
+    let own = base
+        .replace(
+            "sync-interval = \"30s\"\n",
+            "sync-interval = \"30s\"\nstate-dir = \"/srv/b\"\n[api]\nlisten = \"127.0.0.1:9\"\n",
+        )
+        .replace("http://127.0.0.1:8600\"", "http://127.0.0.1:8601\"");
+    assert_ne!(
+        parsed(&own).drivers[0].driver_config,
+        parsed(&base).drivers[0].driver_config
+    );
+    assert_eq!(fleet_digest(&parsed(&own)), digest, "{own}");
+
+    // What the pool decides with, and who may call it.
+    for (from, to) in [
+        ("min-ready = 1", "min-ready = 2"),
+        ("price = 0.4", "price = 0.5"),
+        ("max-instances = 50", "max-instances = 49"),
+        ("slots = 4", "slots = 3"),
+        ("ci-secret-0123456789", "ci-secret-0123456780"),
+        ("role = \"client\"", "role = \"admin\""),
+    ] {
+        let changed = base.replace(from, to);
+        assert_ne!(changed, base, "{from}");
+        assert_ne!(fleet_digest(&parsed(&changed)), digest, "{from} → {to}");
+    }
+}

@@ -444,6 +444,17 @@ impl Pool {
         }
         pool.dirty_nodes.clear();
         pool.dirty_requests.clear();
+        // Labels and providers a reload removed (this process reloaded its
+        // config before it took the pool over): what they left is given up
+        // and drained as the reload does, and stored at the next commit.
+        let retired: Vec<LabelIx> = (0..pool.config.labels.len())
+            .filter(|&i| pool.config.labels[i].retired)
+            .map(|i| LabelIx(i as u16))
+            .collect();
+        for label in retired {
+            pool.retire(label, now);
+        }
+        pool.drain_retired(now);
         pool
     }
 

@@ -402,6 +402,48 @@ fn a_label_removed_while_running_is_drained_and_asked_for_no_more() {
     assert_eq!(creates(&h).len(), launched, "nothing launched for it again");
 }
 
+/// A process that reloaded a config without label `a` takes the pool over
+/// from one that still ran `a`: restored under the new config, the pool
+/// gives up `a`'s pending request and drains its free nodes, as a reload
+/// would have, and stores both.
+#[test]
+fn a_pool_taken_over_under_a_config_that_retired_a_label_gives_it_up() {
+    let mut h = a_and("b", 6, 3);
+    settle(&mut h);
+    let used = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    let in_use = h.pool.request(used).unwrap().nodes[0];
+    let waits = h.submit(&[("a", 6)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(waits), RequestState::Pending);
+    h.persist();
+
+    let mut c = (*h.config).clone();
+    c.labels[0].retired = true;
+    h.config = Arc::new(c);
+    h.crash();
+    h.advance(secs(5));
+    ok(&h);
+    assert!(
+        reason(&h, waits).contains("label `a` was removed"),
+        "{}",
+        reason(&h, waits)
+    );
+    assert_eq!(h.count("a", "ready"), 0);
+    assert_eq!(h.count("a", "in-use"), 1, "the node in use stays");
+    h.release(in_use);
+    h.advance(secs(5));
+    ok(&h);
+    assert_eq!(h.count("a", "in-use"), 0);
+    h.crash();
+    assert_eq!(
+        h.state(waits),
+        h.pool.request(waits).unwrap().state,
+        "stored"
+    );
+    assert!(matches!(h.state(waits), RequestState::Failed { .. }));
+}
+
 /// A reload adds provider `p1` and removes `p0`, moving label `a` over:
 /// `a` is prewarmed on `p1`; `p0`'s free nodes are deleted and its node in
 /// use once released; `p0` is still listed, so nothing on it is leaked.
