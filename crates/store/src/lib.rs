@@ -46,7 +46,7 @@ pub use error::StoreError;
 pub use inbox::{InboxEntry, PgInbox};
 pub use pg::PgStore;
 pub use records::PgRecords;
-pub use shards::{Announced, PgShards, Roster, RosterLease};
+pub use shards::{Announced, Member, PgShards, Roster, RosterLease};
 pub use sqlite::SqliteStore;
 pub use sqlite_records::SqliteRecords;
 pub use store::{Claimant, Holding, Loaded, Store, StoreFuture, Tenure};

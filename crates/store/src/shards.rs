@@ -11,7 +11,10 @@
 //! process's membership and the leases it keeps, takes free ones (`FOR
 //! UPDATE SKIP LOCKED`, so processes beating together never wait on each
 //! other), and answers every lease as it now stands, the pool's too. A
-//! takeover bumps the lease's epoch.
+//! takeover bumps the lease's epoch. Each beat also records the digest
+//! of the config the process runs, and answers every live process's
+//! (`berth_beat`, migration step 11), so that a config reload on the
+//! pool's holder can wait for the whole fleet to run the same file.
 
 // Time here is tokio's clock, which tests on paused time move.
 #![deny(clippy::disallowed_methods)]
@@ -29,9 +32,10 @@ use crate::connect::{
 use crate::error::{StoreError, lost};
 use crate::store::Claimant;
 
-/// A heartbeat's statement: see the module docs and migration step 4.
-const BEAT: &str = "SELECT provider, holder, address, epoch, expires, remaining_ms, members \
-     FROM berth_shards($1, $2, $3, $4, $5)";
+/// A heartbeat's statement: see the module docs and migration steps 4 and
+/// 11.
+const BEAT: &str = "SELECT provider, holder, address, epoch, expires, remaining_ms, members, \
+     config FROM berth_beat($1, $2, $3, $4, $5, $6)";
 
 /// A connection, the task that runs it, and the heartbeat prepared on it.
 type Connected = (Client, tokio::task::JoinHandle<()>, Statement);
@@ -43,6 +47,8 @@ pub struct PgShards {
     me: Claimant,
     /// The configured providers, in the config's order.
     providers: Vec<String>,
+    /// The digest of the config this process runs, recorded at each beat.
+    config: String,
     connected: Option<Connected>,
     /// What any process announces (leases given up, requests put into
     /// the inbox), as the server passes it on.
@@ -77,6 +83,20 @@ pub struct Roster {
     pub providers: Vec<Option<RosterLease>>,
     /// The pool's lease (the process that decides), if anybody holds it.
     pub pool: Option<RosterLease>,
+    /// Every process whose membership has not expired, this one included,
+    /// with the config it runs.
+    pub fleet: Vec<Member>,
+}
+
+/// A live process, as its last heartbeat recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub holder: String,
+    /// Where its API is reached.
+    pub address: String,
+    /// The digest of the config it runs (`berth_config::fleet_digest`);
+    /// empty for a process of a version that records none.
+    pub config: String,
 }
 
 /// A lease that has not expired.
@@ -115,6 +135,7 @@ impl PgShards {
             login,
             me,
             providers,
+            config: String::new(),
             connected: None,
             announced: None,
             missed: false,
@@ -129,6 +150,12 @@ impl PgShards {
     /// The configured providers, in the config's order.
     pub fn providers(&self) -> &[String] {
         &self.providers
+    }
+
+    /// The digest of the config this process runs, recorded from the next
+    /// beat on.
+    pub fn set_config(&mut self, digest: String) {
+        self.config = digest;
     }
 
     async fn client(&mut self) -> Result<&Client, StoreError> {
@@ -219,10 +246,11 @@ impl PgShards {
     /// answers every lease as it stands.
     pub async fn beat(&mut self, keep: &[String]) -> Result<Roster, StoreError> {
         let ttl = i64::try_from(self.me.ttl.as_millis()).unwrap_or(i64::MAX);
-        let (holder, address, providers) = (
+        let (holder, address, providers, config) = (
             self.me.holder.clone(),
             self.me.address.clone(),
             self.providers.clone(),
+            self.config.clone(),
         );
         let sent = Instant::now();
         // A database that stops answering is a lost connection after this,
@@ -231,8 +259,8 @@ impl PgShards {
         let after = (self.me.ttl * 2).max(DEADLINE_MIN);
         let rows = {
             let (client, _, beat) = self.connection().await?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-                [&holder, &address, &ttl, &providers, &keep];
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                [&holder, &address, &ttl, &providers, &keep, &config];
             tokio::time::timeout(after, client.query(beat, &params)).await
         };
         let rows = match rows {
@@ -260,6 +288,14 @@ impl PgShards {
             ..Roster::default()
         };
         for row in rows {
+            if let Some(config) = row.get::<_, Option<String>>(7) {
+                roster.fleet.push(Member {
+                    holder: row.get(1),
+                    address: row.get(2),
+                    config,
+                });
+                continue;
+            }
             let name: Option<String> = row.get(0);
             roster.members = u32::try_from(row.get::<_, i64>(6)).unwrap_or(u32::MAX);
             let expires: Option<SystemTime> = row.get(4);
@@ -279,6 +315,7 @@ impl PgShards {
                 }
             }
         }
+        roster.fleet.sort_by(|a, b| a.holder.cmp(&b.holder));
         Ok(roster)
     }
 

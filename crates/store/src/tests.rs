@@ -594,12 +594,16 @@ async fn a_store_from_before_the_failure_columns_loads_its_rows_without_one(back
         .unwrap();
     let (steps, back) = match &store {
         Db::Sqlite { .. } => (schema::MIGRATIONS.len(), "PRAGMA user_version = 5"),
-        Db::Postgres { .. } => (pg::MIGRATIONS.len(), "UPDATE berth_schema SET version = 9"),
+        Db::Postgres { .. } => (
+            pg::MIGRATIONS.len(),
+            "DROP FUNCTION berth_beat; ALTER TABLE members DROP COLUMN config; \
+             UPDATE berth_schema SET version = 9",
+        ),
     };
     let last = if matches!(backend, Backend::Sqlite) {
         6
     } else {
-        10
+        11
     };
     assert_eq!(
         steps, last,
@@ -1900,6 +1904,57 @@ async fn postgres_provider_leases_spread_over_the_live_processes() {
     let left = b.beat(&keep_b).await.unwrap();
     assert_eq!(left.members, 1);
     assert_eq!(left.held_by("b").len(), 6);
+}
+
+/// Each beat records the digest of the config its process runs and
+/// answers every live process's, so that the pool's holder sees which
+/// processes run which config; one that left is no longer among them.
+#[tokio::test]
+async fn postgres_each_beat_records_its_config_and_answers_every_live_processs() {
+    let (_plain, url) = pg_fresh().await;
+    let ttl = Duration::from_secs(10);
+    let names = vec!["p1".to_owned()];
+    let mut a = pg_open(&url, &claimant("a", ttl))
+        .await
+        .shards(names.clone())
+        .unwrap();
+    let mut b = pg_open(&url, &claimant("b", ttl))
+        .await
+        .shards(names)
+        .unwrap();
+    a.set_config("one".into());
+    b.set_config("one".into());
+    a.beat(&[]).await.unwrap();
+    let fleet = |r: &Roster| -> Vec<(String, String)> {
+        (r.fleet.iter())
+            .map(|m| (m.holder.clone(), m.config.clone()))
+            .collect()
+    };
+    let roster = b.beat(&[]).await.unwrap();
+    assert_eq!(roster.members, 2);
+    assert_eq!(
+        fleet(&roster),
+        [("a".into(), "one".into()), ("b".into(), "one".into())]
+    );
+    assert_eq!(roster.fleet[0].address, "http://a.example:8080");
+    assert_eq!(
+        roster.providers.len(),
+        1,
+        "the leases are answered as before"
+    );
+
+    b.set_config("two".into());
+    b.beat(&[]).await.unwrap();
+    let roster = a.beat(&[]).await.unwrap();
+    assert_eq!(
+        fleet(&roster),
+        [("a".into(), "one".into()), ("b".into(), "two".into())]
+    );
+    b.leave().await.unwrap();
+    assert_eq!(
+        fleet(&a.beat(&[]).await.unwrap()),
+        [("a".into(), "one".into())]
+    );
 }
 
 /// Requests a process standing by put into the inbox are read oldest

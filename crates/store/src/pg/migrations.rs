@@ -306,6 +306,29 @@ ALTER TABLE nodes RENAME COLUMN role TO packing;
 ALTER TABLE nodes ADD COLUMN failure TEXT;
 ALTER TABLE requests ADD COLUMN last_failure TEXT;
 "#,
+    // The digest of the config each process runs (`berth_config::
+    // fleet_digest`), written at each heartbeat, and a heartbeat that
+    // answers every live member with its digest too (rows with `config`
+    // set) after step 4's rows.
+    r#"
+ALTER TABLE members ADD COLUMN config TEXT NOT NULL DEFAULT '';
+CREATE FUNCTION berth_beat(who TEXT, addr TEXT, ttl_ms BIGINT, provs TEXT[], keep TEXT[],
+                           conf TEXT)
+RETURNS TABLE (provider TEXT, holder TEXT, address TEXT, epoch BIGINT, expires TIMESTAMPTZ,
+               remaining_ms BIGINT, members BIGINT, config TEXT)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+        SELECT s.provider, s.holder, s.address, s.epoch, s.expires, s.remaining_ms, s.members,
+               NULL::TEXT
+          FROM berth_shards(who, addr, ttl_ms, provs, keep) AS s;
+    UPDATE members AS m SET config = conf WHERE m.holder = who;
+    RETURN QUERY
+        SELECT NULL::TEXT, m.holder, m.address, NULL::BIGINT, m.expires, NULL::BIGINT,
+               NULL::BIGINT, m.config
+          FROM members AS m WHERE m.expires > clock_timestamp();
+END $$;
+"#,
 ];
 
 /// The advisory lock key that migrations hold, so that processes starting
