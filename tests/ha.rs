@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use crate::support::config::{CI, OPS, serve_config_for, set_lease_ttl};
 use crate::support::config::{database, store_table};
 use crate::support::postgres::{PgCluster, psql};
-use crate::support::server::{Berth, http, until};
+use crate::support::server::{Berth, http, run_berth, until};
 use crate::support::{SimServer, live, metric, plugin, plugins_dir_and_name};
 
 /// The pool's lease TTL in these tests.
@@ -1671,4 +1671,140 @@ async fn a_provider_is_given_up_only_once_its_calls_in_flight_have_ended() {
     for p in fleet.procs.iter_mut() {
         p.take().unwrap().terminate().await.assert_success();
     }
+}
+
+/// A config reload on two processes sharing one pool: each process reads
+/// its own file (never relayed), the pool's holder refuses its reload until
+/// every other process runs the same config, and once the holder takes it
+/// too the pool decides with it, through a failover: the process that
+/// takes the pool over runs it already. No node is lost on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_takes_a_config_reload_once_every_process_runs_it_the_holder_last() {
+    const BIG: &str = "\n[labels.big]\nmin-ready = 1\n[labels.big.providers.sim]\n\
+                       instance-type = \"big\"\nimage = \"img\"\nvcpus = 4\nram = \"8GiB\"\n";
+    let mut fleet = Fleet::new(SimServer::start().await, 2);
+    fleet.start(0).await;
+    fleet.get(0).until_ready(30, "b0 holds the pool").await;
+    fleet.start(1).await;
+    assert_eq!(fleet.lease(), (Some(0), 1));
+    let b1_address = fleet.get(1).base.clone();
+    let used = fleet.get(1).request(CI, &[("small", 1)]).await;
+    let used = fleet.get(1).fulfilled(CI, &used.id).await.nodes[0]
+        .id
+        .clone();
+    fleet
+        .get(0)
+        .until_label_ready(60, "small", 2, "small refilled")
+        .await;
+    let reload = |i: usize| {
+        let base = fleet.get(i).base.clone();
+        async move { run_berth(["config", "reload", "--server", &base, "--token", OPS], &[]).await }
+    };
+    let configs_in_store = || {
+        psql(
+            &fleet.url,
+            "SELECT count(DISTINCT config) FROM members WHERE expires > clock_timestamp()",
+        )
+        .unwrap()
+    };
+    assert_eq!(configs_in_store(), "1", "both start on one config");
+
+    // Both files now raise `small`'s min-ready and add `big`; each keeps
+    // its own driver endpoint.
+    for path in &fleet.configs {
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(text.contains("min-ready = 2"), "{text}");
+        std::fs::write(path, text.replace("min-ready = 2", "min-ready = 3") + BIG).unwrap();
+    }
+
+    // The holder first: refused, naming the process that does not run it.
+    let ran = reload(0).await;
+    assert!(!ran.success(), "{ran}");
+    assert!(
+        ran.stdout.contains("does not run this config yet") && ran.stdout.contains(&b1_address),
+        "{ran}"
+    );
+    assert_eq!(
+        min_ready(fleet.get(0)).await,
+        (Some(2), None),
+        "nothing changed"
+    );
+
+    // b1, standing by, takes its own file: the call is not relayed.
+    let ran = reload(1).await;
+    assert!(ran.success(), "{ran}");
+    assert!(ran.stdout.contains("labels.big: added"), "{ran}");
+    assert_eq!(
+        configs_in_store(),
+        "2",
+        "b1's new config is recorded before its reload answered"
+    );
+    // The pool is still decided by its holder's config, and each process
+    // says that the other runs another one.
+    assert_eq!(min_ready(fleet.get(1)).await, (Some(2), None));
+    for i in 0..2 {
+        log_says(fleet.get(i), "run another config than this one").await;
+    }
+
+    // The holder last, by SIGHUP: the pool takes the new config.
+    fleet.get(0).signal(libc::SIGHUP);
+    fleet
+        .get(1)
+        .until_label_ready(60, "small", 3, "min-ready raised on the holder")
+        .await;
+    fleet
+        .get(1)
+        .until_label_ready(60, "big", 1, "the new label prewarmed")
+        .await;
+    assert_eq!(min_ready(fleet.get(1)).await, (Some(3), Some(1)));
+    assert_eq!(configs_in_store(), "1");
+    log_says(
+        fleet.get(1),
+        "every berth process on the store runs the same config again",
+    )
+    .await;
+
+    // The holder is killed: b1 takes the pool over, running the new
+    // config already, and the node in use is still in use.
+    fleet.procs[0].take().unwrap().signal(libc::SIGKILL);
+    let b1 = fleet.get(1);
+    b1.until_ready(30, "b1 takes the pool over").await;
+    assert_eq!(min_ready(b1).await, (Some(3), Some(1)));
+    let (status, node) = b1
+        .call("GET", &format!("/v1/nodes/{used}"), Some(OPS), None)
+        .await;
+    assert_eq!(
+        (status, node["state"].as_str()),
+        (200, Some("in-use")),
+        "{node}"
+    );
+    let big = b1.request(CI, &[("big", 1)]).await;
+    b1.fulfilled(CI, &big.id).await;
+    fleet.procs[1]
+        .take()
+        .unwrap()
+        .terminate()
+        .await
+        .assert_success();
+}
+
+/// Waits until `berth`'s log has `needle`.
+async fn log_says(berth: &Berth, needle: &str) {
+    until(10, needle, || async {
+        berth.log_text().contains(needle).then_some(())
+    })
+    .await;
+}
+
+/// What the pool decides with, as its holder shows it (`/v1/labels` is
+/// relayed there): `small`'s min-ready, and `big`'s if it is there.
+async fn min_ready(berth: &Berth) -> (Option<u64>, Option<u64>) {
+    let (status, labels) = berth.call("GET", "/v1/labels", Some(OPS), None).await;
+    assert_eq!(status, 200, "{labels}");
+    let min = |name: &str| {
+        (labels.as_array().unwrap().iter())
+            .find(|l| l["name"] == name)
+            .map(|l| l["min_ready"].as_u64().unwrap())
+    };
+    (min("small"), min("big"))
 }

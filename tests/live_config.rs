@@ -45,19 +45,11 @@ async fn config_check_against_a_running_berth_names_what_a_reload_would_change()
     for line in ["labels.small.min-ready: 2 → 3", "labels.big: added"] {
         assert!(ran.stdout.contains(line), "{line}: {ran}");
     }
-    if crate::support::config::on_postgres() {
-        // Not yet taken live on a store several processes may share.
-        assert!(
-            !ran.success() && ran.stdout.contains("store is shared"),
-            "{ran}"
-        );
-    } else {
-        assert!(ran.success(), "{ran}");
-        assert!(
-            ran.stdout.contains("a reload would make 2 changes"),
-            "{ran}"
-        );
-    }
+    assert!(ran.success(), "{ran}");
+    assert!(
+        ran.stdout.contains("a reload would make 2 changes"),
+        "{ran}"
+    );
 
     // The pool's id cannot change live: refused whole, with the reason.
     let renamed = running.replace("pool-id = \"serve-test\"", "pool-id = \"other\"");
@@ -127,16 +119,6 @@ async fn a_config_reload_adds_and_removes_labels_and_raises_min_ready_with_no_no
         + "\n[labels.big]\nmin-ready = 1\n[labels.big.providers.sim]\n\
           instance-type = \"big\"\nimage = \"img\"\nvcpus = 4\nram = \"8GiB\"\n";
     std::fs::write(&config, &next).expect("write");
-    if crate::support::config::on_postgres() {
-        // Not yet taken live on a store several processes may share.
-        let ran = reload(&server).await;
-        assert!(
-            !ran.success() && ran.stdout.contains("store is shared"),
-            "{ran}"
-        );
-        server.terminate().await.assert_success();
-        return;
-    }
     server.signal(libc::SIGHUP);
     server
         .until_label_ready(60, "small", 3, "min-ready raised")

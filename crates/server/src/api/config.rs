@@ -18,6 +18,8 @@ use super::edge::json;
 use super::error::{ApiError, Result};
 use super::pool::admin;
 use super::state::Api;
+use crate::runtime::Mode;
+use crate::runtime::shards::Shards;
 
 /// The config file berth runs, and its settings as last applied.
 pub(super) struct RunningConfig {
@@ -52,11 +54,19 @@ struct Judged {
     reasons: Vec<String>,
     /// The file's settings arranged for the running pool, unless refused.
     aligned: Option<Settings>,
+    /// What the processes on a shared store must run alike, in the file
+    /// ([`berth_config::fleet_digest`]), if it is valid.
+    digest: Option<String>,
 }
 
 /// Judges `parsed` against the `running` settings: its differences, and
-/// every reason a reload of it is refused.
-fn judge(running: &Settings, parsed: std::result::Result<Settings, ConfigErrors>) -> Judged {
+/// every reason a reload of it is refused. `shared`: several processes
+/// share the store.
+fn judge(
+    running: &Settings,
+    parsed: std::result::Result<Settings, ConfigErrors>,
+    shared: bool,
+) -> Judged {
     let new = match parsed {
         Ok(new) => new,
         Err(e) => {
@@ -65,20 +75,18 @@ fn judge(running: &Settings, parsed: std::result::Result<Settings, ConfigErrors>
                 problems: e.problems.iter().map(ToString::to_string).collect(),
                 reasons: Vec::new(),
                 aligned: None,
+                digest: None,
             };
         }
     };
+    let digest = Some(berth_config::fleet_digest(&new));
     let problems: Vec<String> = (berth_config::check_files(&new).iter())
         .map(ToString::to_string)
         .collect();
     let differences = berth_config::differences(running, &new);
     let mut reasons = Vec::new();
-    if running.store.postgres.is_some() && !differences.is_empty() {
-        reasons.push(
-            "the store is shared with other berth processes (store.url): a config reload is \
-             not yet applied to a fleet; restart the processes one at a time"
-                .to_owned(),
-        );
+    if shared {
+        reasons.extend(providers_moved(running, &new));
     }
     if !running.api.tokens.is_empty() && new.api.tokens.is_empty() {
         reasons.push(
@@ -100,7 +108,39 @@ fn judge(running: &Settings, parsed: std::result::Result<Settings, ConfigErrors>
         problems,
         reasons,
         aligned,
+        digest,
     }
+}
+
+/// With a shared store, the providers are shared out by their leases over
+/// a fixed list each process starts with: a provider added or removed is
+/// refused there, each by name.
+fn providers_moved(running: &Settings, new: &Settings) -> Vec<String> {
+    let live = |s: &Settings| -> Vec<String> {
+        (s.pool.providers.iter())
+            .filter(|p| !p.retired)
+            .map(|p| p.name.clone())
+            .collect()
+    };
+    let (was, now) = (live(running), live(new));
+    let added = now
+        .iter()
+        .filter(|p| !was.contains(p))
+        .map(|p| (p, "added"));
+    let removed = was
+        .iter()
+        .filter(|p| !now.contains(p))
+        .map(|p| (p, "removed"));
+    added
+        .chain(removed)
+        .map(|(p, what)| {
+            format!(
+                "providers.{p}: {what}: not yet while several berth processes share the store \
+                 (their providers are shared out by leases over the list each started with); \
+                 restart the processes one at a time"
+            )
+        })
+        .collect()
 }
 
 fn shown(differences: &[Difference]) -> Vec<types::ConfigDifference> {
@@ -135,12 +175,59 @@ impl Api {
         Some(self.reload(config).await)
     }
 
+    /// Judges `parsed` against the running config, and, with a shared
+    /// store, against what the other processes run.
+    async fn judge(
+        &self,
+        running: &Settings,
+        parsed: std::result::Result<Settings, ConfigErrors>,
+    ) -> Judged {
+        let shards = self.handle().shards();
+        let mut judged = judge(running, parsed, shards.is_some());
+        if let (Some(shards), Some(digest)) = (shards, &judged.digest) {
+            let differing = self.fleet_differs(shards, digest).await;
+            if !differing.is_empty() {
+                judged.reasons.extend(differing);
+                judged.aligned = None;
+            }
+        }
+        judged
+    }
+
+    /// On the pool's holder, every reason the fleet is not ready for the
+    /// config of `digest`: each other live process that does not run it
+    /// yet. A process standing by is reloaded first, with nothing to wait
+    /// for: the pool is decided by its holder's config until the holder is
+    /// reloaded, last.
+    async fn fleet_differs(&self, shards: &Shards, digest: &str) -> Vec<String> {
+        if !matches!(self.handle().mode(), Mode::Holding) {
+            return Vec::new();
+        }
+        let Some(fleet) = shards.fleet_now().await else {
+            return vec![
+                "could not read which config each berth process on the store runs (the \
+                 database did not answer)"
+                    .to_owned(),
+            ];
+        };
+        (fleet.iter())
+            .filter(|m| m.holder != shards.me() && m.config != digest)
+            .map(|m| {
+                format!(
+                    "berth process {} ({}) does not run this config yet: reload each process \
+                     standing by with the same file first, and the pool's holder (this one) last",
+                    m.holder, m.address
+                )
+            })
+            .collect()
+    }
+
     /// [`Api::reload_config`] of `config`.
     async fn reload(&self, config: &RunningConfig) -> types::ConfigReload {
         let _one = config.reloading.lock().await;
         let running = config.running();
         let file = &config.file;
-        let judged = judge(&running, berth_config::load(file));
+        let judged = self.judge(&running, berth_config::load(file)).await;
         let mut reasons = judged.reasons;
         let mut applied = false;
         if let Some(aligned) = judged.aligned {
@@ -150,6 +237,18 @@ impl Api {
                     applied = true;
                 }
                 Err(why) => reasons.extend(why),
+            }
+        }
+        if let (true, Some(shards), Some(digest)) = (applied, self.handle().shards(), judged.digest)
+        {
+            // Recorded before this answers, so that the pool's holder,
+            // reloaded next, finds it.
+            shards.set_config(digest);
+            if shards.fleet_now().await.is_none() {
+                tracing::warn!(
+                    "the config this process now runs is not recorded yet (the database did \
+                     not answer): the pool's holder refuses its own reload until it is"
+                );
             }
         }
         let reload = types::ConfigReload {
@@ -247,10 +346,12 @@ pub(super) async fn check_config(
     let config = api.running_config()?;
     let env = |name: &str| std::env::var(name).ok();
     let base: &FsPath = berth_config::base_dir(&config.file);
-    let judged = judge(
-        &config.running(),
-        berth_config::parse(&asked.text, base, &env),
-    );
+    let judged = api
+        .judge(
+            &config.running(),
+            berth_config::parse(&asked.text, base, &env),
+        )
+        .await;
     let refused = !judged.problems.is_empty() || !judged.reasons.is_empty();
     Ok(json(
         StatusCode::OK,

@@ -1,7 +1,9 @@
 //! A process standing by serves the API by passing each `/v1` call to the
 //! process that holds the pool, and its answer back, as they are: the
 //! holder authenticates, checks and answers; this process only relays.
-//! The exception is `POST /v1/requests` ([`offer`]): a process standing by
+//! Calls about the process's own config file and drivers (`/v1/config/…`,
+//! `/v1/drivers…`) are answered by the process called.
+//! The other exception is `POST /v1/requests` ([`offer`]): a process standing by
 //! draws the request's id, offers the request to the holder under it, and
 //! accepts it itself into the store's inbox under the same id if the
 //! holder does not take it in time, so a new request is taken whether or
@@ -58,6 +60,13 @@ fn strip(headers: &mut axum::http::HeaderMap) {
     }
 }
 
+/// Calls about this process's own config file and drivers, answered by the
+/// process called and never relayed: each process of a fleet reloads its
+/// own file and drivers, and shows its own.
+fn about_this_process(path: &str) -> bool {
+    path.starts_with("/v1/config/") || path == "/v1/drivers" || path.starts_with("/v1/drivers/")
+}
+
 /// The middleware: relays `/v1` calls while another process holds the pool.
 pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) -> Response {
     if !request.uri().path().starts_with("/v1/") {
@@ -66,6 +75,9 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
     let Mode::Standby(holder) = api.handle().mode() else {
         return next.run(request).await;
     };
+    if about_this_process(request.uri().path()) {
+        return next.run(request).await;
+    }
     // A new request is offered to the holder by the handler, and taken
     // here if the holder does not answer in time (`offer`).
     if request.method() == axum::http::Method::POST

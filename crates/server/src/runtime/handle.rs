@@ -126,10 +126,11 @@ impl Handle {
     /// Makes the pool decide with `config` from its next step: a reload
     /// of the config file, arranged with `berth_config::align`. Refused,
     /// changing nothing, if the pool cannot take it
-    /// ([`Pool::reconfigure`]), or if the pool stands by (its holder
-    /// decides) or has stopped. With a store shared by several processes,
-    /// each must be given the same config: `berth serve` refuses a reload
-    /// there.
+    /// ([`Pool::reconfigure`]), or if the pool has stopped. Standing by, the
+    /// config is taken for when this process takes the pool over. With a
+    /// store shared by several processes, each must be given the same
+    /// config: `berth serve` reloads the pool's holder only once every
+    /// other process runs it.
     pub async fn reconfigure(&self, config: Arc<Config>) -> Result<(), ServiceError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Reconfigure(config.clone(), tx))?;

@@ -29,6 +29,11 @@
 //!   share (providers over live processes, rounded up). A process holding
 //!   more than its share gives the rest up: it stops taking their calls,
 //!   waits (briefly) for those running to end, and releases them.
+//! - **One config.** Each heartbeat records the digest of the config this
+//!   process runs (`berth_config::fleet_digest`) and reads every live
+//!   process's: a config reload on the pool's holder waits for the fleet
+//!   to agree ([`Shards::fleet_now`]), and a process whose config differs
+//!   from the others' says so in its log.
 
 // Time here is tokio's clock, which tests on paused time move.
 #![deny(clippy::disallowed_methods)]
@@ -51,7 +56,7 @@ use berth_config::ProviderIx;
 use berth_core::driver::{Call as Which, CreateSpec, Instance, Page, Tags};
 use berth_core::pool::Batches;
 use berth_plugin::{CallError, CallErrorKind, Deletion, Gate};
-use berth_store::{PgShards, Roster, RosterLease};
+use berth_store::{Member, PgShards, Roster, RosterLease};
 
 use super::observer::Observer;
 use super::providers::{BoxFuture, Cloud, Many, Providers};
@@ -111,6 +116,10 @@ pub struct Shards {
     requests_sent: Notify,
     secret: String,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// The digest of the config this process runs, recorded at each beat.
+    config: Mutex<String>,
+    /// The processes last said to run another config than this one's.
+    differing: Mutex<Vec<String>>,
 }
 
 /// Where a provider's calls go now.
@@ -192,13 +201,16 @@ impl Shards {
     /// beating in the background. Each provider's gate comes from
     /// [`Shards::gate`].
     /// `deadlines`: each provider's `call-deadline`, the longest its calls
-    /// run, which a provider being given up waits for.
+    /// run, which a provider being given up waits for. `config`: the
+    /// digest of the config this process runs.
     pub async fn start(
         mut pg: PgShards,
         deadlines: Vec<Duration>,
         observer: Arc<dyn Observer>,
+        config: String,
     ) -> Result<(Arc<Shards>, Beating), berth_store::StoreError> {
         let secret = pg.peer_secret().await?;
+        pg.set_config(config.clone());
         let me = pg.me().clone();
         let names = pg.providers().to_vec();
         let mut connector = HttpConnector::new();
@@ -221,6 +233,8 @@ impl Shards {
             requests_sent: Notify::new(),
             secret,
             client: Client::builder(TokioExecutor::new()).build(connector),
+            config: Mutex::new(config),
+            differing: Mutex::new(Vec::new()),
         });
         let first = pg.beat(&[]).await?;
         shards.read_roster(first);
@@ -243,6 +257,48 @@ impl Shards {
     /// Every lease as last read.
     pub fn roster(&self) -> Arc<Roster> {
         self.roster.borrow().clone()
+    }
+
+    /// This process, as the leases name it.
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The digest of the config this process runs.
+    pub fn config(&self) -> String {
+        self.config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records that this process now runs the config of `digest`, from the
+    /// next beat on ([`Shards::fleet_now`] makes it now).
+    pub fn set_config(&self, digest: String) {
+        *self.config.lock().unwrap_or_else(|e| e.into_inner()) = digest;
+    }
+
+    /// Beats now, and answers every live process with the config it runs,
+    /// as of a beat sent after this was called (which records this
+    /// process's own config too); `None` if no beat got through within
+    /// twice the TTL (at least 5 s).
+    pub async fn fleet_now(&self) -> Option<Vec<Member>> {
+        let asked = Instant::now();
+        let mut roster = self.roster.subscribe();
+        self.nudge.notify_one();
+        let after = (self.ttl * 2).max(Duration::from_secs(5));
+        let mine = self.config();
+        // A beat sent after this, that recorded this process's config as
+        // it now is (one that read the config just before it was set does
+        // not count).
+        let fresh = roster.wait_for(|r| {
+            r.sent.is_some_and(|sent| sent >= asked)
+                && (r.fleet.iter()).any(|m| m.holder == self.me && m.config == mine)
+        });
+        match tokio::time::timeout(after, fresh).await {
+            Ok(Ok(r)) => Some(r.fleet.clone()),
+            _ => None,
+        }
     }
 
     /// The providers this process holds, by name.
@@ -407,7 +463,32 @@ impl Shards {
                 "giving providers up once their calls have ended, to spread the providers over the processes"
             );
         }
+        self.differs(&roster.fleet);
         self.roster.send_replace(Arc::new(roster));
+    }
+
+    /// Says in the log when the processes running another config than this
+    /// one's change: which they are, and when none is left.
+    fn differs(&self, fleet: &[Member]) {
+        let mine = self.config();
+        let now: Vec<String> = (fleet.iter())
+            .filter(|m| m.config != mine)
+            .map(|m| m.holder.clone())
+            .collect();
+        let mut differing = self.differing.lock().unwrap_or_else(|e| e.into_inner());
+        if *differing == now {
+            return;
+        }
+        if now.is_empty() {
+            tracing::info!("every berth process on the store runs the same config again");
+        } else {
+            tracing::warn!(
+                processes = %now.join(", "),
+                "these berth processes run another config than this one: reload each with the \
+                 same file, the pool's holder last"
+            );
+        }
+        *differing = now;
     }
 
     /// The leases this process renews: those it holds, the ones it is
@@ -493,6 +574,7 @@ async fn keep_beating(
             }
         }
         let started = Instant::now();
+        pg.set_config(shards.config());
         let beat = pg.beat(&shards.keep()).await;
         observer.heartbeat(started.elapsed());
         match beat {

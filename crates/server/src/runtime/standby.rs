@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use berth_core::pool::Pool;
 use berth_store::{StoreError, Tenure};
 
-use super::handle::refuse;
+use super::handle::{Command, refuse};
 use super::mode::{Holder, Mode, ServiceError};
 use super::task::{Loop, Queues, RECONNECT_FIRST, RECONNECT_MAX, STANDBY_POLL, pool_given_up};
 
@@ -61,7 +61,11 @@ impl Loop {
                 tokio::select! {
                     biased;
                     _ = &mut *stop => return Ok(false),
-                    Some(c) = queues.commands.recv() => refuse(c, &self.refusal()),
+                    Some(c) = queues.commands.recv() => match c {
+                        // Taken standing by: the pool is taken over with it.
+                        Command::Reconfigure(config, reply) => self.reconfigure(config, reply),
+                        c => refuse(c, &self.refusal()),
+                    },
                     _ = tokio::time::sleep_until(retry) => break,
                     // A holder that stopped cleanly announced it: now.
                     () = pool_given_up(&self.shards) => {

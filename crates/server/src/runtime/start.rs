@@ -86,7 +86,8 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
             let deadlines = (settings.drivers.iter())
                 .map(|d| d.sandbox.call_deadline)
                 .collect();
-            let (shards, beating) = Shards::start(pg, deadlines, observer.clone())
+            let digest = berth_config::fleet_digest(&settings);
+            let (shards, beating) = Shards::start(pg, deadlines, observer.clone(), digest)
                 .await
                 .context("taking part in the providers' leases")?;
             Backend::Shared(Shared {

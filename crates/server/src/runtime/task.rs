@@ -360,14 +360,24 @@ impl Loop {
                 self.inbox_due = true;
                 self.taking_in.push(reply);
             }
-            Command::Reconfigure(config, reply) => {
-                let taken = pool.reconfigure(config.clone(), now);
-                if taken.is_ok() {
-                    self.store.reconfigure(config);
-                }
-                let _ = reply.send(taken.map_err(ServiceError::Reconfigure));
-            }
+            Command::Reconfigure(config, reply) => self.reconfigure(config, reply),
         }
+    }
+
+    /// Takes a reload's config ([`Pool::reconfigure`]), in the pool and
+    /// the store, or refuses it, changing nothing. Standing by too: the
+    /// idle pool's config is the one this process takes the pool over
+    /// with.
+    pub(super) fn reconfigure(
+        &mut self,
+        config: Arc<Config>,
+        reply: oneshot::Sender<Result<(), ServiceError>>,
+    ) {
+        let taken = self.pool.reconfigure(config.clone(), self.clock.now());
+        if taken.is_ok() {
+            self.store.reconfigure(config);
+        }
+        let _ = reply.send(taken.map_err(ServiceError::Reconfigure));
     }
 
     /// Reads the store's inbox if it is due and takes in what waits there
