@@ -86,13 +86,8 @@ impl Pool {
         // go elsewhere does not take the room of one that cannot.
         let mut wants = req.wants.clone();
         wants.sort_by_key(|&(label, _)| self.offers_of(label).len());
-        for (label, count) in wants {
-            let have = req
-                .nodes
-                .iter()
-                .filter(|n| self.nodes.get(n).is_some_and(|n| n.label == label))
-                .count() as u32;
-            let mut need = count.saturating_sub(have);
+        for (label, _) in wants {
+            let mut need = self.still_missing(req, label);
             if need == 0 {
                 continue;
             }
@@ -141,6 +136,19 @@ impl Pool {
         Ok(steps)
     }
 
+    /// How many nodes of `label` `req` still misses: those it wants less
+    /// those it has.
+    fn still_missing(&self, req: &Request, label: LabelIx) -> u32 {
+        let count: u32 = (req.wants.iter())
+            .filter(|&&(l, _)| l == label)
+            .map(|&(_, n)| n)
+            .sum();
+        let have = (req.nodes.iter())
+            .filter(|n| self.nodes.get(n).is_some_and(|n| n.label == label))
+            .count() as u32;
+        count.saturating_sub(have)
+    }
+
     /// Makes room for a request that limits hold back, by deleting unused
     /// ready nodes (free, idle `run`, plain) of labels the request does not
     /// want, and ready backing nodes whose slots are all free, of slot labels
@@ -156,9 +164,12 @@ impl Pool {
         let Some(req) = self.requests.get(&id) else {
             return;
         };
-        // Only the labels it wants are spared. Not a wanted slot label's
-        // backing label: a slot is never placed on a plain node of it, so
-        // its free plain nodes are room the request cannot use otherwise.
+        // Only the labels it wants are spared, and of a machine label only
+        // the free ready nodes the request takes (the oldest, as `steps`
+        // takes them): the others are room, as another label's are. Not a
+        // wanted slot label's backing label either: a slot is never placed
+        // on a plain node of it, so its free plain nodes are room the
+        // request cannot use otherwise.
         let spared: HashSet<LabelIx> = req.wants.iter().map(|&(label, _)| label).collect();
         // Candidates per provider, oldest ready first: the free ready nodes
         // of the other labels, and the ready backing nodes with every slot
@@ -167,9 +178,12 @@ impl Pool {
         // for their own machine label).
         let mut candidates: Vec<Vec<(Time, NodeId)>> = vec![Vec::new(); self.ix.providers.len()];
         for (i, rt) in self.ix.labels.iter().enumerate() {
-            if spared.contains(&LabelIx(i as u16)) {
-                continue;
-            }
+            let label = LabelIx(i as u16);
+            let kept = match &self.config[label].kind {
+                _ if !spared.contains(&label) => 0,
+                LabelKind::Machine { .. } => self.still_missing(req, label) as usize,
+                LabelKind::Slots { .. } => continue,
+            };
             let idle_backings = rt.backings.iter().filter_map(|&b| {
                 let node = self.nodes.get(&b)?;
                 let NodeState::Ready { since } = node.state else {
@@ -180,7 +194,7 @@ impl Pool {
                 };
                 (node.idle == Idle::Run && slots.iter().all(Option::is_none)).then_some((since, b))
             });
-            for (since, n) in rt.free_ready.iter().copied().chain(idle_backings) {
+            for (since, n) in (rt.free_ready.iter().copied().skip(kept)).chain(idle_backings) {
                 if let Some(node) = self.nodes.get(&n) {
                     candidates[node.provider.0 as usize].push((since, n));
                 }

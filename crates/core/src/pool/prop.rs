@@ -769,6 +769,41 @@ fn regression_a_slot_request_evicts_free_plain_nodes_of_its_backing_label() {
     run(&ops, &cloud).unwrap();
 }
 
+/// A case the property test found, kept as it shrank: three free `big`
+/// nodes hold all of p0's cores, and a request for one `big` and a slot of
+/// `s` (backed by `big`) waited for ever: eviction spared every free node
+/// of `big` because the request wants `big` too, though it takes only one
+/// of them, and a slot needs a backing instance of its own.
+#[test]
+fn regression_a_request_for_a_label_and_a_slot_it_backs_evicts_the_labels_spare_nodes() {
+    use Op::*;
+    let ops = vec![
+        Advance(21300),
+        Renew(0, 1000),
+        Submit(vec![(0, 2)], 0, 1),
+        Submit(vec![(0, 1)], 0, 0),
+        Cancel(Index(32768)),
+        Advance(1000),
+        Release(Index(0)),
+        Release(Index(0)),
+        Submit(vec![(2, 1)], 0, 0),
+        Submit(vec![(2, 2)], 0, 0),
+        Submit(vec![(2, 1), (3, 1)], 1, 1),
+        Advance(10346),
+        Submit(vec![(0, 1)], 0, 0),
+        Renew(0, 12001),
+        Submit(vec![(2, 1)], 0, 0),
+    ];
+    let cloud = Cloudiness {
+        latency_ms: 0,
+        reach_late: false,
+        boot_ms: 11347,
+        linger_ms: 0,
+        batches: false,
+    };
+    run(&ops, &cloud).unwrap();
+}
+
 /// A case the property test found (2026-11-29), kept as it shrank: a
 /// prewarm node of a label removed by a reload failed its boot, and its
 /// replacement, launched for nobody, stayed ready for ever. A node of a

@@ -1646,6 +1646,26 @@ fn a_blocked_request_evicts_a_backing_node_whose_slots_are_all_free() {
     ok(&h);
 }
 
+/// Three free `big` nodes fill p0; a request for one `big` and a slot of
+/// `s` (backed by `big`) takes one of them and evicts one of the other two
+/// for the slot's backing instance: of a label it wants, only the nodes
+/// the request takes are spared.
+#[test]
+fn a_request_for_a_label_and_a_slot_it_backs_evicts_that_labels_spare_nodes() {
+    let mut c = (*slotted().config).clone();
+    c.labels[0].min_ready = 3;
+    c.providers[0].limits.max_instances = Some(3);
+    let mut h = Harness::new(c);
+    settle(&mut h);
+    assert_eq!(h.count("big", "ready"), 3);
+    let r = h.submit(&[("big", 1), ("s", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(r), "{:?}", h.state(r));
+    assert_eq!(backings(&h).len(), 1);
+    assert_eq!(h.live(0), 3, "one evicted for the backing instance");
+    ok(&h);
+}
+
 // ---- the reconciler --------------------------------------------------------
 
 #[test]
