@@ -1677,12 +1677,24 @@ async fn a_provider_is_given_up_only_once_its_calls_in_flight_have_ended() {
 /// its own file (never relayed), the pool's holder refuses its reload until
 /// every other process runs the same config, and once the holder takes it
 /// too the pool decides with it, through a failover: the process that
-/// takes the pool over runs it already. No node is lost on the way.
+/// takes the pool over runs it already. The reload adds a provider on a
+/// cloud of its own: the process standing by takes its lease and carries
+/// out its calls for the holder. No node is lost on the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_takes_a_config_reload_once_every_process_runs_it_the_holder_last() {
-    const BIG: &str = "\n[labels.big]\nmin-ready = 1\n[labels.big.providers.sim]\n\
-                       instance-type = \"big\"\nimage = \"img\"\nvcpus = 4\nram = \"8GiB\"\n";
     let mut fleet = Fleet::new(SimServer::start().await, 2);
+    let sim2 = SimServer::start().await;
+    let (_, driver) = plugins_dir_and_name(&plugin("sim"));
+    let big = |i: usize| {
+        format!(
+            "\n[providers.sim2]\ndriver = {driver:?}\nallow-hosts = [\"{}\"]\n\
+             config = {{ endpoint = \"{}/c/b{i}\" }}\n\n\
+             [labels.big]\nmin-ready = 1\n[labels.big.providers.sim2]\n\
+             instance-type = \"big\"\nimage = \"img\"\nvcpus = 4\nram = \"8GiB\"\n",
+            sim2.addr(),
+            sim2.url()
+        )
+    };
     fleet.start(0).await;
     fleet.get(0).until_ready(30, "b0 holds the pool").await;
     fleet.start(1).await;
@@ -1709,12 +1721,16 @@ async fn a_fleet_takes_a_config_reload_once_every_process_runs_it_the_holder_las
     };
     assert_eq!(configs_in_store(), "1", "both start on one config");
 
-    // Both files now raise `small`'s min-ready and add `big`; each keeps
-    // its own driver endpoint.
-    for path in &fleet.configs {
+    // Both files now raise `small`'s min-ready and add provider `sim2`
+    // with label `big` on it; each keeps its own driver endpoints.
+    for (i, path) in fleet.configs.iter().enumerate() {
         let text = std::fs::read_to_string(path).unwrap();
         assert!(text.contains("min-ready = 2"), "{text}");
-        std::fs::write(path, text.replace("min-ready = 2", "min-ready = 3") + BIG).unwrap();
+        std::fs::write(
+            path,
+            text.replace("min-ready = 2", "min-ready = 3") + &big(i),
+        )
+        .unwrap();
     }
 
     // The holder first: refused, naming the process that does not run it.
@@ -1733,7 +1749,9 @@ async fn a_fleet_takes_a_config_reload_once_every_process_runs_it_the_holder_las
     // b1, standing by, takes its own file: the call is not relayed.
     let ran = reload(1).await;
     assert!(ran.success(), "{ran}");
-    assert!(ran.stdout.contains("labels.big: added"), "{ran}");
+    for line in ["labels.big: added", "providers.sim2: added"] {
+        assert!(ran.stdout.contains(line), "{line}: {ran}");
+    }
     assert_eq!(
         configs_in_store(),
         "2",
@@ -1758,6 +1776,15 @@ async fn a_fleet_takes_a_config_reload_once_every_process_runs_it_the_holder_las
         .await;
     assert_eq!(min_ready(fleet.get(1)).await, (Some(3), Some(1)));
     assert_eq!(configs_in_store(), "1");
+    // `sim2`'s calls, the holder's decisions, were carried out by b1,
+    // which took its lease when it reloaded.
+    fleet.others.push(sim2);
+    let on_sim2 = fleet.calls_on("sim2");
+    assert!(
+        on_sim2.iter().any(|(_, c)| c.method == "POST"),
+        "nothing created on sim2: {on_sim2:?}"
+    );
+    assert!(on_sim2.iter().all(|(i, _)| *i == 1), "{on_sim2:?}");
     log_says(
         fleet.get(1),
         "every berth process on the store runs the same config again",

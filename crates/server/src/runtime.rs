@@ -56,9 +56,9 @@ pub use handle::{COMMAND_QUEUE, Handle};
 pub use mode::{Holder, Mode, PoolError, ServiceError};
 pub use observer::{InFlight, Observer, outcome_name};
 pub use providers::{
-    BoxFuture, Cloud, Health, LoadedDriver, Prepared, Providers, ReloadCounts, ReloadError,
+    BoxFuture, Cloud, Gates, Health, LoadedDriver, Prepared, Providers, ReloadCounts, ReloadError,
     Reloaded, RollbackError, Trigger,
 };
 pub use service::{Backend, DEFAULT_STOP_GRACE, Parts, Service, Shared};
-pub use shards::Shards;
+pub use shards::{Added, Shards};
 pub use start::{StartOptions, start};

@@ -152,6 +152,12 @@ impl PgShards {
         &self.providers
     }
 
+    /// The configured providers, in the config's order, from the next beat
+    /// on: a config reload adds providers at the end.
+    pub fn set_providers(&mut self, providers: Vec<String>) {
+        self.providers = providers;
+    }
+
     /// The digest of the config this process runs, recorded from the next
     /// beat on.
     pub fn set_config(&mut self, digest: String) {

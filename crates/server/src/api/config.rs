@@ -60,13 +60,8 @@ struct Judged {
 }
 
 /// Judges `parsed` against the `running` settings: its differences, and
-/// every reason a reload of it is refused. `shared`: several processes
-/// share the store.
-fn judge(
-    running: &Settings,
-    parsed: std::result::Result<Settings, ConfigErrors>,
-    shared: bool,
-) -> Judged {
+/// every reason a reload of it is refused.
+fn judge(running: &Settings, parsed: std::result::Result<Settings, ConfigErrors>) -> Judged {
     let new = match parsed {
         Ok(new) => new,
         Err(e) => {
@@ -85,9 +80,6 @@ fn judge(
         .collect();
     let differences = berth_config::differences(running, &new);
     let mut reasons = Vec::new();
-    if shared {
-        reasons.extend(providers_moved(running, &new));
-    }
     if !running.api.tokens.is_empty() && new.api.tokens.is_empty() {
         reasons.push(
             "api.tokens: every token removed: a reload does not open the API to every \
@@ -110,37 +102,6 @@ fn judge(
         aligned,
         digest,
     }
-}
-
-/// With a shared store, the providers are shared out by their leases over
-/// a fixed list each process starts with: a provider added or removed is
-/// refused there, each by name.
-fn providers_moved(running: &Settings, new: &Settings) -> Vec<String> {
-    let live = |s: &Settings| -> Vec<String> {
-        (s.pool.providers.iter())
-            .filter(|p| !p.retired)
-            .map(|p| p.name.clone())
-            .collect()
-    };
-    let (was, now) = (live(running), live(new));
-    let added = now
-        .iter()
-        .filter(|p| !was.contains(p))
-        .map(|p| (p, "added"));
-    let removed = was
-        .iter()
-        .filter(|p| !now.contains(p))
-        .map(|p| (p, "removed"));
-    added
-        .chain(removed)
-        .map(|(p, what)| {
-            format!(
-                "providers.{p}: {what}: not yet while several berth processes share the store \
-                 (their providers are shared out by leases over the list each started with); \
-                 restart the processes one at a time"
-            )
-        })
-        .collect()
 }
 
 fn shown(differences: &[Difference]) -> Vec<types::ConfigDifference> {
@@ -182,9 +143,8 @@ impl Api {
         running: &Settings,
         parsed: std::result::Result<Settings, ConfigErrors>,
     ) -> Judged {
-        let shards = self.handle().shards();
-        let mut judged = judge(running, parsed, shards.is_some());
-        if let (Some(shards), Some(digest)) = (shards, &judged.digest) {
+        let mut judged = judge(running, parsed);
+        if let (Some(shards), Some(digest)) = (self.handle().shards(), &judged.digest) {
             let differing = self.fleet_differs(shards, digest).await;
             if !differing.is_empty() {
                 judged.reasons.extend(differing);
@@ -285,7 +245,10 @@ impl Api {
             .reconfigure(pool)
             .await
             .map_err(|e| vec![e.to_string()])?;
-        providers.commit(prepared);
+        let added = providers.commit(prepared);
+        if let Some(shards) = self.handle().shards() {
+            shards.add(added);
+        }
         self.set_tokens(aligned.api.tokens.clone());
         Ok(Arc::new(aligned))
     }

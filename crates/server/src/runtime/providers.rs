@@ -185,6 +185,22 @@ pub struct Providers {
     /// The watch on the driver files ([`Providers::watch_files`]), started
     /// again when a config reload names other files.
     watching: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The gate every provider shares ([`Gates::One`]), a provider a
+    /// config reload adds too; `None` where each has its own.
+    one_gate: Option<Arc<Gate>>,
+}
+
+/// The providers' gates, each shut while this process may not act on the
+/// provider's cloud.
+pub enum Gates {
+    /// One for every provider, the ones a config reload adds too: a pool
+    /// on a store of its own, whose gate is its lease's.
+    One(Arc<Gate>),
+    /// One per provider, in the config's order: its lease's, with a store
+    /// shared by several processes ([`super::shards::Shards::gate`]). A
+    /// provider a config reload adds gets one of its own, shut until the
+    /// lease is taken ([`super::shards::Shards::add`]).
+    Each(Vec<Arc<Gate>>),
 }
 
 struct Slot {
@@ -221,15 +237,21 @@ const MAX_RETRY: Duration = Duration::from_secs(300);
 
 impl Providers {
     /// Starts every provider of `config` in the background. `deny`: what
-    /// no driver may reach (berth's own API); `gates`: per provider, shut
-    /// while this process may not act on its cloud.
+    /// no driver may reach (berth's own API).
     pub fn start(
         engine: Engine,
         settings: &Settings,
         state: DriverState,
         deny: Vec<std::net::SocketAddr>,
-        gates: Vec<Arc<Gate>>,
+        gates: Gates,
     ) -> Arc<Providers> {
+        let (one_gate, each) = match gates {
+            Gates::One(gate) => {
+                let every = vec![gate.clone(); settings.pool.providers.len()];
+                (Some(gate), every)
+            }
+            Gates::Each(each) => (None, each),
+        };
         let loader = Arc::new(Loader {
             engine,
             loaded: Mutex::new(HashMap::new()),
@@ -248,7 +270,7 @@ impl Providers {
             .providers
             .iter()
             .zip(&settings.drivers)
-            .zip(gates)
+            .zip(each)
         {
             // Its driver's settings are set by `start_from`.
             let base = SandboxConfig {
@@ -273,6 +295,7 @@ impl Providers {
             starters: Mutex::new(starters),
             reloading: tokio::sync::Mutex::new(()),
             watching: Mutex::new(None),
+            one_gate,
         })
     }
 
@@ -306,6 +329,7 @@ impl Providers {
             starters: Mutex::new(Vec::new()),
             reloading: tokio::sync::Mutex::new(()),
             watching: Mutex::new(None),
+            one_gate: None,
         })
     }
 

@@ -40,7 +40,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -91,17 +91,13 @@ const RETRY_FIRST: Duration = Duration::from_millis(50);
 pub struct Shards {
     me: String,
     ttl: Duration,
-    names: Vec<String>,
-    /// Per provider: open while this process may send its calls.
-    gates: Vec<Arc<Gate>>,
+    /// The configured providers, in the config's order; a config reload
+    /// adds providers at the end ([`Shards::add`]). Plain lock: held only
+    /// to read or grow the list.
+    list: RwLock<Vec<Arc<Shard>>>,
     roster: watch::Sender<Arc<Roster>>,
     /// Providers being given up: no new call starts on them.
     leaving: Mutex<HashSet<usize>>,
-    /// How long a provider being given up waits for its calls: its
-    /// `call-deadline`, and a margin.
-    drain: Vec<Duration>,
-    /// Calls running here, per provider.
-    running: Vec<AtomicUsize>,
     /// Woken when a beat is wanted now.
     nudge: Notify,
     /// Woken when a running call ends: looked at only while providers are
@@ -159,15 +155,35 @@ fn saw(epoch: Option<i64>) -> String {
     epoch.map_or("no holder".to_owned(), |e| format!("epoch {e}"))
 }
 
+/// One provider, as the leases share it out.
+struct Shard {
+    name: String,
+    /// Open while this process may send its calls.
+    gate: Arc<Gate>,
+    /// How long it waits for its calls when given up: its `call-deadline`,
+    /// and a margin.
+    drain: Duration,
+    /// Its calls running here.
+    running: AtomicUsize,
+}
+
+/// A provider a config reload added: its name, its driver's gate (shut
+/// until this process holds its lease), and its `call-deadline`.
+pub struct Added {
+    pub name: String,
+    pub gate: Arc<Gate>,
+    pub call_deadline: Duration,
+}
+
 /// A call counted as running on a provider until dropped.
 pub struct Running<'a> {
     shards: &'a Shards,
-    p: usize,
+    shard: Arc<Shard>,
 }
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        self.shards.running[self.p].fetch_sub(1, Ordering::SeqCst);
+        self.shard.running.fetch_sub(1, Ordering::SeqCst);
         self.shards.ended.notify_one();
     }
 }
@@ -212,19 +228,23 @@ impl Shards {
         let secret = pg.peer_secret().await?;
         pg.set_config(config.clone());
         let me = pg.me().clone();
-        let names = pg.providers().to_vec();
+        let list = (pg.providers().iter().enumerate())
+            .map(|(i, name)| {
+                Arc::new(Shard {
+                    name: name.clone(),
+                    gate: Arc::new(Gate::shut()),
+                    drain: deadlines.get(i).copied().unwrap_or_default() + DRAIN_MARGIN,
+                    running: AtomicUsize::new(0),
+                })
+            })
+            .collect();
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.set_nodelay(true);
         let shards = Arc::new(Shards {
             me: me.holder,
             ttl: me.ttl,
-            gates: names.iter().map(|_| Arc::new(Gate::shut())).collect(),
-            running: names.iter().map(|_| AtomicUsize::new(0)).collect(),
-            drain: (0..names.len())
-                .map(|i| deadlines.get(i).copied().unwrap_or_default() + DRAIN_MARGIN)
-                .collect(),
-            names,
+            list: RwLock::new(list),
             roster: watch::Sender::new(Arc::new(Roster::default())),
             leaving: Mutex::new(HashSet::new()),
             nudge: Notify::new(),
@@ -250,8 +270,48 @@ impl Shards {
     }
 
     /// The gate of provider `p`'s driver.
-    pub fn gate(&self, p: usize) -> Arc<Gate> {
-        self.gates[p].clone()
+    pub fn gate(&self, p: usize) -> Option<Arc<Gate>> {
+        self.shard(p).map(|s| s.gate.clone())
+    }
+
+    /// Provider `p`, if it is configured (yet).
+    fn shard(&self, p: usize) -> Option<Arc<Shard>> {
+        let list = self.list.read().unwrap_or_else(|e| e.into_inner());
+        list.get(p).cloned()
+    }
+
+    /// Every configured provider, in the config's order.
+    fn all(&self) -> Vec<Arc<Shard>> {
+        self.list.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Provider `p`'s name, if it is configured (yet).
+    fn name(&self, p: usize) -> Option<String> {
+        self.shard(p).map(|s| s.name.clone())
+    }
+
+    /// The configured providers' names, in the config's order.
+    fn names(&self) -> Vec<String> {
+        self.all().iter().map(|s| s.name.clone()).collect()
+    }
+
+    /// Takes part in the leases of the providers a config reload added
+    /// (after those configured), from the next beat on, which comes now.
+    pub fn add(&self, added: Vec<Added>) {
+        if added.is_empty() {
+            return;
+        }
+        let mut list = self.list.write().unwrap_or_else(|e| e.into_inner());
+        for a in added {
+            list.push(Arc::new(Shard {
+                name: a.name,
+                gate: a.gate,
+                drain: a.call_deadline + DRAIN_MARGIN,
+                running: AtomicUsize::new(0),
+            }));
+        }
+        drop(list);
+        self.nudge.notify_one();
     }
 
     /// Every lease as last read.
@@ -307,7 +367,7 @@ impl Shards {
         roster
             .held_by(&self.me)
             .into_iter()
-            .map(|i| self.names[i].clone())
+            .filter_map(|i| self.name(i))
             .collect()
     }
 
@@ -348,10 +408,13 @@ impl Shards {
         self.requests_sent.notified().await;
     }
 
-    /// Counts a call as running on `p`.
-    fn run(&self, p: usize) -> Running<'_> {
-        self.running[p].fetch_add(1, Ordering::SeqCst);
-        Running { shards: self, p }
+    /// Counts a call as running on `shard`.
+    fn run(&self, shard: Arc<Shard>) -> Running<'_> {
+        shard.running.fetch_add(1, Ordering::SeqCst);
+        Running {
+            shards: self,
+            shard,
+        }
     }
 
     /// The pool's peer secret, which calls between its processes carry.
@@ -372,7 +435,7 @@ impl Shards {
         provider: &str,
         pool_epoch: i64,
     ) -> Result<(usize, Running<'_>), NotTaken> {
-        let Some(p) = self.names.iter().position(|n| n == provider) else {
+        let Some(p) = self.all().iter().position(|s| s.name == provider) else {
             return Err(NotTaken::Unknown(provider.to_owned()));
         };
         self.take(p, pool_epoch).map(|running| (p, running))
@@ -382,7 +445,10 @@ impl Shards {
     /// `pool_epoch`, here or from another process: only while this process
     /// holds `p`, last saw the pool under that epoch, and may send.
     fn take(&self, p: usize, pool_epoch: i64) -> Result<Running<'_>, NotTaken> {
-        let provider = &self.names[p];
+        let Some(shard) = self.shard(p) else {
+            return Err(NotTaken::Unknown(format!("#{p}")));
+        };
+        let provider = &shard.name;
         if self.route(p) != Route::Here {
             return Err(NotTaken::NotHeld(provider.clone()));
         }
@@ -396,10 +462,10 @@ impl Shards {
                 seen,
             });
         }
-        if !self.gates[p].is_open() {
+        if !shard.gate.is_open() {
             return Err(NotTaken::Uncertain(provider.clone()));
         }
-        Ok(self.run(p))
+        Ok(self.run(shard))
     }
 
     /// A heartbeat's answer: opens the gates of the providers held here
@@ -415,23 +481,26 @@ impl Shards {
         // What changed is said in one line per kind, however many providers
         // a rebalance moves at once.
         let (mut taken, mut lost, mut given) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, lease) in roster.providers.iter().enumerate() {
+        let all = self.all();
+        // The beat answers the providers it was sent with: those added
+        // since are looked at by the next one.
+        for ((i, lease), shard) in roster.providers.iter().enumerate().zip(&all) {
             let was = before.providers.get(i).and_then(Option::as_ref);
             match lease {
                 Some(l) if l.holder == self.me => {
                     match certain(l).zip(pool_until).map(|(a, b)| a.min(b)) {
-                        Some(until) => self.gates[i].open_until(until),
-                        None => self.gates[i].shut_now(),
+                        Some(until) => shard.gate.open_until(until),
+                        None => shard.gate.shut_now(),
                     }
                     if was.is_none_or(|w| w.holder != self.me || w.epoch != l.epoch) {
-                        taken.push(format!("{}@{}", self.names[i], l.epoch));
+                        taken.push(format!("{}@{}", shard.name, l.epoch));
                     }
                 }
                 _ => {
-                    self.gates[i].shut_now();
+                    shard.gate.shut_now();
                     leaving.remove(&i);
                     if was.is_some_and(|w| w.holder == self.me) {
-                        lost.push(self.names[i].as_str());
+                        lost.push(shard.name.as_str());
                     }
                 }
             }
@@ -445,8 +514,10 @@ impl Shards {
         let share = roster.share();
         // The last ones past the share, so that who holds what moves little.
         for &i in keeping.iter().skip(share) {
-            given.push(self.names[i].as_str());
-            leaving.insert(i);
+            if let Some(shard) = all.get(i) {
+                given.push(shard.name.as_str());
+                leaving.insert(i);
+            }
         }
         drop(leaving);
         if !taken.is_empty() {
@@ -498,7 +569,7 @@ impl Shards {
     fn keep(&self) -> Vec<String> {
         let roster = self.roster();
         (roster.held_by(&self.me).into_iter())
-            .map(|i| self.names[i].clone())
+            .filter_map(|i| self.name(i))
             .collect()
     }
 
@@ -512,7 +583,9 @@ impl Shards {
             .into_iter()
             .filter(|&i| {
                 let started = *since.entry(i).or_insert(now);
-                self.running[i].load(Ordering::SeqCst) == 0 || now >= started + self.drain[i]
+                self.shard(i).is_none_or(|s| {
+                    s.running.load(Ordering::SeqCst) == 0 || now >= started + s.drain
+                })
             })
             .collect()
     }
@@ -526,6 +599,7 @@ impl Shards {
     ) -> Arc<dyn Cloud> {
         Arc::new(Routed {
             shards: self.clone(),
+            name: providers.name(p),
             providers,
             p,
             pool_epoch,
@@ -548,7 +622,7 @@ async fn keep_beating(
     let grace = loop {
         let drained = shards.drained(&mut draining);
         if !drained.is_empty() {
-            let names: Vec<String> = drained.iter().map(|&i| shards.names[i].clone()).collect();
+            let names: Vec<String> = drained.iter().filter_map(|&i| shards.name(i)).collect();
             match pg.release(&names).await {
                 Ok(()) => {
                     // No longer held, as of now: the next beat must not
@@ -565,7 +639,9 @@ async fn keep_beating(
                     let mut leaving = shards.leaving();
                     for i in &drained {
                         leaving.remove(i);
-                        shards.gates[*i].shut_now();
+                        if let Some(gate) = shards.gate(*i) {
+                            gate.shut_now();
+                        }
                     }
                 }
                 Err(e) => {
@@ -575,6 +651,7 @@ async fn keep_beating(
         }
         let started = Instant::now();
         pg.set_config(shards.config());
+        pg.set_providers(shards.names());
         let beat = pg.beat(&shards.keep()).await;
         observer.heartbeat(started.elapsed());
         match beat {
@@ -640,9 +717,10 @@ async fn keep_beating(
     };
     // Stopping: no new call is taken; those running end first, within the
     // grace.
-    shards.leaving().extend(0..shards.names.len());
+    let all = shards.all();
+    shards.leaving().extend(0..all.len());
     let until = tokio::time::Instant::now() + grace;
-    while shards.running.iter().any(|r| r.load(Ordering::SeqCst) > 0)
+    while all.iter().any(|s| s.running.load(Ordering::SeqCst) > 0)
         && tokio::time::Instant::now() < until
     {
         tokio::select! {
@@ -650,8 +728,8 @@ async fn keep_beating(
             () = tokio::time::sleep_until(until) => {}
         }
     }
-    for g in &shards.gates {
-        g.shut_now();
+    for s in &all {
+        s.gate.shut_now();
     }
     match pg.leave().await {
         Ok(()) => tracing::info!("gave the providers' leases up"),
@@ -665,6 +743,8 @@ async fn keep_beating(
 /// or by the provider's holder.
 struct Routed {
     shards: Arc<Shards>,
+    /// The provider's name.
+    name: String,
     providers: Arc<Providers>,
     p: ProviderIx,
     pool_epoch: i64,
@@ -682,7 +762,7 @@ enum Sent {
 
 impl Routed {
     fn name(&self) -> &str {
-        &self.shards.names[self.p.0 as usize]
+        &self.name
     }
 
     fn error(&self, which: Which, kind: CallErrorKind) -> CallError {

@@ -18,7 +18,7 @@ use berth_store::{Claimant, PgStore, SqliteStore, Store, Tenure};
 use super::clock::Clock;
 use super::mode::Holder;
 use super::observer::{Deaf, Observer};
-use super::providers::Providers;
+use super::providers::{Gates, Providers};
 use super::service::{Backend, Parts, Service, Shared};
 use super::shards::Shards;
 
@@ -102,14 +102,16 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     // Each provider's driver sends while this process may act on it: while
     // it holds the provider's lease (and the pool's holder is certain), or
     // for a store of its own, always.
-    let (gates, stands_by): (Vec<Arc<Gate>>, bool) = match &backend {
+    let (gates, stands_by) = match &backend {
         Backend::Shared(shared) => (
-            (0..config.providers.len())
-                .map(|i| shared.shards.gate(i))
-                .collect(),
+            Gates::Each(
+                (0..config.providers.len())
+                    .filter_map(|i| shared.shards.gate(i))
+                    .collect(),
+            ),
             shared.standby.is_some(),
         ),
-        Backend::Embedded => (vec![gate.clone(); config.providers.len()], false),
+        Backend::Embedded => (Gates::One(gate.clone()), false),
     };
     let loaded = if stands_by {
         // Loaded when the pool is taken over, as it then stands.

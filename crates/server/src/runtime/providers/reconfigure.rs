@@ -15,9 +15,10 @@
 use std::sync::Arc;
 
 use berth_config::Settings;
-use berth_plugin::{Driver, LoadLimits, Sandbox, SandboxConfig};
+use berth_plugin::{Driver, Gate, LoadLimits, Sandbox, SandboxConfig};
 
 use super::{Providers, Slot, Start, start_from};
+use crate::runtime::shards::Added;
 
 /// Providers' new settings, each started provider's on a fresh instance
 /// that has configured, not yet switched to. Holds the providers' reload
@@ -27,10 +28,14 @@ pub struct Prepared<'a> {
     providers: &'a Providers,
     _turn: tokio::sync::MutexGuard<'a, ()>,
     changes: Vec<Change>,
-    /// The providers added: from this index on, and the tasks starting
-    /// them. Taken back unless committed.
-    added: Option<(usize, Vec<tokio::task::AbortHandle>)>,
+    /// The providers added: from this index on, the tasks starting them,
+    /// and their gates. Taken back unless committed.
+    added: Option<Adding>,
 }
+
+/// Providers being added: the first one's index, the tasks starting them,
+/// and each one's gate and deadline.
+type Adding = (usize, Vec<tokio::task::AbortHandle>, Vec<Added>);
 
 struct Change {
     slot: usize,
@@ -75,11 +80,9 @@ impl Providers {
 
     /// Starts the providers `settings` has after the running ones, each
     /// with what the first running provider shares with every other (where
-    /// driver records live, what no driver may reach, the gate).
-    fn add(
-        &self,
-        settings: &Settings,
-    ) -> Result<Option<(usize, Vec<tokio::task::AbortHandle>)>, Vec<String>> {
+    /// driver records live, what no driver may reach), and the gate every
+    /// provider shares or, where each has its own, a new one, shut.
+    fn add(&self, settings: &Settings) -> Result<Option<Adding>, Vec<String>> {
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
         let from = slots.len();
         let new = settings
@@ -96,17 +99,25 @@ impl Providers {
             return Err(vec!["providers cannot be added to these providers".into()]);
         };
         let mut tasks = Vec::new();
+        let mut added = Vec::new();
         for (p, d) in new {
+            let gate = (self.one_gate.clone()).unwrap_or_else(|| Arc::new(Gate::shut()));
             let base = SandboxConfig {
                 name: p.name.clone(),
+                gate: Some(gate.clone()),
                 ..like.clone()
             };
             let (slot, task) = Slot::starting(loader, start_from(d, base));
             self.prober.add(&p.name, d.allowed_hosts.clone());
             slots.push(Arc::new(slot));
             tasks.push(task);
+            added.push(Added {
+                name: p.name.clone(),
+                gate,
+                call_deadline: d.sandbox.call_deadline,
+            });
         }
-        Ok(Some((from, tasks)))
+        Ok(Some((from, tasks, added)))
     }
 
     async fn prepare_one(&self, settings: &Settings, name: &str) -> Result<Change, String> {
@@ -153,12 +164,17 @@ impl Providers {
     /// Switches every prepared provider to its new settings: calls from now
     /// on go to the new instance, and the ones running finish where they
     /// started. Driver files are watched anew if their names changed.
-    pub fn commit(self: &Arc<Self>, mut prepared: Prepared<'_>) {
+    /// Answers the providers added, whose leases a process on a shared
+    /// store takes part in from now on ([`crate::runtime::Shards::add`]).
+    #[must_use]
+    pub fn commit(self: &Arc<Self>, mut prepared: Prepared<'_>) -> Vec<Added> {
         let mut files_changed = false;
-        if let Some((_, tasks)) = prepared.added.take() {
+        let mut added = Vec::new();
+        if let Some((_, tasks, gates)) = prepared.added.take() {
             files_changed = true;
             let mut starters = self.starters.lock().unwrap_or_else(|p| p.into_inner());
             starters.extend(tasks);
+            added = gates;
         }
         let slots = self.all();
         for change in std::mem::take(&mut prepared.changes) {
@@ -196,13 +212,14 @@ impl Providers {
         {
             self.watch_files();
         }
+        added
     }
 }
 
 impl Drop for Prepared<'_> {
     /// Not committed: the providers added are taken back.
     fn drop(&mut self) {
-        let Some((from, tasks)) = self.added.take() else {
+        let Some((from, tasks, _)) = self.added.take() else {
             return;
         };
         for task in tasks {
