@@ -371,13 +371,7 @@ fn a_label_removed_while_running_is_drained_and_asked_for_no_more() {
     h.pool.reconfigure(c.clone(), h.now).expect("live");
     h.config = c;
     h.persist();
-    h.advance(secs(5));
-    ok(&h);
-    assert!(
-        reason(&h, waits).contains("label `a` was removed"),
-        "{}",
-        reason(&h, waits)
-    );
+    given_up_as_removed(&mut h, waits);
     assert_eq!(h.count("a", "ready"), 1, "only the held one");
     assert_eq!(h.nodes("a", "ready")[0].id, held);
     assert_eq!(h.count("a", "in-use"), 1);
@@ -402,6 +396,18 @@ fn a_label_removed_while_running_is_drained_and_asked_for_no_more() {
     assert_eq!(creates(&h).len(), launched, "nothing launched for it again");
 }
 
+/// Five seconds on, request `waits` has failed because label `a` was
+/// removed, and every invariant holds.
+fn given_up_as_removed(h: &mut Harness, waits: RequestId) {
+    h.advance(secs(5));
+    ok(h);
+    assert!(
+        reason(h, waits).contains("label `a` was removed"),
+        "{}",
+        reason(h, waits)
+    );
+}
+
 /// A process that reloaded a config without label `a` takes the pool over
 /// from one that still ran `a`: restored under the new config, the pool
 /// gives up `a`'s pending request and drains its free nodes, as a reload
@@ -422,13 +428,7 @@ fn a_pool_taken_over_under_a_config_that_retired_a_label_gives_it_up() {
     c.labels[0].retired = true;
     h.config = Arc::new(c);
     h.crash();
-    h.advance(secs(5));
-    ok(&h);
-    assert!(
-        reason(&h, waits).contains("label `a` was removed"),
-        "{}",
-        reason(&h, waits)
-    );
+    given_up_as_removed(&mut h, waits);
     assert_eq!(h.count("a", "ready"), 0);
     assert_eq!(h.count("a", "in-use"), 1, "the node in use stays");
     h.release(in_use);
