@@ -174,9 +174,9 @@ impl Api {
             .filter(|m| m.holder != shards.me() && m.config != digest)
             .map(|m| {
                 format!(
-                    "berth process {} ({}) does not run this config yet: reload each process \
+                    "berth process {} does not run this config yet: reload each process \
                      standing by with the same file first, and the pool's holder (this one) last",
-                    m.holder, m.address
+                    m.holder
                 )
             })
             .collect()
@@ -286,7 +286,7 @@ fn log(r: &types::ConfigReload) {
     operation_id = "check_config",
     tag = "config",
     summary = "Compare a config file with the running one (admin)",
-    description = "Checks the text of a config file as this process would read it (its relative paths against the directory of the file berth runs, `${ENV}` from berth's environment, its driver files on this machine) and answers every difference from the config berth runs, each with whether it can change while berth runs, the problems that make the text invalid, and every reason a reload of it would be refused. Changes nothing. `berth config check FILE --against URL` calls it. Admin only.",
+    description = "Checks the text of a config file as this process would read it (its relative paths against the directory of the file berth runs, `${ENV}` from berth's environment, its driver files on this machine) and answers every difference from the config berth runs, each with whether it can change while berth runs, the problems that make the text invalid, and every reason a reload of it would be refused: on the pool's holder with a store shared by several processes, every other live process that does not run the text's config yet. Never relayed: a process standing by compares with its own config. Changes nothing. `berth config check FILE --against URL` calls it. Admin only.",
     security(("bearerAuth" = ["admin"])),
     extensions(("x-berth-roles" = json!(["admin"]))),
     request_body(content = types::ConfigText),
@@ -334,7 +334,7 @@ pub(super) async fn check_config(
     operation_id = "reload_config",
     tag = "config",
     summary = "Read the config file again and apply it (admin)",
-    description = "Reads the config file berth runs again, as `SIGHUP` does, and applies what changed between two steps of the pool: labels and providers added, changed or removed (a removed one is drained and listed as `removed` until berth stops), drivers' settings, limits, rates, readiness, timeouts, timings, the lease's length and API tokens. Nodes, requests and leases are kept. If the file has a problem, changes what cannot change while berth runs (the pool's id, the state and plugins directories, the store, where the API listens), or a provider's driver does not start on its new settings, nothing changes and every reason is answered, with `applied` false. Refused on a store shared by several processes. `berth config reload` calls it. Admin only; no body.",
+    description = "Reads the config file berth runs again, as `SIGHUP` does, and applies what changed between two steps of the pool: labels and providers added, changed or removed (a removed one is drained and listed as `removed` until berth stops), drivers' settings, limits, rates, readiness, timeouts, timings, the lease's length and API tokens. Nodes, requests and leases are kept. If the file has a problem, changes what cannot change while berth runs (the pool's id, the state and plugins directories, the store, where the API listens), or a provider's driver does not start on its new settings, nothing changes and every reason is answered, with `applied` false. With a store shared by several processes, each process reads its own file (this call is never relayed), and the pool's holder refuses a reload until every other live process runs the same config. `berth config reload` calls it. Admin only; no body.",
     security(("bearerAuth" = ["admin"])),
     extensions(("x-berth-roles" = json!(["admin"]))),
     responses(
