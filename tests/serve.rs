@@ -996,13 +996,16 @@ async fn a_store_from_before_the_packing_column_opens_with_its_nodes_as_they_wer
             let version = psql(url, "SELECT version FROM berth_schema").unwrap();
             assert_eq!(
                 version.trim(),
-                "10",
-                "a step after the failure columns: undo it here too"
+                "11",
+                "a step after the members' config: undo it here too"
             );
+            // PostgreSQL's step 11: the members' config and its heartbeat.
+            let undo_members = "DROP FUNCTION berth_beat; ALTER TABLE members DROP COLUMN config;";
             psql(
                 url,
                 &format!(
-                    "{UNDO_FAILURE_COLUMNS} {UNDO_PACKING} UPDATE berth_schema SET version = 8"
+                    "{undo_members} {UNDO_FAILURE_COLUMNS} {UNDO_PACKING} \
+                     UPDATE berth_schema SET version = 8"
                 ),
             )
             .unwrap();
