@@ -37,6 +37,7 @@ mod testkit;
 mod tests;
 mod timers;
 mod vouch;
+mod waiting;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -54,6 +55,7 @@ pub use identity::{Identity, Signed, is_generation};
 pub use model::*;
 pub use probes::{ProbeTarget, Probing};
 use timers::Timer;
+pub use waiting::{Blocked, Limit, Wait, WaitReason};
 
 /// The pool's state and decisions. See the module docs.
 pub struct Pool {

@@ -88,34 +88,11 @@ impl Pool {
         best.map(|b| b.3)
     }
 
+    /// Whether offer `o` may launch one more node within `tally` now:
+    /// nothing blocks it ([`Pool::blocked`]) and the plan does not keep its
+    /// provider for requests ahead.
     fn can_launch(&self, o: &Offer, tally: &Tally, now: Time) -> bool {
-        let rt = &self.ix.providers[o.provider.0 as usize];
-        if !rt.listed
-            || rt.mismatch.is_some()
-            || rt.quota_paused_until.is_some_and(|t| t > now)
-            || rt.held_until.is_some_and(|t| t > now)
-        {
-            return false;
-        }
-        let paused = rt
-            .capacity_paused
-            .iter()
-            .any(|(ty, until)| *until > now && ty.as_ref().is_none_or(|ty| *ty == o.instance_type));
-        if paused {
-            return false;
-        }
-        let limits = &self.config[o.provider].limits;
-        if tally.closed[o.provider.0 as usize] {
-            return false;
-        }
-        let extra = tally.extra[o.provider.0 as usize];
-        let credit = tally.credit[o.provider.0 as usize];
-        let instances = (rt.usage.instances + extra.instances + 1).saturating_sub(credit.instances);
-        let vcpus = (rt.usage.vcpus + extra.vcpus + o.vcpus).saturating_sub(credit.vcpus);
-        let ram = (rt.usage.ram_mib + extra.ram_mib + o.ram_mib).saturating_sub(credit.ram_mib);
-        limits.max_instances.is_none_or(|m| instances <= m)
-            && limits.max_cores.is_none_or(|m| vcpus <= m)
-            && limits.max_ram_mib.is_none_or(|m| ram <= m)
+        !tally.closed[o.provider.0 as usize] && self.blocked(o, tally, now).is_none()
     }
 
     /// Free slots of a slot label, packing order: the fullest live backing

@@ -11,7 +11,7 @@ use crate::config::Offer;
 
 /// One step of serving a request, worked out before anything is changed so
 /// that a request is either served whole or left as it was.
-enum Step {
+pub(super) enum Step {
     /// Set aside a free node (ready or launching).
     Take(NodeId),
     /// Launch a plain node from the label's offer at this index.
@@ -79,7 +79,12 @@ impl Pool {
 
     /// The steps that would serve `req` whole within `tally`, or the label
     /// that has no room. Changes nothing but `tally`.
-    fn steps(&self, req: &Request, tally: &mut Tally, now: Time) -> Result<Vec<Step>, LabelIx> {
+    pub(super) fn steps(
+        &self,
+        req: &Request,
+        tally: &mut Tally,
+        now: Time,
+    ) -> Result<Vec<Step>, LabelIx> {
         let mut steps = Vec::new();
         let mut taken_slots: HashSet<(NodeId, u16)> = HashSet::new();
         // Labels with the fewest providers first, so that a label that can
@@ -138,7 +143,7 @@ impl Pool {
 
     /// How many nodes of `label` `req` still misses: those it wants less
     /// those it has.
-    fn still_missing(&self, req: &Request, label: LabelIx) -> u32 {
+    pub(super) fn still_missing(&self, req: &Request, label: LabelIx) -> u32 {
         let count: u32 = (req.wants.iter())
             .filter(|&&(l, _)| l == label)
             .map(|&(_, n)| n)

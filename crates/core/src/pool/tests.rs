@@ -865,6 +865,14 @@ fn quota_error_is_not_a_failed_try() {
             .any(|n| matches!(n, Notice::QuotaPaused { .. }))
     );
     let pause = h.config.timings.quota_pause;
+    // The request says it waits for the quota, and until when.
+    let w = h.pool.waiting(r);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(
+        (w[0].reason.name(), w[0].provider),
+        ("quota", Some(ProviderIx(0)))
+    );
+    assert_eq!(w[0].reason.until(), Some(h.now + pause));
     h.advance(pause - secs(1));
     assert_eq!(h.calls(0, Call::Create).len(), 1, "no create while paused");
     h.advance(secs(1));
@@ -3371,4 +3379,76 @@ fn a_list_that_never_ends_or_names_an_instance_twice_is_not_taken_at_its_word() 
         "{notices:?}"
     );
     assert_eq!(pool.provider_status(ProviderIx(0)).leaks_pending, 0);
+}
+
+// ---- why a request waits ---------------------------------------------------
+
+/// The reasons of `h.pool.waiting(r)`, by name, with their node counts.
+fn waits(h: &Harness, r: RequestId) -> Vec<(&'static str, u32)> {
+    (h.pool.waiting(r).iter())
+        .map(|w| (w.reason.name(), w.nodes))
+        .collect()
+}
+
+/// A pending request says what each of its nodes waits for: a create
+/// under way, a boot, the provider's own limit, the cloud's quota with
+/// when the pause ends; and nothing once it is served.
+#[test]
+fn a_pending_request_says_what_each_of_its_nodes_waits_for() {
+    let mut h = one(|c| c.providers[0].limits.max_instances = Some(2));
+    h.cloud.providers[0].boot_delay = secs(10);
+    let r = h.submit(&[("a", 2)], 0);
+    assert_eq!(waits(&h, r), [("not-listed", 2)], "before the first list");
+    h.pool.cancel(h.now, r).unwrap();
+    settle(&mut h);
+    h.latency = secs(1);
+    let r = h.submit(&[("a", 2)], 0);
+    assert_eq!(waits(&h, r), [("next", 2)], "not planned yet");
+    settle(&mut h);
+    let w = h.pool.waiting(r);
+    assert_eq!(waits(&h, r), [("creating", 1), ("creating", 1)]);
+    assert!(
+        w.iter()
+            .all(|w| w.node.is_some() && w.provider == Some(ProviderIx(0)))
+    );
+    h.advance(secs(2));
+    assert_eq!(waits(&h, r), [("booting", 1), ("booting", 1)]);
+    h.advance(secs(60));
+    assert!(h.fulfilled(r));
+    assert!(h.pool.waiting(r).is_empty(), "served: waits for nothing");
+
+    // Both instances in use: a third node waits for the provider's limit.
+    let third = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert_eq!(
+        h.pool.waiting(third),
+        [Wait {
+            label: LabelIx(0),
+            nodes: 1,
+            node: None,
+            provider: Some(ProviderIx(0)),
+            reason: WaitReason::Blocked(Blocked::Limit {
+                what: Limit::MaxInstances,
+                used: 2,
+                max: 2
+            }),
+        }]
+    );
+    ok(&h);
+}
+
+/// Two labels on one provider, each with room on its own and not
+/// together: the request says so, rather than naming a limit either alone
+/// would not reach.
+#[test]
+fn a_request_that_fits_label_by_label_but_not_whole_says_together() {
+    let mut h = a_and("b", 3, 0);
+    let held = h.submit(&[("a", 1)], 0);
+    settle(&mut h);
+    assert!(h.fulfilled(held));
+    let r = h.submit(&[("a", 1), ("b", 2)], 0);
+    settle(&mut h);
+    assert_eq!(h.state(r), RequestState::Pending);
+    assert_eq!(waits(&h, r), [("together", 3)]);
+    ok(&h);
 }
