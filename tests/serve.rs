@@ -1379,3 +1379,87 @@ async fn booting_nodes_are_polled_by_get_not_by_lists() {
         "{gets} gets, {lists} lists while three nodes booted"
     );
 }
+
+/// A request stalled on the cloud's quota says why it waits, through the
+/// binary: `GET /v1/requests/{id}` names the reason, the provider and when
+/// the pause ends (with the two nodes set aside from the ready ones
+/// waiting for the third), and `berth requests` and `berth request
+/// --wait` print it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_stalled_on_the_clouds_quota_says_why_it_waits() {
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        quota: Some(2),
+        ..berth::sim::Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = serve_config(&sim, dir.path());
+    // Long enough that the request waits for it through the test.
+    edit_config(
+        &config,
+        "sync-interval = \"1s\"",
+        "sync-interval = \"1s\"\nquota-pause = \"1h\"",
+    );
+    let cfg = config.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_label_ready(60, "small", 2, "two ready").await;
+    let r = server.request(CI, &[("small", 3)]).await;
+    let path = format!("/v1/requests/{}", r.id);
+    let waiting = until(30, "the request waits for the quota", || async {
+        let (_, body) = server.call("GET", &path, Some(CI), None).await;
+        let waiting = body["waiting"].as_array()?.clone();
+        waiting
+            .iter()
+            .any(|w| w["reason"] == "quota")
+            .then_some(waiting)
+    })
+    .await;
+    let quota: Vec<&Value> = waiting.iter().filter(|w| w["reason"] == "quota").collect();
+    assert_eq!(quota.len(), 1, "{waiting:#?}");
+    let q = quota[0];
+    assert_eq!(
+        (q["label"].as_str(), q["provider"].as_str()),
+        (Some("small"), Some("sim"))
+    );
+    assert_eq!(q["nodes"], 1, "{q}");
+    let until_ms = berth::duration::parse_rfc3339(q["until"].as_str().unwrap()).unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(until_ms > now_ms + 3_000_000, "an hour's pause: {q}");
+    assert!(
+        (q["detail"].as_str().unwrap())
+            .contains("provider `sim`'s cloud said its quota is exhausted"),
+        "{q}"
+    );
+    let others = waiting.iter().filter(|w| w["reason"] == "others").count();
+    assert_eq!(
+        others, 2,
+        "the two ready nodes wait for the third: {waiting:#?}"
+    );
+
+    // The CLI says the same.
+    let base = server.base.clone();
+    let ran = run_berth(["requests", "--server", &base, "--token", CI], &[]).await;
+    assert!(ran.success(), "{ran}");
+    assert!(ran.stdout.contains("waits: "), "{ran}");
+    let ran = run_berth(
+        [
+            "request", "small", "--wait", "1s", "--server", &base, "--token", CI,
+        ],
+        &[],
+    )
+    .await;
+    assert!(!ran.success(), "{ran}");
+    assert!(
+        ran.stdout
+            .contains("waits: 1 × small: provider `sim`'s cloud said its quota is exhausted"),
+        "{ran}"
+    );
+    println!(
+        "berth request small --wait 1s, on the quota:\n{}",
+        ran.stdout
+    );
+    server.terminate().await.assert_success();
+}

@@ -528,14 +528,36 @@ fn render_requests(requests: Vec<Request>) -> String {
     )
 }
 
-/// Why a request failed; for one that has not failed, its last failed
-/// launch try, if any.
+/// Why a request failed; for a pending one, what it waits for (the first
+/// thing, and how many others); otherwise its last failed launch try, if
+/// any.
 fn reason_or_last_failure(r: &Request) -> String {
+    if let Some(first) = r.waiting.first() {
+        let more = match r.waiting.len() - 1 {
+            0 => String::new(),
+            n => format!(" (+{n} more)"),
+        };
+        return format!("waits: {}{more}", first.detail);
+    }
     match (&r.reason, &r.last_failure) {
         (Some(reason), _) => reason.clone(),
         (None, Some(last)) => format!("last failure: {last}"),
         (None, None) => String::new(),
     }
+}
+
+/// What a pending request waits for, one line each: how many of which
+/// label (or which node), and why.
+fn waiting_lines(r: &Request) -> String {
+    let mut s = String::new();
+    for w in &r.waiting {
+        let what = match &w.node {
+            Some(node) => format!("{node} ({})", w.label),
+            None => format!("{} × {}", w.nodes, w.label),
+        };
+        s.push_str(&format!("waits: {what}: {}\n", w.detail));
+    }
+    s
 }
 
 /// One request: its state and, once it has nodes, how to reach each.
@@ -552,6 +574,7 @@ fn render_request(r: Request) -> String {
     if let Some(last) = &r.last_failure {
         s.push_str(&format!("last failure: {last}\n"));
     }
+    s.push_str(&waiting_lines(&r));
     if !r.nodes.is_empty() {
         s.push_str(&columns(
             &r.nodes,

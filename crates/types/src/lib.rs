@@ -82,6 +82,44 @@ pub struct Request {
     pub finished: Option<String>,
     /// Its nodes: once fulfilled, every node with its connection details.
     pub nodes: Vec<Node>,
+    /// While it is pending: what holds it back, for each of its nodes set
+    /// aside and not handed out yet, and for the nodes it has none for
+    /// yet, per provider offering them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<Waiting>,
+}
+
+/// One thing a pending request waits for.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Waiting {
+    /// The label of the nodes that wait.
+    pub label: String,
+    /// How many of its nodes wait for it.
+    pub nodes: u32,
+    /// The node set aside for the request that waits, if one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The provider concerned, if one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// `creating`, `backing` (a slot's backing instance is not running
+    /// yet), `booting`, `probing` (its readiness probe has not passed
+    /// yet), `others` (ready; the request's other nodes are not),
+    /// `not-listed` (the provider has not been listed since berth started:
+    /// its driver is starting or failing), `store-mismatch`, `quota` (the
+    /// cloud's quota), `rate-limit` (the cloud's), `capacity` (the cloud
+    /// has none for the instance type), `limit` (the provider's own
+    /// `max-instances`, `max-cores` or `max-ram`), `no-provider` (no
+    /// provider offers the label any more), `together` (each label has
+    /// room on its own, not all of them together), `next` (nothing holds
+    /// it back: the next step serves it) or `inbox` (accepted by a process
+    /// standing by; the pool's holder has not taken it in yet).
+    pub reason: String,
+    /// RFC 3339, UTC: when the wait ends, if that is known (a pause).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    /// The same, in words.
+    pub detail: String,
 }
 
 /// A node as the API shows it. `addresses` and `connection` are left out for

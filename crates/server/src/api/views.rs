@@ -12,7 +12,8 @@ use crate::telemetry::Telemetry;
 use axum::http::StatusCode;
 use berth_config::{Config, LabelIx, LabelKind, ProviderIx};
 use berth_core::pool::{
-    ListHealth, Node, NodeId, NodeState, Packing, Pool, Request, RequestId, RequestState,
+    Blocked, ListHealth, Node, NodeId, NodeState, Packing, Pool, Request, RequestId, RequestState,
+    Time, Wait, WaitReason,
 };
 use berth_types::ErrorCode;
 use berth_types::{self as types, rfc3339};
@@ -113,16 +114,115 @@ fn request_view(pool: &Pool, r: &Request, caller: &Caller) -> types::Request {
         .filter_map(|id| pool.node(*id))
         .map(|n| node(pool, n, caller))
         .collect();
-    request_with(pool.config(), r, nodes)
+    let waiting = (pool.waiting(r.id).iter())
+        .map(|w| waiting(pool.config(), w))
+        .collect();
+    request_with(pool.config(), r, nodes, waiting)
 }
 
 /// A request accepted into the store's inbox, not yet taken in by the
-/// pool's holder: pending, with no nodes.
+/// pool's holder: pending, with no nodes, waiting for the holder.
 pub(super) fn pending(config: &Config, r: &Request) -> types::Request {
-    request_with(config, r, Vec::new())
+    let inbox = types::Waiting {
+        label: (r.wants.first()).map_or_else(String::new, |(l, _)| config[*l].name.clone()),
+        nodes: r.wants.iter().map(|(_, n)| n).sum(),
+        node: None,
+        provider: None,
+        reason: "inbox".into(),
+        until: None,
+        detail: "accepted into the store's inbox by a process standing by; the pool's holder \
+                 takes it in next"
+            .into(),
+    };
+    request_with(config, r, Vec::new(), vec![inbox])
 }
 
-fn request_with(config: &Config, r: &Request, nodes: Vec<types::Node>) -> types::Request {
+/// One thing a pending request waits for, with its words.
+fn waiting(config: &Config, w: &Wait) -> types::Waiting {
+    let provider = w.provider.map(|p| config[p].name.clone());
+    let on = provider
+        .as_deref()
+        .map_or(String::new(), |p| format!(" on `{p}`"));
+    let at = |t: Time| rfc3339(t.as_millis());
+    let detail = match &w.reason {
+        WaitReason::Creating { since } => {
+            format!("its create{on} is under way (since {})", at(*since))
+        }
+        WaitReason::Backing { backing } => {
+            format!("its backing node {backing} is not running yet")
+        }
+        WaitReason::Booting { since } => {
+            format!("its instance{on} is booting (since {})", at(*since))
+        }
+        WaitReason::Probing {
+            attempts,
+            last_error,
+            ..
+        } => {
+            let last = last_error
+                .as_deref()
+                .map_or(String::new(), |e| format!("; the last: {e}"));
+            format!(
+                "its instance{on} runs; its readiness probe has not passed yet ({attempts} tried{last})"
+            )
+        }
+        WaitReason::Others => "ready; the request's other nodes are not yet".into(),
+        WaitReason::Blocked(b) => {
+            let p = provider.as_deref().unwrap_or_default();
+            match b {
+                Blocked::NotListed => format!(
+                    "provider `{p}` has not been listed since berth started (its driver is \
+                     starting, or failing: see GET /v1/providers)"
+                ),
+                Blocked::StoreMismatch => format!(
+                    "provider `{p}` creates nothing: the store cannot vouch for its instances \
+                     (see GET /v1/providers)"
+                ),
+                Blocked::QuotaPaused(t) => format!(
+                    "provider `{p}`'s cloud said its quota is exhausted: no create there until {}",
+                    at(*t)
+                ),
+                Blocked::RateLimited(t) => format!(
+                    "provider `{p}`'s cloud limits the rate of calls: none there until {}",
+                    at(*t)
+                ),
+                Blocked::Capacity(t) => format!(
+                    "provider `{p}`'s cloud has no capacity for the label's instance type: \
+                     none there until {}",
+                    at(*t)
+                ),
+                Blocked::Limit { what, used, max } => {
+                    let what: &str = what.into();
+                    format!("provider `{p}` is at its {what} ({used} in use of {max})")
+                }
+            }
+        }
+        WaitReason::NoProvider => format!(
+            "no provider offers label `{}` any more",
+            config[w.label].name
+        ),
+        WaitReason::Together => "each label has room on its own, but not all of the request's \
+                                 nodes together, within the providers' limits"
+            .into(),
+        WaitReason::Next => "nothing holds it back: the next step serves it".into(),
+    };
+    types::Waiting {
+        label: config[w.label].name.clone(),
+        nodes: w.nodes,
+        node: w.node.map(|n| n.to_string()),
+        provider,
+        reason: w.reason.name().into(),
+        until: w.reason.until().map(at),
+        detail,
+    }
+}
+
+fn request_with(
+    config: &Config,
+    r: &Request,
+    nodes: Vec<types::Node>,
+    waiting: Vec<types::Waiting>,
+) -> types::Request {
     let (state, reason, finished) = match &r.state {
         RequestState::Pending => ("pending", None, None),
         RequestState::Fulfilled { at } => ("fulfilled", None, Some(*at)),
@@ -144,6 +244,7 @@ fn request_with(config: &Config, r: &Request, nodes: Vec<types::Node>) -> types:
         created: rfc3339(r.created.as_millis()),
         finished: finished.map(|t| rfc3339(t.as_millis())),
         nodes,
+        waiting,
     }
 }
 
