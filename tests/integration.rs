@@ -9,6 +9,7 @@
 mod azure;
 mod commands;
 mod ec2;
+mod events;
 mod examples;
 mod faults;
 mod gce;

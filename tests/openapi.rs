@@ -106,7 +106,7 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
                 .map(move |(m, _)| (m.as_str().to_owned(), path.clone()))
         })
         .collect();
-    assert_eq!(documented.len(), 21, "{documented:?}");
+    assert_eq!(documented.len(), 22, "{documented:?}");
     // Every reference points at something the document holds.
     let mut refs = Vec::new();
     collect_refs(&doc, &mut refs);
@@ -360,6 +360,15 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
     assert_eq!((s, r["state"].as_str()), (200, Some("cancelled")), "{r}");
     walk.call("POST", "/v1/lease", "/v1/lease", Some(CI), None)
         .await;
+    // The event stream does not end: its status is read from the answer's
+    // first line.
+    let streaming = first_status(&server.base, "/v1/events?kinds=node", OPS).await;
+    assert_eq!(streaming, 200);
+    (walk
+        .seen
+        .entry(("GET".into(), "/v1/events".into()))
+        .or_default())
+    .insert(streaming);
     walk.call(
         "POST",
         "/v1/lease",
@@ -480,4 +489,24 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
         );
     }
     server.terminate().await.assert_success();
+}
+
+/// The status of `GET path` as `token`, from the answer's first line, for
+/// an answer that does not end (a stream).
+async fn first_status(base: &str, path: &str, token: &str) -> u16 {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let addr = base.strip_prefix("http://").expect("http url");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n");
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let mut line = String::new();
+    tokio::io::BufReader::new(tcp)
+        .read_line(&mut line)
+        .await
+        .unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{line:?}"))
 }

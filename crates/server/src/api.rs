@@ -13,6 +13,7 @@ mod config;
 mod doc;
 mod edge;
 mod error;
+mod events;
 mod forward;
 mod health;
 mod nodes;

@@ -35,6 +35,7 @@
 pub mod change;
 mod clock;
 mod effects;
+pub mod events;
 mod handle;
 mod mode;
 mod notices;

@@ -70,6 +70,7 @@ pub(super) fn routes() -> utoipa_axum::router::OpenApiRouter<super::state::Api> 
         .routes(routes!(check_config))
         .routes(routes!(reload_config))
         .routes(routes!(renew_lease))
+        .routes(routes!(super::events::events))
 }
 
 /// The document, built once.

@@ -15,6 +15,7 @@ use berth_store::{InboxEntry, PgInbox};
 
 use super::change::{self, Caller, Change};
 use super::clock::Clock;
+use super::events::Events;
 use super::mode::{Mode, ServiceError};
 use super::providers::{LoadedDriver, Providers};
 use super::shards::Shards;
@@ -105,6 +106,8 @@ pub struct Handle {
     /// and the store's requests inbox, where this process puts the
     /// requests it accepts while it stands by.
     pub(super) shared: Option<(Arc<Shards>, Arc<PgInbox>)>,
+    /// What the pool's task stored, as events.
+    pub(super) events: Arc<Events>,
     pub(super) clock: Clock,
 }
 
@@ -144,6 +147,11 @@ impl Handle {
     /// The drivers loaded so far.
     pub fn drivers(&self) -> Vec<LoadedDriver> {
         self.providers.drivers()
+    }
+
+    /// What the pool's task stores, as events (`GET /v1/events`).
+    pub fn events(&self) -> &Arc<Events> {
+        &self.events
     }
 
     /// The providers' leases, with a store shared by several processes.

@@ -16,6 +16,7 @@ use berth_plugin::Gate;
 use berth_store::{PgInbox, Store};
 
 use super::clock::Clock;
+use super::events::Events;
 use super::handle::{COMMAND_QUEUE, Handle};
 use super::mode::{Holder, Mode, PoolError};
 use super::observer::Observer;
@@ -78,6 +79,7 @@ impl Service {
         let ended = Arc::new(OnceLock::new());
         let mode = Arc::new(tokio::sync::watch::Sender::new(Mode::Holding));
         let lease = Arc::default();
+        let events = Arc::new(Events::new());
         let (standby, shared, beating) = match parts.backend {
             Backend::Embedded => (None, None, None),
             Backend::Shared(Shared {
@@ -108,8 +110,14 @@ impl Service {
             // first step as holder.
             inbox_due: shared.is_some(),
             taking_in: Vec::new(),
+            events: events.clone(),
         };
-        let task = tokio::spawn(run.run(rx, outcomes, stop_rx));
+        let closing = events.clone();
+        let task = tokio::spawn(async move {
+            let ended = run.run(rx, outcomes, stop_rx).await;
+            closing.close();
+            ended
+        });
         Service {
             handle: Handle {
                 tx,
@@ -119,6 +127,7 @@ impl Service {
                 mode,
                 lease,
                 shared,
+                events,
                 clock: parts.clock,
             },
             task,

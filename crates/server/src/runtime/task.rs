@@ -22,6 +22,7 @@ use berth_store::{InboxEntry, Store, StoreError};
 
 use super::clock::Clock;
 use super::effects::{Called, Outcome, call, probe};
+use super::events::Events;
 use super::handle::{Command, Modes, Reply, SharedLease, refuse};
 use super::mode::{Holder, Mode, PoolError, ServiceError};
 use super::observer::Observer;
@@ -61,6 +62,9 @@ pub(super) struct Loop {
     pub(super) inbox_due: bool,
     /// [`Command::TakeIn`]s, answered once a read finds the inbox drained.
     pub(super) taking_in: Vec<Reply>,
+    /// Shared with every [`Handle`](super::Handle): what each commit
+    /// stored, as events.
+    pub(super) events: Arc<Events>,
 }
 
 /// How often a process standing by asks whether the pool's lease is free,
@@ -319,6 +323,7 @@ impl Loop {
         // and the commits themselves took longer.
         self.store.commit(changes).await?;
         self.observer.committed(started.elapsed());
+        self.events.stored(&self.pool, changes);
         Ok(())
     }
 
