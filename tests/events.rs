@@ -16,7 +16,7 @@ use crate::support::server::{Berth, http};
 
 /// One event as received.
 #[derive(Clone, Debug, PartialEq)]
-struct Received {
+pub(crate) struct Received {
     id: Option<String>,
     event: String,
     data: Value,
@@ -31,14 +31,19 @@ impl Received {
 }
 
 /// A stream being read.
-struct Stream {
+pub(crate) struct Stream {
     body: hyper::body::Incoming,
     buf: String,
 }
 
 impl Stream {
     /// Opens `/v1/events{query}` as `token`, resuming after `last`.
-    async fn open(base: &str, token: &str, query: &str, last: Option<&str>) -> (u16, Stream) {
+    pub(crate) async fn open(
+        base: &str,
+        token: &str,
+        query: &str,
+        last: Option<&str>,
+    ) -> (u16, Stream) {
         let client = Client::builder(TokioExecutor::new())
             .build_http::<http_body_util::Empty<bytes::Bytes>>();
         let mut req = hyper::Request::get(format!("{base}/v1/events{query}"))
@@ -106,7 +111,11 @@ impl Stream {
     }
 
     /// Events until `done` holds of the ones so far (30 s at most).
-    async fn until(&mut self, what: &str, done: impl Fn(&[Received]) -> bool) -> Vec<Received> {
+    pub(crate) async fn until(
+        &mut self,
+        what: &str,
+        done: impl Fn(&[Received]) -> bool,
+    ) -> Vec<Received> {
         let mut got = Vec::new();
         let end = tokio::time::Instant::now() + Duration::from_secs(30);
         while !done(&got) {
@@ -121,7 +130,7 @@ impl Stream {
 }
 
 /// Whether `events` has request `id` in `state`.
-fn has_request(events: &[Received], id: &str, state: &str) -> bool {
+pub(crate) fn has_request(events: &[Received], id: &str, state: &str) -> bool {
     (events.iter()).any(|e| e.event == "request" && e.data["id"] == id && e.data["state"] == state)
 }
 

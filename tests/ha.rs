@@ -1700,7 +1700,16 @@ async fn a_fleet_takes_a_config_reload_once_every_process_runs_it_the_holder_las
     fleet.start(1).await;
     assert_eq!(fleet.lease(), (Some(0), 1));
     let b1_address = fleet.get(1).base.clone();
+    // The event stream, relayed by b1 from the holder.
+    let (status, mut events) =
+        crate::events::Stream::open(&b1_address, CI, "?kinds=request", None).await;
+    assert_eq!(status, 200);
     let used = fleet.get(1).request(CI, &[("small", 1)]).await;
+    events
+        .until("the relayed stream has the request fulfilled", |e| {
+            crate::events::has_request(e, &used.id, "fulfilled")
+        })
+        .await;
     let used = fleet.get(1).fulfilled(CI, &used.id).await.nodes[0]
         .id
         .clone();
