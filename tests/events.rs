@@ -17,9 +17,9 @@ use crate::support::server::{Berth, http};
 /// One event as received.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Received {
-    id: Option<String>,
-    event: String,
-    data: Value,
+    pub(crate) id: Option<String>,
+    pub(crate) event: String,
+    pub(crate) data: Value,
 }
 
 impl Received {

@@ -1403,7 +1403,21 @@ async fn a_request_stalled_on_the_clouds_quota_says_why_it_waits() {
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
     server.until_label_ready(60, "small", 2, "two ready").await;
+    let (status, mut providers) =
+        crate::events::Stream::open(&server.base, CI, "?kinds=provider", None).await;
+    assert_eq!(status, 200);
     let r = server.request(CI, &[("small", 3)]).await;
+    // The pause comes on the event stream too, to every caller.
+    let paused = providers
+        .until("a provider event with the quota pause", |e| {
+            e.iter().any(|e| e.data["quota_paused_until"].is_string())
+        })
+        .await;
+    let paused = paused.last().unwrap();
+    assert_eq!(
+        (paused.event.as_str(), &paused.data["provider"]),
+        ("provider", &Value::from("sim"))
+    );
     let path = format!("/v1/requests/{}", r.id);
     let waiting = until(30, "the request waits for the quota", || async {
         let (_, body) = server.call("GET", &path, Some(CI), None).await;

@@ -1,6 +1,8 @@
 //! The pool's changes as a stream of events (`GET /v1/events`): each
-//! request and node the pool's task stores, once it is stored. Events
-//! carry an id,
+//! request and node the pool's task stores, once it is stored, and each
+//! change of a provider's state (listed, its lists failing or not
+//! believed, the cloud's quota, rate-limit and capacity pauses, a store
+//! mismatch). Events carry an id,
 //! `GENERATION-SEQUENCE`: the generation is drawn when this process starts,
 //! so that an id from another process, or from before a restart, is told
 //! apart from one of this history. The last [`HISTORY`] events are kept, so
@@ -14,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use berth_core::pool::{Changes, Pool, RequestState};
+use berth_config::ProviderIx;
+use berth_core::pool::{Changes, ListHealth, Pool, RequestState, Time};
+use berth_types::rfc3339;
 
 /// How many events are kept for clients that reconnect.
 pub const HISTORY: usize = 4096;
@@ -27,7 +31,7 @@ const LAG: usize = 1024;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
     pub seq: u64,
-    /// `request` or `node`.
+    /// `request`, `node` or `provider`.
     pub kind: &'static str,
     /// The requestor the event concerns, if one does: a client token sees
     /// only its own.
@@ -61,6 +65,26 @@ struct NodeEvent<'a> {
     requestor: Option<&'a str>,
 }
 
+/// A provider's state, as an event's data: what changes whether and when
+/// it launches.
+#[derive(Serialize, PartialEq)]
+struct ProviderEvent {
+    provider: String,
+    listed: bool,
+    /// `ok`, `failing` or `suspect`.
+    list: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    list_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quota_paused_until: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_limited_until: Option<String>,
+    /// Instance types (`*` for all) without capacity, each with until when.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    capacity_paused: Vec<(String, String)>,
+    store_mismatch: bool,
+}
+
 /// The event history and its live subscribers.
 pub struct Events {
     generation: String,
@@ -73,6 +97,8 @@ pub struct Events {
 struct Inner {
     next: u64,
     history: VecDeque<Arc<Event>>,
+    /// Each provider's state as last published.
+    providers: Vec<String>,
 }
 
 /// Where a client resumes.
@@ -97,6 +123,7 @@ impl Events {
             inner: Mutex::new(Inner {
                 next: 1,
                 history: VecDeque::new(),
+                providers: Vec::new(),
             }),
             tx: broadcast::channel(LAG).0,
             closed: tokio::sync::watch::Sender::new(false),
@@ -185,6 +212,49 @@ impl Events {
             };
             let data = serde_json::to_string(&data).unwrap_or_default();
             self.publish(&mut inner, "node", requestor.map(str::to_owned), data);
+        }
+    }
+
+    /// Publishes each provider whose state changed since it was last
+    /// published, as `pool` has it after a step at `now`.
+    pub fn providers(&self, pool: &Pool, now: Time) {
+        let config = pool.config();
+        let mut inner = self.inner();
+        for (i, p) in config.providers.iter().enumerate() {
+            let s = pool.provider_status(ProviderIx(i as u16));
+            let until = |t: Option<Time>| t.filter(|t| *t > now).map(|t| rfc3339(t.as_millis()));
+            let (list, list_error) = match &s.list {
+                ListHealth::Ok => ("ok", None),
+                ListHealth::Failing { error, .. } => ("failing", Some(error.clone())),
+                ListHealth::Suspect { .. } => ("suspect", None),
+            };
+            let state = ProviderEvent {
+                provider: p.name.clone(),
+                listed: s.listed,
+                list,
+                list_error,
+                quota_paused_until: until(s.quota_paused_until),
+                rate_limited_until: until(s.held_until),
+                capacity_paused: (s.capacity_paused.iter())
+                    .filter(|(_, t)| *t > now)
+                    .map(|(ty, t)| {
+                        (
+                            ty.clone().unwrap_or_else(|| "*".into()),
+                            rfc3339(t.as_millis()),
+                        )
+                    })
+                    .collect(),
+                store_mismatch: s.mismatch.is_some(),
+            };
+            let data = serde_json::to_string(&state).unwrap_or_default();
+            if inner.providers.get(i) == Some(&data) {
+                continue;
+            }
+            if inner.providers.len() <= i {
+                inner.providers.resize(i + 1, String::new());
+            }
+            inner.providers[i] = data.clone();
+            self.publish(&mut inner, "provider", None, data);
         }
     }
 

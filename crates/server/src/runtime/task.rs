@@ -461,6 +461,7 @@ impl Loop {
             self.store.confirm().await?;
         }
         self.commit(&changes).await?;
+        self.events.providers(&self.pool, now);
         self.opened();
         self.answer();
         self.say_notices();
