@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::config::{CI, OPS, edit_config, serve_config_on};
 use crate::support::server::{Berth, run_berth, until};
@@ -255,16 +255,40 @@ async fn a_removed_file_stops_nothing_and_a_rollback_returns_to_the_driver_befor
     let p = Plugins::new().await;
     let (driver, bytes, first) = (&p.driver, &p.bytes, &p.first);
     let server = p.serve().await;
+    // The driver's changes come on the event stream, to a client too.
+    let (status, mut events) =
+        crate::events::Stream::open(&server.base, CI, "?kinds=driver", None).await;
+    assert_eq!(status, 200);
+    let driver_event = |sha: &str| {
+        let sha = sha.to_owned();
+        move |e: &[crate::events::Received]| {
+            (e.iter()).any(|e| e.event == "driver" && e.data["sha256"] == sha.as_str())
+        }
+    };
     let build = with_custom_section(bytes, 1);
     let second = sha256(&build);
     put(driver, &build);
     until_running(&server, &second, "the new build").await;
+    let switched = events
+        .until("the switch on the stream", driver_event(&second))
+        .await;
+    let last = switched.last().unwrap();
+    assert_eq!(
+        (&last.data["provider"], &last.data["state"]),
+        (&json!("sim"), &json!("up"))
+    );
 
     // Removed: the provider goes on, and says so.
     std::fs::remove_file(driver).expect("remove");
     let d = until_refused(&server, "", "the removed file").await;
     assert_eq!(d["sha256"], second.as_str(), "{d}");
     served(&server).await;
+    events
+        .until("the refused reload on the stream", |e| {
+            (e.iter())
+                .any(|e| e.data["reload_error"][0] == "" && e.data["sha256"] == second.as_str())
+        })
+        .await;
 
     // `berth driver rollback`: back to the first driver.
     let cli = ["--server", server.base.as_str(), "--token", OPS];
@@ -274,6 +298,9 @@ async fn a_removed_file_stops_nothing_and_a_rollback_returns_to_the_driver_befor
     let d = until_running(&server, first, "the rollback").await;
     assert_eq!(d["previous_sha256"], second.as_str(), "{d}");
     served(&server).await;
+    events
+        .until("the rollback on the stream", driver_event(first))
+        .await;
 
     // A client may not.
     let client = ["--server", server.base.as_str(), "--token", CI];

@@ -22,7 +22,7 @@ use super::state::Api;
 use crate::runtime::events::{Event, Events, Resume};
 
 /// The kinds of event a client may ask for.
-const KINDS: [&str; 3] = ["request", "node", "provider"];
+const KINDS: [&str; 4] = ["request", "node", "provider", "driver"];
 
 /// Which events a stream carries: of these kinds, and for a client token,
 /// only its own.
@@ -33,11 +33,11 @@ struct Wanted {
 
 impl Wanted {
     fn takes(&self, e: &Event) -> bool {
-        // A provider's state is nobody's: every caller sees it, as
-        // `GET /v1/providers` shows it to every caller.
+        // A provider's state and its driver's are nobody's: every caller
+        // sees them, as `GET /v1/providers` and `/v1/drivers` show them.
         self.kinds.contains(&e.kind)
             && (self.caller.is_admin()
-                || e.kind == "provider"
+                || e.requestor.is_none() && matches!(e.kind, "provider" | "driver")
                 || e.requestor
                     .as_deref()
                     .is_some_and(|r| self.caller.may_act_for(r)))
@@ -50,11 +50,11 @@ impl Wanted {
     operation_id = "events",
     tag = "requests",
     summary = "The pool's changes, as they are stored (Server-Sent Events)",
-    description = "A `text/event-stream`: an event for each request and node the pool stores, once it is stored (`event: request` or `event: node`; `data` is JSON: a request's `id`, `requestor`, `state`, `reason` and `nodes`, or a node's `id`, `label`, `provider`, `state`, `idle`, and its `request` and `requestor` if it has one), and for each change of a provider's state (`event: provider`: `provider`, `listed`, `list` (`ok`, `failing` with `list_error`, or `suspect`), `quota_paused_until`, `rate_limited_until`, `capacity_paused` as `[instance type, until]` pairs, and `store_mismatch`). A client token gets only the events of its own requests and nodes, and the providers'. Each event has an `id`; a client that reconnects with `Last-Event-ID` gets every event it missed, from the last 4096 this process kept. If its id is not among them (too old, from another berth process, or from before a restart), the stream starts with `event: reset`: read what you watch again. A client that falls more than 1024 events behind gets `event: reset` and the stream ends. The stream ends when berth stops. It counts against the long-polls that may wait at once: past them, it is answered `503` with `Retry-After: 1`.",
+    description = "A `text/event-stream`: an event for each request and node the pool stores, once it is stored (`event: request` or `event: node`; `data` is JSON: a request's `id`, `requestor`, `state`, `reason` and `nodes`, or a node's `id`, `label`, `provider`, `state`, `idle`, and its `request` and `requestor` if it has one), and for each change of a provider's state (`event: provider`: `provider`, `listed`, `list` (`ok`, `failing` with `list_error`, or `suspect`), `quota_paused_until`, `rate_limited_until`, `capacity_paused` as `[instance type, until]` pairs, and `store_mismatch`), and for each change of a provider's driver (`event: driver`: `provider`, `state` (`starting`, `up`, `failed` with `error`, `stopping`), the running `sha256` and `contract`, and `reload_error` as `[sha256, error]`), looked at every 250 ms. A client token gets only the events of its own requests and nodes, and the providers' and drivers'. Each event has an `id`; a client that reconnects with `Last-Event-ID` gets every event it missed, from the last 4096 this process kept. If its id is not among them (too old, from another berth process, or from before a restart), the stream starts with `event: reset`: read what you watch again. A client that falls more than 1024 events behind gets `event: reset` and the stream ends. The stream ends when berth stops. It counts against the long-polls that may wait at once: past them, it is answered `503` with `Retry-After: 1`.",
     security(("bearerAuth" = [])),
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     params(
-        ("kinds" = Option<String>, Query, description = "Only these kinds, comma-separated: `request`, `node`, `provider`. All by default."),
+        ("kinds" = Option<String>, Query, description = "Only these kinds, comma-separated: `request`, `node`, `provider`, `driver`. All by default."),
         ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received: the stream resumes after it.")
     ),
     responses(
@@ -82,7 +82,9 @@ pub(super) async fn events(
                     .ok_or_else(|| {
                         ApiError::bad(
                             "kinds",
-                            format!("unknown kind `{k}`: the kinds are request, node, provider"),
+                            format!(
+                                "unknown kind `{k}`: the kinds are request, node, provider, driver"
+                            ),
                         )
                     })
             })

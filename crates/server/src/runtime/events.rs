@@ -2,7 +2,9 @@
 //! request and node the pool's task stores, once it is stored, and each
 //! change of a provider's state (listed, its lists failing or not
 //! believed, the cloud's quota, rate-limit and capacity pauses, a store
-//! mismatch). Events carry an id,
+//! mismatch), and each change of a provider's driver (started, failed,
+//! switched or rolled back, a reload refused), looked at every 250 ms.
+//! Events carry an id,
 //! `GENERATION-SEQUENCE`: the generation is drawn when this process starts,
 //! so that an id from another process, or from before a restart, is told
 //! apart from one of this history. The last [`HISTORY`] events are kept, so
@@ -20,8 +22,13 @@ use berth_config::ProviderIx;
 use berth_core::pool::{Changes, ListHealth, Pool, RequestState, Time};
 use berth_types::rfc3339;
 
+use super::providers::{DriverStanding, Providers};
+
 /// How many events are kept for clients that reconnect.
 pub const HISTORY: usize = 4096;
+
+/// How often the drivers' states are looked at for events.
+pub const DRIVERS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// How many events a live client may fall behind before its stream ends
 /// with a `reset`.
@@ -31,7 +38,7 @@ const LAG: usize = 1024;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
     pub seq: u64,
-    /// `request`, `node` or `provider`.
+    /// `request`, `node`, `provider` or `driver`.
     pub kind: &'static str,
     /// The requestor the event concerns, if one does: a client token sees
     /// only its own.
@@ -99,6 +106,8 @@ struct Inner {
     history: VecDeque<Arc<Event>>,
     /// Each provider's state as last published.
     providers: Vec<String>,
+    /// Each provider's driver as last published.
+    drivers: Vec<String>,
 }
 
 /// Where a client resumes.
@@ -124,6 +133,7 @@ impl Events {
                 next: 1,
                 history: VecDeque::new(),
                 providers: Vec::new(),
+                drivers: Vec::new(),
             }),
             tx: broadcast::channel(LAG).0,
             closed: tokio::sync::watch::Sender::new(false),
@@ -255,6 +265,38 @@ impl Events {
             }
             inner.providers[i] = data.clone();
             self.publish(&mut inner, "provider", None, data);
+        }
+    }
+
+    /// Publishes each provider's driver whose state changed since it was
+    /// last published: started, failed to start, switched to another file
+    /// or rolled back (another sha256), or a reload refused.
+    pub fn drivers(&self, states: &[DriverStanding]) {
+        let mut inner = self.inner();
+        for (i, state) in states.iter().enumerate() {
+            let data = serde_json::to_string(state).unwrap_or_default();
+            if inner.drivers.get(i) == Some(&data) {
+                continue;
+            }
+            if inner.drivers.len() <= i {
+                inner.drivers.resize(i + 1, String::new());
+            }
+            inner.drivers[i] = data.clone();
+            self.publish(&mut inner, "driver", None, data);
+        }
+    }
+
+    /// Publishes the drivers' changes ([`Events::drivers`]) as `providers`
+    /// come to them, looking every [`DRIVERS_EVERY`], until the pool's
+    /// task ends.
+    pub async fn watch_drivers(self: Arc<Self>, providers: Arc<Providers>) {
+        let mut every = tokio::time::interval(DRIVERS_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => self.drivers(&providers.driver_states()),
+                () = self.closed() => return,
+            }
         }
     }
 

@@ -155,6 +155,26 @@ enum State {
     Closed,
 }
 
+/// A provider's driver as it stands ([`Providers::driver_states`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DriverStanding {
+    pub provider: String,
+    /// `starting`, `up`, `failed` or `stopping`.
+    pub state: &'static str,
+    /// The running driver's sha256 and contract version, once up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contract: Option<&'static str>,
+    /// Why its last start failed, while it is `failed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The last reload that failed while it went on: the refused file's
+    /// sha256 and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reload_error: Option<(String, String)>,
+}
+
 /// A driver the pool runs, the providers that run it, and how their
 /// reloads went.
 #[derive(Clone, Debug)]
@@ -450,6 +470,39 @@ impl Providers {
         for (_, sandbox) in self.started() {
             sandbox.reload_credentials();
         }
+    }
+
+    /// Whether these providers run drivers loaded from files (not
+    /// [`Providers::fixed`]).
+    pub fn loads_drivers(&self) -> bool {
+        self.loader.is_some()
+    }
+
+    /// Each provider's driver as it stands, in the config's order: what
+    /// `GET /v1/events` says when it changes.
+    pub fn driver_states(&self) -> Vec<DriverStanding> {
+        (self.all().iter())
+            .map(|slot| {
+                let (state, running, error) = match &*slot.tx.borrow() {
+                    State::Starting => ("starting", None, None),
+                    State::Up(_, sandbox) => {
+                        ("up", sandbox.as_ref().map(|s| s.driver().clone()), None)
+                    }
+                    State::Failed { error, .. } => ("failed", None, Some(error.to_string())),
+                    State::Closed => ("stopping", None, None),
+                };
+                let reloads = slot.reloads.lock().unwrap_or_else(|p| p.into_inner());
+                DriverStanding {
+                    provider: slot.name.clone(),
+                    state,
+                    sha256: running.as_ref().map(|d| d.sha256().to_owned()),
+                    contract: running.as_ref().map(|d| d.contract().version()),
+                    error,
+                    reload_error: (reloads.error.as_ref())
+                        .map(|e| (e.sha256.clone(), e.error.to_string())),
+                }
+            })
+            .collect()
     }
 
     /// The drivers the started providers run, each with those providers,

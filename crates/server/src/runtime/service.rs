@@ -112,6 +112,9 @@ impl Service {
             taking_in: Vec::new(),
             events: events.clone(),
         };
+        if parts.providers.loads_drivers() {
+            tokio::spawn(events.clone().watch_drivers(parts.providers.clone()));
+        }
         let closing = events.clone();
         let task = tokio::spawn(async move {
             let ended = run.run(rx, outcomes, stop_rx).await;
