@@ -118,3 +118,50 @@ async fn a_retried_release_never_frees_a_node_handed_to_another_requestor() {
     );
     server.terminate().await.assert_success();
 }
+
+/// `berth completions SHELL` prints a script the shell takes, which
+/// completes `berth`; `berth man` prints the manual page, and `berth man
+/// --dir DIR` writes one page per command.
+#[tokio::test]
+async fn the_binary_prints_shell_completions_and_manual_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = crate::support::server::run_berth(["completions", "bash"], &[]).await;
+    assert!(ran.success(), "{ran}");
+    let script = dir.path().join("berth.bash");
+    std::fs::write(&script, &ran.stdout).unwrap();
+    let bash = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {} && complete -p berth", script.display()))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&bash.stdout);
+    assert!(
+        bash.status.success() && said.contains("berth"),
+        "{said} {bash:?}"
+    );
+    for shell in ["zsh", "fish"] {
+        let ran = crate::support::server::run_berth(["completions", shell], &[]).await;
+        assert!(
+            ran.success() && ran.stdout.contains("berth"),
+            "{shell}: {ran}"
+        );
+    }
+
+    let ran = crate::support::server::run_berth(["man"], &[]).await;
+    assert!(ran.success(), "{ran}");
+    assert!(ran.stdout.contains(".TH berth 1"), "{ran}");
+    assert!(ran.stdout.contains("serve"), "{ran}");
+    let pages = dir.path().join("man");
+    let pages_arg = pages.display().to_string();
+    let ran = crate::support::server::run_berth(["man", "--dir", &pages_arg], &[]).await;
+    assert!(ran.success(), "{ran}");
+    for page in [
+        "berth.1",
+        "berth-serve.1",
+        "berth-requests.1",
+        "berth-config-reload.1",
+    ] {
+        let text = std::fs::read_to_string(pages.join(page)).unwrap_or_default();
+        assert!(text.contains(".TH"), "{page}: {text}");
+    }
+}

@@ -50,6 +50,15 @@ enum Command {
     /// embedded default (a simulated cloud in this process, example labels,
     /// state in ./berth-data).
     Serve(ServeArgs),
+    /// Print the shell completion script for SHELL (bash, zsh, fish,
+    /// elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Print berth's manual page (roff), or with --dir, write one page
+    /// per command into DIR (berth.1, berth-serve.1, ...).
+    Man {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     #[command(flatten)]
     Client(berth::cli::ClientCommand),
 }
@@ -484,6 +493,24 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             let n = problems.len();
             println!("{n} problem{}", if n == 1 { "" } else { "s" });
             Ok(false)
+        }
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "berth", &mut std::io::stdout());
+            Ok(true)
+        }
+        Command::Man { dir } => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            match dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                    clap_mangen::generate_to(cmd, &dir)
+                        .with_context(|| format!("writing the pages into {}", dir.display()))?;
+                }
+                None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
+            }
+            Ok(true)
         }
         Command::Sim(args) => {
             let stop = berth::serve::shutdown_signals().context("listening for signals")?;
