@@ -1477,3 +1477,58 @@ async fn a_request_stalled_on_the_clouds_quota_says_why_it_waits() {
     );
     server.terminate().await.assert_success();
 }
+
+/// `berth serve` tells systemd how it is doing, on the socket the test
+/// gives it as `NOTIFY_SOCKET` (as systemd does for `Type=notify`):
+/// `READY=1` once it listens, with the address; `WATCHDOG=1` every half of
+/// `WATCHDOG_USEC`; `STOPPING=1` when told to stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_notifies_readiness_its_watchdog_and_its_stop_on_the_notify_socket() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serve_config(&sim, dir.path()).display().to_string();
+    let path = dir.path().join("notify.sock");
+    let socket = tokio::net::UnixDatagram::bind(&path).unwrap();
+    let notify = path.display().to_string();
+    let args = ["--config", cfg.as_str()];
+    let env = [
+        ("NOTIFY_SOCKET", notify.as_str()),
+        ("WATCHDOG_USEC", "200000"),
+    ];
+    let server = Berth::launch(Launch {
+        env: &env,
+        ..Launch::new(&args, dir.path())
+    })
+    .await;
+    let mut said: Vec<String> = Vec::new();
+    let mut hear = async |until: &dyn Fn(&[String]) -> bool| {
+        let end = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut buf = vec![0u8; 4096];
+        while !until(&said) {
+            let n = tokio::time::timeout_at(end, socket.recv(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("not said within 10 s: {said:?}"))
+                .unwrap();
+            said.extend(
+                String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .map(str::to_owned),
+            );
+        }
+    };
+    hear(&|s| s.iter().any(|l| l == "READY=1")).await;
+    let addr = server.base.strip_prefix("http://").unwrap().to_owned();
+    hear(&|s| {
+        s.iter()
+            .any(|l| *l == format!("STATUS=listening on {addr}"))
+    })
+    .await;
+    // Every 100 ms: three within a second or so.
+    hear(&|s| s.iter().filter(|l| *l == "WATCHDOG=1").count() >= 3).await;
+    server.signal(SIGTERM);
+    hear(&|s| s.iter().any(|l| l == "STOPPING=1")).await;
+    server
+        .exit_within(Duration::from_secs(30))
+        .await
+        .assert_success();
+}

@@ -13,6 +13,7 @@
 
 mod http;
 mod sys;
+mod systemd;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -182,6 +183,8 @@ pub async fn serve(
     };
     let addr = listener.local_addr()?;
     ready(addr, &service.handle.config());
+    systemd::ready(addr);
+    let watchdog = systemd::watchdog(service.handle.clone());
     let limits = {
         let config = api.settings();
         let (max_connections, fd_limit) = http::connection_cap(config.max_connections);
@@ -224,6 +227,7 @@ pub async fn serve(
         () = &mut shutdown => true,
         () = service.ended() => false,
     };
+    systemd::stopping();
     if asked {
         tracing::info!("stopping: refusing changes, finishing driver calls in flight");
         api.stopping();
@@ -232,6 +236,9 @@ pub async fn serve(
         .stop_within(options.stop_grace.unwrap_or(runtime::DEFAULT_STOP_GRACE))
         .await;
     reloads.abort();
+    if let Some(watchdog) = watchdog {
+        watchdog.abort();
+    }
     providers.stop_watching();
     let _ = close.send(());
     server.await.context("the HTTP server panicked")?;
