@@ -165,3 +165,34 @@ async fn the_binary_prints_shell_completions_and_manual_pages() {
         assert!(text.contains(".TH"), "{page}: {text}");
     }
 }
+
+/// `packaging/berth.service` passes `systemd-analyze verify`, with no
+/// warning (an unknown or misspelt key is one), its `ExecStart` pointed at
+/// the binary built here. Skipped, saying so, where systemd's tools are
+/// missing.
+#[test]
+fn the_systemd_unit_passes_systemd_analyze_verify() {
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/berth.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    assert!(text.contains("ExecStart=/usr/bin/berth serve"), "{text}");
+    if std::process::Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: systemd-analyze is not installed here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let here = dir.path().join("berth.service");
+    let text = text.replace("/usr/bin/berth", env!("CARGO_BIN_EXE_berth"));
+    std::fs::write(&here, text).unwrap();
+    let out = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&here)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.trim().is_empty(), "{said}");
+}
