@@ -72,24 +72,95 @@ struct NodeEvent<'a> {
     requestor: Option<&'a str>,
 }
 
-/// A provider's state, as an event's data: what changes whether and when
-/// it launches.
+/// A provider's state: what changes whether and when it launches. Kept as
+/// it is read (times unformatted), so that a step compares it with the one
+/// last published and formats nothing unless it changed.
 #[derive(Serialize, PartialEq)]
-struct ProviderEvent {
-    provider: String,
+struct ProviderState {
     listed: bool,
     /// `ok`, `failing` or `suspect`.
     list: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     list_error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    quota_paused_until: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rate_limited_until: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "at")]
+    quota_paused_until: Option<Time>,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "at")]
+    rate_limited_until: Option<Time>,
     /// Instance types (`*` for all) without capacity, each with until when.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    capacity_paused: Vec<(String, String)>,
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "each_at")]
+    capacity_paused: Vec<(Option<String>, Time)>,
     store_mismatch: bool,
+}
+
+impl ProviderState {
+    /// Provider `p`'s state in `pool` after a step at `now`: pauses that
+    /// have ended are left out.
+    fn of(pool: &Pool, p: ProviderIx, now: Time) -> ProviderState {
+        let s = pool.provider_status(p);
+        let (list, list_error) = match s.list {
+            ListHealth::Ok => ("ok", None),
+            ListHealth::Failing { error, .. } => ("failing", Some(error)),
+            ListHealth::Suspect { .. } => ("suspect", None),
+        };
+        ProviderState {
+            listed: s.listed,
+            list,
+            list_error,
+            quota_paused_until: s.quota_paused_until.filter(|t| *t > now),
+            rate_limited_until: s.held_until.filter(|t| *t > now),
+            capacity_paused: (s.capacity_paused.into_iter())
+                .filter(|(_, t)| *t > now)
+                .collect(),
+            store_mismatch: s.mismatch.is_some(),
+        }
+    }
+}
+
+/// A provider's state, as an event's data.
+#[derive(Serialize)]
+struct ProviderEvent<'a> {
+    provider: &'a str,
+    #[serde(flatten)]
+    state: &'a ProviderState,
+}
+
+/// A time as RFC 3339.
+fn at<S: serde::Serializer>(t: &Option<Time>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_str(&rfc3339(t.as_millis())),
+        None => s.serialize_none(),
+    }
+}
+
+/// Capacity pauses as `[instance type or "*", RFC 3339]` pairs.
+fn each_at<S: serde::Serializer>(
+    pauses: &[(Option<String>, Time)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(pauses.len()))?;
+    for (ty, t) in pauses {
+        seq.serialize_element(&(ty.as_deref().unwrap_or("*"), rfc3339(t.as_millis())))?;
+    }
+    seq.end()
+}
+
+/// Per provider, the state of one kind last published.
+struct Latest<T>(Vec<Option<T>>);
+
+impl<T: PartialEq> Latest<T> {
+    /// Keeps `state` as provider `i`'s, and answers it if it differs from
+    /// the one kept before (it is to be published).
+    fn changed(&mut self, i: usize, state: T) -> Option<&T> {
+        if self.0.get(i).and_then(Option::as_ref) == Some(&state) {
+            return None;
+        }
+        if self.0.len() <= i {
+            self.0.resize_with(i + 1, || None);
+        }
+        self.0[i] = Some(state);
+        self.0[i].as_ref()
+    }
 }
 
 /// The event history and its live subscribers.
@@ -105,9 +176,9 @@ struct Inner {
     next: u64,
     history: VecDeque<Arc<Event>>,
     /// Each provider's state as last published.
-    providers: Vec<String>,
+    providers: Latest<ProviderState>,
     /// Each provider's driver as last published.
-    drivers: Vec<String>,
+    drivers: Latest<DriverStanding>,
 }
 
 /// Where a client resumes.
@@ -132,8 +203,8 @@ impl Events {
             inner: Mutex::new(Inner {
                 next: 1,
                 history: VecDeque::new(),
-                providers: Vec::new(),
-                drivers: Vec::new(),
+                providers: Latest(Vec::new()),
+                drivers: Latest(Vec::new()),
             }),
             tx: broadcast::channel(LAG).0,
             closed: tokio::sync::watch::Sender::new(false),
@@ -231,58 +302,31 @@ impl Events {
         let config = pool.config();
         let mut inner = self.inner();
         for (i, p) in config.providers.iter().enumerate() {
-            let s = pool.provider_status(ProviderIx(i as u16));
-            let until = |t: Option<Time>| t.filter(|t| *t > now).map(|t| rfc3339(t.as_millis()));
-            let (list, list_error) = match &s.list {
-                ListHealth::Ok => ("ok", None),
-                ListHealth::Failing { error, .. } => ("failing", Some(error.clone())),
-                ListHealth::Suspect { .. } => ("suspect", None),
-            };
-            let state = ProviderEvent {
-                provider: p.name.clone(),
-                listed: s.listed,
-                list,
-                list_error,
-                quota_paused_until: until(s.quota_paused_until),
-                rate_limited_until: until(s.held_until),
-                capacity_paused: (s.capacity_paused.iter())
-                    .filter(|(_, t)| *t > now)
-                    .map(|(ty, t)| {
-                        (
-                            ty.clone().unwrap_or_else(|| "*".into()),
-                            rfc3339(t.as_millis()),
-                        )
-                    })
-                    .collect(),
-                store_mismatch: s.mismatch.is_some(),
-            };
-            let data = serde_json::to_string(&state).unwrap_or_default();
-            if inner.providers.get(i) == Some(&data) {
-                continue;
+            let state = ProviderState::of(pool, ProviderIx(i as u16), now);
+            let data = (inner.providers.changed(i, state)).map(|state| {
+                let event = ProviderEvent {
+                    provider: &p.name,
+                    state,
+                };
+                serde_json::to_string(&event).unwrap_or_default()
+            });
+            if let Some(data) = data {
+                self.publish(&mut inner, "provider", None, data);
             }
-            if inner.providers.len() <= i {
-                inner.providers.resize(i + 1, String::new());
-            }
-            inner.providers[i] = data.clone();
-            self.publish(&mut inner, "provider", None, data);
         }
     }
 
     /// Publishes each provider's driver whose state changed since it was
     /// last published: started, failed to start, switched to another file
     /// or rolled back (another sha256), or a reload refused.
-    pub fn drivers(&self, states: &[DriverStanding]) {
+    pub fn drivers(&self, states: Vec<DriverStanding>) {
         let mut inner = self.inner();
-        for (i, state) in states.iter().enumerate() {
-            let data = serde_json::to_string(state).unwrap_or_default();
-            if inner.drivers.get(i) == Some(&data) {
-                continue;
+        for (i, state) in states.into_iter().enumerate() {
+            let data = (inner.drivers.changed(i, state))
+                .map(|state| serde_json::to_string(state).unwrap_or_default());
+            if let Some(data) = data {
+                self.publish(&mut inner, "driver", None, data);
             }
-            if inner.drivers.len() <= i {
-                inner.drivers.resize(i + 1, String::new());
-            }
-            inner.drivers[i] = data.clone();
-            self.publish(&mut inner, "driver", None, data);
         }
     }
 
@@ -294,7 +338,7 @@ impl Events {
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = every.tick() => self.drivers(&providers.driver_states()),
+                _ = every.tick() => self.drivers(providers.driver_states()),
                 () = self.closed() => return,
             }
         }
@@ -335,5 +379,50 @@ impl Events {
         let (generation, seq) = id.trim().split_once('-')?;
         (generation == self.generation).then_some(())?;
         seq.parse().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A provider's state is published only when it changes, and reads as
+    /// the API documents it: times as RFC 3339, a capacity pause for every
+    /// type as `*`.
+    #[test]
+    fn a_provider_state_is_published_once_per_change_as_documented() {
+        let state = |quota: Option<u64>| ProviderState {
+            listed: true,
+            list: "ok",
+            list_error: None,
+            quota_paused_until: quota.map(Time::from_millis),
+            rate_limited_until: None,
+            capacity_paused: vec![
+                (None, Time::from_millis(0)),
+                (Some("big".into()), Time::from_millis(1000)),
+            ],
+            store_mismatch: false,
+        };
+        let mut latest = Latest(Vec::new());
+        assert!(latest.changed(1, state(None)).is_some(), "the first");
+        assert!(latest.changed(1, state(None)).is_none(), "the same again");
+        let changed = latest.changed(1, state(Some(1_700_000_000_000))).unwrap();
+        let event = ProviderEvent {
+            provider: "sim",
+            state: changed,
+        };
+        let json: serde_json::Value = serde_json::to_value(&event).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "provider": "sim",
+                "listed": true,
+                "list": "ok",
+                "quota_paused_until": "2023-11-14T22:13:20.000Z",
+                "capacity_paused": [["*", "1970-01-01T00:00:00.000Z"], ["big", "1970-01-01T00:00:01.000Z"]],
+                "store_mismatch": false,
+            })
+        );
+        assert!(latest.changed(0, state(None)).is_some(), "another provider");
     }
 }
