@@ -195,3 +195,31 @@ fn reset(why: &str) -> Sse {
         .event("reset")
         .data(serde_json::json!({ "reason": why }).to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+
+    use super::*;
+
+    /// A client that does not read while more events come than the stream
+    /// may fall behind gets a reset, and its stream ends: it never goes on
+    /// with a gap.
+    #[tokio::test]
+    async fn a_stream_that_falls_behind_gets_a_reset_and_ends() {
+        let events = Arc::new(Events::new());
+        let (resume, rx) = events.subscribe(None);
+        let wanted = Wanted {
+            kinds: KINDS.to_vec(),
+            caller: Caller::Admin { name: "ops".into() },
+        };
+        let stream = stream_of(events.clone(), resume, rx, wanted, None);
+        for _ in 0..2000 {
+            events.push("node", None, "{}");
+        }
+        let sent: Vec<Sse> = stream.map(|e| e.unwrap()).collect().await;
+        assert_eq!(sent.len(), 1, "the reset, then the end");
+        let text = format!("{:?}", sent[0]);
+        assert!(text.contains("reset"), "{text}");
+    }
+}

@@ -253,6 +253,19 @@ impl Events {
         let _ = self.tx.send(event);
     }
 
+    /// Publishes one event of `kind` with `data`, for tests of what reads
+    /// the stream.
+    #[cfg(test)]
+    pub(crate) fn push(&self, kind: &'static str, requestor: Option<&str>, data: &str) {
+        let mut inner = self.inner();
+        self.publish(
+            &mut inner,
+            kind,
+            requestor.map(str::to_owned),
+            data.to_owned(),
+        );
+    }
+
     /// Publishes what a step stored (`changes`), as `pool` now has it.
     pub fn stored(&self, pool: &Pool, changes: &Changes) {
         if changes.requests.is_empty() && changes.nodes.is_empty() {
@@ -424,5 +437,34 @@ mod tests {
             })
         );
         assert!(latest.changed(0, state(None)).is_some(), "another provider");
+    }
+
+    /// A reconnect resumes after an id still in the history, the newest
+    /// included; one older than the history, of another generation, or
+    /// not yet sent gets a reset.
+    #[test]
+    fn a_resume_takes_what_follows_an_id_of_this_history_and_resets_otherwise() {
+        let events = Events::new();
+        for _ in 0..HISTORY + 10 {
+            events.push("node", None, "{}");
+        }
+        let id = |seq: u64| format!("{}-{seq}", events.generation);
+        let after = |last: &str| match events.subscribe(Some(last)).0 {
+            Resume::From(missed) => Some(missed.iter().map(|e| e.seq).collect::<Vec<_>>()),
+            Resume::Reset => None,
+        };
+        let newest = (HISTORY + 10) as u64;
+        assert_eq!(after(&id(newest)), Some(vec![]));
+        assert_eq!(after(&id(newest - 2)), Some(vec![newest - 1, newest]));
+        // The oldest kept is 11: after 10 every kept one follows.
+        assert_eq!(after(&id(10)).map(|v| v.len()), Some(HISTORY));
+        assert_eq!(after(&id(9)), None, "older than the history");
+        assert_eq!(after(&id(newest + 1)), None, "not sent yet");
+        assert_eq!(
+            after(&format!("0badc0de-{newest}")),
+            None,
+            "another generation"
+        );
+        assert_eq!(after("garbage"), None);
     }
 }
