@@ -1419,25 +1419,32 @@ async fn ec2_api_calls_per_node_lifecycle() {
          DescribeInstances {describe}, CreateTags {tags}, over {n} nodes)",
         total as f64 / n as f64
     );
-    // One launch per node. A launch is sent again, with its ClientToken,
-    // only after an answer that was not a success (moto, loaded, may answer
-    // 500): a launch answered with its instance is never sent twice.
+    // One launch per node. moto, loaded, may answer a launch with a 500:
+    // the driver reports that as a transient error, and the node's next try
+    // sends a new ClientToken (berth's create token counts its tries). So
+    // every token answered with an instance is one node's, and a token sent
+    // again after a success never is.
     let mut answers: BTreeMap<String, Vec<u16>> = BTreeMap::new();
     for s in proxy.seen().iter().filter(|s| s.action == "RunInstances") {
         let token = s.param("ClientToken").expect("a ClientToken").to_owned();
         answers.entry(token).or_default().push(s.status);
     }
-    assert_eq!(answers.len() as u64, n, "one launch per node: {calls:?}");
+    let success = |a: &u16| (200..300).contains(a);
+    let launched = answers.values().filter(|a| a.iter().any(success)).count();
+    assert_eq!(launched as u64, n, "one launch per node: {answers:?}");
+    let failed: Vec<_> = (answers.iter())
+        .filter(|(_, a)| !a.iter().any(success))
+        .collect();
+    if !failed.is_empty() {
+        println!("launches that failed, each node tried again: {failed:?}");
+    }
     let again: Vec<_> = (answers.iter()).filter(|(_, a)| a.len() > 1).collect();
     assert!(
         again
             .iter()
-            .all(|(_, a)| a[..a.len() - 1].iter().all(|s| *s >= 400)),
+            .all(|(_, a)| a[..a.len() - 1].iter().all(|s| !success(s))),
         "a launch sent again after a success: {again:?}"
     );
-    if !again.is_empty() {
-        println!("launches sent again after an error, with their answers: {again:?}");
-    }
     // Deletes due together go in batches (`delete-many`): one
     // TerminateInstances each, and one DescribeInstances to check them.
     assert!(terminate < n / 4, "deletes in batches: {calls:?}");
