@@ -37,6 +37,7 @@ mod static_hosts;
 mod store_trust;
 mod support;
 mod templates;
+mod tls;
 mod token_servers;
 mod tokens;
 

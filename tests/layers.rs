@@ -64,7 +64,8 @@ fn the_check_sees_the_stacks_where_they_are() {
 }
 
 /// HTTP client crates the service must not pull in: it reaches other berth
-/// processes through hyper, which it serves with anyway, and takes the
+/// processes through hyper, which it serves with anyway (with hyper-rustls's
+/// connector for TLS), and takes the
 /// API's bodies from `berth-types`, not from the client crate.
 const CLIENTS: &[&str] = &["reqwest", "berth-client"];
 

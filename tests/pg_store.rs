@@ -703,6 +703,10 @@ async fn listening_on_every_address_without_advertise_ends_the_start() {
     let dir = tempfile::tempdir().unwrap();
     let (url, store) = database(dir.path(), None);
     let cfg = config(&sim, dir.path(), &store);
+    // Plain HTTP allowed on every address, as behind a proxy that ends TLS.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text = text.replace("[api]\n", "[api]\nallow-plain-http = true\n");
+    std::fs::write(&cfg, text).unwrap();
     let exited = Berth::spawn(Launch::new(
         &["--config", &cfg, "--listen", "0.0.0.0:0"],
         dir.path(),

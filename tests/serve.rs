@@ -1520,7 +1520,7 @@ async fn serve_notifies_readiness_its_watchdog_and_its_stop_on_the_notify_socket
     let addr = server.base.strip_prefix("http://").unwrap().to_owned();
     hear(&|s| {
         s.iter()
-            .any(|l| *l == format!("STATUS=listening on {addr}"))
+            .any(|l| *l == format!("STATUS=listening on http://{addr}"))
     })
     .await;
     // Every 100 ms: three within a second or so.

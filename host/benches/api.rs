@@ -392,8 +392,8 @@ async fn main() {
         async move {
             let _ = stop_rx.await;
         },
-        move |addr, _| {
-            let _ = addr_tx.send(addr);
+        move |listening, _| {
+            let _ = addr_tx.send(listening.addr);
         },
     ));
     let addr = addr_rx.await.expect("listening").to_string();

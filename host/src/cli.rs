@@ -24,6 +24,10 @@ pub struct ClientOptions {
     /// The API token, sent as a bearer token.
     #[arg(long, env = "BERTH_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// CA certificates (PEM) to trust for an https:// server, besides the
+    /// system's: a server whose certificate a private CA signed.
+    #[arg(long, env = "BERTH_CA", value_name = "FILE")]
+    pub ca: Option<std::path::PathBuf>,
     /// Print the API's JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -213,7 +217,10 @@ fn exit_code(e: &Error) -> Option<u8> {
 }
 
 fn client(o: &ClientOptions) -> Result<Client, Error> {
-    Client::new(&o.server, o.token.clone())
+    match &o.ca {
+        Some(ca) => Client::with_ca(&o.server, o.token.clone(), ca),
+        None => Client::new(&o.server, o.token.clone()),
+    }
 }
 
 async fn execute(cmd: ClientCommand, out: &mut (dyn Write + Send)) -> anyhow::Result<ExitCode> {
@@ -762,6 +769,7 @@ mod tests {
         ClientOptions {
             server: server.to_owned(),
             token,
+            ca: None,
             json: false,
         }
     }
@@ -991,6 +999,20 @@ mod tests {
             e.to_string().contains("is not an http:// or https:// URL"),
             "{e}"
         );
+        assert_eq!(exit_code(&e), None);
+    }
+
+    #[test]
+    fn a_ca_file_that_holds_no_certificate_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("absent.pem");
+        let e = Client::with_ca("https://berth.example", None, &missing).unwrap_err();
+        assert!(e.to_string().starts_with("the CA file "), "{e}");
+        assert!(e.to_string().contains("cannot read it"), "{e}");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let e = Client::with_ca("https://berth.example", None, &empty).unwrap_err();
+        assert!(e.to_string().contains("no certificate"), "{e}");
         assert_eq!(exit_code(&e), None);
     }
 }

@@ -119,6 +119,10 @@ enum ConfigCommand {
             requires = "against"
         )]
         token: Option<String>,
+        /// CA certificates (PEM) to trust for an https:// --against,
+        /// besides the system's.
+        #[arg(long, env = "BERTH_CA", value_name = "FILE", requires = "against")]
+        ca: Option<PathBuf>,
     },
     /// Ask a running `berth serve` to read its config file again, as
     /// SIGHUP does, and apply what changed; if anything in it is wrong or
@@ -416,10 +420,14 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             file,
             against: Some(url),
             token,
+            ca,
         }) => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            let client = berth::client::Client::new(&url, token)?;
+            let client = match &ca {
+                Some(ca) => berth::client::Client::with_ca(&url, token, ca)?,
+                None => berth::client::Client::new(&url, token)?,
+            };
             let check = client.check_config(text).await?;
             for d in &check.differences {
                 let restart = if d.live {
@@ -467,6 +475,10 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                         println!("{}:{at} warning: {}: {}", file.display(), w.path, w.message);
                     }
                     let mut problems = berth::config::check_files(&config);
+                    // Files that can be read: what they hold, as serve reads it.
+                    if problems.is_empty() {
+                        problems.extend(berth::serve::tls_problem(&config.api));
+                    }
                     berth::config::locate(&text, &mut problems);
                     if problems.is_empty() {
                         let warned = match warnings.len() {
@@ -541,15 +553,18 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                 cache_dir: args.cache_dir,
                 adopt_instances: args.adopt_instances,
             };
-            berth::serve::serve(options, stop, |addr, config| {
-                println!("berth listening on http://{addr}");
+            berth::serve::serve(options, stop, |listening, config| {
+                let (addr, url) = (listening.addr, listening.url());
+                println!("berth listening on {url}");
                 let labels: Vec<&str> = config.labels.iter().map(|l| l.name.as_str()).collect();
                 println!("labels: {}", labels.join(", "));
                 // The CLI's default server; elsewhere the hint names it.
-                let server = if addr == std::net::SocketAddr::from(([127, 0, 0, 1], 8080)) {
+                let server = if addr == std::net::SocketAddr::from(([127, 0, 0, 1], 8080))
+                    && !listening.tls
+                {
                     String::new()
                 } else {
-                    format!(" --server http://{addr}")
+                    format!(" --server {url}")
                 };
                 println!(
                     "try:    berth nodes{server}    |    berth request {}{server} --wait",

@@ -32,7 +32,7 @@ const TAIL_LINES: usize = 60;
 /// A running `berth serve`, killed if still running when dropped.
 pub struct Berth {
     child: Child,
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` with TLS).
     pub base: String,
     /// Where the child's stderr (its log) goes.
     pub log: PathBuf,
@@ -305,15 +305,15 @@ impl Starting {
         let mut lines = BufReader::new(stdout).lines();
         let addr = tokio::time::timeout(Duration::from_secs(120), async {
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(a) = line.strip_prefix("berth listening on http://") {
-                    return Some(a.to_owned());
+                if let Some(url) = line.strip_prefix("berth listening on ") {
+                    return Some(url.to_owned());
                 }
             }
             None
         })
         .await;
-        let addr = match addr {
-            Ok(Some(addr)) => addr,
+        let url = match addr {
+            Ok(Some(url)) => url,
             Ok(None) => {
                 // Give the exit status a moment to be there.
                 let _ = tokio::time::timeout(Duration::from_secs(5), self.berth.child.wait()).await;
@@ -329,7 +329,7 @@ impl Starting {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        self.berth.base = format!("http://{addr}");
+        self.berth.base = url;
         self.berth
     }
 

@@ -10,6 +10,7 @@ use url::Url;
 use crate::MAX_WAIT;
 use crate::types::{self, Node, Request};
 use berth_core::pool::Idle;
+use berth_core::text::causes;
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -74,6 +75,34 @@ impl Client {
     /// sending `token` as a bearer token. HTTPS servers are checked against
     /// the system's trusted roots.
     pub fn new(server: &str, token: Option<String>) -> Result<Client, Error> {
+        Self::build(server, token, Vec::new())
+    }
+
+    /// As [`Client::new`], trusting as well the CA certificates (PEM) in
+    /// `ca_file`: a server whose certificate a private CA signed.
+    pub fn with_ca(
+        server: &str,
+        token: Option<String>,
+        ca_file: &std::path::Path,
+    ) -> Result<Client, Error> {
+        let shown = ca_file.display();
+        let pem = std::fs::read(ca_file)
+            .map_err(|e| Error::Setup(format!("the CA file {shown}: cannot read it: {e}")))?;
+        let roots = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| Error::Setup(format!("the CA file {shown}: {}", causes(&e))))?;
+        if roots.is_empty() {
+            return Err(Error::Setup(format!(
+                "the CA file {shown}: no certificate (a PEM `BEGIN CERTIFICATE` block) in it"
+            )));
+        }
+        Self::build(server, token, roots)
+    }
+
+    fn build(
+        server: &str,
+        token: Option<String>,
+        roots: Vec<reqwest::Certificate>,
+    ) -> Result<Client, Error> {
         let base = Url::parse(server)
             .map_err(|e| Error::Setup(format!("the server `{server}` is not a URL: {e}")))?;
         if !matches!(base.scheme(), "http" | "https") || base.host_str().is_none() {
@@ -94,6 +123,7 @@ impl Client {
         let http = reqwest::Client::builder()
             .user_agent(concat!("berth/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(CONNECT_TIMEOUT)
+            .tls_certs_merge(roots)
             .build()
             .map_err(|e| Error::Setup(format!("starting the HTTP client: {}", causes(&e))))?;
         let port = base.port().map(|p| format!(":{p}")).unwrap_or_default();
@@ -324,20 +354,6 @@ impl Client {
             detail: e.to_string(),
         })
     }
-}
-
-/// An error and its sources, as one line.
-fn causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(e);
-    while let Some(e) = next {
-        let text = e.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        next = e.source();
-    }
-    parts.join(": ")
 }
 
 /// The server's error body, or what there is of one.

@@ -1,17 +1,19 @@
 //! `[api]`: where the service listens and is reached, its timeouts and
 //! connection cap, its tokens, and the pool's lease TTL.
 
+use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use berth_core::config::Config;
 use toml::Table;
 
-use crate::settings::{ApiSettings, Role, Token};
+use crate::settings::{ApiSettings, Role, TlsFiles, Token};
 use crate::walker::{Section, Walker, join};
 
 impl Walker<'_> {
     /// `[api]`, and the pool's lease TTL that it holds.
-    pub(crate) fn api(&mut self, t: &Table) -> (ApiSettings, Duration) {
+    pub(crate) fn api(&mut self, t: &Table, base: &Path) -> (ApiSettings, Duration) {
         let mut s = Section::new("api".into(), t);
         let d = ApiSettings::default();
         let listen = match self.string(&mut s, "listen") {
@@ -28,8 +30,39 @@ impl Walker<'_> {
             },
         };
         let advertise = self.string(&mut s, "advertise");
+        let cert = self.string(&mut s, "tls-cert").map(|p| base.join(p));
+        let key = self.string(&mut s, "tls-key").map(|p| base.join(p));
+        let peer_ca = self.string(&mut s, "tls-peer-ca").map(|p| base.join(p));
+        let tls = match (cert, key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key, peer_ca }),
+            (None, None) => {
+                if peer_ca.is_some() {
+                    self.problem(
+                        "api.tls-peer-ca",
+                        "only with api.tls-cert and api.tls-key: the other processes are reached \
+                         over TLS only when this one serves it",
+                    );
+                }
+                None
+            }
+            (Some(_), None) => {
+                self.problem(
+                    "api.tls-key",
+                    "missing: api.tls-cert needs the key beside it",
+                );
+                None
+            }
+            (None, Some(_)) => {
+                self.problem(
+                    "api.tls-cert",
+                    "missing: api.tls-key needs the certificate beside it",
+                );
+                None
+            }
+        };
+        let allow_plain_http = self.bool(&mut s, "allow-plain-http").unwrap_or(false);
         if let Some(text) = &advertise {
-            self.advertise_url(text);
+            self.advertise_url(text, tls.is_some());
         }
         let lease_ttl = self
             .duration(&mut s, "lease-ttl")
@@ -69,15 +102,6 @@ impl Walker<'_> {
                 );
             }
         }
-        if tokens.is_empty() && !listen.ip().is_loopback() {
-            self.problem(
-                "api.listen",
-                format!(
-                    "{listen} is not a loopback address and no api.tokens are configured: anyone \
-                     who reaches it could take and delete nodes; add tokens or listen on 127.0.0.1"
-                ),
-            );
-        }
         let api = ApiSettings {
             listen,
             tokens,
@@ -85,25 +109,36 @@ impl Walker<'_> {
             body_timeout,
             max_connections: max_connections.max(1),
             advertise,
+            tls,
+            allow_plain_http,
         };
+        if let Some(problem) = listen_problem(&api, listen) {
+            self.problem("api.listen", problem);
+        }
         (api, lease_ttl)
     }
 
-    /// Checks `api.advertise`: an http url of a host and port, nothing else.
-    fn advertise_url(&mut self, text: &str) {
+    /// Checks `api.advertise`: an http url of a host and port (https with
+    /// TLS), nothing else.
+    fn advertise_url(&mut self, text: &str, tls: bool) {
+        let scheme = if tls { "https" } else { "http" };
         let problem = match url::Url::parse(text) {
             Err(e) => Some(format!(
-                "`{text}` is not a url such as http://10.0.0.5:8080: {e}"
+                "`{text}` is not a url such as {scheme}://10.0.0.5:8080: {e}"
             )),
-            Ok(u) if u.scheme() != "http" => Some(format!(
-                "`{text}`: berth's API is plain http (put TLS in front of it), so this starts \
-                 with http://"
+            Ok(u) if u.scheme() != scheme && tls => Some(format!(
+                "`{text}`: this API serves TLS (api.tls-cert), so the other processes reach it \
+                 at an https:// url"
+            )),
+            Ok(u) if u.scheme() != scheme => Some(format!(
+                "`{text}`: this API serves plain http (no api.tls-cert), so this starts with \
+                 http://"
             )),
             Ok(u) if u.host_str().is_none_or(str::is_empty) => {
                 Some(format!("`{text}` names no host"))
             }
             Ok(u) if u.path() != "/" || u.query().is_some() || !u.username().is_empty() => {
-                Some(format!("`{text}`: give only http://HOST:PORT"))
+                Some(format!("`{text}`: give only {scheme}://HOST:PORT"))
             }
             Ok(_) => None,
         };
@@ -138,4 +173,29 @@ impl Walker<'_> {
         }
         Some(Token { name, role, secret })
     }
+}
+
+/// Why the API may not listen on `listen` with these settings, if it may
+/// not: an address beyond this host needs tokens (or anyone who reaches it
+/// could take and delete nodes), and TLS, or those tokens cross the network
+/// in the clear, unless `allow-plain-http` says TLS ends in front of berth.
+/// Checked for `api.listen` and again for `berth serve --listen`.
+pub fn listen_problem(api: &ApiSettings, listen: SocketAddr) -> Option<String> {
+    if crate::canonical_ip(listen.ip()).is_loopback() {
+        return None;
+    }
+    if api.tokens.is_empty() {
+        return Some(format!(
+            "{listen} is not a loopback address and no api.tokens are configured: anyone who \
+             reaches it could take and delete nodes; add tokens or listen on 127.0.0.1"
+        ));
+    }
+    if api.tls.is_none() && !api.allow_plain_http {
+        return Some(format!(
+            "{listen} is not a loopback address and the API has no TLS: its tokens would cross \
+             the network in the clear; set api.tls-cert and api.tls-key, or, where TLS ends in \
+             front of berth (a proxy on this host), set api.allow-plain-http = true"
+        ));
+    }
+    None
 }

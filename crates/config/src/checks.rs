@@ -76,7 +76,12 @@ pub fn check_files(config: &Settings) -> Vec<Problem> {
             .into_iter()
             .chain(pg.ca_file.iter().map(|f| ("store.ca-file", f)))
     });
-    for (path, file) in store_files {
+    let tls_files = config.api.tls.iter().flat_map(|t| {
+        [("api.tls-cert", &t.cert), ("api.tls-key", &t.key)]
+            .into_iter()
+            .chain(t.peer_ca.iter().map(|f| ("api.tls-peer-ca", f)))
+    });
+    for (path, file) in store_files.chain(tls_files) {
         if let Err(e) = std::fs::File::open(file) {
             problems.push(Problem {
                 path: path.into(),

@@ -30,6 +30,7 @@ mod store;
 mod tests;
 mod walker;
 
+pub use api::listen_problem;
 pub use berth_core::config::{
     Check, Config, Label, LabelIx, LabelKind, Offer, Provider, ProviderIx, ProviderLimits,
     Readiness, Timings,
@@ -52,5 +53,5 @@ pub use sandbox::{
 };
 pub use settings::{
     ApiSettings, DriverSettings, Password, Postgres, Role, Settings, StoreSettings, StoreSync,
-    Token,
+    TlsFiles, Token,
 };

@@ -104,7 +104,7 @@ impl Walker<'_> {
         let providers_table = self.table(&mut s, "providers");
         let labels_table = self.table(&mut s, "labels");
         let (api, lease_ttl) = match self.table(&mut s, "api") {
-            Some(t) => self.api(t),
+            Some(t) => self.api(t, base),
             None => (ApiSettings::default(), Config::DEFAULT_LEASE_TTL),
         };
         let store = match self.table(&mut s, "store") {

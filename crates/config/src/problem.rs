@@ -34,6 +34,18 @@ impl Location {
 
 /// `line:column: path: message`, the shape editors and terminals jump from
 /// when a file name is put in front.
+impl Problem {
+    /// A problem of the key at `path` that has no place in the text: what
+    /// a file it names holds, say.
+    pub fn at(path: impl Into<String>, message: impl Into<String>) -> Problem {
+        Problem {
+            path: path.into(),
+            message: message.into(),
+            location: None,
+        }
+    }
+}
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(Location { line, column }) = self.location {

@@ -67,6 +67,25 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
     let (x, y) = (&running.api, &new.api);
     d.field("api.listen", &x.listen, &y.listen, false);
     d.field("api.advertise", &x.advertise, &y.advertise, false);
+    // The files' contents are read again whenever they change, with no
+    // reload; which files, and whether there is TLS at all, is the
+    // listener's.
+    let (t, u) = (x.tls.as_ref(), y.tls.as_ref());
+    d.field(
+        "api.tls-cert",
+        &t.map(|t| &t.cert),
+        &u.map(|u| &u.cert),
+        false,
+    );
+    d.field("api.tls-key", &t.map(|t| &t.key), &u.map(|u| &u.key), false);
+    let peer_ca = |t: Option<&crate::TlsFiles>| t.and_then(|t| t.peer_ca.clone());
+    d.field("api.tls-peer-ca", &peer_ca(t), &peer_ca(u), false);
+    d.field(
+        "api.allow-plain-http",
+        &x.allow_plain_http,
+        &y.allow_plain_http,
+        false,
+    );
     d.field(
         "api.max-connections",
         &x.max_connections,
@@ -503,6 +522,12 @@ impl Shown for std::path::PathBuf {
 impl Shown for Readiness {
     fn shown(&self) -> String {
         format!("{self:?}")
+    }
+}
+
+impl<T: Shown + ?Sized> Shown for &T {
+    fn shown(&self) -> String {
+        (**self).shown()
     }
 }
 

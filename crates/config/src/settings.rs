@@ -140,9 +140,28 @@ pub struct ApiSettings {
     /// for a new one (`max-connections`).
     pub max_connections: usize,
     /// The url at which the other berth processes sharing this pool reach
-    /// this one's API (`advertise`); `http://` and the listening address
-    /// when not given.
+    /// this one's API (`advertise`); `http://` (`https://` with TLS) and
+    /// the listening address when not given.
     pub advertise: Option<String>,
+    /// TLS on the API (`tls-cert`, `tls-key`); `None` serves plain HTTP.
+    pub tls: Option<TlsFiles>,
+    /// Plain HTTP allowed on an address that is not a loopback one
+    /// (`allow-plain-http`): TLS ends in front of berth.
+    pub allow_plain_http: bool,
+}
+
+/// The API's certificate and key (PEM), read at start and again whenever
+/// either file changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, the server's own certificate first
+    /// (`tls-cert`).
+    pub cert: PathBuf,
+    /// Its private key: PKCS#8, PKCS#1 or SEC1 (`tls-key`).
+    pub key: PathBuf,
+    /// Roots that the other berth processes' certificates chain to, for the
+    /// calls relayed to them, besides the system's (`tls-peer-ca`).
+    pub peer_ca: Option<PathBuf>,
 }
 
 impl ApiSettings {
@@ -163,6 +182,8 @@ impl Default for ApiSettings {
             body_timeout: Self::DEFAULT_BODY_TIMEOUT,
             max_connections: Self::DEFAULT_MAX_CONNECTIONS,
             advertise: None,
+            tls: None,
+            allow_plain_http: false,
         }
     }
 }

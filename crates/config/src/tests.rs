@@ -480,6 +480,7 @@ pool-id = "p"
 [api]
 listen = "0.0.0.0:9000"
 lease-ttl = "90s"
+allow-plain-http = true
 [api.tokens.ci]
 role = "client"
 token = "${CI_TOKEN}"
@@ -507,10 +508,73 @@ token = "admin-0123456789abcdef"
 }
 
 #[test]
+fn api_tls() {
+    let text = r#"
+pool-id = "p"
+[api]
+listen = "[::]:8443"
+tls-cert = "tls/berth.crt"
+tls-key = "/etc/berth/berth.key"
+tls-peer-ca = "ca.pem"
+advertise = "https://10.0.0.5:8443"
+[api.tokens.ops]
+role = "admin"
+token = "admin-0123456789abcdef"
+"#;
+    let c = parse(text, Path::new("/etc/berth"), &env).expect("valid");
+    let tls = c.api.tls.expect("TLS");
+    assert_eq!(tls.cert, Path::new("/etc/berth/tls/berth.crt"));
+    assert_eq!(tls.key, Path::new("/etc/berth/berth.key"));
+    assert_eq!(tls.peer_ca.as_deref(), Some(Path::new("/etc/berth/ca.pem")));
+    assert!(!c.api.allow_plain_http);
+    // The same listen address without TLS needs it allowed.
+    let plain = text
+        .replace("tls-cert = \"tls/berth.crt\"\n", "")
+        .replace("tls-key = \"/etc/berth/berth.key\"\n", "")
+        .replace("tls-peer-ca = \"ca.pem\"\n", "")
+        .replace("https://", "http://");
+    let e = parse(&plain, Path::new("/etc/berth"), &env).unwrap_err();
+    assert_eq!(e.problems.len(), 1, "{e}");
+    assert_eq!(e.problems[0].path, "api.listen");
+    assert!(
+        e.problems[0].message.contains("api.allow-plain-http"),
+        "{e}"
+    );
+    let allowed = plain.replace("[api]\n", "[api]\nallow-plain-http = true\n");
+    parse(&allowed, Path::new("/etc/berth"), &env).expect("plain HTTP allowed");
+}
+
+#[test]
 fn api_problems() {
     check(
         "pool-id = \"p\"\n[api]\nlisten = \"0.0.0.0:80\"",
         &[("api.listen", "no api.tokens are configured")],
+    );
+    check(
+        "pool-id = \"p\"\n[api]\nlisten = \"0.0.0.0:80\"\n\
+         [api.tokens.a]\nrole = \"admin\"\ntoken = \"0123456789abcdefg\"",
+        &[(
+            "api.listen",
+            "no TLS: its tokens would cross the network in the clear",
+        )],
+    );
+    check(
+        "pool-id = \"p\"\n[api]\ntls-cert = \"c.pem\"\nadvertise = \"http://10.0.0.5:80\"",
+        // No TLS after all: the advertised url is plain http, as it must.
+        &[("api.tls-key", "missing: api.tls-cert needs the key")],
+    );
+    check(
+        "pool-id = \"p\"\n[api]\ntls-cert = \"c.pem\"\ntls-key = \"k.pem\"\n\
+         advertise = \"http://10.0.0.5:80\"",
+        &[("api.advertise", "at an https:// url")],
+    );
+    check(
+        "pool-id = \"p\"\n[api]\ntls-key = \"k.pem\"\ntls-peer-ca = \"ca.pem\"",
+        &[("api.tls-cert", "missing: api.tls-key needs the certificate")],
+    );
+    check(
+        "pool-id = \"p\"\n[api]\ntls-peer-ca = \"ca.pem\"",
+        &[("api.tls-peer-ca", "only with api.tls-cert and api.tls-key")],
     );
     check(
         "pool-id = \"p\"\n[api]\nlisten = \"localhost\"\nlease-ttl = \"0s\"\nport = 1",

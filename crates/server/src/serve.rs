@@ -14,6 +14,7 @@
 mod http;
 mod sys;
 mod systemd;
+mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -144,8 +145,24 @@ impl EmbeddedSim {
     }
 }
 
+/// Where the API listens, as `ready` hears it.
+#[derive(Clone, Copy, Debug)]
+pub struct Listening {
+    pub addr: SocketAddr,
+    /// Whether it serves TLS (`api.tls-cert`).
+    pub tls: bool,
+}
+
+impl Listening {
+    /// `http://ADDR` or `https://ADDR`.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+}
+
 /// Runs the service until `shutdown` completes, then stops it gracefully.
-/// `ready` hears the address it listens on once it does.
+/// `ready` hears where it listens once it does.
 ///
 /// `shutdown` is watched from the first moment, starting included: a stop
 /// asked for while drivers load ends the start and returns `Ok`. Create it
@@ -159,7 +176,7 @@ impl EmbeddedSim {
 pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
-    ready: impl FnOnce(SocketAddr, &Config),
+    ready: impl FnOnce(Listening, &Config),
 ) -> anyhow::Result<()> {
     let mut shutdown = std::pin::pin!(shutdown);
     // Registered before anything starts: SIGHUP's default action would
@@ -175,15 +192,19 @@ pub async fn serve(
         api,
         telemetry,
         listener,
+        certificates,
         sim,
     }) = started
     else {
         tracing::info!("stopped while starting; nothing had been started yet");
         return Ok(());
     };
-    let addr = listener.local_addr()?;
-    ready(addr, &service.handle.config());
-    systemd::ready(addr);
+    let listening = Listening {
+        addr: listener.local_addr()?,
+        tls: certificates.is_some(),
+    };
+    ready(listening, &service.handle.config());
+    systemd::ready(&listening.url());
     let watchdog = systemd::watchdog(service.handle.clone());
     let limits = {
         let config = api.settings();
@@ -212,10 +233,19 @@ pub async fn serve(
     ));
     let providers = service.handle.providers().clone();
     providers.watch_files();
+    let tls = match &certificates {
+        Some(c) => {
+            tracing::info!(sha256 = %c.fingerprint(), "the API serves TLS");
+            Some(tokio_rustls::TlsAcceptor::from(c.server_config()?))
+        }
+        None => None,
+    };
+    let watching = certificates.map(|c| tokio::spawn(c.watch()));
     let (close, closed) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(
         listener,
         api.router(),
+        tls,
         limits,
         telemetry,
         async move {
@@ -236,8 +266,8 @@ pub async fn serve(
         .stop_within(options.stop_grace.unwrap_or(runtime::DEFAULT_STOP_GRACE))
         .await;
     reloads.abort();
-    if let Some(watchdog) = watchdog {
-        watchdog.abort();
+    for task in [watchdog, watching].into_iter().flatten() {
+        task.abort();
     }
     providers.stop_watching();
     let _ = close.send(());
@@ -256,6 +286,8 @@ struct Started {
     api: Api,
     telemetry: Arc<Telemetry>,
     listener: tokio::net::TcpListener,
+    /// The API's TLS certificate, when it serves TLS.
+    certificates: Option<Arc<tls::Certificates>>,
     sim: Option<EmbeddedSim>,
 }
 
@@ -299,12 +331,10 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
         tracing::warn!(at = %w.path, "{}", w.message);
     }
     let listen = options.listen.unwrap_or(settings.api.listen);
-    if settings.api.tokens.is_empty() && !listen.ip().is_loopback() {
-        anyhow::bail!(
-            "{listen} is not a loopback address and no api.tokens are configured: anyone who \
-             reaches it could take and delete nodes; add tokens or listen on 127.0.0.1"
-        );
+    if let Some(problem) = config::listen_problem(&settings.api, listen) {
+        anyhow::bail!("{problem}");
     }
+    let certificates = load_tls(&settings.api).map_err(|e| anyhow::anyhow!("{e}"))?;
     // Listening first, so that the drivers are started knowing the API's
     // address, which none of them may reach.
     let listener = http::listen(listen).with_context(|| format!("listening on {listen}"))?;
@@ -312,7 +342,14 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
     // Where the other processes sharing the pool relay calls to this one.
     let advertise = match &settings.api.advertise {
         Some(url) => Some(url.clone()),
-        None if !bound.ip().is_unspecified() => Some(format!("http://{bound}")),
+        None if !bound.ip().is_unspecified() => Some(format!(
+            "{}://{bound}",
+            if certificates.is_some() {
+                "https"
+            } else {
+                "http"
+            }
+        )),
         None if settings.store.postgres.is_some() => anyhow::bail!(
             "listening on {bound}, which other berth processes cannot reach as such: set \
              api.advertise to the url they reach this one at"
@@ -343,8 +380,26 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
         api,
         telemetry,
         listener,
+        certificates,
         sim,
     })
+}
+
+/// The API's certificate, with TLS on, once it and the fleet's CA
+/// (`api.tls-peer-ca`) are read and checked; an error names the file.
+fn load_tls(api: &config::ApiSettings) -> Result<Option<Arc<tls::Certificates>>, config::Problem> {
+    let Some(files) = &api.tls else {
+        return Ok(None);
+    };
+    let certificates = tls::Certificates::load(files)?;
+    crate::api::relay_roots(api)?;
+    Ok(Some(Arc::new(certificates)))
+}
+
+/// What is wrong with the API's TLS files (`api.tls-cert`, `tls-key`,
+/// `tls-peer-ca`) as `berth serve` would read them, each naming its file.
+pub fn tls_problem(api: &config::ApiSettings) -> Option<config::Problem> {
+    load_tls(api).err()
 }
 
 #[cfg(feature = "embedded-sim")]

@@ -135,6 +135,7 @@ pub(super) async fn relay(State(api): State<Api>, request: Request, next: Next) 
     match answered {
         Ok(answer) => passed_back(answer),
         Err(e) => {
+            let e = berth_core::text::causes(&e);
             tracing::warn!(%holder, %address, error = %e, "could not relay a call to the pool's holder");
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -191,6 +192,7 @@ pub(super) async fn offer(
     let answer = match tokio::time::timeout(PATIENCE, sent).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(e)) => {
+            let e = berth_core::text::causes(&e);
             tracing::warn!(%holder, %address, error = %e, request = %id, "could not offer a new request to the pool's holder: accepted here, into the store's inbox");
             return None;
         }

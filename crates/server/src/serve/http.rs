@@ -246,11 +246,12 @@ fn raw_fd(_: &tokio::net::TcpStream) -> RawFd {
     -1
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then stops as
-/// the module says.
+/// Serves `router` on `listener` (over TLS with `tls`) until `shutdown`
+/// completes, then stops as the module says.
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     limits: Limits,
     telemetry: Arc<Telemetry>,
     shutdown: impl Future<Output = ()>,
@@ -344,8 +345,66 @@ pub async fn serve(
             (id, conn)
         };
         let _ = stream.set_nodelay(true);
+        let connection = Connection {
+            id,
+            conn,
+            router: router.clone(),
+            conns: conns.clone(),
+            telemetry: telemetry.clone(),
+            header_timeout: limits.header_timeout,
+            watcher: graceful.watcher(),
+        };
+        match &tls {
+            None => {
+                tokio::spawn(connection.serve(stream, permit));
+            }
+            Some(tls) => {
+                tokio::spawn(connection.serve_tls(stream, tls.clone(), permit));
+            }
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(STOP_WAIT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "answers still in progress {}s after the stop were cut",
+            STOP_WAIT.as_secs()
+        );
+    }
+}
+
+/// One accepted connection, to be served on its own task.
+struct Connection {
+    id: u64,
+    conn: Arc<Conn>,
+    router: axum::Router,
+    conns: Arc<Mutex<Conns>>,
+    telemetry: Arc<Telemetry>,
+    header_timeout: Duration,
+    watcher: hyper_util::server::graceful::Watcher,
+}
+
+impl Connection {
+    /// Serves requests on `io` until the client closes, a timeout, an
+    /// eviction or the stop; `permit` (its place under the cap) is given
+    /// back once the socket is closed.
+    async fn serve<I>(self, io: I, permit: tokio::sync::OwnedSemaphorePermit)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Connection {
+            id,
+            conn,
+            router,
+            conns,
+            telemetry,
+            header_timeout,
+            watcher,
+        } = self;
         let service = {
-            let (router, conn) = (router.clone(), conn.clone());
+            let conn = conn.clone();
             hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let busy = Busy::new(&conn);
                 let router = router.clone();
@@ -358,57 +417,73 @@ pub async fn serve(
         };
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout)
-            .serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
-        let (conns, telemetry) = (conns.clone(), telemetry.clone());
-        tokio::spawn(async move {
-            let mut connection = Box::pin(connection);
-            loop {
-                tokio::select! {
-                    served = &mut connection => {
-                        if let Err(e) = served
-                            && e.is_timeout()
-                        {
-                            telemetry.http_connection_closed("header_timeout");
-                        }
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(io), service);
+        let mut connection = Box::pin(watcher.watch(connection));
+        loop {
+            tokio::select! {
+                served = &mut connection => {
+                    if let Err(e) = served
+                        && e.is_timeout()
+                    {
+                        telemetry.http_connection_closed("header_timeout");
+                    }
+                    break;
+                }
+                () = conn.evict.notified() => {
+                    // Looked at again at the last moment: a request that
+                    // came since the accept loop chose this connection
+                    // is answered, not reset.
+                    if conn.busy.load(Ordering::SeqCst) == 0 && !unread_data(conn.fd) {
+                        telemetry.http_connection_closed("evicted");
                         break;
                     }
-                    () = conn.evict.notified() => {
-                        // Looked at again at the last moment: a request that
-                        // came since the accept loop chose this connection
-                        // is answered, not reset.
-                        if conn.busy.load(Ordering::SeqCst) == 0 && !unread_data(conn.fd) {
-                            telemetry.http_connection_closed("evicted");
-                            break;
-                        }
-                        conns
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .open
-                            .insert(id, conn.clone());
-                    }
+                    conns
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .open
+                        .insert(id, conn.clone());
                 }
             }
-            {
-                let mut table = conns.lock().unwrap_or_else(|e| e.into_inner());
-                table.open.remove(&id);
-                telemetry.http_connections_open(table.open.len());
-            }
-            // Out of the table first: its fd number is not looked at after
-            // the socket is closed.
-            drop(connection);
-            drop(permit);
-        });
+        }
+        Self::forget(&conns, &telemetry, id);
+        // Out of the table first: its fd number is not looked at after
+        // the socket is closed.
+        drop(connection);
+        drop(permit);
     }
-    drop(listener);
-    if tokio::time::timeout(STOP_WAIT, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "answers still in progress {}s after the stop were cut",
-            STOP_WAIT.as_secs()
-        );
+
+    /// Serves requests over TLS on `stream` once its handshake is done.
+    /// The handshake has the time a request's head has, and a connection
+    /// closed to make room during it is closed at once.
+    async fn serve_tls(
+        self,
+        stream: tokio::net::TcpStream,
+        tls: tokio_rustls::TlsAcceptor,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let handshake = tokio::time::timeout(self.header_timeout, tls.accept(stream));
+        let reason = tokio::select! {
+            done = handshake => match done {
+                Ok(Ok(stream)) => return self.serve(stream, permit).await,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "a TLS handshake failed");
+                    "tls_handshake"
+                }
+                Err(_) => "tls_handshake_timeout",
+            },
+            () = self.conn.evict.notified() => "evicted",
+        };
+        // The socket is closed (with the handshake) before it leaves the
+        // table, and its place under the cap is given back last.
+        self.telemetry.http_connection_closed(reason);
+        Self::forget(&self.conns, &self.telemetry, self.id);
+        drop(permit);
+    }
+
+    fn forget(conns: &Mutex<Conns>, telemetry: &Telemetry, id: u64) {
+        let mut table = conns.lock().unwrap_or_else(|e| e.into_inner());
+        table.open.remove(&id);
+        telemetry.http_connections_open(table.open.len());
     }
 }

@@ -5,13 +5,11 @@
 //! ends stops the pings, and systemd restarts berth). Nothing is sent
 //! without `NOTIFY_SOCKET`.
 
-use std::net::SocketAddr;
-
 use crate::runtime::Handle;
 
-/// The API listens at `addr`: berth is ready.
-pub(super) fn ready(addr: SocketAddr) {
-    let status = format!("listening on {addr}");
+/// The API listens at `url`: berth is ready.
+pub(super) fn ready(url: &str) {
+    let status = format!("listening on {url}");
     send(&[
         sd_notify::NotifyState::Ready,
         sd_notify::NotifyState::Status(&status),
