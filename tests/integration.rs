@@ -22,6 +22,7 @@ mod layers;
 mod live_config;
 mod openapi;
 mod openstack;
+mod package;
 mod paths;
 mod pg_store;
 mod pinning;
