@@ -41,6 +41,7 @@ mod templates;
 mod tls;
 mod token_servers;
 mod tokens;
+mod ui;
 
 use std::ffi::OsStr;
 use std::time::Duration;

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::config::{
-    CI, OPS, OTHER, SLOTS, code, database, edit_config, on_postgres, serve_config,
+    CI, OPS, OTHER, SLOTS, code, database, edit_config, on_postgres, quota_of_two, serve_config,
     serve_config_for, serve_config_on, serve_config_with, set_lease_ttl,
 };
 use crate::support::disk::{Tmpfs, skip};
@@ -1387,19 +1387,8 @@ async fn booting_nodes_are_polled_by_get_not_by_lists() {
 /// --wait` print it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_stalled_on_the_clouds_quota_says_why_it_waits() {
-    let sim = SimServer::start_with(berth::sim::Knobs {
-        quota: Some(2),
-        ..berth::sim::Knobs::default()
-    })
-    .await;
     let dir = tempfile::tempdir().unwrap();
-    let config = serve_config(&sim, dir.path());
-    // Long enough that the request waits for it through the test.
-    edit_config(
-        &config,
-        "sync-interval = \"1s\"",
-        "sync-interval = \"1s\"\nquota-pause = \"1h\"",
-    );
+    let (_sim, config) = quota_of_two(dir.path()).await;
     let cfg = config.display().to_string();
     let server = Berth::start(&["--config", &cfg], dir.path()).await;
     server.until_label_ready(60, "small", 2, "two ready").await;

@@ -3,6 +3,9 @@
 
 // Paths relative to this file, so that the benchmarks, which include it by
 // path, find them too.
+// Headless Chromium through chromedriver (tests/ui.rs).
+#[path = "support/browser.rs"]
+pub mod browser;
 // A pool on a fake cloud killed during creates and deletes.
 #[path = "support/clouds.rs"]
 pub mod clouds;

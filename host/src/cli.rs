@@ -733,6 +733,10 @@ fn render_labels(labels: Vec<types::Label>) -> String {
             ("NODES", |l| {
                 list(l.nodes.iter().map(|(s, n)| format!("{s}={n}")), " ")
             }),
+            ("TO READY p50/p95", |l| match &l.time_to_ready {
+                Some(t) => format!("{:.1}s/{:.1}s", t.p50_s, t.p95_s),
+                None => "-".into(),
+            }),
         ],
     )
 }

@@ -570,6 +570,7 @@ async fn run(command: Command) -> anyhow::Result<bool> {
                     "try:    berth nodes{server}    |    berth request {}{server} --wait",
                     labels.first().copied().unwrap_or("LABEL")
                 );
+                println!("page:   {url}/ui");
             })
             .await?;
             Ok(true)

@@ -19,6 +19,24 @@ pub fn serve_config(sim: &SimServer, dir: &Path) -> std::path::PathBuf {
     serve_config_on(sim, dir, &plugin("sim"))
 }
 
+/// A sim cloud whose quota is two instances, and a [`serve_config`] for it
+/// in `dir` whose quota pause lasts an hour: a request for more than two
+/// waits for the quota through any test.
+pub async fn quota_of_two(dir: &Path) -> (SimServer, std::path::PathBuf) {
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        quota: Some(2),
+        ..berth::sim::Knobs::default()
+    })
+    .await;
+    let config = serve_config(&sim, dir);
+    edit_config(
+        &config,
+        "sync-interval = \"1s\"",
+        "sync-interval = \"1s\"\nquota-pause = \"1h\"",
+    );
+    (sim, config)
+}
+
 /// [`serve_config`] with the provider on `driver`, a driver of the sim
 /// cloud's API.
 pub fn serve_config_on(sim: &SimServer, dir: &Path, driver: &Path) -> std::path::PathBuf {

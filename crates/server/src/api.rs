@@ -23,6 +23,7 @@ mod requests;
 mod responses;
 mod router;
 mod state;
+mod ui;
 mod views;
 
 pub use crate::telemetry::Telemetry;

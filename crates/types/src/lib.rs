@@ -267,6 +267,21 @@ pub struct Label {
     /// stops. Absent while false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub removed: bool,
+    /// How long its nodes took from their launch to ready: of its last 256
+    /// nodes this berth process saw become ready. Absent until one has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_to_ready: Option<TimeToReady>,
+}
+
+/// How long a label's nodes took from their launch to ready.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct TimeToReady {
+    /// The median, in seconds.
+    pub p50_s: f64,
+    /// The 95th percentile (nearest rank), in seconds.
+    pub p95_s: f64,
+    /// Of how many nodes.
+    pub nodes: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]

@@ -34,7 +34,15 @@ use berth_types::{self as types, ErrorCode};
 )]
 pub(super) async fn labels(State(api): State<Api>, headers: HeaderMap) -> Result<Response> {
     api.caller(&headers)?;
-    let list = api.handle().inspect(views::labels).await?;
+    let mut list = api.handle().inspect(views::labels).await?;
+    let times = api.handle().events().time_to_ready();
+    for label in &mut list {
+        label.time_to_ready = times.get(&label.name).map(|q| types::TimeToReady {
+            p50_s: q.p50.as_secs_f64(),
+            p95_s: q.p95.as_secs_f64(),
+            nodes: q.nodes,
+        });
+    }
     Ok(json(StatusCode::OK, list))
 }
 

@@ -110,6 +110,11 @@ impl Api {
         }
     }
 
+    /// Whether any API token is configured (else every caller is an admin).
+    pub(super) fn tokens_configured(&self) -> bool {
+        !(self.inner.tokens.read().unwrap_or_else(|e| e.into_inner())).is_empty()
+    }
+
     pub(super) fn caller(&self, headers: &HeaderMap) -> Result<Caller> {
         let tokens = self
             .inner

@@ -430,6 +430,7 @@ pub(super) fn labels(pool: &Pool) -> Vec<types::Label> {
                 backing_label,
                 offers,
                 removed: l.retired,
+                time_to_ready: None,
             }
         })
         .collect()

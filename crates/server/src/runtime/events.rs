@@ -19,7 +19,9 @@ use serde::Serialize;
 use tokio::sync::broadcast;
 
 use berth_config::ProviderIx;
-use berth_core::pool::{Changes, ListHealth, Pool, RequestState, Time};
+use std::time::Duration;
+
+use berth_core::pool::{Changes, ListHealth, NodeId, NodeState, Pool, RequestState, Time};
 use berth_types::rfc3339;
 
 use super::providers::{DriverStanding, Providers};
@@ -179,6 +181,52 @@ struct Inner {
     providers: Latest<ProviderState>,
     /// Each provider's driver as last published.
     drivers: Latest<DriverStanding>,
+    ready: ReadyTimes,
+}
+
+/// How many of each label's nodes [`ReadyTimes`] keeps.
+pub const READY_SAMPLES: usize = 256;
+
+/// For each label, how long its last [`READY_SAMPLES`] nodes took from
+/// their launch to ready, as this process stored them ready.
+#[derive(Default)]
+struct ReadyTimes(std::collections::HashMap<String, VecDeque<(NodeId, Duration)>>);
+
+impl ReadyTimes {
+    fn note(&mut self, label: &str, node: NodeId, took: Duration) {
+        let kept = self.0.entry(label.to_owned()).or_default();
+        // A node stored ready again (held, say) counts once.
+        if kept.iter().any(|(id, _)| *id == node) {
+            return;
+        }
+        if kept.len() == READY_SAMPLES {
+            kept.pop_front();
+        }
+        kept.push_back((node, took));
+    }
+}
+
+/// How long a label's nodes took to be ready: the median, the 95th
+/// percentile (nearest rank), and of how many nodes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quantiles {
+    pub p50: Duration,
+    pub p95: Duration,
+    pub nodes: usize,
+}
+
+impl Quantiles {
+    fn of(times: impl Iterator<Item = Duration>) -> Option<Quantiles> {
+        let mut sorted: Vec<Duration> = times.collect();
+        sorted.sort_unstable();
+        let rank =
+            |q: f64| sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
+        (!sorted.is_empty()).then(|| Quantiles {
+            p50: rank(0.5),
+            p95: rank(0.95),
+            nodes: sorted.len(),
+        })
+    }
 }
 
 /// Where a client resumes.
@@ -205,6 +253,7 @@ impl Events {
                 history: VecDeque::new(),
                 providers: Latest(Vec::new()),
                 drivers: Latest(Vec::new()),
+                ready: ReadyTimes::default(),
             }),
             tx: broadcast::channel(LAG).0,
             closed: tokio::sync::watch::Sender::new(false),
@@ -292,12 +341,13 @@ impl Events {
         }
         for n in &changes.nodes {
             let requestor = pool.requestor_of(n.id);
+            let label = (config.labels.get(usize::from(n.label.0))).map_or("", |l| &l.name);
+            if let NodeState::Ready { since } = n.state {
+                inner.ready.note(label, n.id, since.since(n.created));
+            }
             let data = NodeEvent {
                 id: n.id.to_string(),
-                label: config
-                    .labels
-                    .get(usize::from(n.label.0))
-                    .map_or("", |l| &l.name),
+                label,
                 provider: (config.providers.get(usize::from(n.provider.0))).map_or("", |p| &p.name),
                 state: n.state.name(),
                 idle: n.idle.into(),
@@ -307,6 +357,18 @@ impl Events {
             let data = serde_json::to_string(&data).unwrap_or_default();
             self.publish(&mut inner, "node", requestor.map(str::to_owned), data);
         }
+    }
+
+    /// How long each label's nodes took from their launch to ready, of
+    /// the last [`READY_SAMPLES`] this process stored ready; a label none
+    /// of whose nodes it saw become ready is absent.
+    pub fn time_to_ready(&self) -> std::collections::BTreeMap<String, Quantiles> {
+        let inner = self.inner();
+        (inner.ready.0.iter())
+            .filter_map(|(label, kept)| {
+                Quantiles::of(kept.iter().map(|(_, took)| *took)).map(|q| (label.clone(), q))
+            })
+            .collect()
     }
 
     /// Publishes each provider whose state changed since it was last
@@ -398,6 +460,34 @@ impl Events {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_to_ready_is_a_nearest_rank_of_each_nodes_first_time_ready() {
+        let mut t = ReadyTimes::default();
+        let s = Duration::from_secs;
+        for i in 1..=20u64 {
+            t.note("small", NodeId(i), s(i));
+        }
+        // Stored ready again (held, say): not counted twice.
+        t.note("small", NodeId(20), s(500));
+        let q = Quantiles::of(t.0["small"].iter().map(|(_, d)| *d)).unwrap();
+        assert_eq!(
+            q,
+            Quantiles {
+                p50: s(10),
+                p95: s(19),
+                nodes: 20
+            }
+        );
+        assert_eq!(Quantiles::of([s(7)].into_iter()).unwrap().p95, s(7));
+        assert_eq!(Quantiles::of(std::iter::empty()), None);
+        // Only the last READY_SAMPLES are kept.
+        for i in 100..(100 + READY_SAMPLES as u64) {
+            t.note("small", NodeId(i), s(1000));
+        }
+        let q = Quantiles::of(t.0["small"].iter().map(|(_, d)| *d)).unwrap();
+        assert_eq!((q.p50, q.nodes), (s(1000), READY_SAMPLES));
+    }
 
     /// A provider's state is published only when it changes, and reads as
     /// the API documents it: times as RFC 3339, a capacity pause for every
