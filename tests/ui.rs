@@ -340,3 +340,90 @@ async fn the_page_says_a_request_waits_for_quota_and_finds_berth_again_after_a_r
     b.close().await;
     berth.terminate().await.assert_success();
 }
+
+/// With no tokens (the embedded default, on a loopback address) the page is
+/// open, as the API is, with an admin's actions; and a page of another
+/// origin still cannot make berth change anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_the_page_is_open_and_other_origins_still_change_nothing() {
+    let Some(b) = Browser::start("open").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let berth = Berth::start(&["--listen", "127.0.0.1:0"], dir.path()).await;
+    b.client.goto(&format!("{}/ui", berth.base)).await.unwrap();
+    b.until(
+        30,
+        "the board",
+        "return !document.getElementById('board').hidden",
+    )
+    .await;
+    assert_eq!(
+        b.eval("return document.getElementById('who').textContent")
+            .await,
+        "open (no tokens configured)"
+    );
+    assert_eq!(
+        b.eval("return document.getElementById('signin').hidden && document.getElementById('logout').hidden")
+            .await,
+        true
+    );
+    let node = b
+        .until(60, "a ready node", "const r = document.querySelector('#nodes tr[data-state=ready]'); return r && r.dataset.node")
+        .await;
+    let node = node.as_str().unwrap().to_owned();
+    let shown = b
+        .eval(&format!(
+            "return document.querySelector('#nodes tr[data-node=\"{node}\"] button[data-action=hold]').offsetParent !== null"
+        ))
+        .await;
+    assert_eq!(shown, true, "an admin's actions");
+    let errors = b.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    b.screenshot("open").await;
+    b.close().await;
+
+    let put = |extra: &str| {
+        let body = r#"{"idle": "hold"}"#;
+        format!(
+            "PUT /v1/nodes/{node}/idle HTTP/1.1\r\nHost: {}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n{extra}\
+             Connection: close\r\n\r\n{body}",
+            berth.base.trim_start_matches("http://"),
+            body.len()
+        )
+    };
+    for from in [
+        "Origin: http://elsewhere.example\r\n",
+        "Sec-Fetch-Site: cross-site\r\n",
+    ] {
+        let (status, said) = http_raw(&berth.base, put(from).as_bytes()).await.unwrap();
+        assert_eq!(status, 403, "{from}: {said}");
+    }
+    let (_, n) = berth
+        .call("GET", &format!("/v1/nodes/{node}"), None, None)
+        .await;
+    assert_eq!(n["idle"], "run", "unchanged: {n}");
+    // From its own origin, or from no browser, the same call is taken.
+    let own = format!("Origin: {}\r\n", berth.base);
+    let (status, said) = http_raw(&berth.base, put(&own).as_bytes()).await.unwrap();
+    assert_eq!(status, 200, "{said}");
+    // A page of a name that resolves to this host (DNS rebinding) is its
+    // own origin to the browser, and is refused even what it reads; the
+    // same name from no browser is answered.
+    let port = berth.base.rsplit(':').next().unwrap().to_owned();
+    let get = |extra: &str| {
+        format!(
+            "GET /v1/nodes HTTP/1.1\r\nHost: rebound.example:{port}\r\n{extra}\
+             Connection: close\r\n\r\n"
+        )
+    };
+    let (status, said) = http_raw(&berth.base, get("Sec-Fetch-Mode: cors\r\n").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(status, 403, "{said}");
+    assert!(said.contains("loopback address"), "{said}");
+    let (status, said) = http_raw(&berth.base, get("").as_bytes()).await.unwrap();
+    assert_eq!(status, 200, "{said}");
+    berth.terminate().await.assert_success();
+}

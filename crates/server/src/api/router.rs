@@ -28,7 +28,10 @@ impl Api {
             ))
             // Outside the relay: a call the page signed in with its cookie
             // is relayed with the cookie's token as its bearer token.
-            .layer(axum::middleware::from_fn(ui::cookie_auth))
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                ui::cookie_auth,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 bounded_body,

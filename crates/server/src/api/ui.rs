@@ -210,11 +210,40 @@ fn cross_origin(headers: &HeaderMap) -> bool {
     origin_host != Some(host)
 }
 
+/// Whether a browser sent this call: browsers send `Origin` or
+/// `Sec-Fetch-Mode` with what a page asks for; other clients neither.
+fn from_browser(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::ORIGIN) || headers.contains_key("sec-fetch-mode")
+}
+
+/// Whether the `Host` a call names is this host's loopback: an address of
+/// 127.0.0.0/8 or `::1`, or `localhost`, with any port.
+fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| berth_config::canonical_ip(ip).is_loopback())
+}
+
 /// The middleware: a call from a page of another origin that changes
-/// something is refused; a call signed in by the page's cookie (and no
+/// something is refused; without tokens, a browser's call is answered only
+/// at a loopback name (a page of a name that resolves to 127.0.0.1 is
+/// another site, whatever the browser takes for its origin: DNS
+/// rebinding); a call signed in by the page's cookie (and no
 /// `Authorization` of its own) goes on with the cookie's token as its
 /// bearer token, once its CSRF header matches if it changes something.
-pub(super) async fn cookie_auth(mut request: Request, next: Next) -> Response {
+pub(super) async fn cookie_auth(
+    State(api): State<Api>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let changes = !matches!(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
@@ -222,6 +251,12 @@ pub(super) async fn cookie_auth(mut request: Request, next: Next) -> Response {
     let headers = request.headers();
     if changes && cross_origin(headers) {
         return forbidden("a call from a page of another origin may not change anything");
+    }
+    if !api.tokens_configured() && from_browser(headers) && !loopback_host(headers) {
+        return forbidden(
+            "berth has no api.tokens, so it answers a browser only at a loopback address \
+             (127.0.0.1, [::1] or localhost); configure tokens to reach it by another name",
+        );
     }
     if headers.contains_key(header::AUTHORIZATION) {
         return next.run(request).await;
@@ -275,6 +310,28 @@ mod tests {
         assert_eq!(from_cookie(&headers(&[("cookie", "berth_token=")])), None);
         assert_ne!(csrf(token), csrf("another token"));
         assert!(!csrf(token).contains(&hex::encode(token)));
+    }
+
+    #[test]
+    fn a_loopback_host_is_an_address_of_it_or_localhost() {
+        for host in [
+            "127.0.0.1:8080",
+            "127.1.2.3",
+            "[::1]:80",
+            "localhost:8080",
+            "LOCALHOST",
+        ] {
+            assert!(loopback_host(&headers(&[("host", host)])), "{host}");
+        }
+        for host in [
+            "evil.example:8080",
+            "10.0.0.5:80",
+            "[::2]:80",
+            "localhost.evil.example",
+        ] {
+            assert!(!loopback_host(&headers(&[("host", host)])), "{host}");
+        }
+        assert!(!loopback_host(&HeaderMap::new()));
     }
 
     #[test]
