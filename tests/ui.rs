@@ -220,7 +220,6 @@ async fn the_page_follows_the_pool_live_and_lets_only_an_admin_act() {
     );
     let said = b.eval(&post(", 'x-berth-csrf': state.session.csrf")).await;
     assert!(said.as_str().unwrap().starts_with("201 "), "{said}");
-    b.close().await;
 
     // A browser's call from a page of another origin that changes
     // something is refused, whatever its token; the same call from no
@@ -244,6 +243,19 @@ async fn the_page_follows_the_pool_live_and_lets_only_an_admin_act() {
     assert!(said.contains("another origin"), "{said}");
     let (status, said) = http_raw(&berth.base, put("").as_bytes()).await.unwrap();
     assert_eq!(status, 200, "{said}");
+
+    // That node is nobody's (no request has it): the client's stream says
+    // nothing of it, and its page reads it again all the same. An admin
+    // deletes it, and it leaves the client's page too.
+    let path = format!("/v1/nodes/{ready}");
+    assert_eq!(berth.call("DELETE", &path, Some(OPS), None).await.0, 200);
+    b.until(
+        15,
+        "the node leaving the client's page",
+        &format!("return !({})", has_row(&ready)),
+    )
+    .await;
+    b.close().await;
 
     // The page's budget: every file it loads, 150 KB at most.
     let mut total = 0;

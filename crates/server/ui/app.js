@@ -458,6 +458,14 @@ document.addEventListener("DOMContentLoaded", () => {
     await api("POST", "/ui/logout").catch(() => {});
     signIn();
   });
-  setInterval(() => { if (state.session) refreshPending(); }, 5000);
+  setInterval(() => {
+    if (!state.session) return;
+    refreshPending();
+    // A client's stream carries its own requests and nodes only, while the
+    // API shows it every node: the rest is read again every few seconds.
+    if (state.session.role !== "admin") {
+      loadLabels().then(loadNodes).catch(() => {});
+    }
+  }, 5000);
   start();
 });
