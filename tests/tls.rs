@@ -297,19 +297,32 @@ async fn refused(args: &[&str], dir: &Path, why: &str) {
 /// Two processes on one PostgreSQL store, each with its own certificate of
 /// the private CA and `tls-peer-ca` naming it: the one standing by relays
 /// the calls made to it to the holder over TLS, and offers it new requests
-/// the same way.
+/// the same way; and with two providers, one held by each, the pool's
+/// holder sends the other's driver calls to it over TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_relays_over_tls_to_the_holder_its_peer_ca_signed() {
     let ca = Ca::new("berth fleet CA");
-    let sim = SimServer::start().await;
+    let (sim, sim2) = (SimServer::start().await, SimServer::start().await);
     let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (_, store) = database(one.path(), None);
     // A lease far longer than the test: the first holds the pool throughout.
     let store = store.replace("pool-lease-ttl = \"1s\"", "pool-lease-ttl = \"60s\"");
     std::fs::copy(one.path().join("pgpass"), two.path().join("pgpass")).unwrap();
+    // A node of `small` on each provider: one instance each, two kept ready.
+    let driver = plugin("sim");
+    let driver = driver.file_name().unwrap().to_str().unwrap();
+    let extra = format!(
+        "[providers.sim.limits]\nmax-instances = 1\n\
+         [providers.sim2]\ndriver = {driver:?}\nallow-hosts = [\"{}\"]\n\
+         config = {{ endpoint = \"{}\" }}\n[providers.sim2.limits]\nmax-instances = 1\n\
+         [labels.small.providers.sim2]\ninstance-type = \"small\"\nimage = \"img\"\n\
+         vcpus = 1\nram = \"1GiB\"\nprice = 0.1\n{store}",
+        sim2.addr(),
+        sim2.url()
+    );
     let mut servers = Vec::new();
     for (dir, name) in [(&one, "one"), (&two, "two")] {
-        let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 1", &store);
+        let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 2", &extra);
         let (cert, key, _) = ca.server(name);
         replace(&dir.path().join("berth.crt"), &cert);
         replace(&dir.path().join("berth.key"), &key);
@@ -328,10 +341,10 @@ async fn a_fleet_relays_over_tls_to_the_holder_its_peer_ca_signed() {
         )
         .unwrap();
         if servers.is_empty() {
-            until(60, "the first holds the pool, a node ready", || async {
+            until(60, "the first holds the pool, two nodes ready", || async {
                 let labels = client.labels().await.ok()?;
                 let small = labels.iter().find(|l| l.name == "small")?;
-                (small.ready == 1).then_some(())
+                (small.ready == 2).then_some(())
             })
             .await;
         }
@@ -367,4 +380,50 @@ async fn a_fleet_relays_over_tls_to_the_holder_its_peer_ca_signed() {
     let log = second.0.log_text();
     assert!(!log.contains("into the store's inbox"), "{log}");
     assert!(!log.contains("UnknownIssuer"), "{log}");
+
+    // Each process comes to hold one provider; the nodes handed out are
+    // replaced on both, the second's through a driver call the pool's
+    // holder sends it over TLS.
+    let holders = until(60, "each process holding a provider", || async {
+        let providers = first.1.providers().await.ok()?;
+        let held: Vec<String> = (providers.iter())
+            .map(|p| p.holder.clone().unwrap_or_default())
+            .collect();
+        (held
+            .iter()
+            .any(|h| h.starts_with(&format!("{} ", first.0.base)))
+            && held
+                .iter()
+                .any(|h| h.starts_with(&format!("{} ", second.0.base))))
+        .then_some(held)
+    })
+    .await;
+    let taken = berth::client::types::NewRequest {
+        labels: [("small".to_owned(), 2)].into(),
+        ..Default::default()
+    };
+    let r = first.1.create_request(&taken).await.unwrap();
+    let r = (first.1)
+        .request(&r.id, Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(r.state, "fulfilled", "{r:?}");
+    for n in &r.nodes {
+        first.1.release(&n.id).await.unwrap();
+    }
+    until(60, "a new node ready on each provider", || async {
+        let nodes = first.1.nodes(&Default::default()).await.ok()?;
+        let ready_on = |p: &str| {
+            (nodes.iter()).any(|n| {
+                n.provider == p && n.state == "ready" && !r.nodes.iter().any(|t| t.id == n.id)
+            })
+        };
+        (ready_on("sim") && ready_on("sim2")).then_some(())
+    })
+    .await;
+    let log = first.0.log_text();
+    assert!(
+        !log.contains("could not connect to https://"),
+        "{holders:?}\n{log}"
+    );
 }

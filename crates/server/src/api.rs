@@ -32,4 +32,4 @@ pub use berth_types as types;
 pub use berth_types::MAX_WAIT;
 pub use edge::MAX_BODY;
 pub use error::ApiError;
-pub use state::{Api, relay_roots};
+pub use state::Api;

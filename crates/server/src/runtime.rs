@@ -40,6 +40,7 @@ mod handle;
 mod mode;
 mod notices;
 mod observer;
+pub mod peers;
 pub mod probe;
 mod providers;
 mod service;

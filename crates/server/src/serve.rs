@@ -392,7 +392,7 @@ fn load_tls(api: &config::ApiSettings) -> Result<Option<Arc<tls::Certificates>>,
         return Ok(None);
     };
     let certificates = tls::Certificates::load(files)?;
-    crate::api::relay_roots(api)?;
+    crate::runtime::peers::roots(api)?;
     Ok(Some(Arc::new(certificates)))
 }
 

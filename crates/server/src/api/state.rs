@@ -131,76 +131,16 @@ impl Api {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The HTTP client that relays calls; one per API, keeping connections to
-/// the holder open. It speaks TLS to an `https://` holder, trusting the
-/// system's roots and `api.tls-peer-ca`.
+/// the holder open ([`crate::runtime::peers`]: TLS to an `https://` holder).
 pub(super) struct Relay {
     pub(super) client: Client<HttpsConnector<HttpConnector>, Body>,
 }
 
 impl Relay {
     pub(super) fn new(settings: &berth_config::ApiSettings) -> Relay {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_nodelay(true);
-        connector.enforce_http(false);
-        let roots = relay_roots(settings).unwrap_or_else(|problem| {
-            tracing::error!(%problem, "calls relayed to the pool's holder trust the system's roots only");
-            native_roots()
-        });
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
+        let connector = crate::runtime::peers::connector(settings, CONNECT_TIMEOUT);
         Relay {
             client: Client::builder(TokioExecutor::new()).build(connector),
         }
     }
-}
-
-/// The roots a call relayed to another process of the fleet trusts: with
-/// TLS on this API (a fleet serves TLS on every process), the system's and
-/// `api.tls-peer-ca`'s; without, none. An error names the file.
-pub fn relay_roots(
-    settings: &berth_config::ApiSettings,
-) -> std::result::Result<rustls::RootCertStore, berth_config::Problem> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let Some(tls) = &settings.tls else {
-        return Ok(rustls::RootCertStore::empty());
-    };
-    let mut roots = native_roots();
-    let Some(file) = &tls.peer_ca else {
-        return Ok(roots);
-    };
-    let shown = file.display();
-    let problem = |message| berth_config::Problem::at("api.tls-peer-ca", message);
-    let certs = CertificateDer::pem_file_iter(file)
-        .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|e| problem(format!("{shown}: cannot read its certificates: {e}")))?;
-    if certs.is_empty() {
-        return Err(problem(format!(
-            "{shown}: no certificate (a PEM `BEGIN CERTIFICATE` block) in it"
-        )));
-    }
-    for cert in certs {
-        roots
-            .add(cert)
-            .map_err(|e| problem(format!("{shown}: a certificate rustls cannot use: {e}")))?;
-    }
-    Ok(roots)
-}
-
-/// The system's trusted roots, those that can be read.
-fn native_roots() -> rustls::RootCertStore {
-    let mut roots = rustls::RootCertStore::empty();
-    let found = rustls_native_certs::load_native_certs();
-    roots.add_parsable_certificates(found.certs);
-    roots
 }

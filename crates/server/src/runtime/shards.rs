@@ -111,7 +111,7 @@ pub struct Shards {
     /// until the holder looks.
     requests_sent: Notify,
     secret: String,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// The digest of the config this process runs, recorded at each beat.
     config: Mutex<String>,
     /// The processes last said to run another config than this one's.
@@ -218,12 +218,14 @@ impl Shards {
     /// [`Shards::gate`].
     /// `deadlines`: each provider's `call-deadline`, the longest its calls
     /// run, which a provider being given up waits for. `config`: the
-    /// digest of the config this process runs.
+    /// digest of the config this process runs. `api`: how the other
+    /// processes are reached ([`super::peers`]).
     pub async fn start(
         mut pg: PgShards,
         deadlines: Vec<Duration>,
         observer: Arc<dyn Observer>,
         config: String,
+        api: &berth_config::ApiSettings,
     ) -> Result<(Arc<Shards>, Beating), berth_store::StoreError> {
         let secret = pg.peer_secret().await?;
         pg.set_config(config.clone());
@@ -238,9 +240,6 @@ impl Shards {
                 })
             })
             .collect();
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_nodelay(true);
         let shards = Arc::new(Shards {
             me: me.holder,
             ttl: me.ttl,
@@ -252,7 +251,8 @@ impl Shards {
             pool_given_up: Notify::new(),
             requests_sent: Notify::new(),
             secret,
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client: Client::builder(TokioExecutor::new())
+                .build(super::peers::connector(api, CONNECT_TIMEOUT)),
             config: Mutex::new(config),
             differing: Mutex::new(Vec::new()),
         });
@@ -887,10 +887,11 @@ impl Routed {
         });
         let answer = async {
             let response = self.shards.client.request(request).await.map_err(|e| {
+                let said = berth_core::text::causes(&e);
                 if e.is_connect() {
-                    Sent::Refused(format!("could not connect to {address}: {e}"))
+                    Sent::Refused(format!("could not connect to {address}: {said}"))
                 } else {
-                    Sent::Lost(format!("no answer from {address}: {e}"))
+                    Sent::Lost(format!("no answer from {address}: {said}"))
                 }
             })?;
             let status = response.status();

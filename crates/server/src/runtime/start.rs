@@ -87,9 +87,10 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
                 .map(|d| d.sandbox.call_deadline)
                 .collect();
             let digest = berth_config::fleet_digest(&settings);
-            let (shards, beating) = Shards::start(pg, deadlines, observer.clone(), digest)
-                .await
-                .context("taking part in the providers' leases")?;
+            let (shards, beating) =
+                Shards::start(pg, deadlines, observer.clone(), digest, &settings.api)
+                    .await
+                    .context("taking part in the providers' leases")?;
             Backend::Shared(Shared {
                 standby,
                 shards,

@@ -1,0 +1,78 @@
+//! How a berth process reaches the other processes of its fleet: the API
+//! calls a process standing by relays to the pool's holder
+//! (`api/forward.rs`), and the driver calls the holder sends to a
+//! provider's holder ([`super::shards`]). Both go to the url each process
+//! advertises, `http://` or, with TLS on the fleet, `https://`, trusting
+//! the system's roots and `api.tls-peer-ca`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+
+use berth_config::{ApiSettings, Problem};
+
+/// A connector to the other processes, giving up connecting after
+/// `connect_timeout`. A CA file that cannot be used (which `berth serve`
+/// refuses at start, [`roots`]) leaves the system's roots, and is logged.
+pub fn connector(api: &ApiSettings, connect_timeout: Duration) -> HttpsConnector<HttpConnector> {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let roots = roots(api).unwrap_or_else(|problem| {
+        tracing::error!(%problem, "calls to the other berth processes trust the system's roots only");
+        native_roots()
+    });
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http)
+}
+
+/// The roots a call to another process of the fleet trusts: with TLS on
+/// this API (a fleet serves TLS on every process), the system's and
+/// `api.tls-peer-ca`'s; without, none. An error names the file.
+pub fn roots(api: &ApiSettings) -> Result<rustls::RootCertStore, Problem> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let Some(tls) = &api.tls else {
+        return Ok(rustls::RootCertStore::empty());
+    };
+    let mut roots = native_roots();
+    let Some(file) = &tls.peer_ca else {
+        return Ok(roots);
+    };
+    let shown = file.display();
+    let problem = |message| Problem::at("api.tls-peer-ca", message);
+    let certs = CertificateDer::pem_file_iter(file)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| problem(format!("{shown}: cannot read its certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(problem(format!(
+            "{shown}: no certificate (a PEM `BEGIN CERTIFICATE` block) in it"
+        )));
+    }
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| problem(format!("{shown}: a certificate rustls cannot use: {e}")))?;
+    }
+    Ok(roots)
+}
+
+/// The system's trusted roots, those that can be read.
+fn native_roots() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(found.certs);
+    roots
+}
