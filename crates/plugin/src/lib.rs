@@ -54,6 +54,7 @@ pub use bindings::Contract;
 pub use cache::LoadSource;
 pub use gate::Gate;
 pub use inspect::{Import, Inspection, Provision, Rejection, inspect};
+pub use mtls::ca_roots;
 pub use provider::{
     CallError, CallErrorKind, CallStats, Deletion, DriverInstance, Sandbox, SandboxConfig, Trap,
 };

@@ -82,7 +82,7 @@ pub(crate) fn config(
 
 /// The certificates of a PEM CA file, as roots to trust; an error names
 /// what is wrong (to be prefixed with the file).
-pub(crate) fn ca_roots(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
+pub fn ca_roots(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(pem) {
         roots

@@ -3,7 +3,7 @@
 //! configured, which the config allows only on a loopback address, every
 //! caller is an admin named `anonymous`.
 
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use super::error::ApiError;
 pub use crate::runtime::Caller;
@@ -13,28 +13,32 @@ use berth_types::ErrorCode;
 /// The caller a request's `Authorization: Bearer …` header names.
 pub(super) fn authenticate(tokens: &[Token], headers: &HeaderMap) -> Result<Caller, ApiError> {
     if tokens.is_empty() {
-        return Ok(Caller::Admin {
-            name: "anonymous".into(),
-        });
+        return Ok(anonymous());
     }
-    let unauthorized = |message: &str| {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::Unauthorized,
-            message.to_owned(),
-        )
-    };
     let value = headers
         .get(header::AUTHORIZATION)
         .ok_or_else(|| unauthorized("send `Authorization: Bearer <token>`"))?;
-    let presented = value
-        .to_str()
-        .ok()
-        .and_then(|v| {
-            let (scheme, rest) = v.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-        })
+    let presented = bearer_value(value)
         .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+    caller_of(tokens, presented)
+}
+
+/// The token of a request's `Authorization: Bearer …` header, if it has
+/// one.
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION).and_then(bearer_value)
+}
+
+fn bearer_value(value: &HeaderValue) -> Option<&str> {
+    let (scheme, rest) = value.to_str().ok()?.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+/// The caller `presented`, a token's secret, names.
+pub(super) fn caller_of(tokens: &[Token], presented: &str) -> Result<Caller, ApiError> {
+    if tokens.is_empty() {
+        return Ok(anonymous());
+    }
     // Every token is compared, each in constant time, so the answer's
     // timing says nothing about which one came close.
     let mut found = None;
@@ -49,6 +53,16 @@ pub(super) fn authenticate(tokens: &[Token], headers: &HeaderMap) -> Result<Call
         Role::Client => Caller::Client { name },
         Role::Admin => Caller::Admin { name },
     })
+}
+
+fn anonymous() -> Caller {
+    Caller::Admin {
+        name: "anonymous".into(),
+    }
+}
+
+fn unauthorized(message: &str) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message)
 }
 
 /// Compares two secrets in time that depends only on their lengths

@@ -112,17 +112,20 @@ impl Api {
 
     /// Whether any API token is configured (else every caller is an admin).
     pub(super) fn tokens_configured(&self) -> bool {
-        !(self.inner.tokens.read().unwrap_or_else(|e| e.into_inner())).is_empty()
+        !self.tokens().is_empty()
     }
 
     pub(super) fn caller(&self, headers: &HeaderMap) -> Result<Caller> {
-        let tokens = self
-            .inner
-            .tokens
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        auth::authenticate(&tokens, headers)
+        auth::authenticate(&self.tokens(), headers)
+    }
+
+    /// The caller a token's secret names (the page's sign-in).
+    pub(super) fn caller_of(&self, token: &str) -> Result<Caller> {
+        auth::caller_of(&self.tokens(), token)
+    }
+
+    fn tokens(&self) -> Arc<Vec<berth_config::Token>> {
+        (self.inner.tokens.read().unwrap_or_else(|e| e.into_inner())).clone()
     }
 }
 

@@ -26,6 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 
+use super::auth;
 use super::error::{ApiError, Result};
 use super::state::Api;
 use berth_types::ErrorCode;
@@ -100,8 +101,8 @@ async fn session(State(api): State<Api>, headers: HeaderMap) -> Response {
         Ok(caller) => serde_json::json!({
             "signed_in": true,
             "name": caller.name(),
-            "role": if caller.is_admin() { "admin" } else { "client" },
-            "csrf": bearer(&headers).map(csrf).unwrap_or_default(),
+            "role": caller.role(),
+            "csrf": auth::bearer(&headers).map(csrf).unwrap_or_default(),
             "open": open,
         }),
         Err(_) => serde_json::json!({"signed_in": false, "open": open}),
@@ -118,16 +119,7 @@ struct Login {
 /// Checks the token and keeps it in the page's cookie.
 async fn login(State(api): State<Api>, body: Bytes) -> Result<Response> {
     let Login { token } = super::edge::body(&body)?;
-    let mut headers = HeaderMap::new();
-    let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::Unauthorized,
-            "the token is not valid",
-        )
-    })?;
-    headers.insert(header::AUTHORIZATION, value);
-    let caller = api.caller(&headers)?;
+    let caller = api.caller_of(&token)?;
     let secure = if api.settings().tls.is_some() {
         "; Secure"
     } else {
@@ -139,7 +131,7 @@ async fn login(State(api): State<Api>, body: Bytes) -> Result<Response> {
     );
     let mut r = super::edge::json(
         StatusCode::OK,
-        serde_json::json!({"name": caller.name(), "role": if caller.is_admin() { "admin" } else { "client" }}),
+        serde_json::json!({"name": caller.name(), "role": caller.role()}),
     );
     r.headers_mut().insert(
         header::SET_COOKIE,
@@ -159,13 +151,6 @@ async fn logout() -> Response {
         .expect("a cookie value"),
     );
     r
-}
-
-/// The token of `Authorization: Bearer …`.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, rest) = v.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
 /// The CSRF value of a token: not the token, and not to be had without it.
@@ -252,7 +237,7 @@ pub(super) async fn cookie_auth(
     if changes && cross_origin(headers) {
         return forbidden("a call from a page of another origin may not change anything");
     }
-    if !api.tokens_configured() && from_browser(headers) && !loopback_host(headers) {
+    if from_browser(headers) && !loopback_host(headers) && !api.tokens_configured() {
         return forbidden(
             "berth has no api.tokens, so it answers a browser only at a loopback address \
              (127.0.0.1, [::1] or localhost); configure tokens to reach it by another name",

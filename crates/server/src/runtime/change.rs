@@ -37,6 +37,14 @@ impl Caller {
         matches!(self, Caller::Admin { .. })
     }
 
+    /// `admin` or `client`, as the API names roles.
+    pub fn role(&self) -> &'static str {
+        match self {
+            Caller::Admin { .. } => "admin",
+            Caller::Client { .. } => "client",
+        }
+    }
+
     /// Whether the caller may make or see requests of `requestor`.
     pub fn may_act_for(&self, requestor: &str) -> bool {
         match self {

@@ -42,29 +42,16 @@ pub fn connector(api: &ApiSettings, connect_timeout: Duration) -> HttpsConnector
 /// this API (a fleet serves TLS on every process), the system's and
 /// `api.tls-peer-ca`'s; without, none. An error names the file.
 pub fn roots(api: &ApiSettings) -> Result<rustls::RootCertStore, Problem> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
     let Some(tls) = &api.tls else {
         return Ok(rustls::RootCertStore::empty());
     };
     let mut roots = native_roots();
-    let Some(file) = &tls.peer_ca else {
-        return Ok(roots);
-    };
-    let shown = file.display();
-    let problem = |message| Problem::at("api.tls-peer-ca", message);
-    let certs = CertificateDer::pem_file_iter(file)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| problem(format!("{shown}: cannot read its certificates: {e}")))?;
-    if certs.is_empty() {
-        return Err(problem(format!(
-            "{shown}: no certificate (a PEM `BEGIN CERTIFICATE` block) in it"
-        )));
-    }
-    for cert in certs {
-        roots
-            .add(cert)
-            .map_err(|e| problem(format!("{shown}: a certificate rustls cannot use: {e}")))?;
+    if let Some(file) = &tls.peer_ca {
+        let shown = file.display();
+        let problem = |message| Problem::at("api.tls-peer-ca", message);
+        let pem = std::fs::read(file).map_err(|e| problem(format!("cannot read {shown}: {e}")))?;
+        let ca = berth_plugin::ca_roots(&pem).map_err(|e| problem(format!("{shown}: {e}")))?;
+        roots.roots.extend(ca.roots);
     }
     Ok(roots)
 }
