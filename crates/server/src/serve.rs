@@ -385,21 +385,22 @@ async fn start(options: &ServeOptions) -> anyhow::Result<Started> {
     })
 }
 
-/// The API's certificate, with TLS on, once it and the fleet's CA
-/// (`api.tls-peer-ca`) are read and checked; an error names the file.
+/// The API's certificate, with TLS on, read and checked; an error names
+/// the file. (The fleet's CA, `api.tls-peer-ca`, is read where the
+/// connector to the other processes is made, `runtime::peers`.)
 fn load_tls(api: &config::ApiSettings) -> Result<Option<Arc<tls::Certificates>>, config::Problem> {
     let Some(files) = &api.tls else {
         return Ok(None);
     };
-    let certificates = tls::Certificates::load(files)?;
-    crate::runtime::peers::roots(api)?;
-    Ok(Some(Arc::new(certificates)))
+    Ok(Some(Arc::new(tls::Certificates::load(files)?)))
 }
 
 /// What is wrong with the API's TLS files (`api.tls-cert`, `tls-key`,
 /// `tls-peer-ca`) as `berth serve` would read them, each naming its file.
 pub fn tls_problem(api: &config::ApiSettings) -> Option<config::Problem> {
-    load_tls(api).err()
+    load_tls(api)
+        .err()
+        .or_else(|| crate::runtime::peers::roots(api).err())
 }
 
 #[cfg(feature = "embedded-sim")]

@@ -4,19 +4,15 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use std::time::Duration;
-
 use axum::body::Body;
 use axum::http::HeaderMap;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::auth;
 use super::auth::Caller;
 use super::error::{ApiError, Result};
-use crate::runtime::Handle;
+use crate::runtime::{Handle, peers};
 use crate::telemetry::Telemetry;
 
 /// What every handler shares.
@@ -54,7 +50,7 @@ impl Api {
         mut settings: berth_config::ApiSettings,
     ) -> Api {
         let tokens = std::mem::take(&mut settings.tokens);
-        let relay = Relay::new(&settings);
+        let relay = Relay::new(&handle);
         Api {
             inner: Arc::new(Inner {
                 handle,
@@ -129,19 +125,21 @@ impl Api {
     }
 }
 
-/// How long connecting to the holder may take before the call is answered
-/// 503: the holder's host is down, and a new holder is coming.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// The HTTP client that relays calls; one per API, keeping connections to
-/// the holder open ([`crate::runtime::peers`]: TLS to an `https://` holder).
+/// the holder open. It goes through the connector of the providers' leases
+/// ([`crate::runtime::peers`]: TLS to an `https://` holder), built once at
+/// start; a process on a store of its own never stands by, and relays
+/// nothing.
 pub(super) struct Relay {
-    pub(super) client: Client<HttpsConnector<HttpConnector>, Body>,
+    pub(super) client: Client<peers::Connector, Body>,
 }
 
 impl Relay {
-    pub(super) fn new(settings: &berth_config::ApiSettings) -> Relay {
-        let connector = crate::runtime::peers::connector(settings, CONNECT_TIMEOUT);
+    pub(super) fn new(handle: &Handle) -> Relay {
+        let connector = match handle.shards() {
+            Some(shards) => shards.connector().clone(),
+            None => peers::connector_with(rustls::RootCertStore::empty()),
+        };
         Relay {
             client: Client::builder(TokioExecutor::new()).build(connector),
         }

@@ -13,18 +13,27 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use berth_config::{ApiSettings, Problem};
 
-/// A connector to the other processes, giving up connecting after
-/// `connect_timeout`. A CA file that cannot be used (which `berth serve`
-/// refuses at start, [`roots`]) leaves the system's roots, and is logged.
-pub fn connector(api: &ApiSettings, connect_timeout: Duration) -> HttpsConnector<HttpConnector> {
+/// How long connecting to another process may take: its host is down, and
+/// its leases (or the pool) will move to another.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The connector to the other processes. Built once, at start, with the
+/// leases of a shared store ([`super::shards::Shards::connector`]); the
+/// relay of a process standing by uses the same.
+pub type Connector = HttpsConnector<HttpConnector>;
+
+/// The connector to the other processes, giving up connecting after
+/// [`CONNECT_TIMEOUT`]; an error names the CA file that cannot be used.
+pub fn connector(api: &ApiSettings) -> Result<Connector, Problem> {
+    Ok(connector_with(roots(api)?))
+}
+
+/// A connector that trusts `roots` for `https://` processes.
+pub fn connector_with(roots: rustls::RootCertStore) -> Connector {
     let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(connect_timeout));
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
     http.set_nodelay(true);
     http.enforce_http(false);
-    let roots = roots(api).unwrap_or_else(|problem| {
-        tracing::error!(%problem, "calls to the other berth processes trust the system's roots only");
-        native_roots()
-    });
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -48,7 +48,6 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::{Notify, watch};
 
@@ -71,10 +70,6 @@ pub const CALLS_PATH: &str = "/internal/v1/calls";
 /// How much longer than a call may run (its `call-deadline`) a provider
 /// being given up waits for its running calls.
 const DRAIN_MARGIN: Duration = Duration::from_secs(1);
-
-/// How long connecting to another process may take: its host is down, and
-/// its leases will move.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most a call's answer may hold (a list of many instances).
 const MAX_ANSWER: usize = 64 << 20;
@@ -111,7 +106,9 @@ pub struct Shards {
     /// until the holder looks.
     requests_sent: Notify,
     secret: String,
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<super::peers::Connector, Full<Bytes>>,
+    /// How the other processes are reached, for the relay as well.
+    connector: super::peers::Connector,
     /// The digest of the config this process runs, recorded at each beat.
     config: Mutex<String>,
     /// The processes last said to run another config than this one's.
@@ -213,19 +210,24 @@ impl Drop for Beating {
 }
 
 impl Shards {
+    /// How this process reaches the others: the relay of its API uses it.
+    pub fn connector(&self) -> &super::peers::Connector {
+        &self.connector
+    }
+
     /// Reads the peer secret, takes part in the first heartbeat, and keeps
     /// beating in the background. Each provider's gate comes from
     /// [`Shards::gate`].
     /// `deadlines`: each provider's `call-deadline`, the longest its calls
     /// run, which a provider being given up waits for. `config`: the
-    /// digest of the config this process runs. `api`: how the other
+    /// digest of the config this process runs. `connector`: how the other
     /// processes are reached ([`super::peers`]).
     pub async fn start(
         mut pg: PgShards,
         deadlines: Vec<Duration>,
         observer: Arc<dyn Observer>,
         config: String,
-        api: &berth_config::ApiSettings,
+        connector: super::peers::Connector,
     ) -> Result<(Arc<Shards>, Beating), berth_store::StoreError> {
         let secret = pg.peer_secret().await?;
         pg.set_config(config.clone());
@@ -251,8 +253,8 @@ impl Shards {
             pool_given_up: Notify::new(),
             requests_sent: Notify::new(),
             secret,
-            client: Client::builder(TokioExecutor::new())
-                .build(super::peers::connector(api, CONNECT_TIMEOUT)),
+            client: Client::builder(TokioExecutor::new()).build(connector.clone()),
+            connector,
             config: Mutex::new(config),
             differing: Mutex::new(Vec::new()),
         });

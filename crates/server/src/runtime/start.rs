@@ -52,6 +52,15 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
     std::fs::create_dir_all(state_dir)
         .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
     let config = Arc::new(settings.pool.clone());
+    // How the other processes of a shared store are reached: read before
+    // the store is opened, so that a CA file that cannot be used ends the
+    // start before this process takes the pool's lease.
+    let connector = match &settings.store.postgres {
+        Some(_) => {
+            Some(super::peers::connector(&settings.api).map_err(|e| anyhow::anyhow!("{e}"))?)
+        }
+        None => None,
+    };
     // The store first: opening it checks that the state directory can be
     // written (a read-only or full one is a clear error now, not a failed
     // commit later), before any driver starts loading.
@@ -87,8 +96,10 @@ pub async fn start(settings: Settings, options: StartOptions) -> anyhow::Result<
                 .map(|d| d.sandbox.call_deadline)
                 .collect();
             let digest = berth_config::fleet_digest(&settings);
+            let connector = connector
+                .ok_or_else(|| anyhow::anyhow!("a shared store without its peers' connector"))?;
             let (shards, beating) =
-                Shards::start(pg, deadlines, observer.clone(), digest, &settings.api)
+                Shards::start(pg, deadlines, observer.clone(), digest, connector)
                     .await
                     .context("taking part in the providers' leases")?;
             Backend::Shared(Shared {
