@@ -194,7 +194,13 @@ struct ReadyTimes(std::collections::HashMap<String, VecDeque<(NodeId, Duration)>
 
 impl ReadyTimes {
     fn note(&mut self, label: &str, node: NodeId, took: Duration) {
-        let kept = self.0.entry(label.to_owned()).or_default();
+        // The label's name is copied once, for its first node.
+        if !self.0.contains_key(label) {
+            self.0.insert(label.to_owned(), VecDeque::new());
+        }
+        let Some(kept) = self.0.get_mut(label) else {
+            return;
+        };
         // A node stored ready again (held, say) counts once.
         if kept.iter().any(|(id, _)| *id == node) {
             return;
