@@ -58,9 +58,11 @@ fn replace(path: &Path, text: &str) {
     std::fs::rename(tmp, path).unwrap();
 }
 
-/// The certificate the server at `addr` presents in a handshake, read with
-/// a client that trusts `ca` only.
-async fn presented(addr: &str, ca: &str) -> std::io::Result<Vec<u8>> {
+/// A TLS connection to `addr`, with a client that trusts `ca` only.
+async fn connect(
+    addr: &str,
+    ca: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
@@ -74,10 +76,30 @@ async fn presented(addr: &str, ca: &str) -> std::io::Result<Vec<u8>> {
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(addr).await?;
     let name = ServerName::try_from("127.0.0.1").unwrap();
-    let stream = connector.connect(name, tcp).await?;
+    connector.connect(name, tcp).await
+}
+
+/// The certificate the server at `addr` presents in a handshake, read with
+/// a client that trusts `ca` only.
+async fn presented(addr: &str, ca: &str) -> std::io::Result<Vec<u8>> {
+    let stream = connect(addr, ca).await?;
     let (_, session) = stream.get_ref();
     let chain = session.peer_certificates().expect("a certificate");
     Ok(chain[0].as_ref().to_vec())
+}
+
+/// `GET path` over TLS as the admin: the whole answer.
+async fn https_get(addr: &str, ca: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = connect(addr, ca).await.expect("a TLS connection");
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {OPS}\r\n\
+         Connection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer).into_owned()
 }
 
 struct Setup {
@@ -320,6 +342,30 @@ async fn a_fleet_relays_over_tls_to_the_holder_its_peer_ca_signed() {
         sim2.addr(),
         sim2.url()
     );
+    // A CA file that holds no certificate is refused by `config check` and
+    // by `serve`, which reads it to reach the other processes.
+    {
+        let bad = tempfile::tempdir().unwrap();
+        std::fs::copy(one.path().join("pgpass"), bad.path().join("pgpass")).unwrap();
+        let config = serve_config_with(&sim, bad.path(), &plugin("sim"), "min-ready = 2", &extra);
+        let (cert, key, _) = ca.server("bad");
+        replace(&bad.path().join("berth.crt"), &cert);
+        replace(&bad.path().join("berth.key"), &key);
+        std::fs::write(bad.path().join("ca.pem"), "not a certificate\n").unwrap();
+        edit_config(
+            &config,
+            "[api]\n",
+            "[api]\ntls-cert = \"berth.crt\"\ntls-key = \"berth.key\"\ntls-peer-ca = \"ca.pem\"\n",
+        );
+        let cfg = config.display().to_string();
+        let ran = run_berth(["config", "check", &cfg], &[]).await;
+        assert_eq!(ran.code(), Some(1), "{ran}");
+        assert!(
+            ran.stdout.contains("api.tls-peer-ca: ") && ran.stdout.contains("holds no certificate"),
+            "{ran}"
+        );
+        refused(&["--config", &cfg], bad.path(), "holds no certificate").await;
+    }
     let mut servers = Vec::new();
     for (dir, name) in [(&one, "one"), (&two, "two")] {
         let config = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 2", &extra);
@@ -426,4 +472,80 @@ async fn a_fleet_relays_over_tls_to_the_holder_its_peer_ca_signed() {
         !log.contains("could not connect to https://"),
         "{holders:?}\n{log}"
     );
+}
+
+/// Clients that start a TLS handshake and never finish it, or speak plain
+/// HTTP to the TLS port: at the connection cap they make room for a real
+/// client, the rest are closed once `header-timeout` has passed, and each
+/// is counted by why it was closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_that_stall_or_are_not_tls_are_cut_and_leave_room() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const CAP: usize = 20;
+    let ca = Ca::new("berth test CA");
+    let first = ca.server("berth one");
+    let s = setup(&ca, &first).await;
+    edit_config(
+        &s.config,
+        "[api]\n",
+        &format!("[api]\nheader-timeout = \"1s\"\nmax-connections = {CAP}\n"),
+    );
+    let cfg = s.config.display().to_string();
+    let berth = Berth::start(&["--config", &cfg], s.dir.path()).await;
+    let addr = berth.base.trim_start_matches("https://").to_owned();
+    // A TLS record's head, promising a ClientHello that never comes.
+    let mut stalled = Vec::new();
+    for _ in 0..CAP {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).await.unwrap();
+        stalled.push(c);
+    }
+    // With every place taken by a handshake that waits, a real client is
+    // still served.
+    let ran = cli(&berth, Some(&s.ca_file), &["labels"]).await;
+    assert!(ran.success(), "{ran}");
+    // Plain HTTP on the TLS port.
+    let mut plain = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    plain
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // Every one of them is closed by berth, none later than the header
+    // timeout and some slack.
+    let started = std::time::Instant::now();
+    for c in stalled.iter_mut().chain([&mut plain]) {
+        let mut buf = [0u8; 256];
+        let end = tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                match c.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "a stalled handshake still open after 15 s");
+    }
+    println!(
+        "every stalled handshake closed within {:?}",
+        started.elapsed()
+    );
+    let metrics = https_get(&addr, &ca.pem, "/metrics").await;
+    let count = |reason: &str| {
+        crate::support::metric(
+            &metrics,
+            &format!("berth_http_connections_closed_total{{reason=\"{reason}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let (timeout, evicted, not_tls) = (
+        count("tls_handshake_timeout"),
+        count("evicted"),
+        count("tls_handshake"),
+    );
+    println!("closed: {timeout} handshake timeouts, {evicted} evicted, {not_tls} not TLS");
+    assert!(not_tls >= 1.0, "{metrics}");
+    assert!(evicted >= 1.0, "room made at the cap: {metrics}");
+    assert_eq!(timeout + evicted, CAP as f64, "{metrics}");
+    berth.terminate().await.assert_success();
 }
