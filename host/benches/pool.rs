@@ -198,6 +198,7 @@ fn core(rows: &mut Vec<(String, String)>) {
                     requestor: "bench".into(),
                     priority: 0,
                     wants: vec![(small, 1)],
+                    ..NewRequest::default()
                 },
             )
             .expect("taken");
@@ -286,6 +287,7 @@ ram = "4GiB"
                     requestor: "bench".into(),
                     priority: 0,
                     wants: vec![(LabelIx(0), 1)],
+                    ..NewRequest::default()
                 })
                 .await
                 .expect("taken");

@@ -105,6 +105,10 @@ pub struct NodeFilter {
     /// Only nodes held by or set aside for this requestor.
     #[arg(long)]
     pub requestor: Option<String>,
+    /// Only nodes of a request made with this metadata (repeatable; each
+    /// must match).
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
+    pub meta: Vec<(String, String)>,
     #[command(flatten)]
     pub client: ClientOptions,
 }
@@ -117,6 +121,9 @@ pub struct RequestFilter {
     /// Only this requestor's requests.
     #[arg(long)]
     pub requestor: Option<String>,
+    /// Only requests made with this metadata (repeatable; each must match).
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
+    pub meta: Vec<(String, String)>,
     #[command(flatten)]
     pub client: ClientOptions,
 }
@@ -132,6 +139,14 @@ pub struct RequestArgs {
     /// Who the nodes are for (default: the token's name).
     #[arg(long)]
     pub requestor: Option<String>,
+    /// Metadata to keep on the request and show on its nodes (repeatable).
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
+    pub meta: Vec<(String, String)>,
+    /// An idempotency key: run again with the same key and arguments, the
+    /// command finds the request the first run made instead of making
+    /// another (for 24 h by default, `idempotency-ttl`).
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
     /// Wait until it is fulfilled or fails, at most DURATION if given;
     /// exits 1 unless it was fulfilled.
     #[arg(long, value_name = "DURATION", num_args = 0..=1, value_parser = parse_duration)]
@@ -157,6 +172,13 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// `LABEL` or `LABEL=COUNT`, COUNT at least 1.
+fn parse_meta(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("`{text}`: give KEY=VALUE")),
+    }
+}
+
 fn parse_label(text: &str) -> Result<(String, u32), String> {
     let (name, count) = match text.split_once('=') {
         None => (text, 1),
@@ -233,6 +255,7 @@ async fn execute(cmd: ClientCommand, out: &mut (dyn Write + Send)) -> anyhow::Re
                 provider: f.provider,
                 state: f.state,
                 requestor: f.requestor,
+                meta: f.meta,
             };
             let nodes = client(&f.client)?.nodes(&filter).await?;
             show(out, f.client.json, nodes, render_nodes)
@@ -241,6 +264,7 @@ async fn execute(cmd: ClientCommand, out: &mut (dyn Write + Send)) -> anyhow::Re
             let filter = berth_client::RequestFilter {
                 state: f.state,
                 requestor: f.requestor,
+                meta: f.meta,
             };
             let requests = client(&f.client)?.requests(&filter).await?;
             show(out, f.client.json, requests, render_requests)
@@ -312,9 +336,13 @@ async fn request(r: RequestArgs, out: &mut (dyn Write + Send)) -> anyhow::Result
         labels: label_map(&r.labels)?,
         requestor: r.requestor,
         priority: r.priority,
+        metadata: r.meta.into_iter().collect(),
     };
     let c = client(&r.client)?;
-    let mut req = c.create_request(&new).await?;
+    let mut req = match &r.idempotency_key {
+        Some(key) => c.create_request_keyed(&new, key).await?,
+        None => c.create_request(&new).await?,
+    };
     let Some(total) = r.wait else {
         return show(out, r.client.json, req, render_request);
     };

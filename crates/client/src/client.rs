@@ -51,6 +51,10 @@ pub struct NodeFilter {
     pub provider: Option<String>,
     pub state: Option<String>,
     pub requestor: Option<String>,
+    /// Metadata keys with the value each must have (`?meta.KEY=VALUE`):
+    /// only nodes handed out to (or set aside for) a request made with
+    /// them, whose requestor is the caller (or any, for an admin).
+    pub meta: Vec<(String, String)>,
 }
 
 /// Which requests `GET /v1/requests` answers with; `None` is any.
@@ -58,6 +62,15 @@ pub struct NodeFilter {
 pub struct RequestFilter {
     pub state: Option<String>,
     pub requestor: Option<String>,
+    /// Metadata keys with the value each must have (`?meta.KEY=VALUE`).
+    pub meta: Vec<(String, String)>,
+}
+
+/// `meta` as the query's `meta.KEY` parameters.
+fn meta_params(meta: &[(String, String)]) -> Vec<(String, String)> {
+    meta.iter()
+        .map(|(k, v)| (format!("meta.{k}"), v.clone()))
+        .collect()
 }
 
 /// A berth service. Cheap to clone; calls share one connection pool.
@@ -148,12 +161,14 @@ impl Client {
 
     /// `GET /v1/nodes`.
     pub async fn nodes(&self, f: &NodeFilter) -> Result<Vec<Node>, Error> {
-        let q = [
+        let meta = meta_params(&f.meta);
+        let mut q = vec![
             ("label", f.label.as_deref()),
             ("provider", f.provider.as_deref()),
             ("state", f.state.as_deref()),
             ("requestor", f.requestor.as_deref()),
         ];
+        q.extend(meta.iter().map(|(k, v)| (k.as_str(), Some(v.as_str()))));
         self.call(reqwest::Method::GET, &["nodes"], &q, None::<&()>)
             .await
     }
@@ -189,10 +204,12 @@ impl Client {
 
     /// `GET /v1/requests`.
     pub async fn requests(&self, f: &RequestFilter) -> Result<Vec<Request>, Error> {
-        let q = [
+        let meta = meta_params(&f.meta);
+        let mut q = vec![
             ("state", f.state.as_deref()),
             ("requestor", f.requestor.as_deref()),
         ];
+        q.extend(meta.iter().map(|(k, v)| (k.as_str(), Some(v.as_str()))));
         self.call(reqwest::Method::GET, &["requests"], &q, None::<&()>)
             .await
     }
@@ -201,6 +218,26 @@ impl Client {
     pub async fn create_request(&self, new: &types::NewRequest) -> Result<Request, Error> {
         self.call(reqwest::Method::POST, &["requests"], &[], Some(new))
             .await
+    }
+
+    /// `POST /v1/requests` with an `Idempotency-Key`: sent again with the
+    /// same key and body (after a timeout, say), it answers the request
+    /// the first call made instead of making another; with another body,
+    /// it is refused (`idempotency_key_reused`).
+    pub async fn create_request_keyed(
+        &self,
+        new: &types::NewRequest,
+        key: &str,
+    ) -> Result<Request, Error> {
+        let headers = [("idempotency-key", key)];
+        self.call_with(
+            reqwest::Method::POST,
+            &["requests"],
+            &[],
+            Some(new),
+            &headers,
+        )
+        .await
     }
 
     /// `GET /v1/requests/{id}`; with `wait`, held by the server until the
@@ -303,6 +340,18 @@ impl Client {
         query: &[(&str, Option<&str>)],
         body: Option<&B>,
     ) -> Result<T, Error> {
+        self.call_with(method, path, query, body, &[]).await
+    }
+
+    /// [`Client::call`] with `headers` added.
+    async fn call_with<T: DeserializeOwned, B: Serialize + ?Sized>(
+        &self,
+        method: reqwest::Method,
+        path: &[&str],
+        query: &[(&str, Option<&str>)],
+        body: Option<&B>,
+        headers: &[(&str, &str)],
+    ) -> Result<T, Error> {
         let mut url = self.base.clone();
         url.set_query(None);
         url.set_fragment(None);
@@ -324,6 +373,9 @@ impl Client {
         let mut req = self.http.request(method, url).timeout(timeout);
         if let Some(token) = &self.token {
             req = req.bearer_auth(token);
+        }
+        for (name, value) in headers {
+            req = req.header(*name, *value);
         }
         if let Some(body) = body {
             req = req.json(body);

@@ -97,6 +97,7 @@ impl Walker<'_> {
             quota_pause: timing(self, "quota-pause", d.quota_pause),
             capacity_pause: timing(self, "capacity-pause", d.capacity_pause),
             history: timing(self, "history", d.history),
+            idempotency_ttl: timing(self, "idempotency-ttl", d.idempotency_ttl),
         };
         let ready = self
             .check(&mut s, "ready")

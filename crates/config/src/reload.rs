@@ -63,6 +63,12 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
     d.field("quota-pause", &t.quota_pause, &u.quota_pause, true);
     d.field("capacity-pause", &t.capacity_pause, &u.capacity_pause, true);
     d.field("history", &t.history, &u.history, true);
+    d.field(
+        "idempotency-ttl",
+        &t.idempotency_ttl,
+        &u.idempotency_ttl,
+        true,
+    );
 
     let (x, y) = (&running.api, &new.api);
     d.field("api.listen", &x.listen, &y.listen, false);

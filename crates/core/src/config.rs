@@ -58,6 +58,9 @@ pub struct Timings {
     /// How long a failed or cancelled request, or a gone node, is kept for
     /// clients to read before it is forgotten (`history`).
     pub history: Duration,
+    /// How long a request made with an idempotency key is kept at least,
+    /// and its key with it (`idempotency-ttl`).
+    pub idempotency_ttl: Duration,
 }
 
 impl Timings {
@@ -69,6 +72,7 @@ impl Timings {
     pub const DEFAULT_QUOTA_PAUSE: Duration = Duration::from_secs(60);
     pub const DEFAULT_CAPACITY_PAUSE: Duration = Duration::from_secs(300);
     pub const DEFAULT_HISTORY: Duration = Duration::from_secs(3600);
+    pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
 }
 
 impl Default for Timings {
@@ -82,6 +86,7 @@ impl Default for Timings {
             quota_pause: Self::DEFAULT_QUOTA_PAUSE,
             capacity_pause: Self::DEFAULT_CAPACITY_PAUSE,
             history: Self::DEFAULT_HISTORY,
+            idempotency_ttl: Self::DEFAULT_IDEMPOTENCY_TTL,
         }
     }
 }

@@ -48,7 +48,10 @@ use crate::driver::{
     SLOTS_HELD_TAG, SLOTS_TAG, STORE_TAG, Tags,
 };
 
-pub use asked::{MAX_COUNT, Unreadable, read_request};
+pub use asked::{
+    MAX_COUNT, MAX_KEY, MAX_METADATA, MAX_METADATA_KEY, MAX_METADATA_KEYS, MAX_METADATA_VALUE,
+    Unreadable, is_metadata_key, read_key, read_metadata, read_request,
+};
 pub use bucket::Bucket;
 pub use commands::servable;
 pub use identity::{Identity, Signed, is_generation};

@@ -11,7 +11,7 @@
 //! or gone is refused whole, so the pool is decided again on what is
 //! stored and no request is taken in twice.
 
-use berth_core::pool::{RequestId, Time};
+use berth_core::pool::{Metadata, RequestId, Time};
 use berth_core::text::{is_requestor, printable};
 
 use crate::connect::{DEADLINE_MIN, LEASES_CHANNEL, LazyClient, Login, NOTIFY_REQUESTS};
@@ -28,6 +28,26 @@ pub struct InboxEntry {
     pub created: Time,
     /// Each label by name, with its count.
     pub wants: Vec<(String, u32)>,
+    /// The client's idempotency key, which made the id.
+    pub key: Option<String>,
+    pub metadata: Metadata,
+}
+
+impl InboxEntry {
+    /// Whether `other` asks for what this entry asks: the same requestor,
+    /// priority, labels and counts (in any order), key and metadata.
+    pub fn asks_as(&self, other: &InboxEntry) -> bool {
+        let sorted = |w: &[(String, u32)]| {
+            let mut w = w.to_vec();
+            w.sort();
+            w
+        };
+        self.requestor == other.requestor
+            && self.priority == other.priority
+            && sorted(&self.wants) == sorted(&other.wants)
+            && self.key == other.key
+            && self.metadata == other.metadata
+    }
 }
 
 /// Writes the inbox from a process standing by ([`crate::PgStore::inbox`]).
@@ -40,14 +60,29 @@ pub struct PgInbox {
 /// Adds an entry unless its id is taken (in the inbox or by a stored
 /// request), and announces it in the same statement.
 const SEND: &str = "WITH added AS ( \
-       INSERT INTO request_inbox (id, requestor, priority, created, labels, counts, accepted_by) \
-       SELECT $1, $2, $3, $4, $5, $6, $7 WHERE NOT EXISTS (SELECT 1 FROM requests WHERE id = $1) \
+       INSERT INTO request_inbox (id, requestor, priority, created, labels, counts, accepted_by, \
+                                  idempotency_key, metadata) \
+       SELECT $1, $2, $3, $4, $5, $6, $7, $10, $11 \
+        WHERE NOT EXISTS (SELECT 1 FROM requests WHERE id = $1) \
        ON CONFLICT (id) DO NOTHING RETURNING 1) \
      SELECT pg_notify($8, $9) FROM added";
 
+/// What id `$1` holds, in the inbox or as a stored request, read as an
+/// entry is (its place: 0).
+const ASKED: &str = "SELECT 0::BIGINT, id, requestor, priority, created, labels, counts, \
+            idempotency_key, metadata FROM request_inbox WHERE id = $1 \
+     UNION ALL \
+     SELECT 0::BIGINT, r.id, r.requestor, r.priority, r.created, \
+            ARRAY(SELECT w.label FROM request_wants AS w WHERE w.request = r.id \
+                  ORDER BY w.position), \
+            ARRAY(SELECT w.count FROM request_wants AS w WHERE w.request = r.id \
+                  ORDER BY w.position), \
+            r.idempotency_key, r.metadata FROM requests AS r WHERE r.id = $1 \
+     LIMIT 1";
+
 /// The oldest entries, at most `$1`, each with its place in the inbox.
-pub(crate) const READ: &str = "SELECT seq, id, requestor, priority, created, labels, counts \
-     FROM request_inbox ORDER BY seq LIMIT $1";
+pub(crate) const READ: &str = "SELECT seq, id, requestor, priority, created, labels, counts, \
+     idempotency_key, metadata FROM request_inbox ORDER BY seq LIMIT $1";
 
 /// Removes entries that cannot be read (by their places), which no process
 /// could ever take in.
@@ -79,7 +114,8 @@ impl PgInbox {
         let created = i64::try_from(entry.created.as_millis()).unwrap_or(i64::MAX);
         let id = entry.id.to_string();
         let priority = i64::from(entry.priority);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+        let metadata = crate::rows::metadata_text(&entry.metadata);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
             &id,
             &entry.requestor,
             &priority,
@@ -89,6 +125,8 @@ impl PgInbox {
             &self.by,
             &LEASES_CHANNEL,
             &NOTIFY_REQUESTS,
+            &entry.key,
+            &metadata,
         ];
         // A database that stops answering fails the send (the client is
         // answered 503) instead of holding it.
@@ -102,6 +140,33 @@ impl PgInbox {
             }
         };
         Ok(!rows.is_empty())
+    }
+
+    /// What `id` holds, waiting in the inbox or stored as a request, read
+    /// as an entry; `None` if neither has it (taken in and purged since,
+    /// or never there).
+    pub async fn asked(&self, id: RequestId) -> Result<Option<InboxEntry>, StoreError> {
+        let client = self.client.get().await?;
+        let after = DEADLINE_MIN * 2;
+        let doing = "reading the request an idempotency key made";
+        let id = id.to_string();
+        let rows = match tokio::time::timeout(after, client.query(ASKED, &[&id])).await {
+            Ok(rows) => rows.map_err(pg(doing))?,
+            Err(_) => {
+                self.client.drop_connection().await;
+                return Err(StoreError::TimedOut { doing, after });
+            }
+        };
+        match rows.first().map(entry) {
+            None => Ok(None),
+            Some(Ok(e)) => Ok(Some(e)),
+            Some(Err(why)) => Err(StoreError::Corrupt {
+                table: "requests",
+                id,
+                column: "",
+                what: why.to_string(),
+            }),
+        }
     }
 }
 
@@ -127,6 +192,10 @@ pub(crate) enum BadEntry {
     Counts { labels: usize, counts: usize },
     #[error("{0} is not a count")]
     Count(i64),
+    #[error("its idempotency key is not one the API takes")]
+    Key,
+    #[error("its metadata: {0}")]
+    Metadata(String),
 }
 
 /// An entry as [`READ`] answers it, or why it cannot be taken in.
@@ -168,12 +237,24 @@ pub(crate) fn entry(row: &tokio_postgres::Row) -> Result<InboxEntry, BadEntry> {
                 .map_err(|_| BadEntry::Count(n))
         })
         .collect::<Result<_, _>>()?;
+    let key: Option<String> = get(row, 7)?;
+    if key
+        .as_ref()
+        .is_some_and(|k| berth_core::pool::read_key(k.as_bytes()).is_err())
+    {
+        return Err(BadEntry::Key);
+    }
+    let metadata: Option<String> = get(row, 8)?;
+    let metadata =
+        crate::rows::read_metadata_text(metadata.as_deref()).map_err(BadEntry::Metadata)?;
     Ok(InboxEntry {
         id,
         requestor,
         priority,
         created: Time(u64::try_from(created).unwrap_or(0)),
         wants,
+        key,
+        metadata,
     })
 }
 

@@ -7,14 +7,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use super::error::StoreError;
-use super::rows::{NodeRow, RawNodeRow, RequestRow};
+use super::rows::{NodeRow, RawNodeRow, RequestRow, read_metadata_text};
 use super::store::Loaded;
 use super::value::{Cells, Reader};
 use super::write::{Versioned, Versions};
 use berth_core::config::Config;
 use berth_core::pool::{
-    GoneReason, Identity, Node, NodeId, NodeState, Packing, Request, RequestId, RequestState,
-    RequestorLease, Snapshot, Time,
+    GoneReason, Identity, Metadata, Node, NodeId, NodeState, Packing, Request, RequestId,
+    RequestState, RequestorLease, Snapshot, Time,
 };
 
 /// The queries a load runs, in one read transaction, in this order;
@@ -268,6 +268,20 @@ fn read_requests(
                 what: format!("not a node id: `{node}`"),
             })?);
         }
+        let metadata = read_metadata_text(row.metadata.as_deref()).unwrap_or_else(|why| {
+            notes.push(format!("request {id}: its metadata is left out: {why}"));
+            Metadata::new()
+        });
+        let key = match row.key {
+            Some(key) if berth_core::pool::read_key(key.as_bytes()).is_err() => {
+                notes.push(format!(
+                    "request {id}: its idempotency key `{}` is not one the API takes; left out",
+                    berth_core::text::printable(&key)
+                ));
+                None
+            }
+            key => key,
+        };
         requests.insert(
             id,
             Request {
@@ -280,6 +294,8 @@ fn read_requests(
                 nodes,
                 failures: row.failures,
                 last_failure: row.last_failure,
+                key,
+                metadata,
             },
         );
     }

@@ -8,8 +8,8 @@ use super::value::{Cells, Reader, Val, big};
 use berth_core::config::{Config, LabelIx, ProviderIx};
 use berth_core::driver::{Addresses, Connection as Login};
 use berth_core::pool::{
-    DeleteReason, Endpoint, GoneReason, Idle, Node, NodeId, NodeState, NodeStateName, Packing,
-    PackingName, Request, RequestId, RequestState, RequestStateName, Resources, Time,
+    DeleteReason, Endpoint, GoneReason, Idle, Metadata, Node, NodeId, NodeState, NodeStateName,
+    Packing, PackingName, Request, RequestId, RequestState, RequestStateName, Resources, Time,
 };
 
 /// A `nodes` row. A slot node's `slot_backing` and `slot_index` repeat what
@@ -392,12 +392,16 @@ pub(super) struct RequestRow {
     pub failures: u32,
     /// The last failed launch try made for it (`Request::last_failure`).
     pub last_failure: Option<String>,
+    /// Its idempotency key (`Request::key`).
+    pub key: Option<String>,
+    /// Its metadata as a JSON object of strings; `None` for none.
+    pub metadata: Option<String>,
 }
 
 impl RequestRow {
     /// The columns of [`RequestRow::into_vals`] and [`RequestRow::read`], in order.
-    pub const COLUMNS: &'static str =
-        "id, requestor, priority, created, state, at, reason, failures, last_failure";
+    pub const COLUMNS: &'static str = "id, requestor, priority, created, state, at, reason, \
+                                       failures, last_failure, idempotency_key, metadata";
 
     /// The row's values in [`RequestRow::COLUMNS`] order.
     pub fn into_vals(self) -> Result<Vec<Val>, StoreError> {
@@ -419,6 +423,8 @@ impl RequestRow {
             self.reason.into(),
             self.failures.into(),
             self.last_failure.into(),
+            self.key.into(),
+            self.metadata.into(),
         ])
     }
 
@@ -435,6 +441,8 @@ impl RequestRow {
             reason: r.opt_text(6)?,
             failures: r.num(7, "failures")?,
             last_failure: r.opt_text(8)?,
+            key: r.opt_text(9)?,
+            metadata: r.opt_text(10)?,
         })
     }
 
@@ -454,6 +462,8 @@ impl RequestRow {
             reason,
             failures: r.failures,
             last_failure: r.last_failure.clone(),
+            key: r.key.clone(),
+            metadata: metadata_text(&r.metadata),
         }
     }
 
@@ -495,6 +505,23 @@ impl RequestRow {
             RequestStateName::Cancelled => RequestState::Cancelled { at: at()? },
         })
     }
+}
+
+/// A request's metadata as a row keeps it: a JSON object, or `None` when
+/// it holds nothing.
+pub(super) fn metadata_text(m: &Metadata) -> Option<String> {
+    (!m.is_empty()).then(|| serde_json::to_string(m).unwrap_or_default())
+}
+
+/// A request's metadata read back from a row, checked as the API checks
+/// what a client states (`read_metadata`); what cannot be read is said.
+pub(super) fn read_metadata_text(text: Option<&str>) -> Result<Metadata, String> {
+    let Some(text) = text else {
+        return Ok(Metadata::new());
+    };
+    let m: Metadata =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON object of strings: {e}"))?;
+    berth_core::pool::read_metadata(m).map_err(|e| format!("{}: {e}", e.field()))
 }
 
 /// The name of label `ix` in `config`. The core's indexes come from the same

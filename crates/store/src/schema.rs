@@ -108,6 +108,13 @@ ALTER TABLE nodes RENAME COLUMN role TO packing;
 ALTER TABLE nodes ADD COLUMN failure TEXT;
 ALTER TABLE requests ADD COLUMN last_failure TEXT;
 "#,
+    // A request's idempotency key (`Request::key`) and its metadata
+    // (`Request::metadata`, a JSON object of strings); NULL for none, and
+    // in rows stored before this step.
+    r#"
+ALTER TABLE requests ADD COLUMN idempotency_key TEXT;
+ALTER TABLE requests ADD COLUMN metadata TEXT;
+"#,
 ];
 
 /// The database's schema version.

@@ -382,6 +382,8 @@ fn request(id: u64, state: RequestState) -> Request {
         nodes: vec![],
         failures: 0,
         last_failure: None,
+        key: None,
+        metadata: Default::default(),
     }
 }
 
@@ -557,7 +559,8 @@ async fn the_stored_words_are_pinned() {
     );
     assert_eq!(
         rows::RequestRow::COLUMNS,
-        "id, requestor, priority, created, state, at, reason, failures, last_failure"
+        "id, requestor, priority, created, state, at, reason, failures, last_failure, \
+         idempotency_key, metadata"
     );
 }
 
@@ -578,7 +581,8 @@ async fn the_row_tables_have_the_columns_rows_are_written_with(backend: Backend)
 
 /// A store from before the failure columns (SQLite step 6, PostgreSQL
 /// step 10) opens: the step adds them, its rows load with none, and they
-/// are written from then on.
+/// are written from then on. So do the requests' idempotency key and
+/// metadata (SQLite step 7, PostgreSQL step 12), undone here too.
 async fn a_store_from_before_the_failure_columns_loads_its_rows_without_one(backend: Backend) {
     let mut store = backend.fresh().await;
     let mut n = ready(1);
@@ -593,17 +597,25 @@ async fn a_store_from_before_the_failure_columns_loads_its_rows_without_one(back
         .await
         .unwrap();
     let (steps, back) = match &store {
-        Db::Sqlite { .. } => (schema::MIGRATIONS.len(), "PRAGMA user_version = 5"),
+        Db::Sqlite { .. } => (
+            schema::MIGRATIONS.len(),
+            "ALTER TABLE requests DROP COLUMN idempotency_key; \
+             ALTER TABLE requests DROP COLUMN metadata; PRAGMA user_version = 5",
+        ),
         Db::Postgres { .. } => (
             pg::MIGRATIONS.len(),
-            "DROP FUNCTION berth_beat; ALTER TABLE members DROP COLUMN config; \
+            "ALTER TABLE requests DROP COLUMN idempotency_key; \
+             ALTER TABLE requests DROP COLUMN metadata; \
+             ALTER TABLE request_inbox DROP COLUMN idempotency_key; \
+             ALTER TABLE request_inbox DROP COLUMN metadata; \
+             DROP FUNCTION berth_beat; ALTER TABLE members DROP COLUMN config; \
              UPDATE berth_schema SET version = 9",
         ),
     };
     let last = if matches!(backend, Backend::Sqlite) {
-        6
+        7
     } else {
-        11
+        12
     };
     assert_eq!(
         steps, last,
@@ -623,6 +635,10 @@ async fn a_store_from_before_the_failure_columns_loads_its_rows_without_one(back
     assert_eq!(loaded.snapshot.requests, vec![r.clone()]);
     n.failure = Some("not running after the boot timeout (600s)".into());
     r.last_failure = Some("node n-0000000000000001 on provider `a`: not running".into());
+    r.key = Some("8d1e5a7c-retry".into());
+    r.metadata = [("zuul.build", "b-17"), ("tenant", "ci \"north\"")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
     store
         .commit(&Changes {
             nodes: vec![n.clone()],
@@ -1305,12 +1321,26 @@ async fn a_lease_stored_without_its_ttl_is_read_as_the_configured_one() {
 /// A new PostgreSQL database of the shared test cluster, and the URL.
 /// A SQLite store at `path` as an older berth left it: `first` committed,
 /// then `sql` run over it (dropping what later steps made, and setting the
-/// schema version back).
+/// schema version back). The steps after the failure columns (6) are
+/// undone here first, for every caller: a step added later is undone here
+/// too.
 async fn left_by_an_older_berth(path: &std::path::Path, first: Vec<Node>, sql: &str) {
     let mut store = SqliteStore::open(path, Arc::new(config()), StoreSync::Full).unwrap();
     if !first.is_empty() {
         store.commit(&nodes(first)).await.unwrap();
     }
+    assert_eq!(
+        schema::MIGRATIONS.len(),
+        7,
+        "a step after the requests' key and metadata: undo it here too"
+    );
+    store
+        .conn
+        .execute_batch(
+            "ALTER TABLE requests DROP COLUMN idempotency_key; \
+             ALTER TABLE requests DROP COLUMN metadata;",
+        )
+        .unwrap();
     store.conn.execute_batch(sql).unwrap();
 }
 
@@ -1978,6 +2008,8 @@ async fn postgres_inbox_entries_are_taken_in_once_by_the_commit_that_stores_them
         priority: -2,
         created: T,
         wants: vec![("big".into(), 1)],
+        key: None,
+        metadata: Default::default(),
     };
     for id in [1, 2, 3] {
         assert!(inbox.send(&entry(id)).await.unwrap());
@@ -2039,6 +2071,61 @@ async fn postgres_inbox_entries_are_taken_in_once_by_the_commit_that_stores_them
     let ids: Vec<RequestId> = loaded.snapshot.requests.iter().map(|r| r.id).collect();
     assert_eq!(ids, [RequestId(1), RequestId(2), RequestId(9)]);
     assert_eq!(loaded.snapshot.requests[0], taken);
+}
+
+/// An entry carries its idempotency key and metadata to the pool's
+/// holder, and what an id holds is read back as an entry, from the inbox
+/// or from the stored request it became: a key given again is compared
+/// with it.
+#[tokio::test]
+async fn postgres_inbox_entries_carry_their_key_and_metadata_and_are_read_back_by_id() {
+    let (_, url) = pg_fresh().await;
+    let ttl = Duration::from_secs(10);
+    let mut holder = pg_open(&url, &claimant("a", ttl)).await;
+    let standby = pg_open(&url, &claimant("b", ttl)).await;
+    assert!(matches!(holder.claim().await.unwrap(), Tenure::Held(_)));
+    let inbox = standby.request_inbox().expect("an inbox");
+    let metadata: berth_core::pool::Metadata = [("zuul.build", "b-17"), ("note", "ünïcode ok")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+    let entry = InboxEntry {
+        id: berth_core::pool::keyed_id("ci", "k-1"),
+        requestor: "ci".into(),
+        priority: 0,
+        created: T,
+        wants: vec![("big".into(), 1)],
+        key: Some("k-1".into()),
+        metadata: metadata.clone(),
+    };
+    assert_eq!(inbox.asked(entry.id).await.unwrap(), None);
+    assert!(inbox.send(&entry).await.unwrap());
+    assert_eq!(
+        holder.inbox(10).await.unwrap(),
+        std::slice::from_ref(&entry)
+    );
+    let waiting = inbox.asked(entry.id).await.unwrap().expect("in the inbox");
+    assert!(waiting.asks_as(&entry));
+    let mut other = entry.clone();
+    other.metadata.insert("note".into(), "another".into());
+    assert!(!waiting.asks_as(&other));
+
+    // Taken in and stored: read back from the requests.
+    let mut stored = request(entry.id.0, RequestState::Pending);
+    stored.key = entry.key.clone();
+    stored.metadata = metadata;
+    holder
+        .commit(&Changes {
+            taken_in: vec![stored.id],
+            requests: vec![stored.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(holder.inbox(10).await.unwrap().is_empty());
+    let from_requests = inbox.asked(entry.id).await.unwrap().expect("stored");
+    assert!(from_requests.asks_as(&entry), "{from_requests:?}");
+    assert!(!inbox.send(&entry).await.unwrap());
+    assert_eq!(load(&mut holder).await.snapshot.requests, [stored]);
 }
 
 /// The conflict `result` must be, naming `table` and `id`.

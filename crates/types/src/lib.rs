@@ -24,6 +24,16 @@ pub struct NewRequest {
     /// Lower is served first; default 0.
     #[serde(default)]
     pub priority: i32,
+    /// The client's own keys and values, shown on the request and on the
+    /// nodes handed out to it, and filtered by (`?meta.KEY=VALUE`). At
+    /// most 32 keys and 4096 bytes in all; a key is 1 to 64 of `A-Z a-z
+    /// 0-9 . _ - /`, a value at most 512 bytes.
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "each_key_once"
+    )]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A map whose keys are each given once: `{"small": 1, "small": 2}` is
@@ -35,7 +45,7 @@ fn each_key_once<'de, D: serde::Deserializer<'de>, V: Deserialize<'de>>(
     impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Once<V> {
         type Value = BTreeMap<String, V>;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an object of label name to count, e.g. {\"small\": 2}")
+            f.write_str("an object whose keys are each given once")
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(
             self,
@@ -82,6 +92,12 @@ pub struct Request {
     pub finished: Option<String>,
     /// Its nodes: once fulfilled, every node with its connection details.
     pub nodes: Vec<Node>,
+    /// The `Idempotency-Key` it was made with, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// The metadata it was made with.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
     /// While it is pending: what holds it back, for each of its nodes set
     /// aside and not handed out yet, and for the nodes it has none for
     /// yet, per provider offering them.
@@ -151,6 +167,9 @@ pub struct Node {
     pub request: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requestor: Option<String>,
+    /// That request's metadata, shown to its requestor and to admins.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
     /// When it entered its state.
     pub since: String,
     pub created: String,
@@ -700,6 +719,8 @@ pub enum ErrorCode {
     UnknownLabel,
     UnknownProvider,
     Unsatisfiable,
+    IdempotencyKeyReused,
+    MetadataTooLarge,
     Stopping,
     Busy,
     NotReady,

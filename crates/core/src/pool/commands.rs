@@ -53,8 +53,22 @@ fn max_possible(config: &Config, label: LabelIx) -> u64 {
 }
 
 impl Pool {
-    /// Takes a request. It is served on the next [`Pool::tick`].
+    /// Takes a request. It is served on the next [`Pool::tick`]. Answers
+    /// its id ([`Pool::ask`] says whether it was new).
     pub fn submit(&mut self, now: Time, new: NewRequest) -> Result<RequestId, Refused> {
+        self.ask(now, new).map(|s| s.id)
+    }
+
+    /// Takes a request, as [`Pool::submit`] does. A request with an
+    /// idempotency key is taken under the id its key names ([`keyed_id`]),
+    /// as [`Pool::submit_under`] takes one: the request the key made
+    /// before, if the pool has it, is the answer (not `fresh`).
+    pub fn ask(&mut self, now: Time, new: NewRequest) -> Result<Submitted, Refused> {
+        if let Some(key) = &new.key {
+            let id = keyed_id(&new.requestor, key);
+            let fresh = self.submit_under(now, id, new)?;
+            return Ok(Submitted { id, fresh });
+        }
         servable(&self.config, &new)?;
         let id = loop {
             let id = RequestId(self.ids.next());
@@ -63,26 +77,36 @@ impl Pool {
             }
         };
         self.insert_request(id, now, new);
-        Ok(id)
+        Ok(Submitted { id, fresh: true })
     }
 
-    /// Takes a request under `id`, which another process drew for it: a
-    /// process standing by relays a request to the pool's holder with an
-    /// id, and puts it into the store's inbox under the same id if the
-    /// holder does not answer in time. Checked as [`Pool::submit`] checks.
-    /// An id the pool already has is that request, taken already by the
-    /// other way: nothing is taken again, and `Ok(false)` says so (whose
-    /// it is, is for the caller to check).
+    /// Takes a request under `id`, which another process drew for it (or
+    /// its idempotency key names): a process standing by relays a request
+    /// to the pool's holder with an id, and puts it into the store's inbox
+    /// under the same id if the holder does not answer in time. Checked as
+    /// [`Pool::submit`] checks. An id the pool already has is that request,
+    /// taken already by the other way or by an earlier try: nothing is
+    /// taken again, and `Ok(false)` says so (whose it is, is for the
+    /// caller to check). A request with a key whose ask differs from the
+    /// one its key made is refused ([`Refused::KeyReused`]).
     pub fn submit_under(
         &mut self,
         now: Time,
         id: RequestId,
         new: NewRequest,
     ) -> Result<bool, Refused> {
-        servable(&self.config, &new)?;
-        if self.requests.contains_key(&id) {
+        if let Some(known) = self.requests.get(&id) {
+            if let Some(key) = &new.key
+                && !known.asked_as(&new)
+            {
+                return Err(Refused::KeyReused {
+                    key: crate::text::printable(key).into_owned(),
+                    request: id,
+                });
+            }
             return Ok(false);
         }
+        servable(&self.config, &new)?;
         self.insert_request(id, now, new);
         Ok(true)
     }
@@ -127,7 +151,7 @@ impl Pool {
         let new = NewRequest {
             requestor: refusal.requestor,
             priority: refusal.priority,
-            wants: Vec::new(),
+            ..NewRequest::default()
         };
         self.insert_request(id, created, new);
         self.finish_request(
@@ -152,6 +176,8 @@ impl Pool {
             nodes: Vec::new(),
             failures: 0,
             last_failure: None,
+            key: new.key,
+            metadata: new.metadata,
         };
         self.pending.insert((req.priority, req.created, id));
         self.requests.insert(id, req);

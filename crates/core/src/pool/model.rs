@@ -355,6 +355,55 @@ pub struct Request {
     /// why ("node n-… on provider `sim`: …"). Bounded as
     /// [`Node::failure`] is.
     pub last_failure: Option<String>,
+    /// The client's idempotency key, if it gave one: the request's id is
+    /// made from it ([`keyed_id`]), and the request is kept at least
+    /// `idempotency-ttl` after it was made.
+    pub key: Option<String>,
+    /// The client's own words about the request, shown on it and on its
+    /// nodes ([`Metadata`]).
+    pub metadata: Metadata,
+}
+
+impl Request {
+    /// Whether `new` asks for what this request asked: the same requestor,
+    /// priority, labels and counts, metadata and key. A key given again
+    /// with another ask is refused ([`Refused::KeyReused`]).
+    pub fn asked_as(&self, new: &NewRequest) -> bool {
+        let sorted = |wants: &[(LabelIx, u32)]| {
+            let mut w: Vec<(LabelIx, u32)> =
+                wants.iter().copied().filter(|(_, n)| *n > 0).collect();
+            w.sort_unstable();
+            w
+        };
+        self.requestor == new.requestor
+            && self.priority == new.priority
+            && sorted(&self.wants) == sorted(&new.wants)
+            && self.metadata == new.metadata
+            && self.key == new.key
+    }
+}
+
+/// A request's metadata: the client's keys and values, bounded by
+/// [`super::asked`]'s limits, in key order.
+pub type Metadata = std::collections::BTreeMap<String, String>;
+
+/// The id of the request `requestor` makes with idempotency key `key`:
+/// the first 8 bytes of a SHA-256 over both. The same key from the same
+/// requestor names the same request wherever it is asked (the pool's
+/// holder, a process standing by, the store's inbox), so a retry finds
+/// the request its first try made, across restarts and failover, by the
+/// id the store already keeps unique.
+pub fn keyed_id(requestor: &str, key: &str) -> RequestId {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"berth idempotency key\0");
+    h.update(requestor.as_bytes());
+    h.update([0]);
+    h.update(key.as_bytes());
+    let d = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&d[..8]);
+    RequestId(u64::from_be_bytes(first))
 }
 
 /// The longest text a node's [failure](Node::failure) or a request's
@@ -414,12 +463,23 @@ pub enum TakenIn {
     Known,
 }
 
+/// What [`super::Pool::submit`] did with a request: its id, and whether it
+/// is new (`fresh`) or one the pool had under that id already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Submitted {
+    pub id: RequestId,
+    pub fresh: bool,
+}
+
 /// A new request as a client states it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NewRequest {
     pub requestor: String,
     pub priority: i32,
     pub wants: Vec<(LabelIx, u32)>,
+    /// The client's idempotency key (the `Idempotency-Key` header).
+    pub key: Option<String>,
+    pub metadata: Metadata,
 }
 
 /// Why a driver call did not succeed, as the core needs to know it.
@@ -827,6 +887,11 @@ pub enum Refused {
     },
     #[error("label `{0}` was removed from the config")]
     Removed(String),
+    /// The key, made printable, and the request it made.
+    #[error(
+        "the idempotency key `{key}` was given before with another request ({request}); the same key must come with the same requestor, labels, priority and metadata"
+    )]
+    KeyReused { key: String, request: RequestId },
 }
 
 /// Why an operation on an existing node or request was refused.

@@ -73,6 +73,7 @@ fn prop_config() -> Config {
         quota_pause: Duration::from_secs(30),
         capacity_pause: Duration::from_secs(60),
         history: Duration::from_secs(600),
+        ..Timings::default()
     };
     c
 }
@@ -271,6 +272,7 @@ impl Run {
                     requestor: REQUESTORS[*who].into(),
                     priority: *priority,
                     wants,
+                    ..NewRequest::default()
                 };
                 if let Ok(id) = h.pool.submit(now, new) {
                     self.requests.push(id);

@@ -1053,6 +1053,7 @@ impl Harness {
                     requestor: requestor.into(),
                     priority,
                     wants,
+                    ..NewRequest::default()
                 },
             )
             .expect("submit");

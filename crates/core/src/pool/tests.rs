@@ -387,6 +387,7 @@ fn a_label_removed_while_running_is_drained_and_asked_for_no_more() {
             requestor: "test".into(),
             priority: 0,
             wants: vec![(LabelIx(0), 1)],
+            ..NewRequest::default()
         },
     );
     assert_eq!(refused, Err(Refused::Removed("a".into())));
@@ -2019,6 +2020,7 @@ fn asking(wants: Vec<(LabelIx, u32)>) -> NewRequest {
         requestor: "t".into(),
         priority: 0,
         wants,
+        ..NewRequest::default()
     }
 }
 
@@ -2128,6 +2130,7 @@ fn a_request_taken_in_that_cannot_be_served_here_fails_with_the_reason() {
         requestor: "t".into(),
         priority: 3,
         wants: vec![(l, 3)],
+        ..NewRequest::default()
     };
     let id = RequestId(7);
     let TakenIn::Failed(reason) = h.pool.take_in(h.now, id, h.now, Ok(too_many)) else {
@@ -3451,4 +3454,130 @@ fn a_request_that_fits_label_by_label_but_not_whole_says_together() {
     assert_eq!(h.state(r), RequestState::Pending);
     assert_eq!(waits(&h, r), [("together", 3)]);
     ok(&h);
+}
+
+/// A request with idempotency key `key` asking for `n` nodes of `l`.
+fn keyed(l: LabelIx, key: &str, n: u32) -> NewRequest {
+    NewRequest {
+        key: Some(key.into()),
+        ..asking(vec![(l, n)])
+    }
+}
+
+#[test]
+fn a_key_given_again_answers_the_request_it_made_and_refuses_another_ask() {
+    let mut h = one(|_| {});
+    let l = h.label("a");
+    let first = h.pool.ask(h.now, keyed(l, "k1", 1)).unwrap();
+    assert!(first.fresh);
+    assert_eq!(first.id, keyed_id("t", "k1"));
+    h.persist();
+    let again = h.pool.ask(h.now, keyed(l, "k1", 1)).unwrap();
+    assert_eq!(
+        again,
+        Submitted {
+            id: first.id,
+            fresh: false
+        }
+    );
+    // Under the same key: another count, another priority, other
+    // metadata are each refused, naming the request the key made.
+    let mut other_meta = keyed(l, "k1", 1);
+    other_meta.metadata.insert("build".into(), "7".into());
+    let other_priority = NewRequest {
+        priority: 3,
+        ..keyed(l, "k1", 1)
+    };
+    for differs in [keyed(l, "k1", 2), other_meta, other_priority] {
+        assert_eq!(
+            h.pool.ask(h.now, differs),
+            Err(Refused::KeyReused {
+                key: "k1".into(),
+                request: first.id
+            })
+        );
+    }
+    // Another requestor's key is its own, and so is another key.
+    let theirs = NewRequest {
+        requestor: "u".into(),
+        ..keyed(l, "k1", 1)
+    };
+    let theirs = h.pool.ask(h.now, theirs).unwrap();
+    let second = h.pool.ask(h.now, keyed(l, "k2", 1)).unwrap();
+    assert!(theirs.fresh && second.fresh);
+    assert_eq!(
+        [first.id, theirs.id, second.id]
+            .into_iter()
+            .collect::<HashSet<_>>()
+            .len(),
+        3
+    );
+    h.persist();
+    // A restart keeps what a key made: the store holds the key.
+    h.crash();
+    let after = h.pool.ask(h.now, keyed(l, "k1", 1)).unwrap();
+    assert!(!after.fresh);
+    assert_eq!(h.pool.requests().count(), 3);
+    assert!(h.run_until(secs(60), |h| h.fulfilled(first.id)));
+    ok(&h);
+}
+
+#[test]
+fn a_keyed_request_is_kept_until_its_key_expires_and_the_key_then_makes_a_new_one() {
+    let mut h = one(|c| {
+        c.timings.history = secs(60);
+        c.timings.idempotency_ttl = secs(300);
+    });
+    let l = h.label("a");
+    let with_key = h.pool.ask(h.now, keyed(l, "k", 1)).unwrap().id;
+    let without = h.pool.submit(h.now, asking(vec![(l, 1)])).unwrap();
+    h.persist();
+    assert!(h.run_until(secs(60), |h| h.fulfilled(with_key) && h.fulfilled(without)));
+    let made = h.now;
+    for r in [with_key, without] {
+        for n in h.pool.request(r).unwrap().nodes.clone() {
+            h.release(n);
+        }
+    }
+    // Past `history`: the request without a key is forgotten, the one
+    // with a key is not.
+    h.advance(secs(90));
+    assert!(h.pool.request(without).is_none());
+    assert!(h.pool.request(with_key).is_some());
+    assert!(!h.pool.ask(h.now, keyed(l, "k", 1)).unwrap().fresh);
+    // Past `idempotency-ttl` from when it was made: forgotten too, and
+    // the key makes a new request, whatever it asks.
+    h.advance(secs(300) - h.now.since(made) + secs(2));
+    assert!(h.pool.request(with_key).is_none());
+    let anew = h.pool.ask(h.now, keyed(l, "k", 2)).unwrap();
+    assert_eq!(
+        anew,
+        Submitted {
+            id: with_key,
+            fresh: true
+        }
+    );
+    h.persist();
+    ok(&h);
+}
+
+#[test]
+fn a_raised_history_keeps_an_ended_request_past_its_first_timer() {
+    let mut h = one(|c| c.timings.history = secs(60));
+    let l = h.label("a");
+    let r = h.pool.submit(h.now, asking(vec![(l, 1)])).unwrap();
+    h.persist();
+    h.pool.cancel(h.now, r).unwrap();
+    h.persist();
+    // A reload raises `history` before the request's timer fires: the
+    // timer finds it kept longer and is set again for then.
+    let mut c = (*h.config).clone();
+    c.timings.history = secs(600);
+    let c = Arc::new(c);
+    h.pool.reconfigure(c.clone(), h.now).expect("a live change");
+    h.config = c;
+    h.advance(secs(120));
+    assert!(h.pool.request(r).is_some());
+    h.advance(secs(500));
+    assert!(h.pool.request(r).is_none());
 }

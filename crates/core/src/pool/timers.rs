@@ -51,10 +51,16 @@ impl Pool {
                     self.timer(now + history, Timer::PurgeRequest(rid));
                     return;
                 }
-                if request_end(r).is_some_and(|end| end + history <= at) {
-                    self.requests.remove(&rid);
-                    self.dirty_requests.remove(&rid);
-                    self.purged_requests.push(rid);
+                match forget_at(r, &self.config.timings) {
+                    Some(t) if t <= at => {
+                        self.requests.remove(&rid);
+                        self.dirty_requests.remove(&rid);
+                        self.purged_requests.push(rid);
+                    }
+                    // Kept longer since the timer was set (`history` or
+                    // `idempotency-ttl` raised by a reload).
+                    Some(t) => self.timer(t, Timer::PurgeRequest(rid)),
+                    None => {}
                 }
                 return;
             }
@@ -169,12 +175,8 @@ impl Pool {
     }
 
     pub(super) fn timers_for_request(&mut self, req: &Request) {
-        if req.state != RequestState::Pending {
-            let at = request_end(req).unwrap_or(req.created);
-            self.timer(
-                at + self.config.timings.history,
-                Timer::PurgeRequest(req.id),
-            );
+        if let Some(at) = forget_at(req, &self.config.timings) {
+            self.timer(at, Timer::PurgeRequest(req.id));
         }
     }
 
@@ -199,4 +201,16 @@ fn request_end(r: &Request) -> Option<Time> {
         | RequestState::Failed { at, .. }
         | RequestState::Cancelled { at } => Some(at),
     }
+}
+
+/// When an ended request may be forgotten: `history` after it ended, and
+/// no sooner than `idempotency-ttl` after it was made if it carries an
+/// idempotency key (its key is forgotten with it). `None` while it is
+/// pending.
+fn forget_at(r: &Request, timings: &crate::config::Timings) -> Option<Time> {
+    let end = request_end(r)? + timings.history;
+    Some(match r.key {
+        Some(_) => end.max(r.created + timings.idempotency_ttl),
+        None => end,
+    })
 }

@@ -110,6 +110,14 @@ impl From<ServiceError> for ApiError {
                 ErrorCode::Unsatisfiable,
                 message,
             ),
+            ServiceError::Refused(Refused::KeyReused { .. }) => ApiError {
+                field: Some(super::requests::IDEMPOTENCY_KEY_FIELD.into()),
+                ..ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ErrorCode::IdempotencyKeyReused,
+                    message,
+                )
+            },
             ServiceError::Conflict(Conflict::NoSuchNode | Conflict::NoSuchRequest) => {
                 ApiError::not_found(message)
             }
@@ -131,6 +139,14 @@ impl From<Unreadable> for ApiError {
                     StatusCode::UNPROCESSABLE_ENTITY,
                     ErrorCode::UnknownLabel,
                     e.to_string(),
+                )
+            },
+            e if e.too_large() => ApiError {
+                field: Some(e.field()),
+                ..ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ErrorCode::MetadataTooLarge,
+                    format!("{}: {e}", e.field()),
                 )
             },
             e => ApiError::bad(e.field(), e.to_string()),

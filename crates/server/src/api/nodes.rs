@@ -24,18 +24,19 @@ use berth_types as types;
     operation_id = "list_nodes",
     tag = "nodes",
     summary = "List nodes",
-    description = "Every node matching the filters, oldest first. Every caller sees every node; `addresses` and `connection` are shown only to an admin or to the requestor holding the node.",
+    description = "Every node matching the filters, oldest first. Every caller sees every node; `addresses`, `connection` and `metadata` are shown only to an admin or to the requestor holding the node (or for whom it is set aside).",
     security(("bearerAuth" = [])),
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     params(
         ("label" = Option<String>, Query, description = "Only nodes of this configured label."),
         ("provider" = Option<String>, Query, description = "Only nodes of this configured provider."),
         ("state" = inline(Option<types::NodeStateName>), Query, description = "Only nodes in this state."),
-        ("requestor" = Option<String>, Query, description = "Only nodes handed out or set aside to this requestor.")
+        ("requestor" = Option<String>, Query, description = "Only nodes handed out or set aside to this requestor."),
+        ("meta.KEY" = Option<String>, Query, description = "Only nodes handed out or set aside to a request whose metadata holds KEY with this value, among those whose metadata the caller is shown; several `meta.` parameters must all match.")
     ),
     responses(
         (status = 200, description = "The nodes.", body = [types::Node]),
-        (status = 400, description = "An unknown parameter or state (code `bad_request`, `field` set).", body = types::ErrorBody),
+        (status = 400, description = "An unknown parameter or state, or a `meta.` parameter whose key is not a metadata key (code `bad_request`, `field` set).", body = types::ErrorBody),
         (status = 401, response = responses::Unauthorized),
         (status = 422, description = "Code `unknown_label` or `unknown_provider`: the `label` or `provider` filter names nothing configured (`field` set).", body = types::ErrorBody),
         (status = 503, response = responses::Unavailable)

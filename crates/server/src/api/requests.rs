@@ -13,7 +13,7 @@ use super::error::{ApiError, Result};
 use super::state::Api;
 use super::{forward, responses, views};
 use crate::runtime::{Mode, ServiceError, change};
-use berth_core::pool::RequestId;
+use berth_core::pool::{RequestId, Submitted};
 use berth_types::MAX_WAIT;
 use berth_types::{self as types, ErrorCode};
 
@@ -25,17 +25,21 @@ use berth_types::{self as types, ErrorCode};
     operation_id = "create_request",
     tag = "requests",
     summary = "Ask for nodes",
-    description = "Asks for a set of nodes, handed out together once all are ready. Creating a request renews the requestor's lease (`api.lease-ttl`). A client token acts only as its own requestor; an admin may name any. Answers 201 with the new request and a `Location` header; follow it with `GET /v1/requests/{id}?wait=…`. On a berth process standing by (several processes on one PostgreSQL store), the request is passed to the process holding the pool; if that one does not answer within 250 ms, it is accepted into the store's request inbox, durably, and answered `pending`, and the holder takes it in once it can.",
+    description = "Asks for a set of nodes, handed out together once all are ready. Creating a request renews the requestor's lease (`api.lease-ttl`). A client token acts only as its own requestor; an admin may name any. Answers 201 with the new request and a `Location` header; follow it with `GET /v1/requests/{id}?wait=…`. On a berth process standing by (several processes on one PostgreSQL store), the request is passed to the process holding the pool; if that one does not answer within 250 ms, it is accepted into the store's request inbox, durably, and answered `pending`, and the holder takes it in once it can. With an `Idempotency-Key`, a call sent again (after a timeout, a restart of berth, or through another process of the fleet) answers 200 with the request the first call made, as it is now, instead of making another; the same key with another body is refused with 422. The key is the requestor's: two requestors' keys never meet. It is kept with its request for `idempotency-ttl` (default 24 h) after the request was made.",
     security(("bearerAuth" = [])),
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "1 to 255 visible ASCII characters (a UUID, say), chosen by the client for this request. Sent again with the same body, the call answers the request the key made (200) instead of making another.")
+    ),
     request_body(content = types::NewRequest),
     responses(
         (status = 201, description = "Created; the request as it is now (normally `pending`).", body = types::Request, headers(("Location" = String, description = "`/v1/requests/{id}` of the new request."))),
-        (status = 400, description = "Malformed body (code `bad_request`); `field` names what is wrong: `body`, `labels`, `labels.NAME`, `priority`, `requestor` or an unknown field's name.", body = types::ErrorBody),
+        (status = 200, description = "The `Idempotency-Key` made this request before (with the same body): the request as it is now, which may have been fulfilled since.", body = types::Request, headers(("Location" = String, description = "`/v1/requests/{id}` of the request."))),
+        (status = 400, description = "Malformed body or header (code `bad_request`); `field` names what is wrong: `body`, `labels`, `labels.NAME`, `priority`, `requestor`, `metadata`, `metadata.KEY`, `Idempotency-Key` or an unknown field's name.", body = types::ErrorBody),
         (status = 401, response = responses::Unauthorized),
         (status = 403, description = "A client token named a requestor other than itself, or the call carries `x-berth-request-id` (for berth processes offering a request to the pool's holder) without the pool's peer secret (code `forbidden`).", body = types::ErrorBody),
         (status = 404, description = "The request was forgotten at once (code `not_found`); should not happen.", body = types::ErrorBody),
-        (status = 422, description = "Code `unknown_label` (no such label; `field` is `labels.NAME`) or `unsatisfiable` (a count the providers' configured limits can never allow).", body = types::ErrorBody),
+        (status = 422, description = "Code `unknown_label` (no such label; `field` is `labels.NAME`), `unsatisfiable` (a count the providers' configured limits can never allow), `metadata_too_large` (more than 32 keys or 4096 bytes, `field` `metadata`; a value over 512 bytes, `field` `metadata.KEY`) or `idempotency_key_reused` (the key made a request with another body; `field` `Idempotency-Key`).", body = types::ErrorBody),
         (status = 503, response = responses::Unavailable)
     )
 )]
@@ -48,35 +52,43 @@ pub(super) async fn create_request(
     api.refuse_if_stopping()?;
     let asked: types::NewRequest = self::body(&body)?;
     let config = api.handle().config();
-    let new = berth_core::pool::read_request(
+    let mut new = berth_core::pool::read_request(
         &config,
         asked.requestor,
         caller.name(),
         asked.priority,
         asked.labels.iter().map(|(name, n)| (name.as_str(), *n)),
     )?;
+    new.metadata = berth_core::pool::read_metadata(asked.metadata)?;
+    new.key = match headers.get(IDEMPOTENCY_KEY) {
+        Some(key) => Some(berth_core::pool::read_key(key.as_bytes())?),
+        None => None,
+    };
     // A request taken is a sign of life: its requestor's lease is renewed
     // with it (a refused one renews nothing).
     let standby = match api.handle().mode() {
         Mode::Standby(holder) if api.handle().shared() => Some(holder),
         _ => None,
     };
-    let (id, view) = if let Some(holder) = standby {
+    let (id, fresh, view) = if let Some(holder) = standby {
         // Another process holds the pool. Offered to it under an id drawn
-        // here; taken here, into the store's inbox under the same id, if
-        // it does not answer in time.
+        // here (or the one its key names); taken here, into the store's
+        // inbox under the same id, if it does not answer in time.
         if headers.contains_key(&forward::RELAYED) {
             // Two processes that each think the other holds the pool.
             return Err(ServiceError::Standby(holder).into());
         }
         api.handle().may_take(&caller, &new)?;
-        let id = RequestId(rand::random());
+        let id = match &new.key {
+            Some(key) => berth_core::pool::keyed_id(&new.requestor, key),
+            None => RequestId(rand::random()),
+        };
         if let Some(answer) = forward::offer(&api, holder.as_ref(), &headers, body, id).await {
             return Ok(answer);
         }
-        let request = api.handle().send_to_inbox(id, new).await?;
+        let (request, fresh) = api.handle().send_to_inbox(id, new).await?;
         api.inner.telemetry.request_inboxed();
-        (id, views::pending(&config, &request))
+        (id, fresh, views::pending(&config, &request))
     } else {
         let change = change::Submit {
             new,
@@ -84,21 +96,32 @@ pub(super) async fn create_request(
             id: given_id(&api, &headers)?,
         };
         let c = caller.clone();
-        let (id, view) = api
+        let (submitted, view) = api
             .handle()
-            .act(caller, change, move |pool, id| {
-                (id, views::request(pool, id, &c))
+            .act(caller, change, move |pool, s: Submitted| {
+                (s, views::request(pool, s.id, &c))
             })
             .await?;
         let view = view.ok_or_else(|| ApiError::not_found("the request was forgotten at once"))?;
-        (id, view)
+        (submitted.id, submitted.fresh, view)
     };
-    let mut r = json(StatusCode::CREATED, view);
+    // A key given again answers the request it made, as it is now.
+    let status = if fresh {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut r = json(status, view);
     if let Ok(v) = header::HeaderValue::from_str(&format!("/v1/requests/{id}")) {
         r.headers_mut().insert(header::LOCATION, v);
     }
     Ok(r)
 }
+
+/// The header a client names a request's idempotency key with.
+pub(super) const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The header as an error's `field` names it.
+pub(super) const IDEMPOTENCY_KEY_FIELD: &str = "Idempotency-Key";
 
 /// The id a process standing by drew for a request it offers here
 /// (`forward::offer`): taken only from a call that carries the pool's peer
@@ -140,11 +163,12 @@ pub(super) fn given_id(api: &Api, headers: &HeaderMap) -> Result<Option<RequestI
     extensions(("x-berth-roles" = json!(["client", "admin"]))),
     params(
         ("state" = inline(Option<types::RequestStateName>), Query, description = "Only requests in this state."),
-        ("requestor" = Option<String>, Query, description = "Only this requestor's requests.")
+        ("requestor" = Option<String>, Query, description = "Only this requestor's requests."),
+        ("meta.KEY" = Option<String>, Query, description = "Only requests whose metadata holds KEY with this value; several `meta.` parameters must all match.")
     ),
     responses(
         (status = 200, description = "The requests.", body = [types::Request]),
-        (status = 400, description = "An unknown parameter or a bad `state` (code `bad_request`, `field` set).", body = types::ErrorBody),
+        (status = 400, description = "An unknown parameter, a bad `state` or a `meta.` parameter whose key is not a metadata key (code `bad_request`, `field` set).", body = types::ErrorBody),
         (status = 401, response = responses::Unauthorized),
         (status = 503, response = responses::Unavailable)
     )

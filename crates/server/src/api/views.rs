@@ -12,8 +12,8 @@ use crate::telemetry::Telemetry;
 use axum::http::StatusCode;
 use berth_config::{Config, LabelIx, LabelKind, ProviderIx};
 use berth_core::pool::{
-    Blocked, ListHealth, Node, NodeId, NodeState, Packing, Pool, Request, RequestId, RequestState,
-    Time, Wait, WaitReason,
+    Blocked, ListHealth, MAX_METADATA_KEY, Metadata, Node, NodeId, NodeState, Packing, Pool,
+    Request, RequestId, RequestState, Time, Wait, WaitReason, is_metadata_key,
 };
 use berth_types::ErrorCode;
 use berth_types::{self as types, rfc3339};
@@ -65,6 +65,10 @@ pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
         }
         .to_owned(),
     });
+    let metadata = match shown {
+        true => node_metadata(pool, n).cloned().unwrap_or_default(),
+        false => BTreeMap::new(),
+    };
     let probe = pool.probing(n.id).map(|p| types::Probe {
         check: config[n.label].ready.check.as_str().to_owned(),
         since: rfc3339(p.since.as_millis()),
@@ -85,6 +89,7 @@ pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
         instance: n.instance.clone(),
         request: request.map(|r| r.to_string()),
         requestor,
+        metadata,
         since: rfc3339(n.state.since().as_millis()),
         created: rfc3339(n.created.as_millis()),
         slot: match n.packing {
@@ -107,6 +112,13 @@ pub(super) fn node(pool: &Pool, n: &Node, caller: &Caller) -> types::Node {
         addresses,
         connection,
     }
+}
+
+/// The metadata of the request `n` is handed out to or set aside for.
+fn node_metadata<'p>(pool: &'p Pool, n: &Node) -> Option<&'p Metadata> {
+    n.request()
+        .and_then(|r| pool.request(r))
+        .map(|r| &r.metadata)
 }
 
 fn request_view(pool: &Pool, r: &Request, caller: &Caller) -> types::Request {
@@ -245,6 +257,8 @@ fn request_with(
         finished: finished.map(|t| rfc3339(t.as_millis())),
         nodes,
         waiting,
+        idempotency_key: r.key.clone(),
+        metadata: r.metadata.clone(),
     }
 }
 
@@ -269,14 +283,54 @@ pub(super) fn owned_request(
     }
 }
 
+/// `?meta.KEY=VALUE` filters, on requests and nodes: each must match.
+#[derive(Default)]
+pub(super) struct MetaFilter(Vec<(String, String)>);
+
+impl MetaFilter {
+    /// The `meta.` parameters of `q`, and the others.
+    fn parse(
+        q: &BTreeMap<String, String>,
+    ) -> Result<(MetaFilter, BTreeMap<String, String>), ApiError> {
+        let mut wanted = Vec::new();
+        let mut rest = BTreeMap::new();
+        for (name, value) in q {
+            match name.strip_prefix("meta.") {
+                Some(key) if is_metadata_key(key) => wanted.push((key.to_owned(), value.clone())),
+                Some(_) => {
+                    return Err(ApiError::bad(
+                        name.clone(),
+                        format!(
+                            "not a metadata key: 1 to {MAX_METADATA_KEY} of A-Z a-z 0-9 . _ - / \
+                             after `meta.`"
+                        ),
+                    ));
+                }
+                None => {
+                    rest.insert(name.clone(), value.clone());
+                }
+            }
+        }
+        Ok((MetaFilter(wanted), rest))
+    }
+
+    /// Whether `metadata` holds every key asked for, with its value.
+    fn matches(&self, metadata: Option<&Metadata>) -> bool {
+        (self.0.iter()).all(|(k, v)| metadata.and_then(|m| m.get(k)) == Some(v))
+    }
+}
+
 /// `GET /v1/requests` filters.
 pub(super) struct RequestFilter {
     state: Option<String>,
     requestor: Option<String>,
+    meta: MetaFilter,
 }
 
 impl RequestFilter {
     pub(super) fn parse(q: &BTreeMap<String, String>) -> Result<RequestFilter, ApiError> {
+        let (meta, q) = MetaFilter::parse(q)?;
+        let q = &q;
         no_other_params(q, &["state", "requestor"])?;
         let state = q.get("state").cloned();
         if let Some(s) = &state
@@ -290,6 +344,7 @@ impl RequestFilter {
         Ok(RequestFilter {
             state,
             requestor: q.get("requestor").cloned(),
+            meta,
         })
     }
 }
@@ -301,6 +356,7 @@ pub(super) fn requests(pool: &Pool, f: &RequestFilter, caller: &Caller) -> Vec<t
         .filter(|r| caller.may_act_for(&r.requestor))
         .filter(|r| f.requestor.as_deref().is_none_or(|q| r.requestor == q))
         .filter(|r| f.state.as_deref().is_none_or(|s| r.state.name() == s))
+        .filter(|r| f.meta.matches(Some(&r.metadata)))
         .collect();
     list.sort_by_key(|r| (r.created, r.id));
     list.into_iter()
@@ -314,6 +370,7 @@ pub(super) struct NodeFilter {
     provider: Option<ProviderIx>,
     state: Option<String>,
     requestor: Option<String>,
+    meta: MetaFilter,
 }
 
 const NODE_STATES: [&str; 8] = [
@@ -325,6 +382,8 @@ impl NodeFilter {
         q: &BTreeMap<String, String>,
         config: &Config,
     ) -> Result<NodeFilter, ApiError> {
+        let (meta, q) = MetaFilter::parse(q)?;
+        let q = &q;
         no_other_params(q, &["label", "provider", "state", "requestor"])?;
         let label = match q.get("label") {
             None => None,
@@ -362,6 +421,7 @@ impl NodeFilter {
             provider,
             state,
             requestor: q.get("requestor").cloned(),
+            meta,
         })
     }
 }
@@ -378,6 +438,12 @@ pub(super) fn nodes(pool: &Pool, f: &NodeFilter, caller: &Caller) -> Vec<types::
             f.requestor
                 .as_deref()
                 .is_none_or(|r| pool.requestor_of(n.id) == Some(r))
+        })
+        // Only metadata the caller is shown is matched.
+        .filter(|n| {
+            f.meta.0.is_empty()
+                || (pool.requestor_of(n.id)).is_some_and(|r| caller.may_act_for(r))
+                    && f.meta.matches(node_metadata(pool, n))
         })
         .collect();
     list.sort_by_key(|n| (n.created, n.id));

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::mode::ServiceError;
-use berth_core::pool::{Idle, NewRequest, NodeId, Pool, RequestId, Time};
+use berth_core::pool::{Idle, NewRequest, NodeId, Pool, RequestId, Submitted, Time};
 
 /// Who asks: a client, acting only as the requestor of its name, or an
 /// admin, who may do everything for anyone.
@@ -83,7 +83,9 @@ pub trait Change: Send + 'static {
 /// long in the same step (a refused request renews nothing). With `id`, it
 /// is taken under that id, drawn by a process standing by that relayed it
 /// ([`Pool::submit_under`]); a request the pool has under that id already
-/// is the same one. Answers the request's id.
+/// is the same one. A request with an idempotency key is taken under the
+/// id its key names ([`Pool::ask`]). Answers the request's id, and whether
+/// it is new.
 #[derive(Clone, Debug)]
 pub struct Submit {
     pub new: NewRequest,
@@ -128,27 +130,27 @@ pub(super) fn may_submit(caller: &Caller, new: &NewRequest) -> Result<(), Servic
 }
 
 impl Change for Submit {
-    type Output = RequestId;
-    fn apply(self, pool: &mut Pool, now: Time, caller: &Caller) -> Result<RequestId, ServiceError> {
+    type Output = Submitted;
+    fn apply(self, pool: &mut Pool, now: Time, caller: &Caller) -> Result<Submitted, ServiceError> {
         let Submit { new, lease, id } = self;
         may_submit(caller, &new)?;
         let requestor = new.requestor.clone();
-        let id = match id {
-            None => pool.submit(now, new)?,
+        let submitted = match id {
+            None => pool.ask(now, new)?,
             Some(id) => {
                 if pool.request(id).is_some_and(|r| r.requestor != requestor) {
                     return Err(ServiceError::Forbidden(format!(
                         "request {id} belongs to another requestor"
                     )));
                 }
-                pool.submit_under(now, id, new)?;
-                id
+                let fresh = pool.submit_under(now, id, new)?;
+                Submitted { id, fresh }
             }
         };
         if let Some(ttl) = lease {
             pool.renew(now, &requestor, ttl);
         }
-        Ok(id)
+        Ok(submitted)
     }
 }
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use berth_config::Config;
-use berth_core::pool::{Idle, NewRequest, NodeId, Pool, Request, RequestId, RequestState, Time};
+use berth_core::pool::{
+    Idle, NewRequest, NodeId, Pool, Refused, Request, RequestId, RequestState, Time,
+};
 use berth_store::{InboxEntry, PgInbox};
 
 use super::change::{self, Caller, Change};
@@ -264,14 +266,16 @@ impl Handle {
     /// process takes the pool over). Durable once this returns. An id
     /// already taken is taken by this very request (relayed to the holder
     /// first, and stored by it: [`Pool::submit_under`]; two random draws of
-    /// 64 bits meet too rarely to be the reason). Answers the request as it
-    /// now stands: pending. Its requestor's lease is renewed when it is
-    /// taken in.
+    /// 64 bits meet too rarely to be the reason), or by the request that
+    /// the same idempotency key made before, which must have been asked
+    /// alike ([`Refused::KeyReused`]). Answers the request as this call
+    /// knows it (pending), and whether it is new. Its requestor's lease is
+    /// renewed when it is taken in.
     pub async fn send_to_inbox(
         &self,
         id: RequestId,
         new: NewRequest,
-    ) -> Result<Request, ServiceError> {
+    ) -> Result<(Request, bool), ServiceError> {
         let Some((_, inbox)) = &self.shared else {
             return Err(self.gone());
         };
@@ -285,14 +289,27 @@ impl Handle {
             wants: (new.wants.iter())
                 .map(|(l, n)| (config[*l].name.clone(), *n))
                 .collect(),
+            key: new.key.clone(),
+            metadata: new.metadata.clone(),
         };
-        let added = inbox.send(&entry).await.map_err(|e| {
-            ServiceError::StoreUnavailable(format!("the request was not accepted: {e}").into())
-        })?;
+        let unavailable =
+            |e| ServiceError::StoreUnavailable(format!("the request was not accepted: {e}").into());
+        let added = inbox.send(&entry).await.map_err(unavailable)?;
         if !added {
             tracing::debug!(request = %id, "the request was stored before it reached the inbox");
+            // An idempotency key given again: the request it made must
+            // have been asked as this one is.
+            if let Some(key) = &new.key {
+                let known = inbox.asked(id).await.map_err(unavailable)?;
+                if known.is_some_and(|known| !known.asks_as(&entry)) {
+                    return Err(ServiceError::Refused(Refused::KeyReused {
+                        key: berth_core::text::printable(key).into_owned(),
+                        request: id,
+                    }));
+                }
+            }
         }
-        Ok(Request {
+        let request = Request {
             id,
             requestor: new.requestor,
             priority: new.priority,
@@ -302,7 +319,13 @@ impl Handle {
             nodes: Vec::new(),
             failures: 0,
             last_failure: None,
-        })
+            key: new.key,
+            metadata: new.metadata,
+        };
+        // A request relayed and stored before it reached the inbox is
+        // this very call's (without a key, the id was drawn here): new.
+        let fresh = added || request.key.is_none();
+        Ok((request, fresh))
     }
 
     /// Has the pool's holder take in what waits in the store's inbox, and
@@ -341,12 +364,14 @@ impl Handle {
         new: NewRequest,
         lease: Option<Duration>,
     ) -> Result<RequestId, ServiceError> {
-        self.embedder(change::Submit {
-            new,
-            lease,
-            id: None,
-        })
-        .await
+        let submitted = self
+            .embedder(change::Submit {
+                new,
+                lease,
+                id: None,
+            })
+            .await?;
+        Ok(submitted.id)
     }
 
     pub async fn cancel(&self, id: RequestId) -> Result<(), ServiceError> {

@@ -507,13 +507,18 @@ impl Loop {
 /// pool's config, or refused with why.
 pub(super) fn inbox_request(config: &Config, entry: InboxEntry) -> Result<NewRequest, Refusal> {
     let wants = entry.wants.iter().map(|(name, n)| (name.as_str(), *n));
-    read_request(
+    let new = read_request(
         config,
         Some(entry.requestor.clone()),
         "",
         entry.priority,
         wants,
-    )
+    );
+    new.map(|new| NewRequest {
+        key: entry.key.clone(),
+        metadata: entry.metadata.clone(),
+        ..new
+    })
     .map_err(|e| Refusal {
         requestor: entry.requestor.clone(),
         priority: entry.priority,

@@ -196,6 +196,7 @@ fn one_small() -> NewRequest {
         requestor: "ci".into(),
         priority: 0,
         wants: vec![(LabelIx(0), 1)],
+        ..NewRequest::default()
     }
 }
 

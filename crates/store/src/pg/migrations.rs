@@ -329,6 +329,17 @@ BEGIN
           FROM members AS m WHERE m.expires > clock_timestamp();
 END $$;
 "#,
+    // As SQLite's step 7: a request's idempotency key and metadata (a JSON
+    // object of strings), in the requests and in the inbox; NULL for none.
+    // The inbox's checks keep its rows within what the API takes.
+    r#"
+ALTER TABLE requests ADD COLUMN idempotency_key TEXT;
+ALTER TABLE requests ADD COLUMN metadata TEXT;
+ALTER TABLE request_inbox ADD COLUMN idempotency_key TEXT
+    CHECK (idempotency_key ~ '^[!-~]{1,255}$');
+ALTER TABLE request_inbox ADD COLUMN metadata TEXT
+    CHECK (octet_length(metadata) <= 65536);
+"#,
 ];
 
 /// The advisory lock key that migrations hold, so that processes starting
