@@ -1844,3 +1844,95 @@ async fn min_ready(berth: &Berth) -> (Option<u64>, Option<u64>) {
     };
     (min("small"), min("big"))
 }
+
+/// A request sent again with its `Idempotency-Key` through every way a
+/// fleet takes one is one request with one set of nodes: made at the
+/// holder; relayed by the process standing by; accepted into the store's
+/// inbox while the holder is stopped (SIGSTOP), the key found taken there
+/// and the body compared; at the process that took the pool over; and
+/// relayed by the old holder, SIGKILLed and started again. The same key
+/// with another body is refused on each way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_sent_again_through_a_fleet_and_its_failover_makes_one_request() {
+    use crate::schedulers::post_keyed;
+    let sim = SimServer::start().await;
+    let mut fleet = Fleet::on_driver(sim, 2, &plugin("sim"), "min-ready = 0", sim_provider);
+    fleet.start(0).await;
+    fleet.get(0).until_ready(30, "b0 holds the pool").await;
+    fleet.start(1).await;
+    assert_eq!(fleet.lease(), (Some(0), 1));
+    let body = json!({"labels": {"small": 2}, "metadata": {"build": "7"}});
+    let other = json!({"labels": {"small": 2}, "metadata": {"build": "8"}});
+    let refused = |(s, e): (u16, Value), way: &str| {
+        assert_eq!(s, 422, "{way}: {e}");
+        assert_eq!(e["error"]["code"], "idempotency_key_reused", "{way}: {e}");
+    };
+
+    let (s, first) = post_keyed(fleet.get(0), CI, "build-7", &body).await;
+    assert_eq!(s, 201, "{first}");
+    let id = first["id"].as_str().unwrap().to_owned();
+    let same = |(s, r): (u16, Value), way: &str| {
+        assert_eq!(
+            (s, r["id"].as_str()),
+            (200, Some(id.as_str())),
+            "{way}: {r}"
+        );
+    };
+    same(
+        post_keyed(fleet.get(1), CI, "build-7", &body).await,
+        "relayed",
+    );
+    refused(
+        post_keyed(fleet.get(1), CI, "build-7", &other).await,
+        "relayed",
+    );
+
+    // b0 stopped: b1 offers to it, gets no answer, and takes the calls
+    // into the inbox, where the key's id is taken already.
+    fleet.pause_between_calls(0).await;
+    let (again, differs) = tokio::join!(
+        post_keyed(fleet.get(1), CI, "build-7", &body),
+        post_keyed(fleet.get(1), CI, "build-7", &other)
+    );
+    same(again, "through the inbox");
+    refused(differs, "through the inbox");
+    let m = fleet.get(1).metrics(Some(OPS)).await;
+    assert_eq!(metric(&m, "berth_requests_inboxed_total"), Some(1.0), "{m}");
+
+    assert_eq!(fleet.until_held(30, "b1 takes the pool over").await, 1);
+    same(
+        post_keyed(fleet.get(1), CI, "build-7", &body).await,
+        "after the failover",
+    );
+    let held = fleet.get(1).fulfilled(CI, &id).await;
+    assert_eq!(held.nodes.len(), 2);
+
+    // b0, SIGKILLed while stopped and started again, stands by and relays.
+    fleet.get(0).signal(libc::SIGKILL);
+    fleet.procs[0]
+        .take()
+        .unwrap()
+        .exit_within(Duration::from_secs(30))
+        .await;
+    fleet.start(0).await;
+    let (s, relayed) = post_keyed(fleet.get(0), CI, "build-7", &body).await;
+    same((s, relayed.clone()), "relayed by the restarted b0");
+    assert_eq!(relayed["state"], "fulfilled");
+    refused(
+        post_keyed(fleet.get(0), CI, "build-7", &other).await,
+        "relayed again",
+    );
+
+    // One request, one set of nodes: the cloud made two instances.
+    let (s, all) = fleet
+        .get(1)
+        .call("GET", "/v1/requests", Some(OPS), None)
+        .await;
+    assert_eq!(s, 200, "{all}");
+    let all = all.as_array().unwrap();
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(all[0]["metadata"], json!({"build": "7"}));
+    assert_eq!(live(&fleet.sim.cloud).len(), 2);
+    let waiting = psql(&fleet.url, "SELECT count(*) FROM request_inbox").unwrap();
+    assert_eq!(waiting.trim(), "0", "requests left in the inbox");
+}

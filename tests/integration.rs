@@ -31,6 +31,7 @@ mod power_loss;
 mod readiness;
 mod reload;
 mod sandbox;
+mod schedulers;
 mod sdk_js;
 mod sdk_python;
 mod serve;

@@ -43,6 +43,24 @@ impl Walk<'_> {
         body: Option<Value>,
     ) -> (u16, Value) {
         let (status, v) = self.server.call(method, path, token, body).await;
+        self.record(method, template, path, status, v)
+    }
+
+    /// `POST /v1/requests` with `body` and an `Idempotency-Key`.
+    async fn post_keyed(&mut self, key: &str, body: Value) -> (u16, Value) {
+        let (status, v) = crate::schedulers::post_keyed(self.server, CI, key, &body).await;
+        self.record("POST", "/v1/requests", "/v1/requests", status, v)
+    }
+
+    /// Checks an answer against the document, and notes its status as seen.
+    fn record(
+        &mut self,
+        method: &str,
+        template: &str,
+        path: &str,
+        status: u16,
+        v: Value,
+    ) -> (u16, Value) {
         let op = &self.doc["paths"][template][method.to_ascii_lowercase()];
         assert!(op.is_object(), "{method} {template} is not documented");
         assert!(
@@ -220,6 +238,27 @@ async fn the_published_document_describes_every_route_and_status_the_binary_serv
             .await;
         assert!((400..500).contains(&s), "{s} {e}");
     }
+    // A key given again: the request it made (200); with another body,
+    // refused (422).
+    let keyed = json!({"labels": {"small": 1}, "metadata": {"walk": "1"}});
+    let (s, made) = walk.post_keyed("walk-1", keyed.clone()).await;
+    assert_eq!(s, 201, "{made}");
+    let (s, again) = walk.post_keyed("walk-1", keyed).await;
+    assert_eq!((s, &again["id"]), (200, &made["id"]), "{again}");
+    let (s, e) = walk
+        .post_keyed("walk-1", json!({"labels": {"small": 2}}))
+        .await;
+    assert_eq!(s, 422, "{e}");
+    let (s, e) = walk
+        .call(
+            "DELETE",
+            "/v1/requests/{id}",
+            &format!("/v1/requests/{}", made["id"].as_str().unwrap()),
+            Some(CI),
+            None,
+        )
+        .await;
+    assert!(s == 200 || s == 409, "{s} {e}");
     walk.each(vec![
         (
             "GET",

@@ -101,6 +101,7 @@ async fn prewarm_fills_and_a_request_is_served_from_ready_nodes() {
             requestor: "ci".into(),
             priority: 0,
             wants: vec![(small, 2)],
+            ..NewRequest::default()
         })
         .await
         .expect("request taken");
@@ -279,6 +280,7 @@ async fn slots_pack_onto_backing_instances_and_are_released_after_grace() {
                 requestor: "ci".into(),
                 priority: 0,
                 wants: vec![(slot, 1)],
+                ..NewRequest::default()
             })
             .await
             .expect("taken");
@@ -466,6 +468,7 @@ async fn a_restart_resumes_from_the_store_without_leaks_or_duplicates() {
             requestor: "ci".into(),
             priority: 0,
             wants: vec![(small, 1)],
+            ..NewRequest::default()
         })
         .await
         .unwrap();
@@ -587,6 +590,7 @@ async fn churn_child() {
                     requestor: requestor.clone(),
                     priority: (i % 3) as i32,
                     wants: vec![(small, 1 + (i % 2) as u32)],
+                    ..NewRequest::default()
                 };
                 i += 1;
                 let id = h.submit_renewing(new, ttl).await.expect("submit");

@@ -945,6 +945,11 @@ async fn nodes_as_stored(server: &Berth) -> Vec<String> {
 /// old name.
 const UNDO_PACKING: &str = "ALTER TABLE nodes RENAME COLUMN packing TO role;";
 
+/// Undoes schema step 7 (SQLite) or 12 (PostgreSQL), on the requests:
+/// their idempotency key and metadata.
+const UNDO_KEY_METADATA: &str = "ALTER TABLE requests DROP COLUMN idempotency_key; \
+                                 ALTER TABLE requests DROP COLUMN metadata;";
+
 /// Undoes schema step 6 (SQLite) or 10 (PostgreSQL): the failure columns.
 const UNDO_FAILURE_COLUMNS: &str =
     "ALTER TABLE nodes DROP COLUMN failure; ALTER TABLE requests DROP COLUMN last_failure;";
@@ -996,16 +1001,19 @@ async fn a_store_from_before_the_packing_column_opens_with_its_nodes_as_they_wer
             let version = psql(url, "SELECT version FROM berth_schema").unwrap();
             assert_eq!(
                 version.trim(),
-                "11",
-                "a step after the members' config: undo it here too"
+                "12",
+                "a step after the requests' key and metadata: undo it here too"
             );
-            // PostgreSQL's step 11: the members' config and its heartbeat.
+            // PostgreSQL's step 12: the requests' key and metadata, in the
+            // inbox too; step 11: the members' config and its heartbeat.
+            let undo_inbox = "ALTER TABLE request_inbox DROP COLUMN idempotency_key; \
+                              ALTER TABLE request_inbox DROP COLUMN metadata;";
             let undo_members = "DROP FUNCTION berth_beat; ALTER TABLE members DROP COLUMN config;";
             psql(
                 url,
                 &format!(
-                    "{undo_members} {UNDO_FAILURE_COLUMNS} {UNDO_PACKING} \
-                     UPDATE berth_schema SET version = 8"
+                    "{UNDO_KEY_METADATA} {undo_inbox} {undo_members} {UNDO_FAILURE_COLUMNS} \
+                     {UNDO_PACKING} UPDATE berth_schema SET version = 8"
                 ),
             )
             .unwrap();
@@ -1016,11 +1024,12 @@ async fn a_store_from_before_the_packing_column_opens_with_its_nodes_as_they_wer
                 .pragma_query_value(None, "user_version", |r| r.get(0))
                 .unwrap();
             assert_eq!(
-                version, 6,
-                "a step after the failure columns: undo it here too"
+                version, 7,
+                "a step after the requests' key and metadata: undo it here too"
             );
             db.execute_batch(&format!(
-                "{UNDO_FAILURE_COLUMNS} {UNDO_PACKING} PRAGMA user_version = 4;"
+                "{UNDO_KEY_METADATA} {UNDO_FAILURE_COLUMNS} {UNDO_PACKING} \
+                 PRAGMA user_version = 4;"
             ))
             .unwrap();
         }

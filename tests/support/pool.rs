@@ -112,6 +112,7 @@ pub async fn fulfil(h: &Handle, requestor: &str, wants: Vec<(LabelIx, u32)>) -> 
             requestor: requestor.into(),
             priority: 0,
             wants,
+            ..NewRequest::default()
         })
         .await
         .expect("request taken");

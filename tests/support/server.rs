@@ -419,11 +419,26 @@ pub async fn http(
     token: Option<&str>,
     body: Option<Value>,
 ) -> std::io::Result<(u16, String)> {
+    http_with(base, method, path, token, &[], body).await
+}
+
+/// As [`http`], with `headers` (name, value) added.
+pub async fn http_with(
+    base: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> std::io::Result<(u16, String)> {
     let addr = base.strip_prefix("http://").expect("http url");
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     if let Some(t) = token {
         req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    for (name, value) in headers {
+        req.push_str(&format!("{name}: {value}\r\n"));
     }
     if !body.is_empty() {
         req.push_str("Content-Type: application/json\r\n");

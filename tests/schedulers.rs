@@ -1,0 +1,376 @@
+//! What a scheduler needs from a pool, through the `berth serve` binary:
+//! - a request sent again with its `Idempotency-Key` (after a timeout, or
+//!   across a SIGKILL and a restart) answers the request the first try
+//!   made, and never makes a second one or a second set of nodes;
+//! - clients that give up waiting after 4 s on machines that take 10 s to
+//!   boot, and ask again with their key, each get their machines, and no
+//!   machine goes to a request nobody waits for;
+//! - metadata is kept on a request, shown on its nodes to whom they are
+//!   shown, filtered by, and refused when it is more than berth keeps.
+//!
+//! (The same key through a process standing by on PostgreSQL is in
+//! `tests/ha.rs`.)
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::SimServer;
+use crate::support::config::{CI, OPS, OTHER, serve_config_with, set_lease_ttl, test_store};
+use crate::support::server::{Berth, http_with, run_berth, until};
+use crate::support::{live, plugin};
+
+/// `POST /v1/requests` with `body`, as `token`, with idempotency key
+/// `key`: the status and the answer.
+pub(crate) async fn post_keyed(
+    server: &Berth,
+    token: &str,
+    key: &str,
+    body: &Value,
+) -> (u16, Value) {
+    let (status, text) = http_with(
+        &server.base,
+        "POST",
+        "/v1/requests",
+        Some(token),
+        &[("Idempotency-Key", key)],
+        Some(body.clone()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("POST /v1/requests: {e}"));
+    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, v)
+}
+
+/// Every request berth keeps, as an admin sees them.
+async fn all_requests(server: &Berth) -> Vec<Value> {
+    let (s, list) = server.call("GET", "/v1/requests", Some(OPS), None).await;
+    assert_eq!(s, 200, "{list}");
+    list.as_array().unwrap().clone()
+}
+
+/// The ids of a request's nodes.
+fn node_ids(request: &Value) -> Vec<String> {
+    let mut ids: Vec<String> = (request["nodes"].as_array().unwrap().iter())
+        .map(|n| n["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// SIGKILL, then `berth serve` again on the same config.
+async fn killed_and_restarted(server: Berth, cfg: &str, dir: &std::path::Path) -> Berth {
+    server.signal(libc::SIGKILL);
+    server.exit_within(Duration::from_secs(30)).await;
+    let server = Berth::start(&["--config", cfg], dir).await;
+    server.until_ready(30, "ready after the restart").await;
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_sent_again_across_two_sigkills_makes_one_request_and_one_set_of_nodes() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = test_store(dir.path());
+    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &store);
+    set_lease_ttl(&cfg, "10m");
+    let cfg = cfg.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+
+    let body = json!({"labels": {"small": 2}, "metadata": {"build": "42"}});
+    let (s, first) = post_keyed(&server, CI, "build-42", &body).await;
+    assert_eq!(s, 201, "{first}");
+    let id = first["id"].as_str().unwrap().to_owned();
+    assert_eq!(first["idempotency_key"], "build-42");
+    // Sent again at once (the client's first try timed out, say): the
+    // same request, answered 200.
+    let (s, again) = post_keyed(&server, CI, "build-42", &body).await;
+    assert_eq!(
+        (s, again["id"].as_str()),
+        (200, Some(id.as_str())),
+        "{again}"
+    );
+
+    // Across a SIGKILL: the key is stored with its request.
+    let server = killed_and_restarted(server, &cfg, dir.path()).await;
+    let (s, after_kill) = post_keyed(&server, CI, "build-42", &body).await;
+    assert_eq!(
+        (s, after_kill["id"].as_str()),
+        (200, Some(id.as_str())),
+        "{after_kill}"
+    );
+    let held = server.fulfilled(CI, &id).await;
+    let nodes = node_ids(&serde_json::to_value(&held).unwrap());
+    assert_eq!(nodes.len(), 2);
+
+    // Across a second SIGKILL, once fulfilled: the request as it is now,
+    // with the nodes it was handed.
+    let server = killed_and_restarted(server, &cfg, dir.path()).await;
+    let (s, fulfilled) = post_keyed(&server, CI, "build-42", &body).await;
+    assert_eq!(s, 200, "{fulfilled}");
+    assert_eq!(fulfilled["state"], "fulfilled");
+    assert_eq!(node_ids(&fulfilled), nodes);
+    let (s, fifth) = post_keyed(&server, CI, "build-42", &body).await;
+    assert_eq!((s, node_ids(&fifth)), (200, nodes.clone()), "{fifth}");
+
+    // The same key with another body is refused, naming the header; so is
+    // a key that is not one.
+    let other_body = json!({"labels": {"small": 1}, "metadata": {"build": "42"}});
+    let (s, refused) = post_keyed(&server, CI, "build-42", &other_body).await;
+    assert_eq!(s, 422, "{refused}");
+    assert_eq!(refused["error"]["code"], "idempotency_key_reused");
+    assert_eq!(refused["error"]["field"], "Idempotency-Key");
+    assert!(
+        refused["error"]["message"].as_str().unwrap().contains(&id),
+        "{refused}"
+    );
+    let (s, bad) = post_keyed(&server, CI, "has space", &body).await;
+    assert_eq!(
+        (s, &bad["error"]["field"]),
+        (400, &json!("Idempotency-Key")),
+        "{bad}"
+    );
+
+    // One request, and one set of nodes: the cloud made two instances.
+    let keyed: Vec<Value> = (all_requests(&server).await.into_iter())
+        .filter(|r| r["idempotency_key"] == "build-42")
+        .collect();
+    assert_eq!(keyed.len(), 1, "{keyed:#?}");
+    assert_eq!(all_requests(&server).await.len(), 1);
+    assert_eq!(live(&sim.cloud).len(), 2, "{:#?}", live(&sim.cloud));
+
+    // A key is its requestor's: another client's same key is its own.
+    let (s, theirs) = post_keyed(&server, OTHER, "build-42", &body).await;
+    assert_eq!(s, 201, "{theirs}");
+    assert_ne!(theirs["id"].as_str(), Some(id.as_str()));
+    server.terminate().await.assert_success();
+}
+
+/// Ten clients, each wanting one machine and willing to wait 4 s at a time
+/// for it, against machines that take 10 s to boot and room for exactly
+/// ten. Each asks again with its key every time it gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_give_up_after_4s_and_ask_again_with_their_key_all_get_machines() {
+    const CLIENTS: usize = 10;
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        boot_delay_ms: 10_000,
+        ..berth::sim::Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = test_store(dir.path());
+    let extra = format!("[providers.sim.limits]\nmax-instances = {CLIENTS}\n{store}");
+    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &extra);
+    set_lease_ttl(&cfg, "10m");
+    let cfg = cfg.display().to_string();
+    let server = std::sync::Arc::new(Berth::start(&["--config", &cfg], dir.path()).await);
+    server.until_ready(30, "ready").await;
+
+    let body = json!({"labels": {"small": 1}});
+    let mut clients = Vec::new();
+    for i in 0..CLIENTS {
+        let (server, body) = (server.clone(), body.clone());
+        clients.push(tokio::spawn(async move {
+            let key = format!("job-{i}");
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                assert!(tries <= 20, "client {i} never got its machine");
+                let (s, r) = post_keyed(&server, CI, &key, &body).await;
+                assert_eq!(s, if tries == 1 { 201 } else { 200 }, "client {i}: {r}");
+                let id = r["id"].as_str().unwrap().to_owned();
+                if r["state"] == "fulfilled" {
+                    return (id, node_ids(&r), tries);
+                }
+                // Waits 4 s, then gives up and asks again.
+                let path = format!("/v1/requests/{id}?wait=4s");
+                let (s, r) = server.call("GET", &path, Some(CI), None).await;
+                assert_eq!(s, 200, "{r}");
+                if r["state"] == "fulfilled" {
+                    return (id, node_ids(&r), tries);
+                }
+            }
+        }));
+    }
+    let mut ids = Vec::new();
+    let mut machines = Vec::new();
+    let mut retried = 0;
+    for c in clients {
+        let (id, nodes, tries) = c.await.unwrap();
+        assert_eq!(nodes.len(), 1);
+        ids.push(id);
+        machines.extend(nodes);
+        retried += usize::from(tries > 1);
+    }
+    println!("{CLIENTS} clients served; {retried} of them asked again at least once");
+    // Every client gave up at least once (a boot takes 10 s), and each
+    // has its own machine.
+    assert_eq!(retried, CLIENTS);
+    machines.sort();
+    machines.dedup();
+    assert_eq!(machines.len(), CLIENTS);
+    // One request per client, and no machine for anyone else: the cloud
+    // made one instance per client.
+    let requests = all_requests(&server).await;
+    assert_eq!(requests.len(), CLIENTS, "{requests:#?}");
+    assert!(requests.iter().all(|r| r["state"] == "fulfilled"));
+    assert_eq!(live(&sim.cloud).len(), CLIENTS);
+    let server = std::sync::Arc::into_inner(server).expect("every client is done");
+    server.terminate().await.assert_success();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_is_kept_shown_to_the_holder_filtered_by_and_bounded() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = test_store(dir.path());
+    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &store);
+    set_lease_ttl(&cfg, "10m");
+    let cfg = cfg.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+
+    // Through the CLI, as a scheduler's script would.
+    let base = server.base.clone();
+    let cli = |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        all.extend(["--server".into(), base.clone(), "--token".into(), CI.into()]);
+        async move { run_berth(all, &[]).await }
+    };
+    let asked = [
+        "request",
+        "small",
+        "--meta",
+        "zuul.build=b-17",
+        "--meta",
+        "tenant=north side",
+        "--idempotency-key",
+        "b-17",
+        "--json",
+    ];
+    let ran = cli(&[&asked[..], &["--wait", "60s"]].concat()).await;
+    assert!(ran.success(), "{ran}");
+    let request: Value = serde_json::from_str(&ran.stdout).unwrap();
+    let want = json!({"tenant": "north side", "zuul.build": "b-17"});
+    assert_eq!(request["metadata"], want, "{request}");
+    assert_eq!(request["idempotency_key"], "b-17");
+    assert_eq!(request["nodes"][0]["metadata"], want);
+    let id = request["id"].as_str().unwrap().to_owned();
+    let node = request["nodes"][0]["id"].as_str().unwrap().to_owned();
+    // The same run again finds the same request.
+    let ran = cli(&asked).await;
+    assert!(ran.success(), "{ran}");
+    let again: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(again["id"].as_str(), Some(id.as_str()));
+
+    // A second request, with other metadata.
+    let (s, second) = server
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(CI),
+            Some(json!({"labels": {"small": 1}, "metadata": {"tenant": "south"}})),
+        )
+        .await;
+    assert_eq!(s, 201, "{second}");
+    let ids = |v: &Value| -> Vec<String> {
+        (v.as_array().unwrap().iter())
+            .map(|x| x["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    for (query, want) in [
+        ("?meta.tenant=north%20side", vec![id.clone()]),
+        (
+            "?meta.tenant=north%20side&meta.zuul.build=b-17",
+            vec![id.clone()],
+        ),
+        ("?meta.tenant=north%20side&meta.zuul.build=b-18", vec![]),
+        (
+            "?meta.tenant=south",
+            vec![second["id"].as_str().unwrap().to_owned()],
+        ),
+        ("?meta.absent=x", vec![]),
+    ] {
+        let (s, list) = server
+            .call("GET", &format!("/v1/requests{query}"), Some(CI), None)
+            .await;
+        assert_eq!((s, ids(&list)), (200, want), "{query}: {list}");
+    }
+    // Nodes: filtered by their request's metadata, for whom it is shown.
+    let path = "/v1/nodes?meta.zuul.build=b-17";
+    let (s, mine) = server.call("GET", path, Some(CI), None).await;
+    assert_eq!((s, ids(&mine)), (200, vec![node.clone()]), "{mine}");
+    let (_, for_admin) = server.call("GET", path, Some(OPS), None).await;
+    assert_eq!(ids(&for_admin), vec![node.clone()]);
+    let (_, for_other) = server.call("GET", path, Some(OTHER), None).await;
+    assert_eq!(ids(&for_other), Vec::<String>::new(), "{for_other}");
+    let (_, seen) = server
+        .call("GET", &format!("/v1/nodes/{node}"), Some(OTHER), None)
+        .await;
+    assert_eq!(seen["id"].as_str(), Some(node.as_str()));
+    assert!(seen.get("metadata").is_none(), "{seen}");
+    let ran = cli(&["nodes", "--meta", "zuul.build=b-17", "--json"]).await;
+    assert!(ran.success(), "{ran}");
+    let listed: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(ids(&listed), vec![node.clone()]);
+    assert_eq!(listed[0]["metadata"], want);
+
+    // More than berth keeps: 422 naming the field; a key that is not one:
+    // 400.
+    let too_many: serde_json::Map<String, Value> =
+        (0..33).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let long = "x".repeat(513);
+    for (metadata, status, code, field) in [
+        (
+            Value::Object(too_many),
+            422,
+            "metadata_too_large",
+            "metadata",
+        ),
+        (
+            json!({"log": long}),
+            422,
+            "metadata_too_large",
+            "metadata.log",
+        ),
+        (json!({"has space": "v"}), 400, "bad_request", "metadata"),
+        (
+            json!({"job": "a\u{202e}b"}),
+            400,
+            "bad_request",
+            "metadata.job",
+        ),
+        (json!({"job": 7}), 400, "bad_request", "metadata.job"),
+    ] {
+        let body = json!({"labels": {"small": 1}, "metadata": metadata});
+        let (s, e) = server
+            .call("POST", "/v1/requests", Some(CI), Some(body))
+            .await;
+        assert_eq!(s, status, "{e}");
+        assert_eq!(e["error"]["code"], code, "{e}");
+        assert_eq!(e["error"]["field"], field, "{e}");
+    }
+    let (s, e) = server
+        .call("GET", "/v1/nodes?meta.a%20b=1", Some(CI), None)
+        .await;
+    assert_eq!((s, &e["error"]["field"]), (400, &json!("meta.a b")), "{e}");
+    // Nothing refused was taken.
+    assert_eq!(all_requests(&server).await.len(), 2);
+
+    // Kept across a restart.
+    server.terminate().await.assert_success();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let (_, kept) = server
+        .call("GET", &format!("/v1/requests/{id}"), Some(CI), None)
+        .await;
+    assert_eq!(kept["metadata"], want, "{kept}");
+    until(30, "the node's metadata after the restart", || async {
+        let (_, n) = server
+            .call("GET", &format!("/v1/nodes/{node}"), Some(CI), None)
+            .await;
+        (n["metadata"] == want).then_some(())
+    })
+    .await;
+    server.terminate().await.assert_success();
+}
