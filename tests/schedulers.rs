@@ -374,3 +374,60 @@ async fn metadata_is_kept_shown_to_the_holder_filtered_by_and_bounded() {
     .await;
     server.terminate().await.assert_success();
 }
+
+/// `examples/scheduler.py`, the loop docs/api.md "Writing a client" shows,
+/// run against the binary for one job, twice: the first run asks (201),
+/// waits on the event stream while the machines boot, and releases them;
+/// the second, as a scheduler restarted after the job, finds the same
+/// request by its key (200) and reads its releases as done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_scheduler_asks_waits_on_events_releases_and_a_rerun_finds_its_request() {
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        boot_delay_ms: 1_500,
+        ..berth::sim::Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = test_store(dir.path());
+    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &store);
+    set_lease_ttl(&cfg, "10m");
+    let cfg = cfg.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+    let script = crate::support::workspace().join("examples/scheduler.py");
+    let run = || async {
+        let out = tokio::process::Command::new("python3")
+            .arg(&script)
+            .args(["4711", "small=2"])
+            .env("BERTH_SERVER", &server.base)
+            .env("BERTH_TOKEN", CI)
+            .output()
+            .await
+            .expect("python3");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}\n{stderr}", out.status);
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let first = run().await;
+    assert_eq!(first["asked"], 201, "{first}");
+    let released = first["released"].as_object().unwrap();
+    assert_eq!(released.len(), 2, "{first}");
+    assert!(released.values().all(|c| c == 200), "{first}");
+    let again = run().await;
+    assert_eq!(again["asked"], 200, "{again}");
+    assert_eq!(again["request"], first["request"]);
+    let done = again["released"].as_object().unwrap();
+    assert_eq!(done.keys().collect::<Vec<_>>(), released.keys().collect::<Vec<_>>());
+    assert!(done.values().all(|c| c == 409 || c == 404), "{again}");
+
+    let requests = all_requests(&server).await;
+    assert_eq!(requests.len(), 1, "{requests:#?}");
+    assert_eq!(requests[0]["metadata"], json!({"job": "4711"}));
+    for node in released.keys() {
+        let (_, n) = server
+            .call("GET", &format!("/v1/nodes/{node}"), Some(CI), None)
+            .await;
+        assert_ne!(n["state"], "in-use", "{n}");
+    }
+    server.terminate().await.assert_success();
+}
