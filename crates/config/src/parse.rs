@@ -98,6 +98,7 @@ impl Walker<'_> {
             capacity_pause: timing(self, "capacity-pause", d.capacity_pause),
             history: timing(self, "history", d.history),
             idempotency_ttl: timing(self, "idempotency-ttl", d.idempotency_ttl),
+            reserve_after: timing(self, "reserve-after", d.reserve_after),
         };
         let ready = self
             .check(&mut s, "ready")

@@ -69,6 +69,7 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
         &u.idempotency_ttl,
         true,
     );
+    d.field("reserve-after", &t.reserve_after, &u.reserve_after, true);
 
     let (x, y) = (&running.api, &new.api);
     d.field("api.listen", &x.listen, &y.listen, false);

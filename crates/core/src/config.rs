@@ -61,6 +61,11 @@ pub struct Timings {
     /// How long a request made with an idempotency key is kept at least,
     /// and its key with it (`idempotency-ttl`).
     pub idempotency_ttl: Duration,
+    /// How long a pending request waits before it keeps what it needs:
+    /// the free nodes of its labels set aside, and room under the limits
+    /// for what it still launches, which requests behind it may not take
+    /// (`reserve-after`).
+    pub reserve_after: Duration,
 }
 
 impl Timings {
@@ -73,6 +78,7 @@ impl Timings {
     pub const DEFAULT_CAPACITY_PAUSE: Duration = Duration::from_secs(300);
     pub const DEFAULT_HISTORY: Duration = Duration::from_secs(3600);
     pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 3600);
+    pub const DEFAULT_RESERVE_AFTER: Duration = Duration::from_secs(30);
 }
 
 impl Default for Timings {
@@ -87,6 +93,7 @@ impl Default for Timings {
             capacity_pause: Self::DEFAULT_CAPACITY_PAUSE,
             history: Self::DEFAULT_HISTORY,
             idempotency_ttl: Self::DEFAULT_IDEMPOTENCY_TTL,
+            reserve_after: Self::DEFAULT_RESERVE_AFTER,
         }
     }
 }

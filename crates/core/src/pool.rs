@@ -56,6 +56,7 @@ pub use bucket::Bucket;
 pub use commands::servable;
 pub use identity::{Identity, Signed, is_generation};
 pub use model::*;
+use plan::Kept;
 pub use probes::{ProbeTarget, Probing};
 use timers::Timer;
 pub use waiting::{Blocked, Limit, Wait, WaitReason};
@@ -99,6 +100,11 @@ pub struct Pool {
     ids: IdGen,
     /// The time of the last [`Pool::tick`].
     last_tick: Time,
+    /// The room the last plan kept for requests that waited past
+    /// `reserve-after` and could not be served, each with its place in
+    /// the serving order: requests behind it may not take it
+    /// ([`Pool::waiting`] says so).
+    kept: Vec<Kept>,
     /// The store's identity: what every instance's tags are signed with.
     identity: Identity,
     /// When each node's tags were last confirmed set (a create's answer or
@@ -402,6 +408,7 @@ impl Pool {
             notices: Vec::new(),
             ids: IdGen { seed, counter: 0 },
             last_tick: Time::ZERO,
+            kept: Vec::new(),
             identity: Identity::default(),
             tagged_at: HashMap::new(),
             tags_checked: HashSet::new(),

@@ -127,7 +127,9 @@ pub struct Waiting {
     /// has none for the instance type), `limit` (the provider's own
     /// `max-instances`, `max-cores` or `max-ram`), `no-provider` (no
     /// provider offers the label any more), `together` (each label has
-    /// room on its own, not all of them together), `next` (nothing holds
+    /// room on its own, not all of them together), `kept` (there is room,
+    /// but it is kept for a request ahead that has waited longer than
+    /// `reserve-after`), `next` (nothing holds
     /// it back: the next step serves it) or `inbox` (accepted by a process
     /// standing by; the pool's holder has not taken it in yet).
     pub reason: String,

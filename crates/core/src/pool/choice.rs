@@ -12,6 +12,10 @@ pub(super) struct Tally {
     pub(super) extra: Vec<Usage>,
     pub(super) credit: Vec<Usage>,
     pub(super) closed: Vec<bool>,
+    /// Free nodes, and free slots (backing, index), kept for a request
+    /// ahead ([`super::plan::Kept`]): not to be taken.
+    pub(super) kept: HashSet<NodeId>,
+    pub(super) kept_slots: HashSet<(NodeId, u16)>,
 }
 
 impl Pool {
@@ -22,6 +26,8 @@ impl Pool {
             extra: vec![Usage::default(); n],
             credit: vec![Usage::default(); n],
             closed: vec![false; n],
+            kept: HashSet::new(),
+            kept_slots: HashSet::new(),
         }
     }
 

@@ -29,16 +29,33 @@ pub(super) enum Step {
 /// How many blocked requests one plan checks for room eviction could make.
 const EVICTION_CHECKS: u32 = 4;
 
+/// Room a plan keeps for a request that waited past `reserve-after` and
+/// could not be served: what its launches still to come would take, per
+/// provider. Requests behind it in the serving order count it as taken.
+/// Nothing is set aside for it: what is kept is worked out again at each
+/// plan, so two requests that keep room never hold what the other waits
+/// for, and the first of them in the serving order is served first.
+#[derive(Clone, Debug)]
+pub(super) struct Kept {
+    /// The request's place in the serving order (priority, created, id).
+    pub(super) place: (i32, Time, RequestId),
+    pub(super) room: Vec<Usage>,
+    /// The free nodes and slots of its labels it would take.
+    pub(super) nodes: Vec<NodeId>,
+    pub(super) slots: Vec<(NodeId, u16)>,
+}
+
 impl Pool {
     pub(super) fn plan(&mut self, now: Time) {
-        let order: Vec<RequestId> = self.pending.iter().map(|k| k.2).collect();
+        let order: Vec<(i32, Time, RequestId)> = self.pending.iter().copied().collect();
         // Providers a request waits for room on: closed to prewarming.
         let mut wanted = self.tally();
         // Each eviction check scans the free ready nodes: only the first few
         // blocked requests (in serving order) get one per plan.
         let mut evictions = EVICTION_CHECKS;
-        for id in order {
-            self.serve(id, &mut wanted, &mut evictions, now);
+        self.kept.clear();
+        for place in order {
+            self.serve(place, &mut wanted, &mut evictions, now);
         }
         for i in 0..self.config.labels.len() {
             self.prewarm(LabelIx(i as u16), &wanted, now);
@@ -49,11 +66,23 @@ impl Pool {
     /// missing nodes are set aside or launched, or none is. A request held
     /// back only by limits that unused ready nodes of other labels take up
     /// has those nodes deleted to make room (see [`Pool::evict_for`]).
-    fn serve(&mut self, id: RequestId, wanted: &mut Tally, evictions: &mut u32, now: Time) {
+    ///
+    /// The room kept for requests ahead that waited past `reserve-after`
+    /// counts as taken ([`Pool::kept_ahead`]); one that has waited so long
+    /// itself and cannot be served keeps what it needs
+    /// ([`Pool::keep_for`]).
+    fn serve(
+        &mut self,
+        place: (i32, Time, RequestId),
+        wanted: &mut Tally,
+        evictions: &mut u32,
+        now: Time,
+    ) {
+        let id = place.2;
         let Some(req) = self.requests.get(&id) else {
             return;
         };
-        let mut tally = self.tally();
+        let mut tally = self.kept_ahead(place);
         match self.steps(req, &mut tally, now) {
             Ok(steps) => {
                 for step in steps {
@@ -71,10 +100,98 @@ impl Pool {
                 }
                 if *evictions > 0 {
                     *evictions -= 1;
-                    self.evict_for(id, now);
+                    self.evict_for(place, now);
+                }
+                if now.since(place.1) >= self.config.timings.reserve_after {
+                    self.keep_for(place);
                 }
             }
         }
+    }
+
+    /// A tally with the room kept for the requests ahead of `place` in the
+    /// serving order counted as taken.
+    pub(super) fn kept_ahead(&self, place: (i32, Time, RequestId)) -> Tally {
+        let mut tally = self.tally();
+        for kept in self.kept.iter().filter(|k| k.place < place) {
+            for (extra, room) in tally.extra.iter_mut().zip(&kept.room) {
+                extra.instances += room.instances;
+                extra.vcpus += room.vcpus;
+                extra.ram_mib += room.ram_mib;
+            }
+            tally.kept.extend(&kept.nodes);
+            tally.kept_slots.extend(&kept.slots);
+        }
+        tally
+    }
+
+    /// The request at `place` has waited past `reserve-after` and cannot be
+    /// served whole: for the rest of this plan, the free nodes of its
+    /// labels it would take (ready or launching, and free slots) and the
+    /// room its launches would take, on the offer each would prefer, are
+    /// kept from the requests behind it. Smaller requests behind it then
+    /// cannot take what frees up, and it is served once enough has.
+    fn keep_for(&mut self, place: (i32, Time, RequestId)) {
+        let Some(req) = self.requests.get(&place.2) else {
+            return;
+        };
+        let ahead = self.kept_ahead(place);
+        let mut kept = Kept {
+            place,
+            room: vec![Usage::default(); self.config.providers.len()],
+            nodes: Vec::new(),
+            slots: Vec::new(),
+        };
+        for &(label, _) in &req.wants {
+            let mut need = self.still_missing(req, label);
+            let (machine, per_instance) = match &self.config[label].kind {
+                LabelKind::Machine { .. } => {
+                    let rt = &self.ix.labels[label.0 as usize];
+                    let free = rt.free_ready.iter().map(|&(_, n)| n);
+                    for n in free.chain(rt.free_launching.iter().copied()) {
+                        if need == 0 {
+                            break;
+                        }
+                        if !ahead.kept.contains(&n) {
+                            kept.nodes.push(n);
+                            need -= 1;
+                        }
+                    }
+                    (label, 1)
+                }
+                &LabelKind::Slots { slots, backing, .. } => {
+                    for slot in self.free_slot_list(label) {
+                        if need == 0 {
+                            break;
+                        }
+                        if !ahead.kept_slots.contains(&slot) {
+                            kept.slots.push(slot);
+                            need -= 1;
+                        }
+                    }
+                    (backing, u32::from(slots.max(1)))
+                }
+            };
+            if let Some(offer) = self.preferred_offer(machine) {
+                for _ in 0..need.div_ceil(per_instance) {
+                    kept.room[offer.provider.0 as usize].add(Resources::from(offer));
+                }
+            }
+        }
+        self.kept.push(kept);
+    }
+
+    /// The offer of `label` a launch would prefer with room everywhere:
+    /// the lowest provider priority, then the lowest price, among
+    /// providers not retired.
+    fn preferred_offer(&self, label: LabelIx) -> Option<&Offer> {
+        (self.machine_offers(label).iter())
+            .filter(|o| !self.config[o.provider].retired)
+            .min_by(|a, b| {
+                let pa = self.config[a.provider].priority;
+                let pb = self.config[b.provider].priority;
+                pa.cmp(&pb).then(a.price.total_cmp(&b.price))
+            })
     }
 
     /// The steps that would serve `req` whole within `tally`, or the label
@@ -99,11 +216,12 @@ impl Pool {
             match &self.config[label].kind {
                 LabelKind::Machine { .. } => {
                     let rt = &self.ix.labels[label.0 as usize];
-                    for &(_, n) in rt.free_ready.iter().take(need as usize) {
-                        steps.push(Step::Take(n));
-                        need -= 1;
-                    }
-                    for &n in rt.free_launching.iter().take(need as usize) {
+                    let free = rt.free_ready.iter().map(|&(_, n)| n);
+                    let free = free.chain(rt.free_launching.iter().copied());
+                    for n in free.filter(|n| !tally.kept.contains(n)) {
+                        if need == 0 {
+                            break;
+                        }
                         steps.push(Step::Take(n));
                         need -= 1;
                     }
@@ -119,7 +237,8 @@ impl Pool {
                         if need == 0 {
                             break;
                         }
-                        if taken_slots.insert((b, index)) {
+                        if !tally.kept_slots.contains(&(b, index)) && taken_slots.insert((b, index))
+                        {
                             steps.push(Step::Slot { backing: b, index });
                             need -= 1;
                         }
@@ -165,8 +284,8 @@ impl Pool {
     /// a request that would still wait. Only as many as the room still
     /// missing once the deletes already under way finish, so a later plan
     /// evicts nothing more for the same request.
-    fn evict_for(&mut self, id: RequestId, now: Time) {
-        let Some(req) = self.requests.get(&id) else {
+    fn evict_for(&mut self, place: (i32, Time, RequestId), now: Time) {
+        let Some(req) = self.requests.get(&place.2) else {
             return;
         };
         // Only the labels it wants are spared, and of a machine label only
@@ -176,6 +295,9 @@ impl Pool {
         // on a plain node of it, so its free plain nodes are room the
         // request cannot use otherwise.
         let spared: HashSet<LabelIx> = req.wants.iter().map(|&(label, _)| label).collect();
+        // Room kept for requests ahead is not this one's to make, nor
+        // are the nodes kept for them to be deleted for it.
+        let mut tally = self.kept_ahead(place);
         // Candidates per provider, oldest ready first: the free ready nodes
         // of the other labels, and the ready backing nodes with every slot
         // free of the other slot labels (kept only for those labels'
@@ -197,9 +319,13 @@ impl Pool {
                 let Packing::Backing { slots, .. } = &node.packing else {
                     return None;
                 };
-                (node.idle == Idle::Run && slots.iter().all(Option::is_none)).then_some((since, b))
+                let kept_slot = (0..slots.len() as u16).any(|i| tally.kept_slots.contains(&(b, i)));
+                (node.idle == Idle::Run && slots.iter().all(Option::is_none) && !kept_slot)
+                    .then_some((since, b))
             });
-            for (since, n) in (rt.free_ready.iter().copied().skip(kept)).chain(idle_backings) {
+            let free = rt.free_ready.iter().copied();
+            let free = free.filter(|(_, n)| !tally.kept.contains(n)).skip(kept);
+            for (since, n) in free.chain(idle_backings) {
                 if let Some(node) = self.nodes.get(&n) {
                     candidates[node.provider.0 as usize].push((since, n));
                 }
@@ -210,7 +336,6 @@ impl Pool {
         }
         // Room on its way counts too: nodes being deleted, and the
         // candidates if they were deleted.
-        let mut tally = self.tally();
         for (p, c) in candidates.iter_mut().enumerate() {
             c.sort();
             tally.credit[p] = self.ix.providers[p].deleting;

@@ -3581,3 +3581,89 @@ fn a_raised_history_keeps_an_ended_request_past_its_first_timer() {
     h.advance(secs(500));
     assert!(h.pool.request(r).is_none());
 }
+
+/// A stream of one-node requests, each held `HOLD` once served and one
+/// more asked every second, keeps a pool of ten full; a ten-node request
+/// comes in among them. Answers when it was served (seconds after it was
+/// asked), if within two minutes, and whether a one-node request of a
+/// higher priority asked while it waited was served first.
+fn big_among_small(reserve_after: Duration) -> (Option<u64>, bool) {
+    const HOLD: u64 = 3;
+    let mut h = one(|c| {
+        c.providers[0].limits.max_instances = Some(10);
+        c.timings.reserve_after = reserve_after;
+    });
+    let mut small: Vec<(RequestId, Option<Time>)> = Vec::new();
+    let ask = |h: &mut Harness, priority: i32| {
+        let id = h.submit_as("stream", &[("a", 1)], priority);
+        (id, None)
+    };
+    for _ in 0..10 {
+        small.push(ask(&mut h, 0));
+    }
+    assert!(h.run_until(secs(30), |h| small.iter().all(|(r, _)| h.fulfilled(*r))));
+    let big = h.submit_as("big", &[("a", 10)], 0);
+    let asked = h.now;
+    let mut urgent = None;
+    let mut urgent_first = false;
+    for second in 0..120 {
+        h.advance(secs(1));
+        if h.fulfilled(big) {
+            return (Some(h.now.since(asked).as_secs()), urgent_first);
+        }
+        if let Some(u) = urgent
+            && h.fulfilled(u)
+        {
+            urgent_first = true;
+        }
+        // Those held long enough are given back; one more is asked.
+        for (r, served) in &mut small {
+            if served.is_none() && h.fulfilled(*r) {
+                *served = Some(h.now);
+            }
+            if served.is_some_and(|t| h.now.since(t) >= secs(HOLD)) {
+                for n in h
+                    .pool
+                    .request(*r)
+                    .map(|r| r.nodes.clone())
+                    .unwrap_or_default()
+                {
+                    if matches!(
+                        h.pool.node(n).map(|n| &n.state),
+                        Some(NodeState::InUse { .. })
+                    ) {
+                        h.release(n);
+                    }
+                }
+            }
+        }
+        small.push(ask(&mut h, 0));
+        if second == 31 {
+            let u = h.submit_as("urgent", &[("a", 1)], -1);
+            urgent = Some(u);
+            small.push((u, None));
+        }
+    }
+    (None, urgent_first)
+}
+
+#[test]
+fn a_request_past_reserve_after_keeps_what_frees_up_and_is_served_whole() {
+    // With no reserving, the one-node requests take every machine as it
+    // frees: the ten-node request starves.
+    let (served, _) = big_among_small(secs(3600));
+    assert_eq!(served, None, "served without keeping room");
+    // Past reserve-after (30 s) it keeps what frees up: served within
+    // reserve-after and the holds of the machines it waits for (its own,
+    // and the one a request of a higher priority takes first: priority
+    // still orders requests, and the room kept does not hold that one
+    // back).
+    let (served, urgent_first) = big_among_small(secs(30));
+    let served = served.expect("the ten-node request starved");
+    println!("the ten-node request was served {served} s after it was asked");
+    assert!(urgent_first, "the request of a higher priority waited");
+    assert!(
+        (30..=30 + 2 * 3 + 5).contains(&served),
+        "served after {served} s"
+    );
+}

@@ -78,6 +78,9 @@ pub enum WaitReason {
     /// Each label of the request would fit on its own, but not all of them
     /// together, within the providers' limits.
     Together,
+    /// There is room, but it is kept for `request`, ahead in the serving
+    /// order, which has waited past `reserve-after`.
+    Kept { request: RequestId },
     /// Nothing holds it back: the next step serves it.
     Next,
 }
@@ -85,7 +88,7 @@ pub enum WaitReason {
 impl WaitReason {
     /// A short, stable name: `creating`, `backing`, `booting`, `probing`,
     /// `others`, `not-listed`, `store-mismatch`, `quota`, `rate-limit`,
-    /// `capacity`, `limit`, `no-provider`, `together`, `next`.
+    /// `capacity`, `limit`, `no-provider`, `together`, `kept`, `next`.
     pub fn name(&self) -> &'static str {
         match self {
             WaitReason::Creating { .. } => "creating",
@@ -103,6 +106,7 @@ impl WaitReason {
             },
             WaitReason::NoProvider => "no-provider",
             WaitReason::Together => "together",
+            WaitReason::Kept { .. } => "kept",
             WaitReason::Next => "next",
         }
     }
@@ -267,10 +271,18 @@ impl Pool {
         let first = req.wants.first().map(|&(label, _)| label);
         if let (true, true, Some(label)) = (fits_alone, to_launch > 0, first) {
             // Each label alone has room: all of them together do, or not.
-            let reason = if self.steps(req, &mut self.tally(), now).is_ok() {
-                WaitReason::Next
-            } else {
+            let place = (req.priority, req.created, req.id);
+            let kept_for = (self.kept.iter()).find(|k| k.place < place);
+            let reason = if self.steps(req, &mut self.tally(), now).is_err() {
                 WaitReason::Together
+            } else if let Some(kept) = kept_for
+                && self.steps(req, &mut self.kept_ahead(place), now).is_err()
+            {
+                WaitReason::Kept {
+                    request: kept.place.2,
+                }
+            } else {
+                WaitReason::Next
             };
             waits.push(Wait {
                 label,

@@ -216,6 +216,10 @@ fn waiting(config: &Config, w: &Wait) -> types::Waiting {
         WaitReason::Together => "each label has room on its own, but not all of the request's \
                                  nodes together, within the providers' limits"
             .into(),
+        WaitReason::Kept { request } => format!(
+            "there is room, but it is kept for request {request}, ahead of this one, which has \
+             waited longer than reserve-after"
+        ),
         WaitReason::Next => "nothing holds it back: the next step serves it".into(),
     };
     types::Waiting {
