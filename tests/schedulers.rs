@@ -417,7 +417,10 @@ async fn the_example_scheduler_asks_waits_on_events_releases_and_a_rerun_finds_i
     assert_eq!(again["asked"], 200, "{again}");
     assert_eq!(again["request"], first["request"]);
     let done = again["released"].as_object().unwrap();
-    assert_eq!(done.keys().collect::<Vec<_>>(), released.keys().collect::<Vec<_>>());
+    assert_eq!(
+        done.keys().collect::<Vec<_>>(),
+        released.keys().collect::<Vec<_>>()
+    );
     assert!(done.values().all(|c| c == 409 || c == 404), "{again}");
 
     let requests = all_requests(&server).await;
@@ -429,5 +432,121 @@ async fn the_example_scheduler_asks_waits_on_events_releases_and_a_rerun_finds_i
             .await;
         assert_ne!(n["state"], "in-use", "{n}");
     }
+    server.terminate().await.assert_success();
+}
+
+/// Room for ten machines, kept full by a stream of one-node requests
+/// (twelve clients, each holding its machine 1 to 2.1 s and asking again),
+/// and a ten-node request among them. With `reserve-after = "5s"`, it keeps what
+/// frees up from then on and is served within reserve-after, a hold and a
+/// boot; the one-node requests behind it say what they wait for (`kept`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_request_among_a_stream_of_small_ones_is_served_after_reserve_after() {
+    let sim = SimServer::start_with(berth::sim::Knobs {
+        boot_delay_ms: 500,
+        ..berth::sim::Knobs::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = test_store(dir.path());
+    let extra = format!("[providers.sim.limits]\nmax-instances = 10\n{store}");
+    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &extra);
+    set_lease_ttl(&cfg, "10m");
+    crate::support::config::edit_config(
+        &cfg,
+        "sync-interval = \"1s\"",
+        "sync-interval = \"1s\"\nreserve-after = \"5s\"",
+    );
+    let cfg = cfg.display().to_string();
+    let server = std::sync::Arc::new(Berth::start(&["--config", &cfg], dir.path()).await);
+    server.until_ready(30, "ready").await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut stream = Vec::new();
+    for i in 0..12 {
+        let (server, stop) = (server.clone(), stop.clone());
+        let hold = Duration::from_millis(1000 + 100 * i);
+        stream.push(tokio::spawn(async move {
+            let mut served = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let body = json!({"labels": {"small": 1}});
+                let (s, r) = server
+                    .call("POST", "/v1/requests", Some(CI), Some(body))
+                    .await;
+                assert_eq!(s, 201, "{r}");
+                let path = format!("/v1/requests/{}?wait=2s", r["id"].as_str().unwrap());
+                let (_, r) = server.call("GET", &path, Some(CI), None).await;
+                if r["state"] != "fulfilled" {
+                    // Given up: cancelled, so that it holds nothing.
+                    let path = format!("/v1/requests/{}", r["id"].as_str().unwrap());
+                    server.call("DELETE", &path, Some(CI), None).await;
+                    continue;
+                }
+                served += 1;
+                tokio::time::sleep(hold).await;
+                let node = &r["nodes"][0]["id"].as_str().unwrap().to_owned();
+                server
+                    .call("POST", &format!("/v1/nodes/{node}/release"), Some(CI), None)
+                    .await;
+            }
+            served
+        }));
+    }
+    // The stream fills the pool first.
+    until(30, "the pool full of one-node requests", || async {
+        (live(&sim.cloud).len() >= 10).then_some(())
+    })
+    .await;
+    let asked = std::time::Instant::now();
+    let (s, big) = server
+        .call(
+            "POST",
+            "/v1/requests",
+            Some(OTHER),
+            Some(json!({"labels": {"small": 10}})),
+        )
+        .await;
+    assert_eq!(s, 201, "{big}");
+    let path = format!("/v1/requests/{}", big["id"].as_str().unwrap());
+    // While it keeps room, a one-node request behind it says so.
+    let mut kept_seen = false;
+    let served = loop {
+        let (_, b) = server.call("GET", &path, Some(OTHER), None).await;
+        if b["state"] == "fulfilled" {
+            break asked.elapsed();
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(60),
+            "still pending: {b}"
+        );
+        let (_, pending) = server
+            .call("GET", "/v1/requests?state=pending", Some(CI), None)
+            .await;
+        kept_seen |= (pending.as_array().unwrap().iter())
+            .flat_map(|r| r["waiting"].as_array().cloned().unwrap_or_default())
+            .any(|w| w["reason"] == "kept");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut small_served = 0;
+    for s in stream {
+        small_served += s.await.unwrap();
+    }
+    println!(
+        "the ten-node request was served {served:?} after it was asked; {small_served} one-node \
+         requests were served around it"
+    );
+    assert!(
+        kept_seen,
+        "no request behind it said it waits for room kept"
+    );
+    // Not before reserve-after (5 s): the stream takes every machine that
+    // frees until then. Then within the holds of the machines it waits
+    // for (at most 2.1 s) and a boot (0.5 s), with room for the sim's
+    // lists.
+    assert!(served >= Duration::from_secs(5), "{served:?}");
+    assert!(served < Duration::from_secs(5 + 3 + 1 + 6), "{served:?}");
+    assert!(small_served > 10, "the stream served {small_served}");
+    let server = std::sync::Arc::into_inner(server).expect("the stream is done");
     server.terminate().await.assert_success();
 }
