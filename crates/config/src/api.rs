@@ -151,6 +151,7 @@ impl Walker<'_> {
         let mut s = Section::new(join("api.tokens", &name), t);
         let role = self.required_string(&mut s, "role");
         let secret = self.required_string(&mut s, "token");
+        let max_nodes = self.max_nodes(&mut s);
         let at = s.path.clone();
         self.finish(s);
         let role = match role.as_deref()? {
@@ -171,7 +172,12 @@ impl Walker<'_> {
             self.problem(path, "a token must be at least 16 characters");
             return None;
         }
-        Some(Token { name, role, secret })
+        Some(Token {
+            name,
+            role,
+            secret,
+            max_nodes,
+        })
     }
 }
 

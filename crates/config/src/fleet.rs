@@ -80,7 +80,11 @@ pub fn fleet_digest(settings: &Settings) -> String {
     tokens.sort_by(|a, b| a.name.cmp(&b.name));
     for t in tokens {
         let secret = hex::encode(Sha256::digest(t.secret.as_bytes()));
-        let _ = writeln!(text, "token {:?} {:?} {secret}", t.name, t.role);
+        let _ = writeln!(
+            text,
+            "token {:?} {:?} {secret} max-nodes {:?}",
+            t.name, t.role, t.max_nodes
+        );
     }
     hex::encode(Sha256::digest(text.as_bytes()))
 }

@@ -28,6 +28,7 @@ impl Walker<'_> {
             .unwrap_or(Label::DEFAULT_LAUNCH_RETRIES);
         let idle_timeout = self.duration(&mut s, "idle-timeout");
         let reuse = self.bool(&mut s, "reuse").unwrap_or(false);
+        let max_nodes = self.max_nodes(&mut s);
         let is_slots = t.contains_key("slots") || t.contains_key("backing-label");
         let ready = self.readiness(&mut s, ready, is_slots);
         let mut backing = None;
@@ -101,6 +102,7 @@ impl Walker<'_> {
             idle_timeout,
             reuse,
             ready,
+            max_nodes,
             kind,
             retired: false,
         };

@@ -161,6 +161,10 @@ impl Walker<'_> {
                 }
             }
         }
+        // A client token's cap is its requestor's.
+        let requestor_caps = (api.tokens.iter())
+            .filter_map(|t| Some((t.name.clone(), t.max_nodes?)))
+            .collect();
         Settings {
             pool: Config {
                 pool_id: pool_id.unwrap_or_default(),
@@ -168,6 +172,7 @@ impl Walker<'_> {
                 providers,
                 labels,
                 requestor_lease_ttl: lease_ttl,
+                requestor_caps,
             },
             state_dir,
             plugins_dir,

@@ -112,9 +112,12 @@ pub fn differences(running: &Settings, new: &Settings) -> Vec<Difference> {
         &b.requestor_lease_ttl,
         true,
     );
-    let tokens = |s: &Settings| -> Vec<(String, String, String)> {
+    let tokens = |s: &Settings| -> Vec<(String, String, String, Option<u32>)> {
         (s.api.tokens.iter())
-            .map(|t| (t.name.clone(), format!("{:?}", t.role), t.secret.clone()))
+            .map(|t| {
+                let role = format!("{:?}", t.role);
+                (t.name.clone(), role, t.secret.clone(), t.max_nodes)
+            })
             .collect()
     };
     d.secret("api.tokens", tokens(running) != tokens(new), true);
@@ -423,6 +426,7 @@ impl Diff {
         );
         self.field(&k("idle-timeout"), &l.idle_timeout, &m.idle_timeout, true);
         self.field(&k("reuse"), &l.reuse, &m.reuse, true);
+        self.field(&k("max-nodes"), &l.max_nodes, &m.max_nodes, true);
         self.field(&k("ready"), &l.ready, &m.ready, true);
         match (&l.kind, &m.kind) {
             (LabelKind::Machine { offers: o }, LabelKind::Machine { offers: n }) => {

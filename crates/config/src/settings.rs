@@ -206,6 +206,9 @@ pub struct Token {
     pub role: Role,
     /// The secret the client sends (`token`, `${ENV}` allowed).
     pub secret: String,
+    /// The most nodes its requestor may hold or have set aside at once
+    /// (`max-nodes`), over every label.
+    pub max_nodes: Option<u32>,
 }
 
 impl fmt::Debug for Token {
@@ -214,6 +217,7 @@ impl fmt::Debug for Token {
             .field("name", &self.name)
             .field("role", &self.role)
             .field("secret", &"<redacted>")
+            .field("max_nodes", &self.max_nodes)
             .finish()
     }
 }

@@ -167,6 +167,19 @@ impl Walker<'_> {
         }
     }
 
+    /// `max-nodes`: a cap of 1 or more nodes.
+    pub(crate) fn max_nodes(&mut self, s: &mut Section<'_>) -> Option<u32> {
+        let max = self.int::<u32>(s, "max-nodes", "1 or more")?;
+        if max == 0 {
+            self.problem(
+                s.at("max-nodes"),
+                "must be 1 or more (leave it out for no cap)",
+            );
+            return None;
+        }
+        Some(max)
+    }
+
     pub(crate) fn number(&mut self, s: &mut Section<'_>, key: &'static str) -> Option<f64> {
         match s.get(key)? {
             Value::Integer(v) => Some(*v as f64),

@@ -27,6 +27,9 @@ pub struct Config {
     /// How long a requestor's lease lasts after its last call or heartbeat
     /// (`api.lease-ttl`).
     pub requestor_lease_ttl: Duration,
+    /// The most nodes each named requestor may hold or have set aside at
+    /// once, over every label (`api.tokens.NAME.max-nodes`).
+    pub requestor_caps: std::collections::BTreeMap<String, u32>,
 }
 
 impl Config {
@@ -168,6 +171,9 @@ pub struct Label {
     /// When a node whose instance runs may be handed out (`ready`). A slot
     /// label's nodes are ready when their backing node is, by its label's.
     pub ready: Readiness,
+    /// The most nodes of the label handed out or set aside at once, over
+    /// every requestor (`max-nodes`); `None` is no cap.
+    pub max_nodes: Option<u32>,
     /// Machines or slots.
     pub kind: LabelKind,
     /// Removed from the config file while berth ran: asked for no more,
@@ -249,6 +255,7 @@ impl Label {
             idle_timeout: None,
             reuse: false,
             ready: Readiness::default(),
+            max_nodes: None,
             kind,
             retired: false,
         }

@@ -18,6 +18,7 @@ mod asked;
 mod bookkeeping;
 mod bucket;
 mod calls;
+mod caps;
 mod choice;
 mod commands;
 mod events;
@@ -53,6 +54,7 @@ pub use asked::{
     Unreadable, is_metadata_key, read_key, read_metadata, read_request,
 };
 pub use bucket::Bucket;
+pub use caps::Cap;
 pub use commands::servable;
 pub use identity::{Identity, Signed, is_generation};
 pub use model::*;

@@ -74,6 +74,7 @@ fn config() -> Config {
             label("small", machine(B)),
         ],
         requestor_lease_ttl: Config::DEFAULT_LEASE_TTL,
+        requestor_caps: Default::default(),
     }
 }
 

@@ -129,7 +129,8 @@ pub struct Waiting {
     /// provider offers the label any more), `together` (each label has
     /// room on its own, not all of them together), `kept` (there is room,
     /// but it is kept for a request ahead that has waited longer than
-    /// `reserve-after`), `next` (nothing holds
+    /// `reserve-after`), `cap` (its nodes would take its requestor or a
+    /// label over `max-nodes`), `next` (nothing holds
     /// it back: the next step serves it) or `inbox` (accepted by a process
     /// standing by; the pool's holder has not taken it in yet).
     pub reason: String,

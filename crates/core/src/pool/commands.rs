@@ -28,6 +28,9 @@ pub fn servable(config: &Config, new: &NewRequest) -> Result<(), Refused> {
             });
         }
     }
+    if let Some(refused) = super::caps::over_cap_alone(config, new) {
+        return Err(refused);
+    }
     Ok(())
 }
 

@@ -887,6 +887,9 @@ pub enum Refused {
     },
     #[error("label `{0}` was removed from the config")]
     Removed(String),
+    /// Alone, it asks for more than a cap (`max-nodes`) allows.
+    #[error("{0}")]
+    OverCap(String),
     /// The key, made printable, and the request it made.
     #[error(
         "the idempotency key `{key}` was given before with another request ({request}); the same key must come with the same requestor, labels, priority and metadata"

@@ -54,8 +54,9 @@ impl Pool {
         // blocked requests (in serving order) get one per plan.
         let mut evictions = EVICTION_CHECKS;
         self.kept.clear();
+        let mut held = self.held(None);
         for place in order {
-            self.serve(place, &mut wanted, &mut evictions, now);
+            self.serve(place, &mut wanted, &mut evictions, &mut held, now);
         }
         for i in 0..self.config.labels.len() {
             self.prewarm(LabelIx(i as u16), &wanted, now);
@@ -71,22 +72,42 @@ impl Pool {
     /// counts as taken ([`Pool::kept_ahead`]); one that has waited so long
     /// itself and cannot be served keeps what it needs
     /// ([`Pool::keep_for`]).
+    ///
+    /// A request its nodes would take over a cap ([`Pool::over_cap`])
+    /// waits, and holds nothing back: no eviction, no room kept, no
+    /// provider closed to prewarming.
     fn serve(
         &mut self,
         place: (i32, Time, RequestId),
         wanted: &mut Tally,
         evictions: &mut u32,
+        held: &mut Option<caps::Held>,
         now: Time,
     ) {
         let id = place.2;
         let Some(req) = self.requests.get(&id) else {
             return;
         };
+        if let Some(held) = held.as_mut()
+            && self.over_cap(req, held).is_some()
+        {
+            self.count_set_aside(req, held);
+            return;
+        }
         let mut tally = self.kept_ahead(place);
-        match self.steps(req, &mut tally, now) {
+        let served = self.steps(req, &mut tally, now);
+        if let (Some(held), Some(req)) = (held.as_mut(), self.requests.get(&id))
+            && served.is_err()
+        {
+            self.count_set_aside(req, held);
+        }
+        match served {
             Ok(steps) => {
                 for step in steps {
                     self.apply(id, step, now);
+                }
+                if let (Some(held), Some(req)) = (held.as_mut(), self.requests.get(&id)) {
+                    self.count_set_aside(req, held);
                 }
                 self.fulfil_if_ready(id, now);
             }
@@ -103,7 +124,7 @@ impl Pool {
                     self.evict_for(place, now);
                 }
                 if now.since(place.1) >= self.config.timings.reserve_after {
-                    self.keep_for(place);
+                    self.keep_for(place, now);
                 }
             }
         }
@@ -131,11 +152,36 @@ impl Pool {
     /// room its launches would take, on the offer each would prefer, are
     /// kept from the requests behind it. Smaller requests behind it then
     /// cannot take what frees up, and it is served once enough has.
-    fn keep_for(&mut self, place: (i32, Time, RequestId)) {
+    ///
+    /// Only if what will free up can serve it: the nodes in use, given
+    /// back or being deleted, and those set aside for requests planned
+    /// whole (they are handed out, then given back). A request planned in part (a launch try of it failed)
+    /// keeps its nodes until it is served; one that waits for those never
+    /// keeps room, or the two would wait for each other for ever.
+    fn keep_for(&mut self, place: (i32, Time, RequestId), now: Time) {
         let Some(req) = self.requests.get(&place.2) else {
             return;
         };
         let ahead = self.kept_ahead(place);
+        let mut freeing = self.kept_ahead(place);
+        for n in self.nodes.values() {
+            let frees = match n.state {
+                NodeState::InUse { .. } | NodeState::Used { .. } | NodeState::Deleting { .. } => {
+                    true
+                }
+                _ => n
+                    .assigned
+                    .filter(|&r| r != place.2)
+                    .and_then(|r| self.requests.get(&r))
+                    .is_some_and(|r| r.wants.iter().all(|&(l, _)| self.still_missing(r, l) == 0)),
+            };
+            if frees && !n.state.is_final() {
+                freeing.credit[usize::from(n.provider.0)].add(n.resources);
+            }
+        }
+        if self.steps(req, &mut freeing, now).is_err() {
+            return;
+        }
         let mut kept = Kept {
             place,
             room: vec![Usage::default(); self.config.providers.len()],

@@ -64,6 +64,10 @@ fn prop_config() -> Config {
     p1.max_calls = 3;
     p1.priority = 1;
     let mut c = config(vec![p0, p1], vec![a, b, bigl, s]);
+    // Caps, so that requests wait for them and the invariants hold
+    // through it: one requestor's, and one label's.
+    c.requestor_caps.insert(REQUESTORS[0].into(), 4);
+    c.labels[1].max_nodes = Some(3);
     c.timings = Timings {
         sync_interval: Duration::from_secs(30),
         boot_poll_interval: Duration::from_secs(5),
@@ -832,4 +836,51 @@ fn regression_a_failed_launch_of_a_removed_label_is_not_replaced() {
         batches: false,
     };
     run(&ops, &cloud).unwrap();
+}
+
+/// Found by the property test: a request that had waited past
+/// `reserve-after` (two `big` and a slot) kept every core of `p0` from a
+/// request behind it that held one of its two `big` nodes (the other was
+/// deleted by an operator) and waited for the second. Neither could be
+/// served: the one ahead kept room it could never have while the one behind
+/// held its node. A request keeps room only when what will free up can serve
+/// it.
+#[test]
+fn a_request_keeping_room_does_not_wait_for_one_behind_it_holding_part_of_its_nodes() {
+    use Op::*;
+    let ops = vec![
+        Submit(vec![(2, 1)], 0, 0),
+        Advance(9365),
+        Crash,
+        Plant(0, Planted::Foreign),
+        SetIdle(Index(0), Idle::Drain),
+        Advance(25365),
+        Release(Index(0)),
+        Fault(0, Call::List, FaultKind::RateLimited(9001), 1),
+        Advance(14365),
+        Submit(vec![(0, 2)], 0, 0),
+        Submit(vec![(0, 2)], 0, 0),
+        Fault(0, Call::List, FaultKind::Transient, 1),
+        Submit(vec![(0, 1)], 0, 1),
+        Release(Index(0)),
+        Renew(0, 26001),
+        Submit(vec![(1, 1), (2, 2)], 1, 1),
+        Delete(Index(0)),
+        Advance(31365),
+        Delete(Index(0)),
+        Submit(vec![(0, 1)], 0, 0),
+        Submit(vec![(2, 2), (3, 1)], 0, 0),
+        Submit(vec![(0, 1)], 0, 0),
+    ];
+    let c = Cloudiness {
+        latency_ms: 4001,
+        reach_late: false,
+        boot_ms: 0,
+        linger_ms: 0,
+        batches: false,
+    };
+    if let Err(e) = run(&ops, &c) {
+        let e = e.to_string();
+        panic!("{}", &e[..e.len().min(3000)]);
+    }
 }

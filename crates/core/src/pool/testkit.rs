@@ -71,6 +71,7 @@ pub(super) fn config(providers: Vec<Provider>, labels: Vec<Label>) -> Config {
         providers,
         labels,
         requestor_lease_ttl: Config::DEFAULT_LEASE_TTL,
+        requestor_caps: Default::default(),
     }
 }
 

@@ -3667,3 +3667,72 @@ fn a_request_past_reserve_after_keeps_what_frees_up_and_is_served_whole() {
         "served after {served} s"
     );
 }
+
+#[test]
+fn a_request_over_a_cap_waits_with_the_reason_cap_and_is_served_once_enough_is_given_back() {
+    let mut h = one(|c| {
+        c.requestor_caps.insert("ci".into(), 3);
+        c.labels[0].max_nodes = Some(4);
+    });
+    // Alone over a cap: refused when asked.
+    let l = h.label("a");
+    let over = NewRequest {
+        requestor: "ci".into(),
+        ..asking(vec![(l, 4)])
+    };
+    assert!(matches!(
+        h.pool.submit(h.now, over),
+        Err(Refused::OverCap(_))
+    ));
+    assert!(matches!(
+        h.pool.submit(h.now, asking(vec![(l, 5)])),
+        Err(Refused::OverCap(_))
+    ));
+
+    let first = h.submit_as("ci", &[("a", 2)], 0);
+    assert!(h.run_until(secs(30), |h| h.fulfilled(first)));
+    // Two held, a cap of three: a request for two waits, with the reason.
+    let second = h.submit_as("ci", &[("a", 2)], 0);
+    h.advance(secs(10));
+    assert_eq!(h.state(second), RequestState::Pending);
+    let waits = h.pool.waiting(second);
+    assert_eq!(
+        waits.iter().map(|w| &w.reason).collect::<Vec<_>>(),
+        [&WaitReason::Cap(Cap::Requestor {
+            name: "ci".into(),
+            held: 2,
+            max: 3
+        })]
+    );
+    // Another requestor is held only by the label's cap: two fit, the
+    // third would take the label over four.
+    let theirs = h.submit_as("u", &[("a", 2)], 0);
+    assert!(h.run_until(secs(30), |h| h.fulfilled(theirs)));
+    let third = h.submit_as("u", &[("a", 1)], 0);
+    h.advance(secs(10));
+    assert_eq!(
+        h.pool
+            .waiting(third)
+            .iter()
+            .map(|w| &w.reason)
+            .collect::<Vec<_>>(),
+        [&WaitReason::Cap(Cap::Label {
+            label: l,
+            held: 4,
+            max: 4
+        })]
+    );
+    // Never failed for it, however long it waits; served once enough is
+    // given back.
+    h.advance(secs(3600));
+    assert_eq!(h.state(second), RequestState::Pending);
+    for n in h.pool.request(first).unwrap().nodes.clone() {
+        h.release(n);
+    }
+    assert!(h.run_until(secs(30), |h| h.fulfilled(second)));
+    for n in h.pool.request(theirs).unwrap().nodes.clone() {
+        h.release(n);
+    }
+    assert!(h.run_until(secs(30), |h| h.fulfilled(third)));
+    ok(&h);
+}

@@ -81,6 +81,9 @@ pub enum WaitReason {
     /// There is room, but it is kept for `request`, ahead in the serving
     /// order, which has waited past `reserve-after`.
     Kept { request: RequestId },
+    /// Its nodes would take its requestor, or one of its labels, over a
+    /// cap (`max-nodes`): it waits until enough is given back.
+    Cap(Cap),
     /// Nothing holds it back: the next step serves it.
     Next,
 }
@@ -88,7 +91,8 @@ pub enum WaitReason {
 impl WaitReason {
     /// A short, stable name: `creating`, `backing`, `booting`, `probing`,
     /// `others`, `not-listed`, `store-mismatch`, `quota`, `rate-limit`,
-    /// `capacity`, `limit`, `no-provider`, `together`, `kept`, `next`.
+    /// `capacity`, `limit`, `no-provider`, `together`, `kept`, `cap`,
+    /// `next`.
     pub fn name(&self) -> &'static str {
         match self {
             WaitReason::Creating { .. } => "creating",
@@ -107,6 +111,7 @@ impl WaitReason {
             WaitReason::NoProvider => "no-provider",
             WaitReason::Together => "together",
             WaitReason::Kept { .. } => "kept",
+            WaitReason::Cap(_) => "cap",
             WaitReason::Next => "next",
         }
     }
@@ -224,6 +229,25 @@ impl Pool {
                 reason: self.node_waits(n),
             })
             .collect();
+        // Over a cap, it is not planned at all: that is all it waits for.
+        if let Some(held) = self.held(Some((req.priority, req.created, req.id)))
+            && let Some(cap) = self.over_cap(req, &held)
+        {
+            let label = match &cap {
+                Cap::Label { label, .. } => Some(*label),
+                Cap::Requestor { .. } => req.wants.first().map(|&(l, _)| l),
+            };
+            if let Some(label) = label {
+                waits.push(Wait {
+                    label,
+                    nodes: self.still_to_launch(req),
+                    node: None,
+                    provider: None,
+                    reason: WaitReason::Cap(cap),
+                });
+            }
+            return waits;
+        }
         let mut fits_alone = true;
         for &(label, count) in &req.wants {
             let missing = self.still_missing(req, label);

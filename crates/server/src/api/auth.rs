@@ -83,11 +83,13 @@ mod tests {
                 name: "ci".into(),
                 role: Role::Client,
                 secret: "client-secret-0123456789".into(),
+                max_nodes: None,
             },
             Token {
                 name: "ops".into(),
                 role: Role::Admin,
                 secret: "admin-secret-0123456789".into(),
+                max_nodes: None,
             },
         ]
     }

@@ -105,7 +105,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::Refused(Refused::DuplicateLabel(_) | Refused::Removed(_)) => {
                 ApiError::bad("labels", message)
             }
-            ServiceError::Refused(Refused::TooMany { .. }) => ApiError::new(
+            ServiceError::Refused(Refused::TooMany { .. } | Refused::OverCap(_)) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorCode::Unsatisfiable,
                 message,

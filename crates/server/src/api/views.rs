@@ -12,7 +12,7 @@ use crate::telemetry::Telemetry;
 use axum::http::StatusCode;
 use berth_config::{Config, LabelIx, LabelKind, ProviderIx};
 use berth_core::pool::{
-    Blocked, ListHealth, MAX_METADATA_KEY, Metadata, Node, NodeId, NodeState, Packing, Pool,
+    Blocked, Cap, ListHealth, MAX_METADATA_KEY, Metadata, Node, NodeId, NodeState, Packing, Pool,
     Request, RequestId, RequestState, Time, Wait, WaitReason, is_metadata_key,
 };
 use berth_types::ErrorCode;
@@ -216,6 +216,15 @@ fn waiting(config: &Config, w: &Wait) -> types::Waiting {
         WaitReason::Together => "each label has room on its own, but not all of the request's \
                                  nodes together, within the providers' limits"
             .into(),
+        WaitReason::Cap(Cap::Requestor { name, held, max }) => format!(
+            "requestor `{name}` holds or has set aside {held} nodes of its max-nodes {max}; \
+             this request waits until enough are given back"
+        ),
+        WaitReason::Cap(Cap::Label { label, held, max }) => format!(
+            "label `{}` has {held} nodes handed out or set aside of its max-nodes {max}; this \
+             request waits until enough are given back",
+            config[*label].name
+        ),
         WaitReason::Kept { request } => format!(
             "there is room, but it is kept for request {request}, ahead of this one, which has \
              waited longer than reserve-after"

@@ -188,6 +188,7 @@ fn config(lease_ttl: Duration) -> Arc<Config> {
         providers: vec![Provider::new("fake")],
         labels: vec![label],
         requestor_lease_ttl: lease_ttl,
+        requestor_caps: Default::default(),
     })
 }
 
