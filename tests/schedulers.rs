@@ -42,6 +42,15 @@ pub(crate) async fn post_keyed(
     (status, v)
 }
 
+/// Request `id` as `token` sees it.
+async fn request_as(server: &Berth, token: &str, id: &str) -> Value {
+    let (s, r) = server
+        .call("GET", &format!("/v1/requests/{id}"), Some(token), None)
+        .await;
+    assert_eq!(s, 200, "{r}");
+    r
+}
+
 /// Every request berth keeps, as an admin sees them.
 async fn all_requests(server: &Berth) -> Vec<Value> {
     let (s, list) = server.call("GET", "/v1/requests", Some(OPS), None).await;
@@ -548,5 +557,105 @@ async fn a_large_request_among_a_stream_of_small_ones_is_served_after_reserve_af
     assert!(served < Duration::from_secs(5 + 3 + 1 + 6), "{served:?}");
     assert!(small_served > 10, "the stream served {small_served}");
     let server = std::sync::Arc::into_inner(server).expect("the stream is done");
+    server.terminate().await.assert_success();
+}
+
+/// `max-nodes` on client `ci`'s token (2) and on label `small` (4): a
+/// request over either waits with the reason `cap`, is never failed for
+/// it, and is served once enough is given back; one that alone asks for
+/// more than a cap is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requestor_at_its_cap_waits_with_the_reason_cap_and_is_served_when_it_releases() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = test_store(dir.path());
+    let small = "min-ready = 0\nmax-nodes = 4";
+    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), small, &store);
+    set_lease_ttl(&cfg, "10m");
+    crate::support::config::edit_config(
+        &cfg,
+        &format!("token = \"{CI}\""),
+        &format!("token = \"{CI}\"\nmax-nodes = 2"),
+    );
+    let cfg = cfg.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    server.until_ready(30, "ready").await;
+    let ask = |token: &'static str, n: u32| {
+        let server = &server;
+        async move {
+            let body = json!({"labels": {"small": n}});
+            server
+                .call("POST", "/v1/requests", Some(token), Some(body))
+                .await
+        }
+    };
+    let id = |r: &Value| r["id"].as_str().unwrap().to_owned();
+    // Alone over a cap: refused.
+    let (s, e) = ask(CI, 3).await;
+    assert_eq!(
+        (s, &e["error"]["code"]),
+        (422, &json!("unsatisfiable")),
+        "{e}"
+    );
+    let (s, e) = ask(OTHER, 5).await;
+    assert_eq!(
+        (s, &e["error"]["code"]),
+        (422, &json!("unsatisfiable")),
+        "{e}"
+    );
+
+    let (_, first) = ask(CI, 2).await;
+    let first = server.fulfilled(CI, &id(&first)).await;
+    // At its cap of two: a third waits, with the reason.
+    let (s, capped) = ask(CI, 1).await;
+    assert_eq!(s, 201, "{capped}");
+    let capped = id(&capped);
+    until(30, "the request says it waits for the cap", || async {
+        let r = request_as(&server, CI, &capped).await;
+        let w = &r["waiting"][0];
+        (w["reason"] == "cap").then(|| w["detail"].as_str().unwrap().to_owned())
+    })
+    .await;
+    let r = request_as(&server, CI, &capped).await;
+    assert!(
+        r["waiting"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("max-nodes 2"),
+        "{r}"
+    );
+    // Another client is held only by the label's cap: two fit (four in
+    // all), a third waits for the label.
+    let (_, theirs) = ask(OTHER, 2).await;
+    let theirs = server.fulfilled(OTHER, &id(&theirs)).await;
+    let (_, label_capped) = ask(OTHER, 1).await;
+    let label_capped = id(&label_capped);
+    until(30, "the label's cap said", || async {
+        let r = request_as(&server, OTHER, &label_capped).await;
+        let detail = r["waiting"][0]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        (r["waiting"][0]["reason"] == "cap" && detail.contains("label `small`")).then_some(())
+    })
+    .await;
+    // Never failed for it: still pending well past a boot.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(request_as(&server, CI, &capped).await["state"], "pending");
+    assert_eq!(live(&sim.cloud).len(), 4);
+
+    // Given back: each is served.
+    let release = |token: &'static str, node: String| {
+        let server = &server;
+        async move {
+            let path = format!("/v1/nodes/{node}/release");
+            let (s, r) = server.call("POST", &path, Some(token), None).await;
+            assert_eq!(s, 200, "{r}");
+        }
+    };
+    release(CI, first.nodes[0].id.clone()).await;
+    server.fulfilled(CI, &capped).await;
+    release(OTHER, theirs.nodes[0].id.clone()).await;
+    server.fulfilled(OTHER, &label_capped).await;
     server.terminate().await.assert_success();
 }
