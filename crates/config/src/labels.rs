@@ -2,8 +2,8 @@
 //! (`[labels.NAME.providers.PROVIDER]`), or a slot label on a backing
 //! label; and a label's readiness check.
 
-use berth_core::config::{Check, Label, LabelIx, LabelKind, Offer, ProviderIx, Readiness};
-use toml::Table;
+use berth_core::config::{Check, Label, LabelIx, LabelKind, Offer, ProviderIx, Readiness, Window};
+use toml::{Table, Value};
 
 use crate::walker::{Section, Walker, join};
 
@@ -29,6 +29,8 @@ impl Walker<'_> {
         let idle_timeout = self.duration(&mut s, "idle-timeout");
         let reuse = self.bool(&mut s, "reuse").unwrap_or(false);
         let max_nodes = self.max_nodes(&mut s);
+        let burst_extra = self.int(&mut s, "burst-extra", "0 or more").unwrap_or(0);
+        let schedule = self.schedule(&mut s);
         let is_slots = t.contains_key("slots") || t.contains_key("backing-label");
         let ready = self.readiness(&mut s, ready, is_slots);
         let mut backing = None;
@@ -103,10 +105,95 @@ impl Walker<'_> {
             reuse,
             ready,
             max_nodes,
+            schedule,
+            burst_extra,
             kind,
             retired: false,
         };
         (label, backing)
+    }
+
+    /// A label's `[[labels.NAME.schedule]]` windows: `days` (default
+    /// every day), `from` and `to` (`HH:MM` or `HH:MM:SS`, UTC; a `to` not
+    /// after `from` ends the next day) and `min-ready`.
+    fn schedule(&mut self, s: &mut Section<'_>) -> Vec<Window> {
+        let at = s.at("schedule");
+        let list = match s.get("schedule") {
+            None => return Vec::new(),
+            Some(Value::Array(a)) => a,
+            Some(v) => {
+                self.wrong_type(at, "an array of tables ([[labels.NAME.schedule]])", v);
+                return Vec::new();
+            }
+        };
+        let mut windows = Vec::new();
+        for (i, v) in list.iter().enumerate() {
+            let at = format!("{at}[{i}]");
+            let Value::Table(t) = v else {
+                self.wrong_type(at, "a table", v);
+                continue;
+            };
+            let mut w = Section::new(at.clone(), t);
+            let days = match w.get("days") {
+                None => Some(0b111_1111),
+                Some(Value::Array(days)) => {
+                    let mut bits = 0u8;
+                    for d in days {
+                        let name = d.as_str().unwrap_or_default().to_ascii_lowercase();
+                        match DAYS.iter().position(|&n| n == name) {
+                            Some(i) => bits |= 1 << i,
+                            None => self.problem(
+                                w.at("days"),
+                                format!("`{d}` is not a day; expected {}", DAYS.join(", ")),
+                            ),
+                        }
+                    }
+                    Some(bits)
+                }
+                Some(v) => {
+                    self.wrong_type(w.at("days"), "an array of days, e.g. [\"mon\", \"tue\"]", v);
+                    None
+                }
+            };
+            let time = |walker: &mut Self, w: &mut Section<'_>, key: &'static str| {
+                let text = walker.required_string(w, key)?;
+                match time_of_day(&text) {
+                    Some(secs) => Some(secs),
+                    None => {
+                        walker.problem(
+                            w.at(key),
+                            format!("`{text}` is not a time of day: HH:MM or HH:MM:SS, UTC"),
+                        );
+                        None
+                    }
+                }
+            };
+            let from = time(self, &mut w, "from");
+            let to = time(self, &mut w, "to");
+            let min_ready = self.int::<u32>(&mut w, "min-ready", "0 or more");
+            if min_ready.is_none() && !t.contains_key("min-ready") {
+                self.problem(
+                    w.at("min-ready"),
+                    "missing; a window sets its own min-ready",
+                );
+            }
+            if let (Some(f), Some(t)) = (from, to)
+                && f == t
+            {
+                self.problem(at.clone(), "`from` and `to` are the same time");
+            }
+            self.finish(w);
+            if let (Some(days), Some(from), Some(to), Some(min_ready)) = (days, from, to, min_ready)
+            {
+                windows.push(Window {
+                    days,
+                    from,
+                    to,
+                    min_ready,
+                });
+            }
+        }
+        windows
     }
 
     /// A label's `ready`, `ready-port` and `ready-timeout`; none of them on a
@@ -193,4 +280,21 @@ impl Walker<'_> {
             price,
         })
     }
+}
+
+/// The days of a schedule's window, Monday first.
+const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+
+/// `HH:MM` or `HH:MM:SS` as seconds into the day.
+fn time_of_day(text: &str) -> Option<u32> {
+    let parts: Vec<&str> = text.split(':').collect();
+    if !(2..=3).contains(&parts.len()) || parts.iter().any(|p| p.len() != 2) {
+        return None;
+    }
+    let n: Vec<u32> = parts
+        .iter()
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    let (h, m, s) = (n[0], n[1], n.get(2).copied().unwrap_or(0));
+    (h < 24 && m < 60 && s < 60).then_some(h * 3600 + m * 60 + s)
 }

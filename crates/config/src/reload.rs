@@ -427,6 +427,8 @@ impl Diff {
         self.field(&k("idle-timeout"), &l.idle_timeout, &m.idle_timeout, true);
         self.field(&k("reuse"), &l.reuse, &m.reuse, true);
         self.field(&k("max-nodes"), &l.max_nodes, &m.max_nodes, true);
+        self.field(&k("burst-extra"), &l.burst_extra, &m.burst_extra, true);
+        self.field(&k("schedule"), &l.schedule, &m.schedule, true);
         self.field(&k("ready"), &l.ready, &m.ready, true);
         match (&l.kind, &m.kind) {
             (LabelKind::Machine { offers: o }, LabelKind::Machine { offers: n }) => {
@@ -512,6 +514,33 @@ shown_by_display!(
     str,
     std::net::SocketAddr
 );
+
+impl Shown for Vec<berth_core::config::Window> {
+    /// `mon,tue 08:00:00-12:00:00 min-ready 4; …`, or `none`.
+    fn shown(&self) -> String {
+        if self.is_empty() {
+            return "none".into();
+        }
+        const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+        let hms = |s: u32| format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+        let windows: Vec<String> = (self.iter())
+            .map(|w| {
+                let days: Vec<&str> = (0..7)
+                    .filter(|d| w.days & (1 << d) != 0)
+                    .map(|d| DAYS[d])
+                    .collect();
+                format!(
+                    "{} {}-{} min-ready {}",
+                    days.join(","),
+                    hms(w.from),
+                    hms(w.to),
+                    w.min_ready
+                )
+            })
+            .collect();
+        windows.join("; ")
+    }
+}
 
 impl Shown for Duration {
     /// As the file writes it: `90s`, `1500ms`.

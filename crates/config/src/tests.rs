@@ -1415,3 +1415,61 @@ fn the_fleet_digest_follows_meaning_not_arrangement_nor_what_is_each_processs_ow
         assert_ne!(fleet_digest(&parsed(&changed)), digest, "{from} → {to}");
     }
 }
+
+#[test]
+fn caps_schedules_and_burst_extra_are_read_and_their_faults_named() {
+    // The windows' tables come last in `[labels.big]`: keys after them
+    // would be theirs.
+    let text = GOOD.replace(
+        "max-ready-age = \"1h\"\n",
+        "max-ready-age = \"1h\"\nmax-nodes = 10\nburst-extra = 3\n\
+         [[labels.big.schedule]]\ndays = [\"mon\", \"Fri\"]\nfrom = \"08:00\"\n\
+         to = \"12:30:15\"\nmin-ready = 6\n[[labels.big.schedule]]\nfrom = \"22:00\"\n\
+         to = \"02:00\"\nmin-ready = 1\n",
+    );
+    let text = format!(
+        "{text}\n[api.tokens.ci]\nrole = \"client\"\ntoken = \"0123456789abcdef0123\"\nmax-nodes = 4\n"
+    );
+    let settings = parse(&text, Path::new("/etc/berth"), &env).unwrap();
+    let big = &settings.pool.labels[settings.pool.label("big").unwrap().0 as usize];
+    assert_eq!(big.max_nodes, Some(10));
+    assert_eq!(big.burst_extra, 3);
+    assert_eq!(
+        big.schedule,
+        [
+            berth_core::config::Window {
+                days: 0b001_0001,
+                from: 8 * 3600,
+                to: 12 * 3600 + 30 * 60 + 15,
+                min_ready: 6
+            },
+            berth_core::config::Window {
+                days: 0b111_1111,
+                from: 22 * 3600,
+                to: 2 * 3600,
+                min_ready: 1
+            }
+        ]
+    );
+    assert_eq!(settings.pool.requestor_caps.get("ci"), Some(&4));
+
+    let label = "pool-id = \"p\"\n[providers.a]\ndriver = \"a.wasm\"\n[labels.x]\n";
+    let offer = "[labels.x.providers.a]\ninstance-type = \"t\"\nimage = \"i\"\nvcpus = 1\n\
+                 ram = \"1GiB\"\n";
+    check(
+        &format!(
+            "{label}max-nodes = 0\nburst-extra = -1\n[[labels.x.schedule]]\ndays = [\"someday\"]\n\
+             from = \"25:00\"\nto = \"8:00\"\n[[labels.x.schedule]]\nfrom = \"08:00\"\n\
+             to = \"08:00\"\nmin-ready = 1\n{offer}"
+        ),
+        &[
+            ("labels.x.max-nodes", "1 or more"),
+            ("labels.x.burst-extra", "out of range"),
+            ("labels.x.schedule[0].days", "`\"someday\"` is not a day"),
+            ("labels.x.schedule[0].from", "not a time of day"),
+            ("labels.x.schedule[0].to", "not a time of day"),
+            ("labels.x.schedule[0].min-ready", "missing"),
+            ("labels.x.schedule[1]", "the same time"),
+        ],
+    );
+}

@@ -174,6 +174,12 @@ pub struct Label {
     /// The most nodes of the label handed out or set aside at once, over
     /// every requestor (`max-nodes`); `None` is no cap.
     pub max_nodes: Option<u32>,
+    /// Windows of the week, in UTC, with a `min-ready` of their own
+    /// (`[[labels.NAME.schedule]]`); [`Label::min_ready_at`].
+    pub schedule: Vec<Window>,
+    /// When a request takes the label's last ready node, this many more
+    /// are launched beyond `min-ready` (`burst-extra`).
+    pub burst_extra: u32,
     /// Machines or slots.
     pub kind: LabelKind,
     /// Removed from the config file while berth ran: asked for no more,
@@ -256,10 +262,70 @@ impl Label {
             reuse: false,
             ready: Readiness::default(),
             max_nodes: None,
+            schedule: Vec::new(),
+            burst_extra: 0,
             kind,
             retired: false,
         }
     }
+
+    /// The `min-ready` in force at `now`: the largest of the schedule's
+    /// windows open then, or the label's own outside every window.
+    pub fn min_ready_at(&self, now: u64) -> u32 {
+        (self.schedule.iter())
+            .filter(|w| w.contains(now))
+            .map(|w| w.min_ready)
+            .max()
+            .unwrap_or(self.min_ready)
+    }
+
+    /// The next time after `now` (milliseconds since the epoch) at which a
+    /// window of the schedule opens or closes, if it has any.
+    pub fn next_window_edge(&self, now: u64) -> Option<u64> {
+        (self.schedule.iter())
+            .flat_map(|w| [w.from, w.to])
+            .map(|secs| next_time_of_day(now, secs))
+            .min()
+    }
+}
+
+/// A window of the week, in UTC, with its own `min-ready`: from `from` to
+/// `to` (seconds of the day; a `to` not after `from` ends on the next day)
+/// on each of `days` (the day it opens).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Bit `d` set: opens on day `d`, Monday 0 to Sunday 6.
+    pub days: u8,
+    pub from: u32,
+    pub to: u32,
+    pub min_ready: u32,
+}
+
+const DAY_MS: u64 = 86_400_000;
+
+impl Window {
+    /// Whether the window is open at `now` (milliseconds since the epoch,
+    /// UTC).
+    pub fn contains(&self, now: u64) -> bool {
+        let day = now / DAY_MS;
+        // 1970-01-01 was a Thursday (3, counting from Monday 0).
+        let weekday = |day: u64| ((day + 3) % 7) as u8;
+        let opens_on = |day: u64| self.days & (1 << weekday(day)) != 0;
+        let secs = ((now % DAY_MS) / 1000) as u32;
+        if self.from < self.to {
+            opens_on(day) && (self.from..self.to).contains(&secs)
+        } else {
+            // Past midnight: opened today, or yesterday and not closed yet.
+            (opens_on(day) && secs >= self.from) || (day > 0 && opens_on(day - 1) && secs < self.to)
+        }
+    }
+}
+
+/// The first time after `now` (ms since the epoch) that is `secs` seconds
+/// into a UTC day.
+fn next_time_of_day(now: u64, secs: u32) -> u64 {
+    let at = now - now % DAY_MS + u64::from(secs) * 1000;
+    if at > now { at } else { at + DAY_MS }
 }
 
 /// What a label's nodes are.

@@ -145,6 +145,9 @@ struct LabelRt {
     /// Prewarm launches that failed in a row, and when prewarming may try again.
     failures: u32,
     backoff_until: Time,
+    /// Launches owed beyond `min-ready` since a request took the label's
+    /// last ready node (`burst-extra`); in memory only.
+    burst_owed: u32,
 }
 
 /// A list whose pages are being followed.
@@ -740,6 +743,12 @@ impl Pool {
         };
         if let Some(&(t, _)) = self.timers.first() {
             at(t);
+        }
+        // A schedule's window opening or closing changes `min-ready`.
+        for label in &self.config.labels {
+            if let Some(t) = label.next_window_edge(after.as_millis()) {
+                at(Time(t));
+            }
         }
         if let Some(t) = self.leases.next_expiry() {
             at(t);

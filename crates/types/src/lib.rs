@@ -272,6 +272,7 @@ pub struct Label {
     pub name: String,
     /// `machine` or `slots`.
     pub kind: String,
+    /// The `min-ready` in force now: a schedule's window may set it.
     pub min_ready: u32,
     /// Nodes (or free slots) ready to hand out now.
     pub ready: usize,

@@ -103,9 +103,30 @@ impl Pool {
         }
         match served {
             Ok(steps) => {
+                // The labels whose ready nodes (or slots on ready backing
+                // nodes) it takes: `burst-extra` may be owed for them.
+                let mut took_ready: Vec<LabelIx> = Vec::new();
+                for step in &steps {
+                    let node = match step {
+                        Step::Take(n) | Step::Slot { backing: n, .. } => self.nodes.get(n),
+                        _ => None,
+                    };
+                    if let Some(n) = node
+                        && matches!(n.state, NodeState::Ready { .. })
+                    {
+                        let label = match (step, &n.packing) {
+                            (Step::Slot { .. }, Packing::Backing { slot_label, .. }) => *slot_label,
+                            _ => n.label,
+                        };
+                        if !took_ready.contains(&label) {
+                            took_ready.push(label);
+                        }
+                    }
+                }
                 for step in steps {
                     self.apply(id, step, now);
                 }
+                self.burst_after(&took_ready);
                 if let (Some(held), Some(req)) = (held.as_mut(), self.requests.get(&id)) {
                     self.count_set_aside(req, held);
                 }
@@ -155,9 +176,10 @@ impl Pool {
     ///
     /// Only if what will free up can serve it: the nodes in use, given
     /// back or being deleted, and those set aside for requests planned
-    /// whole (they are handed out, then given back). A request planned in part (a launch try of it failed)
-    /// keeps its nodes until it is served; one that waits for those never
-    /// keeps room, or the two would wait for each other for ever.
+    /// whole (they are handed out, then given back). A request planned in
+    /// part (a launch try of it failed) keeps its nodes until it is served;
+    /// one that waits for those never keeps room, or the two would wait
+    /// for each other for ever.
     fn keep_for(&mut self, place: (i32, Time, RequestId), now: Time) {
         let Some(req) = self.requests.get(&place.2) else {
             return;

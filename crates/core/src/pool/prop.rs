@@ -43,6 +43,16 @@ fn prop_config() -> Config {
     a.max_ready_age = Some(Duration::from_secs(300));
     a.boot_timeout = Duration::from_secs(60);
     a.launch_retries = 2;
+    // Headroom after a request empties it, and a window of the clock (the
+    // runs start at 22:13:20 UTC) with its own min-ready: both move the
+    // prewarm target under the ops.
+    a.burst_extra = 1;
+    a.schedule = vec![crate::config::Window {
+        days: 0b111_1111,
+        from: 22 * 3600 + 14 * 60,
+        to: 22 * 3600 + 20 * 60,
+        min_ready: 2,
+    }];
     let mut b = machine("b", vec![offer(1, "t1")]);
     b.reuse = true;
     b.idle_timeout = Some(Duration::from_secs(120));

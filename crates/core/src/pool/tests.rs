@@ -3736,3 +3736,101 @@ fn a_request_over_a_cap_waits_with_the_reason_cap_and_is_served_once_enough_is_g
     assert!(h.run_until(secs(30), |h| h.fulfilled(third)));
     ok(&h);
 }
+
+/// 2026-11-30 was a Monday; this is 00:00 UTC that day, in ms.
+const MONDAY: u64 = 1_795_996_800_000;
+
+#[test]
+fn a_windows_days_and_hours_are_utc_and_one_past_midnight_belongs_to_the_day_it_opens() {
+    use crate::config::Window;
+    let h = |hours: u64, mins: u64| (hours * 3600 + mins * 60) * 1000;
+    let day = 86_400_000;
+    // Weekday mornings, 08:00 to 12:00.
+    let mornings = Window {
+        days: 0b001_1111,
+        from: 8 * 3600,
+        to: 12 * 3600,
+        min_ready: 5,
+    };
+    assert!(!mornings.contains(MONDAY + h(7, 59)));
+    assert!(mornings.contains(MONDAY + h(8, 0)));
+    assert!(mornings.contains(MONDAY + 4 * day + h(11, 59)));
+    assert!(!mornings.contains(MONDAY + h(12, 0)));
+    assert!(!mornings.contains(MONDAY + 5 * day + h(9, 0)), "Saturday");
+    // Friday night 22:00 to 02:00: still open early on Saturday, not on
+    // Friday before 02:00 (Thursday night is not in it).
+    let friday_night = Window {
+        days: 1 << 4,
+        from: 22 * 3600,
+        to: 2 * 3600,
+        min_ready: 2,
+    };
+    assert!(friday_night.contains(MONDAY + 4 * day + h(23, 0)));
+    assert!(friday_night.contains(MONDAY + 5 * day + h(1, 59)));
+    assert!(!friday_night.contains(MONDAY + 4 * day + h(1, 0)));
+    assert!(!friday_night.contains(MONDAY + 5 * day + h(2, 0)));
+    let mut label = Label::new("a", LabelKind::Machine { offers: vec![] });
+    label.min_ready = 1;
+    label.schedule = vec![mornings, friday_night];
+    assert_eq!(label.min_ready_at(MONDAY + h(9, 0)), 5);
+    assert_eq!(label.min_ready_at(MONDAY + h(13, 0)), 1);
+    assert_eq!(
+        label.next_window_edge(MONDAY + h(9, 0)),
+        Some(MONDAY + h(12, 0))
+    );
+    assert_eq!(
+        label.next_window_edge(MONDAY + h(23, 0)),
+        Some(MONDAY + day + h(2, 0))
+    );
+}
+
+#[test]
+fn a_schedule_window_raises_min_ready_while_it_is_open_and_idle_nodes_go_after_it() {
+    let mut h = one(|c| {
+        c.labels[0].min_ready = 1;
+        c.labels[0].idle_timeout = Some(secs(60));
+        c.labels[0].schedule = vec![crate::config::Window {
+            days: 0b111_1111,
+            from: 9 * 3600,
+            to: 10 * 3600,
+            min_ready: 4,
+        }];
+    });
+    h.now = Time(MONDAY + 8 * 3_600_000 + 3_590_000); // 08:59:50
+    h.advance(secs(5));
+    assert_eq!(h.count("a", "ready"), 1);
+    // Open at 09:00: four kept ready, with no request.
+    h.advance(secs(20));
+    assert_eq!(h.count("a", "ready"), 4);
+    // Still open at 09:59:50; closed at 10:00: the three beyond min-ready
+    // idle out within an idle-timeout (60 s).
+    h.advance(secs(3600 - 25 - 10));
+    assert_eq!(h.count("a", "ready"), 4);
+    h.advance(secs(10 + 65));
+    assert_eq!(h.count("a", "ready"), 1);
+    ok(&h);
+}
+
+#[test]
+fn burst_extra_launches_more_when_a_request_takes_the_last_ready_node() {
+    let mut h = one(|c| {
+        c.labels[0].min_ready = 2;
+        c.labels[0].burst_extra = 3;
+    });
+    assert!(h.run_until(secs(30), |h| h.count("a", "ready") == 2));
+    // A request for one leaves one ready: nothing more than min-ready.
+    let one_of_two = h.submit(&[("a", 1)], 0);
+    assert!(h.run_until(secs(30), |h| h.fulfilled(one_of_two)));
+    h.advance(secs(10));
+    assert_eq!(h.count("a", "ready"), 2);
+    // One for both takes the last: min-ready and three more.
+    let both = h.submit(&[("a", 2)], 0);
+    assert!(h.run_until(secs(30), |h| h.fulfilled(both)));
+    h.advance(secs(10));
+    assert_eq!(h.count("a", "ready"), 2 + 3);
+    // Owed once: with one taken again, the pool refills to min-ready and
+    // the burst's ready nodes, not beyond.
+    h.advance(secs(60));
+    assert_eq!(h.count("a", "ready"), 5);
+    ok(&h);
+}

@@ -123,8 +123,12 @@ impl Pool {
                     && label.idle_timeout.is_some_and(|a| *since + a <= now) =>
             {
                 let free = self.ix.labels[node.label.0 as usize].free_ready.len() as u32;
-                if free > label.min_ready {
+                if free > label.min_ready_at(now.as_millis()) {
                     self.begin_delete(id, DeleteReason::IdleTimeout, now);
+                } else if let Some(idle) = label.idle_timeout {
+                    // Kept for `min-ready`: looked at again, since that may
+                    // fall (a schedule's window closes, a reload).
+                    self.timer(now + idle, Timer::IdleTimeout(id));
                 }
             }
             (Timer::SlotGrace(_), NodeState::Ready { .. }) if node.idle == Idle::Run => {
@@ -140,7 +144,7 @@ impl Pool {
                     return;
                 };
                 let n = slots.len();
-                let min_ready = self.config[*slot_label].min_ready as usize;
+                let min_ready = self.config[*slot_label].min_ready_at(now.as_millis()) as usize;
                 if slots.iter().all(Option::is_none)
                     && *since + grace_time <= now
                     && self.free_slots(*slot_label, false).saturating_sub(n) >= min_ready

@@ -502,7 +502,12 @@ pub(super) fn labels(pool: &Pool) -> Vec<types::Label> {
                 name: l.name.clone(),
                 kind: if slots.is_some() { "slots" } else { "machine" }.to_owned(),
                 // A removed label keeps none ready.
-                min_ready: if l.retired { 0 } else { l.min_ready },
+                // The one in force now: a schedule's window may set it.
+                min_ready: if l.retired {
+                    0
+                } else {
+                    l.min_ready_at(pool.last_tick().as_millis())
+                },
                 ready: pool.free_ready(ix),
                 nodes: std::mem::take(&mut by_label[i]),
                 slots,
