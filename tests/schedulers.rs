@@ -659,3 +659,84 @@ async fn a_requestor_at_its_cap_waits_with_the_reason_cap_and_is_served_when_it_
     server.fulfilled(OTHER, &label_capped).await;
     server.terminate().await.assert_success();
 }
+
+/// `small` keeps one ready, three while a schedule's window is open (it
+/// opens 6 s after the test starts, for 8 s, in UTC as the file writes
+/// it), and two more than `min-ready` once a request takes its last ready
+/// node (`burst-extra`); nodes beyond `min-ready` idle out after 2 s.
+/// Through the binary, on the wall clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_window_and_burst_extra_take_effect_at_their_time() {
+    let sim = SimServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = test_store(dir.path());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let hms = |t: u64| {
+        let s = t % 86_400;
+        format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+    };
+    let (opens, closes) = (now + 6, now + 14);
+    let extra = format!(
+        "[[labels.small.schedule]]\nfrom = \"{}\"\nto = \"{}\"\nmin-ready = 3\n{store}",
+        hms(opens),
+        hms(closes)
+    );
+    let small = "min-ready = 1\nburst-extra = 2\nidle-timeout = \"2s\"";
+    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), small, &extra);
+    set_lease_ttl(&cfg, "10m");
+    let cfg = cfg.display().to_string();
+    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let epoch = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let min_ready = || async {
+        let (_, all) = server.call("GET", "/v1/labels", Some(OPS), None).await;
+        all[0]["min_ready"].as_u64()
+    };
+    server.until_label_ready(30, "small", 1, "one ready").await;
+    assert!(
+        epoch() < opens as f64,
+        "the window opened before the test looked"
+    );
+    assert_eq!(min_ready().await, Some(1));
+    server
+        .until_label_ready(30, "small", 3, "three ready in the window")
+        .await;
+    let filled = epoch();
+    assert!(
+        filled >= opens as f64,
+        "three ready {:.1} s before the window",
+        opens as f64 - filled
+    );
+    assert_eq!(min_ready().await, Some(3));
+    server
+        .until_label_ready(30, "small", 1, "back to one after the window")
+        .await;
+    let at = epoch();
+    assert!(
+        at >= closes as f64,
+        "one ready {:.1} s before the window closed",
+        closes as f64 - at
+    );
+    println!(
+        "three ready {:.1} s after the window opened; one again {:.1} s after it closed \
+         (idle-timeout 2 s)",
+        filled - opens as f64,
+        at - closes as f64
+    );
+    assert_eq!(min_ready().await, Some(1));
+
+    // A request takes the last ready node: min-ready and two more.
+    let r = server.request(CI, &[("small", 1)]).await;
+    server.fulfilled(CI, &r.id).await;
+    server
+        .until_label_ready(30, "small", 3, "min-ready and burst-extra")
+        .await;
+    server.terminate().await.assert_success();
+}
