@@ -22,6 +22,8 @@ mod caps;
 mod choice;
 mod commands;
 mod events;
+#[cfg(test)]
+mod headroom;
 mod identity;
 mod leases;
 mod model;
