@@ -11,6 +11,7 @@
 //! (The same key through a process standing by on PostgreSQL is in
 //! `tests/ha.rs`.)
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -42,6 +43,24 @@ pub(crate) async fn post_keyed(
     (status, v)
 }
 
+/// A `berth serve` config against `sim` in a new directory, with
+/// `small` as the keys of `[labels.small]`, `extra` appended, the suite's
+/// store, and requestor leases of 10 minutes (no client here renews one).
+fn config_for(sim: &SimServer, small: &str, extra: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!("{extra}\n{}", test_store(dir.path()));
+    let cfg = serve_config_with(sim, dir.path(), &plugin("sim"), small, &extra);
+    set_lease_ttl(&cfg, "10m");
+    (dir, cfg)
+}
+
+/// `berth serve --config cfg` in `dir`, once it is ready.
+async fn serve(dir: &Path, cfg: &Path) -> Berth {
+    let server = Berth::start(&["--config", &cfg.display().to_string()], dir).await;
+    server.until_ready(30, "ready").await;
+    server
+}
+
 /// Request `id` as `token` sees it.
 async fn request_as(server: &Berth, token: &str, id: &str) -> Value {
     let (s, r) = server
@@ -68,24 +87,17 @@ fn node_ids(request: &Value) -> Vec<String> {
 }
 
 /// SIGKILL, then `berth serve` again on the same config.
-async fn killed_and_restarted(server: Berth, cfg: &str, dir: &std::path::Path) -> Berth {
+async fn killed_and_restarted(server: Berth, cfg: &Path, dir: &Path) -> Berth {
     server.signal(libc::SIGKILL);
     server.exit_within(Duration::from_secs(30)).await;
-    let server = Berth::start(&["--config", cfg], dir).await;
-    server.until_ready(30, "ready after the restart").await;
-    server
+    serve(dir, cfg).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_sent_again_across_two_sigkills_makes_one_request_and_one_set_of_nodes() {
     let sim = SimServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = test_store(dir.path());
-    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &store);
-    set_lease_ttl(&cfg, "10m");
-    let cfg = cfg.display().to_string();
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    server.until_ready(30, "ready").await;
+    let (dir, cfg) = config_for(&sim, "min-ready = 0", "");
+    let server = serve(dir.path(), &cfg).await;
 
     let body = json!({"labels": {"small": 2}, "metadata": {"build": "42"}});
     let (s, first) = post_keyed(&server, CI, "build-42", &body).await;
@@ -167,14 +179,9 @@ async fn clients_that_give_up_after_4s_and_ask_again_with_their_key_all_get_mach
         ..berth::sim::Knobs::default()
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = test_store(dir.path());
-    let extra = format!("[providers.sim.limits]\nmax-instances = {CLIENTS}\n{store}");
-    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &extra);
-    set_lease_ttl(&cfg, "10m");
-    let cfg = cfg.display().to_string();
-    let server = std::sync::Arc::new(Berth::start(&["--config", &cfg], dir.path()).await);
-    server.until_ready(30, "ready").await;
+    let extra = format!("[providers.sim.limits]\nmax-instances = {CLIENTS}");
+    let (dir, cfg) = config_for(&sim, "min-ready = 0", &extra);
+    let server = std::sync::Arc::new(serve(dir.path(), &cfg).await);
 
     let body = json!({"labels": {"small": 1}});
     let mut clients = Vec::new();
@@ -232,13 +239,8 @@ async fn clients_that_give_up_after_4s_and_ask_again_with_their_key_all_get_mach
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_is_kept_shown_to_the_holder_filtered_by_and_bounded() {
     let sim = SimServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = test_store(dir.path());
-    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &store);
-    set_lease_ttl(&cfg, "10m");
-    let cfg = cfg.display().to_string();
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    server.until_ready(30, "ready").await;
+    let (dir, cfg) = config_for(&sim, "min-ready = 0", "");
+    let server = serve(dir.path(), &cfg).await;
 
     // Through the CLI, as a scheduler's script would.
     let base = server.base.clone();
@@ -369,7 +371,7 @@ async fn metadata_is_kept_shown_to_the_holder_filtered_by_and_bounded() {
 
     // Kept across a restart.
     server.terminate().await.assert_success();
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
+    let server = serve(dir.path(), &cfg).await;
     let (_, kept) = server
         .call("GET", &format!("/v1/requests/{id}"), Some(CI), None)
         .await;
@@ -396,13 +398,8 @@ async fn the_example_scheduler_asks_waits_on_events_releases_and_a_rerun_finds_i
         ..berth::sim::Knobs::default()
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = test_store(dir.path());
-    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &store);
-    set_lease_ttl(&cfg, "10m");
-    let cfg = cfg.display().to_string();
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    server.until_ready(30, "ready").await;
+    let (dir, cfg) = config_for(&sim, "min-ready = 0", "");
+    let server = serve(dir.path(), &cfg).await;
     let script = crate::support::workspace().join("examples/scheduler.py");
     let run = || async {
         let out = tokio::process::Command::new("python3")
@@ -456,19 +453,14 @@ async fn a_large_request_among_a_stream_of_small_ones_is_served_after_reserve_af
         ..berth::sim::Knobs::default()
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = test_store(dir.path());
-    let extra = format!("[providers.sim.limits]\nmax-instances = 10\n{store}");
-    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), "min-ready = 0", &extra);
-    set_lease_ttl(&cfg, "10m");
+    let extra = "[providers.sim.limits]\nmax-instances = 10";
+    let (dir, cfg) = config_for(&sim, "min-ready = 0", extra);
     crate::support::config::edit_config(
         &cfg,
         "sync-interval = \"1s\"",
         "sync-interval = \"1s\"\nreserve-after = \"5s\"",
     );
-    let cfg = cfg.display().to_string();
-    let server = std::sync::Arc::new(Berth::start(&["--config", &cfg], dir.path()).await);
-    server.until_ready(30, "ready").await;
+    let server = std::sync::Arc::new(serve(dir.path(), &cfg).await);
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut stream = Vec::new();
@@ -567,19 +559,13 @@ async fn a_large_request_among_a_stream_of_small_ones_is_served_after_reserve_af
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_requestor_at_its_cap_waits_with_the_reason_cap_and_is_served_when_it_releases() {
     let sim = SimServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = test_store(dir.path());
-    let small = "min-ready = 0\nmax-nodes = 4";
-    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), small, &store);
-    set_lease_ttl(&cfg, "10m");
+    let (dir, cfg) = config_for(&sim, "min-ready = 0\nmax-nodes = 4", "");
     crate::support::config::edit_config(
         &cfg,
         &format!("token = \"{CI}\""),
         &format!("token = \"{CI}\"\nmax-nodes = 2"),
     );
-    let cfg = cfg.display().to_string();
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
-    server.until_ready(30, "ready").await;
+    let server = serve(dir.path(), &cfg).await;
     let ask = |token: &'static str, n: u32| {
         let server = &server;
         async move {
@@ -668,33 +654,26 @@ async fn a_requestor_at_its_cap_waits_with_the_reason_cap_and_is_served_when_it_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schedule_window_and_burst_extra_take_effect_at_their_time() {
     let sim = SimServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = test_store(dir.path());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let hms = |t: u64| {
-        let s = t % 86_400;
-        format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
-    };
-    let (opens, closes) = (now + 6, now + 14);
-    let extra = format!(
-        "[[labels.small.schedule]]\nfrom = \"{}\"\nto = \"{}\"\nmin-ready = 3\n{store}",
-        hms(opens),
-        hms(closes)
-    );
-    let small = "min-ready = 1\nburst-extra = 2\nidle-timeout = \"2s\"";
-    let cfg = serve_config_with(&sim, dir.path(), &plugin("sim"), small, &extra);
-    set_lease_ttl(&cfg, "10m");
-    let cfg = cfg.display().to_string();
-    let server = Berth::start(&["--config", &cfg], dir.path()).await;
     let epoch = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs_f64()
     };
+    let hms = |t: u64| {
+        let s = t % 86_400;
+        format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+    };
+    let now = epoch() as u64;
+    let (opens, closes) = (now + 6, now + 14);
+    let window = format!(
+        "[[labels.small.schedule]]\nfrom = \"{}\"\nto = \"{}\"\nmin-ready = 3\n",
+        hms(opens),
+        hms(closes)
+    );
+    let small = "min-ready = 1\nburst-extra = 2\nidle-timeout = \"2s\"";
+    let (dir, cfg) = config_for(&sim, small, &window);
+    let server = Berth::start(&["--config", &cfg.display().to_string()], dir.path()).await;
     let min_ready = || async {
         let (_, all) = server.call("GET", "/v1/labels", Some(OPS), None).await;
         all[0]["min_ready"].as_u64()

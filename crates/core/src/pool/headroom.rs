@@ -108,19 +108,7 @@ fn replay(asked: &[Asked], warm: impl FnOnce(&mut Label)) -> Outcome {
             .collect();
         holding.retain(|(until, _)| *until > second);
         for id in due {
-            for n in h
-                .pool
-                .request(id)
-                .map(|r| r.nodes.clone())
-                .unwrap_or_default()
-            {
-                if matches!(
-                    h.pool.node(n).map(|n| &n.state),
-                    Some(NodeState::InUse { .. })
-                ) {
-                    h.release(n);
-                }
-            }
+            h.release_held(id);
         }
         if second < 86_400 {
             out.idle_node_hours += h.pool.free_ready(a) as f64 / 3600.0;

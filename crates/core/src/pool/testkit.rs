@@ -1072,6 +1072,19 @@ impl Harness {
         self.persist();
     }
 
+    /// Gives back every node of request `id` still in use.
+    pub(super) fn release_held(&mut self, id: RequestId) {
+        let nodes = (self.pool.request(id)).map_or_else(Vec::new, |r| r.nodes.clone());
+        for n in nodes {
+            if matches!(
+                self.pool.node(n).map(|n| &n.state),
+                Some(NodeState::InUse { .. })
+            ) {
+                self.release(n);
+            }
+        }
+    }
+
     pub(super) fn set_idle(&mut self, id: NodeId, idle: Idle) {
         self.pool.set_idle(self.now, id, idle).expect("set idle");
         self.persist();

@@ -3622,19 +3622,7 @@ fn big_among_small(reserve_after: Duration) -> (Option<u64>, bool) {
                 *served = Some(h.now);
             }
             if served.is_some_and(|t| h.now.since(t) >= secs(HOLD)) {
-                for n in h
-                    .pool
-                    .request(*r)
-                    .map(|r| r.nodes.clone())
-                    .unwrap_or_default()
-                {
-                    if matches!(
-                        h.pool.node(n).map(|n| &n.state),
-                        Some(NodeState::InUse { .. })
-                    ) {
-                        h.release(n);
-                    }
-                }
+                h.release_held(*r);
             }
         }
         small.push(ask(&mut h, 0));
