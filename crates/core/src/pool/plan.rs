@@ -358,7 +358,8 @@ impl Pool {
         };
         // Only the labels it wants are spared, and of a machine label only
         // the free ready nodes the request takes (the oldest, as `steps`
-        // takes them): the others are room, as another label's are. Not a
+        // takes them): the others are room, as another label's are; of a
+        // slot label, only the backing nodes whose slots it takes. Not a
         // wanted slot label's backing label either: a slot is never placed
         // on a plain node of it, so its free plain nodes are room the
         // request cannot use otherwise.
@@ -374,12 +375,28 @@ impl Pool {
         let mut candidates: Vec<Vec<(Time, NodeId)>> = vec![Vec::new(); self.ix.providers.len()];
         for (i, rt) in self.ix.labels.iter().enumerate() {
             let label = LabelIx(i as u16);
+            // A wanted slot label's backing nodes whose free slots the
+            // request takes (in packing order, as `steps` takes them) are
+            // spared; its backing nodes with every slot free beyond those
+            // are room, as another label's are.
+            let mut takes_slots_on: HashSet<NodeId> = HashSet::new();
             let kept = match &self.config[label].kind {
                 _ if !spared.contains(&label) => 0,
                 LabelKind::Machine { .. } => self.still_missing(req, label) as usize,
-                LabelKind::Slots { .. } => continue,
+                LabelKind::Slots { .. } => {
+                    let need = self.still_missing(req, label) as usize;
+                    takes_slots_on = (self.free_slot_list(label).into_iter())
+                        .filter(|slot| !tally.kept_slots.contains(slot))
+                        .take(need)
+                        .map(|(b, _)| b)
+                        .collect();
+                    0
+                }
             };
             let idle_backings = rt.backings.iter().filter_map(|&b| {
+                if takes_slots_on.contains(&b) {
+                    return None;
+                }
                 let node = self.nodes.get(&b)?;
                 let NodeState::Ready { since } = node.state else {
                     return None;

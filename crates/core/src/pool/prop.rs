@@ -894,3 +894,34 @@ fn a_request_keeping_room_does_not_wait_for_one_behind_it_holding_part_of_its_no
         panic!("{}", &e[..e.len().min(3000)]);
     }
 }
+
+/// Found by the property test: with `s` (slots on `big`) keeping three
+/// free slots, two `big` backing nodes with every slot free took `p0`'s
+/// cores, and a request for two `big` and one `s` waited for ever:
+/// eviction spared every backing node of a slot label the request wants,
+/// though it takes a slot on one of them only.
+#[test]
+fn idle_backing_nodes_beyond_the_slots_a_request_takes_are_room_for_it() {
+    use Op::*;
+    let ops = vec![
+        Reload(self::Reload::Slots(2)),
+        Fault(0, Call::SetTags, FaultKind::Transient, 1),
+        Renew(1, 1000),
+        Delete(Index(0)),
+        Submit(vec![(1, 1)], 0, 0),
+        Submit(vec![(1, 1)], 0, 0),
+        Reload(self::Reload::MinReady(3, 3)),
+        Submit(vec![(2, 2), (3, 1)], 0, 0),
+    ];
+    let c = Cloudiness {
+        latency_ms: 0,
+        reach_late: false,
+        boot_ms: 0,
+        linger_ms: 0,
+        batches: false,
+    };
+    if let Err(e) = run(&ops, &c) {
+        let e = e.to_string();
+        panic!("{}", &e[..e.len().min(3000)]);
+    }
+}
