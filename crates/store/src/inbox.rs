@@ -33,23 +33,6 @@ pub struct InboxEntry {
     pub metadata: Metadata,
 }
 
-impl InboxEntry {
-    /// Whether `other` asks for what this entry asks: the same requestor,
-    /// priority, labels and counts (in any order), key and metadata.
-    pub fn asks_as(&self, other: &InboxEntry) -> bool {
-        let sorted = |w: &[(String, u32)]| {
-            let mut w = w.to_vec();
-            w.sort();
-            w
-        };
-        self.requestor == other.requestor
-            && self.priority == other.priority
-            && sorted(&self.wants) == sorted(&other.wants)
-            && self.key == other.key
-            && self.metadata == other.metadata
-    }
-}
-
 /// Writes the inbox from a process standing by ([`crate::PgStore::inbox`]).
 pub struct PgInbox {
     client: LazyClient,

@@ -2075,9 +2075,9 @@ async fn postgres_inbox_entries_are_taken_in_once_by_the_commit_that_stores_them
 }
 
 /// An entry carries its idempotency key and metadata to the pool's
-/// holder, and what an id holds is read back as an entry, from the inbox
-/// or from the stored request it became: a key given again is compared
-/// with it.
+/// holder, and what an id holds is read back as the same entry, from the
+/// inbox or from the stored request it became: a key given again is
+/// compared with it.
 #[tokio::test]
 async fn postgres_inbox_entries_carry_their_key_and_metadata_and_are_read_back_by_id() {
     let (_, url) = pg_fresh().await;
@@ -2105,10 +2105,10 @@ async fn postgres_inbox_entries_carry_their_key_and_metadata_and_are_read_back_b
         std::slice::from_ref(&entry)
     );
     let waiting = inbox.asked(entry.id).await.unwrap().expect("in the inbox");
-    assert!(waiting.asks_as(&entry));
+    assert_eq!(waiting, entry);
     let mut other = entry.clone();
     other.metadata.insert("note".into(), "another".into());
-    assert!(!waiting.asks_as(&other));
+    assert_ne!(waiting, other);
 
     // Taken in and stored: read back from the requests.
     let mut stored = request(entry.id.0, RequestState::Pending);
@@ -2124,7 +2124,7 @@ async fn postgres_inbox_entries_carry_their_key_and_metadata_and_are_read_back_b
         .unwrap();
     assert!(holder.inbox(10).await.unwrap().is_empty());
     let from_requests = inbox.asked(entry.id).await.unwrap().expect("stored");
-    assert!(from_requests.asks_as(&entry), "{from_requests:?}");
+    assert_eq!(from_requests, entry);
     assert!(!inbox.send(&entry).await.unwrap());
     assert_eq!(load(&mut holder).await.snapshot.requests, [stored]);
 }

@@ -365,21 +365,17 @@ pub struct Request {
 }
 
 impl Request {
-    /// Whether `new` asks for what this request asked: the same requestor,
-    /// priority, labels and counts, metadata and key. A key given again
-    /// with another ask is refused ([`Refused::KeyReused`]).
+    /// Whether `new` asks for what this request asked
+    /// ([`NewRequest::asks_as`]). A key given again with another ask is
+    /// refused ([`Refused::KeyReused`]).
     pub fn asked_as(&self, new: &NewRequest) -> bool {
-        let sorted = |wants: &[(LabelIx, u32)]| {
-            let mut w: Vec<(LabelIx, u32)> =
-                wants.iter().copied().filter(|(_, n)| *n > 0).collect();
-            w.sort_unstable();
-            w
-        };
-        self.requestor == new.requestor
-            && self.priority == new.priority
-            && sorted(&self.wants) == sorted(&new.wants)
-            && self.metadata == new.metadata
-            && self.key == new.key
+        new.asks_as(
+            &self.requestor,
+            self.priority,
+            &self.wants,
+            self.key.as_deref(),
+            &self.metadata,
+        )
     }
 }
 
@@ -480,6 +476,32 @@ pub struct NewRequest {
     /// The client's idempotency key (the `Idempotency-Key` header).
     pub key: Option<String>,
     pub metadata: Metadata,
+}
+
+impl NewRequest {
+    /// Whether this asks for what a request of `requestor`, `priority`,
+    /// `wants`, `key` and `metadata` asked: the same of each, the labels
+    /// and counts in any order.
+    pub fn asks_as(
+        &self,
+        requestor: &str,
+        priority: i32,
+        wants: &[(LabelIx, u32)],
+        key: Option<&str>,
+        metadata: &Metadata,
+    ) -> bool {
+        let sorted = |wants: &[(LabelIx, u32)]| {
+            let mut w: Vec<(LabelIx, u32)> =
+                wants.iter().copied().filter(|(_, n)| *n > 0).collect();
+            w.sort_unstable();
+            w
+        };
+        self.requestor == requestor
+            && self.priority == priority
+            && sorted(&self.wants) == sorted(wants)
+            && self.key.as_deref() == key
+            && self.metadata == *metadata
+    }
 }
 
 /// Why a driver call did not succeed, as the core needs to know it.

@@ -299,9 +299,22 @@ impl Handle {
             tracing::debug!(request = %id, "the request was stored before it reached the inbox");
             // An idempotency key given again: the request it made must
             // have been asked as this one is.
+            // Read as the holder takes an entry in: one this config cannot
+            // read (another label) is not the same ask either.
             if let Some(key) = &new.key {
                 let known = inbox.asked(id).await.map_err(unavailable)?;
-                if known.is_some_and(|known| !known.asks_as(&entry)) {
+                let same = |known| {
+                    super::task::inbox_request(&config, known).is_ok_and(|k: NewRequest| {
+                        k.asks_as(
+                            &new.requestor,
+                            new.priority,
+                            &new.wants,
+                            new.key.as_deref(),
+                            &new.metadata,
+                        )
+                    })
+                };
+                if known.is_some_and(|known| !same(known)) {
                     return Err(ServiceError::Refused(Refused::KeyReused {
                         key: berth_core::text::printable(key).into_owned(),
                         request: id,
