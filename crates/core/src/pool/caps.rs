@@ -54,7 +54,7 @@ impl Pool {
                 _ => false,
             };
             if counts {
-                held.count(&r.requestor, n.label, 1);
+                held.count(&r.requestor, n.label);
             }
         }
         Some(held)
@@ -71,9 +71,7 @@ impl Pool {
                 .count() as u32
         };
         if let Some(&max) = self.config.requestor_caps.get(&req.requestor) {
-            let missing: u32 = (req.wants.iter())
-                .map(|&(l, _)| self.still_missing(req, l))
-                .sum();
+            let missing = self.still_to_launch(req);
             let taken = held.by_requestor.get(&req.requestor).copied().unwrap_or(0) + own(None);
             if missing > 0 && taken + missing > max {
                 return Some(Cap::Requestor {
@@ -104,21 +102,22 @@ impl Pool {
     pub(super) fn count_set_aside(&self, req: &Request, held: &mut Held) {
         for n in req.nodes.iter().filter_map(|n| self.nodes.get(n)) {
             if !matches!(n.state, NodeState::InUse { .. }) {
-                held.count(&req.requestor, n.label, 1);
+                held.count(&req.requestor, n.label);
             }
         }
     }
 }
 
 impl Held {
-    fn count(&mut self, requestor: &str, label: LabelIx, n: u32) {
+    /// One more node of `requestor` and `label`.
+    fn count(&mut self, requestor: &str, label: LabelIx) {
         match self.by_requestor.get_mut(requestor) {
-            Some(c) => *c += n,
+            Some(c) => *c += 1,
             None => {
-                self.by_requestor.insert(requestor.to_owned(), n);
+                self.by_requestor.insert(requestor.to_owned(), 1);
             }
         }
-        self.by_label[usize::from(label.0)] += n;
+        self.by_label[usize::from(label.0)] += 1;
     }
 }
 

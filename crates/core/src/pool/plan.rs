@@ -88,67 +88,64 @@ impl Pool {
         let Some(req) = self.requests.get(&id) else {
             return;
         };
-        if let Some(held) = held.as_mut()
-            && self.over_cap(req, held).is_some()
-        {
-            self.count_set_aside(req, held);
-            return;
-        }
-        let mut tally = self.kept_ahead(place);
-        let served = self.steps(req, &mut tally, now);
-        if let (Some(held), Some(req)) = (held.as_mut(), self.requests.get(&id))
-            && served.is_err()
-        {
-            self.count_set_aside(req, held);
-        }
-        match served {
-            Ok(steps) => {
-                // The labels whose ready nodes (or slots on ready backing
-                // nodes) it takes: `burst-extra` may be owed for them.
-                let mut took_ready: Vec<LabelIx> = Vec::new();
-                for step in &steps {
-                    let node = match step {
-                        Step::Take(n) | Step::Slot { backing: n, .. } => self.nodes.get(n),
-                        _ => None,
-                    };
-                    if let Some(n) = node
-                        && matches!(n.state, NodeState::Ready { .. })
-                    {
-                        let label = match (step, &n.packing) {
-                            (Step::Slot { .. }, Packing::Backing { slot_label, .. }) => *slot_label,
-                            _ => n.label,
-                        };
-                        if !took_ready.contains(&label) {
-                            took_ready.push(label);
-                        }
+        let capped = (held.as_ref()).is_some_and(|held| self.over_cap(req, held).is_some());
+        if !capped {
+            let mut tally = self.kept_ahead(place);
+            match self.steps(req, &mut tally, now) {
+                Ok(steps) => {
+                    let took_ready = self.ready_labels_taken(&steps);
+                    for step in steps {
+                        self.apply(id, step, now);
+                    }
+                    self.burst_after(&took_ready);
+                    self.fulfil_if_ready(id, now);
+                }
+                Err(_) => {
+                    // Prewarming stays off every provider the request could
+                    // use, or min-ready nodes would take the room each time
+                    // it frees (or an eviction makes it) and the request
+                    // would wait for ever.
+                    for &(label, _) in &req.wants {
+                        wanted.close(self.offers_of(label));
+                    }
+                    if *evictions > 0 {
+                        *evictions -= 1;
+                        self.evict_for(place, now);
+                    }
+                    if now.since(place.1) >= self.config.timings.reserve_after {
+                        self.keep_for(place, now);
                     }
                 }
-                for step in steps {
-                    self.apply(id, step, now);
-                }
-                self.burst_after(&took_ready);
-                if let (Some(held), Some(req)) = (held.as_mut(), self.requests.get(&id)) {
-                    self.count_set_aside(req, held);
-                }
-                self.fulfil_if_ready(id, now);
-            }
-            Err(_) => {
-                // Prewarming stays off every provider the request could use,
-                // or min-ready nodes would take the room each time it frees
-                // (or an eviction makes it) and the request would wait for
-                // ever.
-                for &(label, _) in &req.wants {
-                    wanted.close(self.offers_of(label));
-                }
-                if *evictions > 0 {
-                    *evictions -= 1;
-                    self.evict_for(place, now);
-                }
-                if now.since(place.1) >= self.config.timings.reserve_after {
-                    self.keep_for(place, now);
-                }
             }
         }
+        // What it has set aside now counts against the caps of the
+        // requests behind it.
+        if let (Some(held), Some(req)) = (held.as_mut(), self.requests.get(&id)) {
+            self.count_set_aside(req, held);
+        }
+    }
+
+    /// The labels whose ready nodes (or slots on ready backing nodes)
+    /// `steps` take: `burst-extra` may be owed for them.
+    fn ready_labels_taken(&self, steps: &[Step]) -> Vec<LabelIx> {
+        let mut labels: Vec<LabelIx> = Vec::new();
+        for step in steps {
+            let node = match step {
+                Step::Take(n) | Step::Slot { backing: n, .. } => self.nodes.get(n),
+                _ => None,
+            };
+            let Some(n) = node.filter(|n| matches!(n.state, NodeState::Ready { .. })) else {
+                continue;
+            };
+            let label = match (step, &n.packing) {
+                (Step::Slot { .. }, Packing::Backing { slot_label, .. }) => *slot_label,
+                _ => n.label,
+            };
+            if !labels.contains(&label) {
+                labels.push(label);
+            }
+        }
+        labels
     }
 
     /// A tally with the room kept for the requests ahead of `place` in the
@@ -184,18 +181,19 @@ impl Pool {
         let Some(req) = self.requests.get(&place.2) else {
             return;
         };
-        let ahead = self.kept_ahead(place);
+        // The other pending requests planned whole: theirs are handed out.
+        let whole: HashSet<RequestId> = (self.pending.iter())
+            .map(|&(_, _, r)| r)
+            .filter(|&r| r != place.2)
+            .filter(|r| (self.requests.get(r)).is_some_and(|r| self.still_to_launch(r) == 0))
+            .collect();
         let mut freeing = self.kept_ahead(place);
         for n in self.nodes.values() {
             let frees = match n.state {
                 NodeState::InUse { .. } | NodeState::Used { .. } | NodeState::Deleting { .. } => {
                     true
                 }
-                _ => n
-                    .assigned
-                    .filter(|&r| r != place.2)
-                    .and_then(|r| self.requests.get(&r))
-                    .is_some_and(|r| r.wants.iter().all(|&(l, _)| self.still_missing(r, l) == 0)),
+                _ => n.assigned.is_some_and(|r| whole.contains(&r)),
             };
             if frees && !n.state.is_final() {
                 freeing.credit[usize::from(n.provider.0)].add(n.resources);
@@ -204,6 +202,9 @@ impl Pool {
         if self.steps(req, &mut freeing, now).is_err() {
             return;
         }
+        // What requests ahead keep (`steps` adds to a tally's room, never
+        // to what it keeps).
+        let ahead = freeing;
         let mut kept = Kept {
             place,
             room: vec![Usage::default(); self.config.providers.len()],

@@ -356,7 +356,7 @@ impl Pool {
     }
 
     /// How many of `req`'s nodes have none set aside yet.
-    fn still_to_launch(&self, req: &Request) -> u32 {
+    pub(super) fn still_to_launch(&self, req: &Request) -> u32 {
         (req.wants.iter())
             .map(|&(label, _)| self.still_missing(req, label))
             .sum()
