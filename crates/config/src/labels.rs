@@ -140,11 +140,11 @@ impl Walker<'_> {
                     let mut bits = 0u8;
                     for d in days {
                         let name = d.as_str().unwrap_or_default().to_ascii_lowercase();
-                        match DAYS.iter().position(|&n| n == name) {
+                        match Window::DAYS.iter().position(|&n| n == name) {
                             Some(i) => bits |= 1 << i,
                             None => self.problem(
                                 w.at("days"),
-                                format!("`{d}` is not a day; expected {}", DAYS.join(", ")),
+                                format!("`{d}` is not a day; expected {}", Window::DAYS.join(", ")),
                             ),
                         }
                     }
@@ -281,9 +281,6 @@ impl Walker<'_> {
         })
     }
 }
-
-/// The days of a schedule's window, Monday first.
-const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
 
 /// `HH:MM` or `HH:MM:SS` as seconds into the day.
 fn time_of_day(text: &str) -> Option<u32> {

@@ -516,28 +516,13 @@ shown_by_display!(
 );
 
 impl Shown for Vec<berth_core::config::Window> {
-    /// `mon,tue 08:00:00-12:00:00 min-ready 4; …`, or `none`.
+    /// Each window as it reads (`mon,tue 08:00:00-12:00:00 min-ready 4`),
+    /// `; ` between them, or `none`.
     fn shown(&self) -> String {
         if self.is_empty() {
             return "none".into();
         }
-        const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
-        let hms = |s: u32| format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
-        let windows: Vec<String> = (self.iter())
-            .map(|w| {
-                let days: Vec<&str> = (0..7)
-                    .filter(|d| w.days & (1 << d) != 0)
-                    .map(|d| DAYS[d])
-                    .collect();
-                format!(
-                    "{} {}-{} min-ready {}",
-                    days.join(","),
-                    hms(w.from),
-                    hms(w.to),
-                    w.min_ready
-                )
-            })
-            .collect();
+        let windows: Vec<String> = self.iter().map(ToString::to_string).collect();
         windows.join("; ")
     }
 }

@@ -1451,6 +1451,11 @@ fn caps_schedules_and_burst_extra_are_read_and_their_faults_named() {
             }
         ]
     );
+    // As `config check --against` shows a change of it.
+    assert_eq!(
+        big.schedule[0].to_string(),
+        "mon,fri 08:00:00-12:30:15 min-ready 6"
+    );
     assert_eq!(settings.pool.requestor_caps.get("ci"), Some(&4));
 
     let label = "pool-id = \"p\"\n[providers.a]\ndriver = \"a.wasm\"\n[labels.x]\n";

@@ -304,6 +304,10 @@ pub struct Window {
 const DAY_MS: u64 = 86_400_000;
 
 impl Window {
+    /// The days a window opens on, as the config file names them, Monday
+    /// first (bit 0).
+    pub const DAYS: [&'static str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+
     /// Whether the window is open at `now` (milliseconds since the epoch,
     /// UTC).
     pub fn contains(&self, now: u64) -> bool {
@@ -318,6 +322,26 @@ impl Window {
             // Past midnight: opened today, or yesterday and not closed yet.
             (opens_on(day) && secs >= self.from) || (day > 0 && opens_on(day - 1) && secs < self.to)
         }
+    }
+}
+
+/// As a reload's difference shows it: `mon,fri 08:00:00-12:00:00
+/// min-ready 6`.
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let days: Vec<&str> = (0..7)
+            .filter(|d| self.days & (1 << d) != 0)
+            .map(|d| Window::DAYS[d])
+            .collect();
+        let hms = |s: u32| format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+        write!(
+            f,
+            "{} {}-{} min-ready {}",
+            days.join(","),
+            hms(self.from),
+            hms(self.to),
+            self.min_ready
+        )
     }
 }
 

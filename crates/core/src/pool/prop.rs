@@ -848,6 +848,22 @@ fn regression_a_failed_launch_of_a_removed_label_is_not_replaced() {
     run(&ops, &cloud).unwrap();
 }
 
+/// Runs `ops` as the property test does, on a cloud answering after
+/// `latency_ms`, and fails with the start of what went wrong.
+fn replay(ops: &[Op], latency_ms: u64) {
+    let c = Cloudiness {
+        latency_ms,
+        reach_late: false,
+        boot_ms: 0,
+        linger_ms: 0,
+        batches: false,
+    };
+    if let Err(e) = run(ops, &c) {
+        let e: String = e.to_string().chars().take(3000).collect();
+        panic!("{e}");
+    }
+}
+
 /// Found by the property test: a request that had waited past
 /// `reserve-after` (two `big` and a slot) kept every core of `p0` from a
 /// request behind it that held one of its two `big` nodes (the other was
@@ -882,17 +898,7 @@ fn a_request_keeping_room_does_not_wait_for_one_behind_it_holding_part_of_its_no
         Submit(vec![(2, 2), (3, 1)], 0, 0),
         Submit(vec![(0, 1)], 0, 0),
     ];
-    let c = Cloudiness {
-        latency_ms: 4001,
-        reach_late: false,
-        boot_ms: 0,
-        linger_ms: 0,
-        batches: false,
-    };
-    if let Err(e) = run(&ops, &c) {
-        let e = e.to_string();
-        panic!("{}", &e[..e.len().min(3000)]);
-    }
+    replay(&ops, 4001);
 }
 
 /// Found by the property test: with `s` (slots on `big`) keeping three
@@ -913,15 +919,5 @@ fn idle_backing_nodes_beyond_the_slots_a_request_takes_are_room_for_it() {
         Reload(self::Reload::MinReady(3, 3)),
         Submit(vec![(2, 2), (3, 1)], 0, 0),
     ];
-    let c = Cloudiness {
-        latency_ms: 0,
-        reach_late: false,
-        boot_ms: 0,
-        linger_ms: 0,
-        batches: false,
-    };
-    if let Err(e) = run(&ops, &c) {
-        let e = e.to_string();
-        panic!("{}", &e[..e.len().min(3000)]);
-    }
+    replay(&ops, 0);
 }
