@@ -321,6 +321,7 @@ on_both_backends!(
     a_store_has_one_identity_for_life_and_records_its_confirmation,
     the_row_tables_have_the_columns_rows_are_written_with,
     a_store_from_before_the_failure_columns_loads_its_rows_without_one,
+    a_requests_unreadable_metadata_or_key_is_left_out_with_a_note,
 );
 
 fn node(id: u64, state: NodeState) -> Node {
@@ -577,6 +578,57 @@ async fn the_row_tables_have_the_columns_rows_are_written_with(backend: Backend)
         want.push("version".into());
         want.sort();
         assert_eq!(store.columns(table).await, want, "{table}");
+    }
+}
+
+/// A request row whose metadata is not what the API takes (not a JSON
+/// object of strings, a value with a direction-changing character) or
+/// whose idempotency key is not one (written by hand, by another tool) is
+/// loaded without it, with a note naming the request: the request itself
+/// stays.
+async fn a_requests_unreadable_metadata_or_key_is_left_out_with_a_note(backend: Backend) {
+    let mut store = backend.fresh().await;
+    let mut rs: Vec<Request> = (1..=3).map(|i| request(i, RequestState::Pending)).collect();
+    for r in &mut rs {
+        r.key = Some(format!("key-{}", r.id.0));
+        r.metadata = [("job".to_owned(), "7".to_owned())].into();
+    }
+    store.commit(&requests(rs.clone())).await.unwrap();
+    let id = |i: u64| RequestId(i).to_string();
+    store
+        .exec(&format!(
+            "UPDATE requests SET metadata = '[1, 2]' WHERE id = '{}'; \
+             UPDATE requests SET metadata = '{{\"job\": \"a\u{202e}b\"}}' WHERE id = '{}'; \
+             UPDATE requests SET idempotency_key = 'has space' WHERE id = '{}';",
+            id(1),
+            id(2),
+            id(3)
+        ))
+        .await;
+    let loaded = load(&mut store.reopen().await).await;
+    let by_id = |i: u64| {
+        (loaded.snapshot.requests.iter())
+            .find(|r| r.id == RequestId(i))
+            .expect("the request stays")
+    };
+    assert!(by_id(1).metadata.is_empty());
+    assert!(by_id(2).metadata.is_empty());
+    assert_eq!(by_id(1).key.as_deref(), Some("key-1"));
+    assert_eq!(by_id(3).key, None);
+    assert_eq!(by_id(3).metadata, rs[2].metadata);
+    let notes = loaded.dropped.join("\n");
+    for (i, says) in [
+        (1, "its metadata is left out: not a JSON object of strings"),
+        (2, "its metadata is left out: metadata.job"),
+        (
+            3,
+            "its idempotency key `has space` is not one the API takes",
+        ),
+    ] {
+        assert!(
+            notes.contains(&format!("request {}: {says}", id(i))),
+            "{notes}"
+        );
     }
 }
 
