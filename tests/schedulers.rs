@@ -168,6 +168,50 @@ async fn a_key_sent_again_across_two_sigkills_makes_one_request_and_one_set_of_n
     server.terminate().await.assert_success();
 }
 
+/// A keyed request ended is kept past `history` (1 s here) until
+/// `idempotency-ttl` (5 s) after it was made, answered again by its key
+/// meanwhile; then it is forgotten, and the key makes a new request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_kept_for_idempotency_ttl_past_history_then_makes_a_new_request() {
+    let sim = SimServer::start().await;
+    let (dir, cfg) = config_for(&sim, "min-ready = 0", "");
+    crate::support::config::edit_config(
+        &cfg,
+        "sync-interval = \"1s\"",
+        "sync-interval = \"1s\"\nhistory = \"1s\"\nidempotency-ttl = \"5s\"",
+    );
+    let server = serve(dir.path(), &cfg).await;
+    let body = json!({"labels": {"small": 1}});
+    let made = std::time::Instant::now();
+    let (s, first) = post_keyed(&server, CI, "nightly", &body).await;
+    assert_eq!(s, 201, "{first}");
+    let id = first["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/requests/{id}");
+    let (s, cancelled) = server.call("DELETE", &path, Some(CI), None).await;
+    assert_eq!((s, &cancelled["state"]), (200, &json!("cancelled")));
+    // Past `history`: still kept, and the key still answers it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(request_as(&server, CI, &id).await["state"], "cancelled");
+    let (s, again) = post_keyed(&server, CI, "nightly", &body).await;
+    assert_eq!((s, &again["state"]), (200, &json!("cancelled")), "{again}");
+    // Past `idempotency-ttl`: forgotten.
+    until(30, "the keyed request forgotten", || async {
+        let (s, _) = server.call("GET", &path, Some(CI), None).await;
+        (s == 404).then_some(())
+    })
+    .await;
+    let gone = made.elapsed();
+    assert!(gone >= Duration::from_secs(5), "forgotten after {gone:?}");
+    println!("a keyed request ended at once was forgotten {gone:?} after it was made");
+    let (s, anew) = post_keyed(&server, CI, "nightly", &body).await;
+    // A new request under the same id (made from requestor and key),
+    // served from the machine the first left ready.
+    assert_eq!(s, 201, "{anew}");
+    assert_eq!(anew["id"].as_str(), Some(id.as_str()));
+    assert_ne!(anew["state"], "cancelled");
+    server.terminate().await.assert_success();
+}
+
 /// Ten clients, each wanting one machine and willing to wait 4 s at a time
 /// for it, against machines that take 10 s to boot and room for exactly
 /// ten. Each asks again with its key every time it gives up.
