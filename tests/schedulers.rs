@@ -43,6 +43,15 @@ pub(crate) async fn post_keyed(
     (status, v)
 }
 
+/// A sim cloud whose machines run `ms` after they are made.
+async fn sim_booting(ms: u64) -> SimServer {
+    SimServer::start_with(berth::sim::Knobs {
+        boot_delay_ms: ms,
+        ..berth::sim::Knobs::default()
+    })
+    .await
+}
+
 /// A `berth serve` config against `sim` in a new directory, with
 /// `small` as the keys of `[labels.small]`, `extra` appended, the suite's
 /// store, and requestor leases of 10 minutes (no client here renews one).
@@ -218,11 +227,7 @@ async fn a_key_is_kept_for_idempotency_ttl_past_history_then_makes_a_new_request
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_give_up_after_4s_and_ask_again_with_their_key_all_get_machines() {
     const CLIENTS: usize = 10;
-    let sim = SimServer::start_with(berth::sim::Knobs {
-        boot_delay_ms: 10_000,
-        ..berth::sim::Knobs::default()
-    })
-    .await;
+    let sim = sim_booting(10_000).await;
     let extra = format!("[providers.sim.limits]\nmax-instances = {CLIENTS}");
     let (dir, cfg) = config_for(&sim, "min-ready = 0", &extra);
     let server = std::sync::Arc::new(serve(dir.path(), &cfg).await);
@@ -437,11 +442,7 @@ async fn metadata_is_kept_shown_to_the_holder_filtered_by_and_bounded() {
 /// request by its key (200) and reads its releases as done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_scheduler_asks_waits_on_events_releases_and_a_rerun_finds_its_request() {
-    let sim = SimServer::start_with(berth::sim::Knobs {
-        boot_delay_ms: 1_500,
-        ..berth::sim::Knobs::default()
-    })
-    .await;
+    let sim = sim_booting(1_500).await;
     let (dir, cfg) = config_for(&sim, "min-ready = 0", "");
     let server = serve(dir.path(), &cfg).await;
     let script = crate::support::workspace().join("examples/scheduler.py");
@@ -492,11 +493,7 @@ async fn the_example_scheduler_asks_waits_on_events_releases_and_a_rerun_finds_i
 /// boot; the one-node requests behind it say what they wait for (`kept`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_request_among_a_stream_of_small_ones_is_served_after_reserve_after() {
-    let sim = SimServer::start_with(berth::sim::Knobs {
-        boot_delay_ms: 500,
-        ..berth::sim::Knobs::default()
-    })
-    .await;
+    let sim = sim_booting(500).await;
     let extra = "[providers.sim.limits]\nmax-instances = 10";
     let (dir, cfg) = config_for(&sim, "min-ready = 0", extra);
     crate::support::config::edit_config(
